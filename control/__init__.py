@@ -1,0 +1,1 @@
+"""Control plane: metadata store, stream admin, chain manager."""

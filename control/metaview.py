@@ -1,0 +1,120 @@
+"""A cached, read-only view of the cluster's metadata, shared by every role of a process.
+
+Ingestion routes by it, retrieval resolves partitions with it, and every process answers
+DescribeStream / DescribeCluster / ListStreams from it. Entries are cached for at most
+CONFIG_REFRESH_INTERVAL_S and dropped at once when a watch on /streams, /chains or /nodes
+fires, or when a caller that was told it is stale calls `invalidate()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from control.metastore import MetaStore, NoNodeError
+from sms import limits, metadata
+from sms.errors import StreamNotFound
+from sms.metadata import ChainConfig, StreamConfig
+from sms.partition_map import PartitionMap
+from sms.types import ChainMember, ClusterInfo, NodeInfo, PartitionInfo, StreamInfo
+
+
+@dataclass(frozen=True, slots=True)
+class StreamView:
+    config: StreamConfig
+    map: PartitionMap
+    chains: dict[int, ChainConfig]      # by partition ordinal
+
+
+class ClusterView:
+    def __init__(self, store: MetaStore):
+        self.store = store
+        self._streams: dict[str, tuple[float, StreamView]] = {}
+        self._nodes: tuple[float, dict[str, NodeInfo]] | None = None
+        self._cancel: list = []
+
+    async def start(self) -> None:
+        for path in (metadata.STREAMS, metadata.CHAINS, metadata.NODES):
+            self._cancel.append(self.store.watch(path, self.invalidate))
+
+    def close(self) -> None:
+        for cancel in self._cancel:
+            cancel()
+
+    def invalidate(self) -> None:
+        self._streams.clear()
+        self._nodes = None
+
+    async def stream(self, name: str) -> StreamView:
+        cached = self._streams.get(name)
+        if cached and time.monotonic() - cached[0] < limits.CONFIG_REFRESH_INTERVAL_S:
+            return cached[1]
+        metadata.validate_stream_name(name)
+        entry = await self.store.get(metadata.stream_path(name))
+        map_entry = await self.store.get(metadata.map_path(name))
+        if entry is None or map_entry is None:
+            raise StreamNotFound(f"stream {name!r} does not exist")
+        config = StreamConfig.from_bytes(entry.value)
+        pmap = PartitionMap.from_bytes(map_entry.value, version=map_entry.version)
+        chains = {}
+        for e in pmap.entries:
+            chain = await self.store.get(metadata.chain_path(metadata.chain_id(name, e.ordinal)))
+            if chain is not None:
+                chains[e.ordinal] = ChainConfig.from_bytes(chain.value)
+        view = StreamView(config, pmap, chains)
+        self._streams[name] = (time.monotonic(), view)
+        return view
+
+    async def nodes(self) -> dict[str, NodeInfo]:
+        if self._nodes and time.monotonic() - self._nodes[0] < limits.CONFIG_REFRESH_INTERVAL_S:
+            return self._nodes[1]
+        try:
+            names = await self.store.children(metadata.NODES)
+        except NoNodeError:
+            names = []
+        nodes = {}
+        for name in names:
+            entry = await self.store.get(metadata.node_path(name))
+            if entry is not None and entry.value:
+                nodes[name] = metadata.node_from_bytes(entry.value)
+        self._nodes = (time.monotonic(), nodes)
+        return nodes
+
+    async def list_streams(self) -> list[str]:
+        try:
+            return await self.store.children(metadata.STREAMS)
+        except NoNodeError:
+            return []
+
+    async def control_address(self) -> str:
+        entry = await self.store.get(metadata.CLUSTER_CONTROL)
+        if entry is None or not entry.value:
+            return ""
+        import json
+        return json.loads(entry.value)["address"]
+
+    async def describe_cluster(self) -> ClusterInfo:
+        nodes = await self.nodes()
+        return ClusterInfo(control_address=await self.control_address(),
+                           nodes=tuple(nodes[k] for k in sorted(nodes)))
+
+    async def describe_stream(self, name: str) -> StreamInfo:
+        view, nodes = await asyncio.gather(self.stream(name), self.nodes())
+        partitions = []
+        for e in view.map.entries:
+            chain = view.chains.get(e.ordinal)
+            members: tuple[ChainMember, ...] = ()
+            if chain is not None:
+                members = tuple(ChainMember(n, nodes[n].address if n in nodes else "", chain.role_of(n))
+                                for n in chain.members)
+            partitions.append(PartitionInfo(
+                ordinal=e.ordinal, hash_lo=e.hash_lo, hash_hi=e.hash_hi, valid_from_ms=e.valid_from_ms,
+                valid_to_ms=e.valid_to_ms, state=e.state, parents=e.parents, children=e.children,
+                chain_epoch=chain.epoch if chain else 0, chain=members,
+                ingestion_owner=members[0] if members else None))
+        c = view.config
+        return StreamInfo(name=c.name, status=c.status, replication_factor=c.replication_factor,
+                          persistence=c.persistence, ingestion_policy=c.ingestion_policy,
+                          retention_hours=c.retention_hours, map_version=view.map.version,
+                          created_ms=c.created_ms, partitions=tuple(partitions))

@@ -1,0 +1,1 @@
+"""Ingestion: PutRecords routing, per-partition batching into chain heads, acks."""

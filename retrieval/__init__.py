@@ -1,0 +1,1 @@
+"""Retrieval: iterators and reads from any replica up to the commit watermark."""

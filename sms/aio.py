@@ -1,0 +1,280 @@
+"""The asyncio client: `sms.aio.Client(address)`.
+
+It discovers the cluster from any one node address (DescribeCluster), caches each
+stream's map (DescribeStream) and routes every record to the ingestion owner of its
+partition; records answered with a "refresh your map" error (WrongOwner,
+PartitionClosed, Unavailable) are re-routed transparently after a refresh, with a
+bounded number of attempts. Reads go to a replica of the iterator's partition; if that
+node fails, another member of the chain is tried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+from collections.abc import Iterable
+
+import grpc
+
+from sms import codec, convert, errors, hashing, limits, rpc, seqno
+from sms.proto import sms_pb2, sms_pb2_grpc
+from sms.tokens import peek
+from sms.types import (ClusterInfo, GetRecordsResult, IteratorType, PartitionInfo, PutRecordResult,
+                       PutRecordsResult, Record, StreamInfo)
+
+_ORDINAL = struct.Struct("<I")
+_REDIRECT_BACKOFF_S = 0.05
+
+
+def _encode_put(partition_key: str, data: bytes, explicit_hash_key: int | str | None) -> tuple[bytes, int]:
+    hashing.validate_partition_key(partition_key)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise errors.InvalidArgument(f"record data of type {type(data).__name__}; expected bytes")
+    if len(data) > limits.RECORD_DATA_BYTES_MAX:
+        raise errors.RecordTooLarge(f"record of {len(data)} bytes; at most {limits.RECORD_DATA_BYTES_MAX}")
+    meta = b""
+    if explicit_hash_key is not None:
+        hash_key = hashing.parse_explicit_hash_key(explicit_hash_key)
+        meta = codec.encode_meta({codec.TAG_EXPLICIT_HASH_KEY: hash_key.to_bytes(16, "big")})
+    else:
+        hash_key = hashing.hash_key_of(partition_key)
+    return codec.encode_entry(partition_key.encode("utf-8"), bytes(data), meta), hash_key
+
+
+def _normalise(record) -> tuple[str, bytes, int | str | None]:
+    if isinstance(record, dict):
+        return record["partition_key"], record["data"], record.get("explicit_hash_key")
+    if isinstance(record, (tuple, list)) and len(record) in (2, 3):
+        return record[0], record[1], record[2] if len(record) == 3 else None
+    raise errors.InvalidArgument("a record is a dict {partition_key, data[, explicit_hash_key]} "
+                                 "or a tuple (partition_key, data[, explicit_hash_key])")
+
+
+class Client:
+    def __init__(self, address: str, *, timeout_s: float = limits.RPC_TIMEOUT_S):
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._streams: dict[str, StreamInfo] = {}
+        self._cluster: ClusterInfo | None = None
+        self._read_member: dict[tuple[str, int], int] = {}
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    # --- plumbing ---------------------------------------------------------------------
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = rpc.aio_channel(address)
+        return channel
+
+    async def _call(self, address: str, stub_cls, method: str, request, timeout_s: float | None = None):
+        stub = stub_cls(self._channel(address))
+        try:
+            return await getattr(stub, method)(request, timeout=timeout_s or self.timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise rpc.to_sms_error(e) from None
+
+    async def describe_cluster(self) -> ClusterInfo:
+        addresses = [self.address] + [n.address for n in (self._cluster.nodes if self._cluster else ())]
+        last: errors.SmsError | None = None
+        for address in dict.fromkeys(addresses):
+            try:
+                pb = await self._call(address, sms_pb2_grpc.ControlStub, "DescribeCluster", sms_pb2.Empty())
+                self._cluster = convert.cluster_from_pb(pb)
+                return self._cluster
+            except errors.Unavailable as e:
+                last = e
+        raise last or errors.Unavailable("no node answered")
+
+    async def _control_address(self) -> str:
+        cluster = self._cluster or await self.describe_cluster()
+        if not cluster.control_address:
+            cluster = await self.describe_cluster()
+        if not cluster.control_address:
+            raise errors.Unavailable("the cluster has no control node registered")
+        return cluster.control_address
+
+    # --- admin -------------------------------------------------------------------------
+    async def create_stream(self, name: str, partitions: int = 1, replication_factor: int = 1, *,
+                            persistence: str = "disk", ingestion_policy: str = "at_least_once_no_dup",
+                            retention_hours: int = limits.RETENTION_HOURS_DEFAULT) -> StreamInfo:
+        req = sms_pb2.CreateStreamRequest(name=name, partitions=partitions, replication_factor=replication_factor,
+                                          persistence=persistence, ingestion_policy=ingestion_policy,
+                                          retention_hours=retention_hours)
+        pb = await self._call(await self._control_address(), sms_pb2_grpc.ControlStub, "CreateStream", req,
+                              timeout_s=60.0)
+        info = convert.stream_from_pb(pb)
+        self._streams[name] = info
+        return info
+
+    async def delete_stream(self, name: str) -> None:
+        await self._call(await self._control_address(), sms_pb2_grpc.ControlStub, "DeleteStream",
+                         sms_pb2.DeleteStreamRequest(name=name))
+        self._streams.pop(name, None)
+
+    async def list_streams(self) -> list[str]:
+        pb = await self._call(self.address, sms_pb2_grpc.ControlStub, "ListStreams", sms_pb2.Empty())
+        return list(pb.names)
+
+    async def get_stream_info(self, name: str, *, refresh: bool = True) -> StreamInfo:
+        if not refresh and name in self._streams:
+            return self._streams[name]
+        pb = await self._call(self.address, sms_pb2_grpc.ControlStub, "DescribeStream",
+                              sms_pb2.DescribeStreamRequest(name=name))
+        info = convert.stream_from_pb(pb)
+        self._streams[name] = info
+        return info
+
+    # --- writes -------------------------------------------------------------------------
+    async def put_record(self, stream: str, data: bytes, partition_key: str, *,
+                         explicit_hash_key: int | str | None = None) -> PutRecordResult:
+        """Store one record; returns its result or raises its named error."""
+        result = (await self.put_records(stream, [(partition_key, data, explicit_hash_key)])).records[0]
+        if not result.ok:
+            raise errors.from_name(result.error_name, result.error_message)
+        return result
+
+    async def put_records(self, stream: str, records: Iterable) -> PutRecordsResult:
+        """Store 1..500 records; one result per record, in order. A failed record does
+        not fail the others; routing errors are retried transparently."""
+        encoded = [_encode_put(*_normalise(r)) for r in records]
+        if not 1 <= len(encoded) <= limits.PUT_RECORDS_COUNT_MAX:
+            raise errors.RequestTooLarge(f"{len(encoded)} records; expected 1..{limits.PUT_RECORDS_COUNT_MAX}")
+        results: list[PutRecordResult | None] = [None] * len(encoded)
+        todo = list(range(len(encoded)))
+        info = await self.get_stream_info(stream, refresh=stream not in self._streams)
+        for attempt in range(limits.CLIENT_REDIRECT_RETRIES_MAX + 1):
+            groups: dict[str, list[int]] = {}
+            for i in todo:
+                try:
+                    partition = info.open_partition_for_hash(encoded[i][1])
+                except LookupError:
+                    partition = None
+                owner = partition.ingestion_owner.address if partition and partition.ingestion_owner else ""
+                groups.setdefault(owner, []).append(i)
+            outcomes = await asyncio.gather(*(self._put_group(stream, address, idx, encoded)
+                                              for address, idx in groups.items()))
+            retry = []
+            for group in outcomes:
+                for i, result in group:
+                    err = errors.registry().get(result.error_name)
+                    if result.ok or err is None or not err.retriable or attempt == limits.CLIENT_REDIRECT_RETRIES_MAX:
+                        results[i] = result
+                    else:
+                        retry.append(i)
+            if not retry:
+                break
+            todo = retry
+            await asyncio.sleep(_REDIRECT_BACKOFF_S * (attempt + 1))
+            info = await self.get_stream_info(stream)
+        return PutRecordsResult(tuple(results))
+
+    async def _put_group(self, stream: str, address: str, indexes: list[int], encoded) -> list:
+        if not address:
+            err = errors.Unavailable("no ingestion owner for the partition yet")
+            return [(i, PutRecordResult(error_name=err.name, error_message=err.message)) for i in indexes]
+        req = sms_pb2.PutRecordsRequest(stream=stream, count=len(indexes),
+                                        entries=b"".join(encoded[i][0] for i in indexes))
+        try:
+            resp = await self._call(address, sms_pb2_grpc.IngestionStub, "PutRecords", req,
+                                    timeout_s=limits.PUT_TIMEOUT_S)
+        except errors.SmsError as e:
+            if not e.retriable:
+                raise
+            return [(i, PutRecordResult(error_name=e.name, error_message=e.message)) for i in indexes]
+        failed = {e.index: e for e in resp.errors}
+        out = []
+        for j, i in enumerate(indexes):
+            ordinal = _ORDINAL.unpack_from(resp.ordinals, 4 * j)[0]
+            if j in failed:
+                out.append((i, PutRecordResult(partition_ordinal=ordinal, error_name=failed[j].name,
+                                               error_message=failed[j].message)))
+            else:
+                sn = seqno.from_bytes(resp.sequence_numbers[16 * j:16 * j + 16])
+                out.append((i, PutRecordResult(sn=sn, partition_ordinal=ordinal)))
+        return out
+
+    # --- reads ----------------------------------------------------------------------------
+    async def _read_call(self, stream: str, ordinal: int, method: str, request, timeout_s: float | None = None):
+        """Send a retrieval call to a replica of the partition, failing over along the chain."""
+        last: errors.SmsError | None = None
+        for attempt in range(limits.CLIENT_UNAVAILABLE_RETRIES_MAX):
+            info = await self.get_stream_info(stream, refresh=attempt > 0 or stream not in self._streams)
+            try:
+                partition = info.partition(ordinal)
+            except LookupError:
+                raise errors.PartitionNotFound(f"stream {stream!r} has no partition p{ordinal:04d}") from None
+            members = [m for m in partition.chain if m.address]
+            if not members:
+                raise errors.Unavailable(f"partition p{ordinal:04d} of {stream!r} has no live replica")
+            key = (stream, ordinal)
+            if key not in self._read_member:
+                self._read_member[key] = random.randrange(len(members))
+            member = members[self._read_member[key] % len(members)]
+            try:
+                return await self._call(member.address, sms_pb2_grpc.RetrievalStub, method, request, timeout_s)
+            except errors.SmsError as e:
+                if not e.retriable:
+                    raise
+                last = e
+                self._read_member[key] = self._read_member[key] + 1
+                await asyncio.sleep(_REDIRECT_BACKOFF_S)
+        raise last or errors.Unavailable("no replica answered")
+
+    async def get_iterator(self, stream: str, partition_id: str | int, iterator_type: str | IteratorType = "TRIM_HORIZON",
+                           *, sequence_number: str | int | None = None, timestamp_ms: int | None = None) -> str:
+        ordinal = partition_id if isinstance(partition_id, int) else _ordinal_of(partition_id)
+        kind = iterator_type.value if isinstance(iterator_type, IteratorType) else str(iterator_type)
+        req = sms_pb2.GetIteratorRequest(
+            stream=stream, partition_id=f"p{ordinal:04d}", iterator_type=kind,
+            sequence_number="" if sequence_number is None else str(sequence_number),
+            timestamp_ms=timestamp_ms or 0)
+        resp = await self._read_call(stream, ordinal, "GetIterator", req)
+        return resp.iterator
+
+    async def get_next_records(self, iterator: str, max_records: int = 1000, wait_ms: int = 0) -> GetRecordsResult:
+        pos = peek(iterator)
+        req = sms_pb2.GetNextRecordsRequest(iterator=iterator, max_records=max_records, wait_ms=wait_ms)
+        resp = await self._read_call(pos.stream, pos.ordinal, "GetNextRecords", req,
+                                     timeout_s=self.timeout_s + wait_ms / 1000)
+        records: list[Record] = []
+        for s in resp.slices:
+            records.extend(convert.records_from_slice(s.batch, s.start, s.end, pos.ordinal))
+        return GetRecordsResult(records=records, next_iterator=resp.next_iterator or None,
+                                millis_behind_latest=resp.millis_behind_latest,
+                                child_partitions=tuple(resp.child_partitions))
+
+    async def get_record(self, stream: str, sequence_number: str | int) -> Record:
+        sn = seqno.parse(sequence_number)
+        resp = await self._read_call(stream, seqno.ordinal_of(sn), "GetRecord",
+                                     sms_pb2.GetRecordRequest(stream=stream, sequence_number=str(sn)))
+        return convert.records_from_slice(resp.slice.batch, resp.slice.start, resp.slice.end, seqno.ordinal_of(sn))[0]
+
+    async def node_status(self, address: str) -> dict:
+        """Replicas held by the storage node at `address` (operators; `sms status`)."""
+        pb = await self._call(address, sms_pb2_grpc.StorageStub, "NodeStatus", sms_pb2.Empty())
+        return {"node_id": pb.node_id, "pid": pb.pid, "roles": list(pb.roles),
+                "replicas": [{"chain_id": r.chain_id, "epoch": r.epoch, "role": r.role, "last_sn": r.last_sn,
+                              "committed_sn": r.committed_sn, "batches": r.batches, "records": r.records}
+                             for r in pb.replicas]}
+
+    async def partitions(self, stream: str) -> list[PartitionInfo]:
+        return list((await self.get_stream_info(stream)).partitions)
+
+
+def _ordinal_of(partition_id: str) -> int:
+    body = partition_id[1:] if partition_id[:1] in ("p", "P") else partition_id
+    if not (body.isascii() and body.isdigit() and 0 < len(body) <= 10):
+        raise errors.PartitionNotFound(f"partition {partition_id[:64]!r}; expected an id like p0003")
+    return int(body)

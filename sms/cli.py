@@ -1,0 +1,347 @@
+"""The `sms` command: run a local cluster or a node, administer streams, put and read.
+
+Human-readable output by default, `--json` for scripts. Client commands find the
+cluster from `--address`, else $SMS_ADDRESS, else DIR/cluster.json of `sms up`
+(`--data-dir`, default ./sms-data). Named errors print as `error: Name: message` and
+exit 1; usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+from sms import errors, limits
+
+DEFAULT_DATA_DIR = "sms-data"
+DEFAULT_PORT = 7480
+
+
+def _address(args) -> str:
+    if args.address:
+        return args.address
+    if os.environ.get("SMS_ADDRESS"):
+        return os.environ["SMS_ADDRESS"]
+    path = os.path.join(args.data_dir, "cluster.json")
+    try:
+        with open(path) as f:
+            return json.load(f)["address"]
+    except (OSError, ValueError, KeyError):
+        raise SystemExit(f"error: no cluster address: pass --address, set SMS_ADDRESS, or run `sms up` "
+                         f"(looked for {path})") from None
+
+
+def _client(args):
+    from sms.client import Client
+    return Client(_address(args))
+
+
+def _emit(args, obj, human: str) -> None:
+    print(json.dumps(obj, indent=2, default=str) if args.json else human)
+
+
+# --- cluster ---------------------------------------------------------------------------
+
+def cmd_up(args) -> int:
+    from sms.launcher import LocalCluster
+    cluster = LocalCluster(args.data_dir, nodes=args.nodes, port=args.port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    cluster.start()
+    print(f"address: {cluster.address}", flush=True)
+    print(f"data: {cluster.data_dir} ({len(cluster.procs) - 1} storage nodes + control); Ctrl-C stops", flush=True)
+    try:
+        while not stop.wait(0.5):
+            for node_id, code in cluster.exited().items():
+                if not getattr(cluster.procs[node_id], "_reported", False):
+                    print(f"node {node_id} exited with {code}", file=sys.stderr, flush=True)
+                    cluster.procs[node_id]._reported = True
+    finally:
+        cluster.stop()
+        print("stopped", flush=True)
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from sms import server
+    return server.run(args)
+
+
+def cmd_status(args) -> int:
+    with _client(args) as client:
+        cluster = client.describe_cluster()
+        nodes = []
+        for n in cluster.nodes:
+            entry = {"node_id": n.node_id, "address": n.address, "roles": list(n.roles), "pid": n.pid}
+            if "storage" in n.roles:
+                try:
+                    entry["replicas"] = client.node_status(n.address)["replicas"]
+                except errors.SmsError as e:
+                    entry["error"] = f"{e.name}: {e.message}"
+            nodes.append(entry)
+    lines = [f"control: {cluster.control_address}"]
+    for n in nodes:
+        lines.append(f"node {n['node_id']:<8} {n['address']:<22} pid {n['pid']:<8} {','.join(n['roles'])}")
+        for r in n.get("replicas", []):
+            lines.append(f"    {r['chain_id']:<28} {r['role']:<9} epoch {r['epoch']:<3} records {r['records']:<9} "
+                         f"committed {r['committed_sn']}")
+    _emit(args, {"control": cluster.control_address, "nodes": nodes}, "\n".join(lines))
+    return 0
+
+
+# --- streams ---------------------------------------------------------------------------
+
+def _describe(info) -> dict:
+    return {
+        "name": info.name, "status": info.status.value, "replication_factor": info.replication_factor,
+        "persistence": info.persistence.value, "ingestion_policy": info.ingestion_policy.value,
+        "retention_hours": info.retention_hours, "map_version": info.map_version,
+        "partitions": [{
+            "partition_id": p.partition_id, "state": p.state.value, "hash_lo": str(p.hash_lo),
+            "hash_hi": str(p.hash_hi), "valid_from_ms": p.valid_from_ms, "valid_to_ms": p.valid_to_ms,
+            "parents": list(p.parents), "children": list(p.children), "chain_epoch": p.chain_epoch,
+            "chain": [{"node_id": m.node_id, "address": m.address, "role": m.role} for m in p.chain],
+            "ingestion_owner": p.ingestion_owner.node_id if p.ingestion_owner else None,
+        } for p in info.partitions]}
+
+
+def _describe_text(d: dict) -> str:
+    lines = [f"stream {d['name']}: {d['status']}, {len(d['partitions'])} partitions, replication "
+             f"{d['replication_factor']}, {d['persistence']}, {d['ingestion_policy']}, "
+             f"retention {d['retention_hours']} h, map version {d['map_version']}"]
+    for p in d["partitions"]:
+        chain = " -> ".join(m["node_id"] for m in p["chain"])
+        lines.append(f"  {p['partition_id']} {p['state']:<6} chain {chain} (epoch {p['chain_epoch']}) "
+                     f"hash [{p['hash_lo']}, {p['hash_hi']})")
+    return "\n".join(lines)
+
+
+def cmd_stream(args) -> int:
+    with _client(args) as client:
+        if args.stream_cmd == "create":
+            info = client.create_stream(args.name, args.partitions, args.replication_factor,
+                                        persistence=args.persistence, ingestion_policy=args.ingestion_policy,
+                                        retention_hours=args.retention_hours)
+            d = _describe(info)
+            _emit(args, d, _describe_text(d))
+        elif args.stream_cmd == "describe":
+            d = _describe(client.get_stream_info(args.name))
+            _emit(args, d, _describe_text(d))
+        elif args.stream_cmd == "list":
+            names = client.list_streams()
+            _emit(args, names, "\n".join(names) if names else "(no streams)")
+        elif args.stream_cmd == "delete":
+            client.delete_stream(args.name)
+            _emit(args, {"deleted": args.name}, f"deleted {args.name}")
+    return 0
+
+
+# --- put / read ------------------------------------------------------------------------
+
+def cmd_put(args) -> int:
+    lines = args.data if args.data else (line.rstrip("\n") for line in sys.stdin)
+    results, failed = [], 0
+    with _client(args) as client:
+        batch: list = []
+
+        def flush() -> None:
+            nonlocal failed
+            if not batch:
+                return
+            out = client.put_records(args.stream, batch)
+            for r in out.records:
+                failed += 0 if r.ok else 1
+                results.append({"partition_id": r.partition_id, "sequence_number": r.sequence_number}
+                               if r.ok else {"error": r.error_name, "message": r.error_message})
+            batch.clear()
+
+        for line in lines:
+            batch.append((args.key or uuid.uuid4().hex, line.encode()))
+            if len(batch) == limits.PUT_RECORDS_COUNT_MAX:
+                flush()
+        flush()
+    human = "\n".join(f"{r['partition_id']} {r['sequence_number']}" if "error" not in r
+                      else f"error: {r['error']}: {r['message']}" for r in results)
+    _emit(args, results, human)
+    return 1 if failed else 0
+
+
+def _record_json(r) -> dict:
+    try:
+        data = r.data.decode("utf-8")
+    except UnicodeDecodeError:
+        data = r.data.hex()
+    return {"partition_id": r.partition_id, "sequence_number": r.sequence_number, "partition_key": r.partition_key,
+            "arrival_time_ms": r.arrival_time_ms, "data": data}
+
+
+def cmd_read(args) -> int:
+    with _client(args) as client:
+        info = client.get_stream_info(args.stream)
+        ordinals = ([p.ordinal for p in info.partitions] if args.partition == "all"
+                    else [int(args.partition.lstrip("pP"))])
+        iterators = {o: client.get_iterator(args.stream, o, args.iterator_type, sequence_number=args.sequence_number,
+                                            timestamp_ms=args.timestamp_ms) for o in ordinals}
+        shown = 0
+        while iterators and (args.max is None or shown < args.max):
+            idle = True
+            for o, it in list(iterators.items()):
+                want = limits.GET_RECORDS_COUNT_MAX if args.max is None else min(limits.GET_RECORDS_COUNT_MAX,
+                                                                                 args.max - shown)
+                if want <= 0:
+                    break
+                res = client.get_next_records(it, max_records=want, wait_ms=200 if args.follow else 0)
+                for r in res.records:
+                    d = _record_json(r)
+                    print(json.dumps(d) if args.json else
+                          f"{d['partition_id']} {d['sequence_number']} {d['partition_key']}: {d['data']}", flush=True)
+                shown += len(res.records)
+                idle = idle and not res.records
+                if res.next_iterator is None:
+                    del iterators[o]
+                else:
+                    iterators[o] = res.next_iterator
+            if idle and not args.follow:
+                break
+    return 0
+
+
+# --- demo ------------------------------------------------------------------------------
+
+def cmd_demo(args) -> int:
+    """Start a local cluster, write records over many keys, read them back, check, stop."""
+    from sms.client import Client
+    from sms.launcher import LocalCluster
+    data_dir = args.data_dir if args.keep else tempfile.mkdtemp(prefix="sms-demo-")
+    print(f"starting a local cluster: control + {args.nodes} storage nodes (data in {data_dir})", flush=True)
+    with LocalCluster(data_dir, nodes=args.nodes, port=0) as cluster, Client(cluster.address) as client:
+        print(f"address: {cluster.address}")
+        stream = f"demo-{int(time.time())}"
+        info = client.create_stream(stream, partitions=4, replication_factor=min(3, args.nodes))
+        print(_describe_text(_describe(info)))
+        keys = [f"user-{i}" for i in range(50)]
+        t0 = time.perf_counter()
+        sent = 0
+        for start in range(0, args.records, limits.PUT_RECORDS_COUNT_MAX):
+            batch = [(keys[i % len(keys)], f"event {i}".encode())
+                     for i in range(start, min(args.records, start + limits.PUT_RECORDS_COUNT_MAX))]
+            out = client.put_records(stream, batch)
+            if out.failed_record_count:
+                raise SystemExit(f"error: {out.failed_record_count} records failed")
+            sent += len(batch)
+        put_s = time.perf_counter() - t0
+        print(f"put {sent} records over {len(keys)} keys in {put_s:.2f}s ({sent / put_s:,.0f} records/s)")
+        t0 = time.perf_counter()
+        got = []
+        for p in info.partitions:
+            it = client.get_iterator(stream, p.partition_id, "TRIM_HORIZON")
+            while it:
+                res = client.get_next_records(it, max_records=limits.GET_RECORDS_COUNT_MAX)
+                got.extend(res.records)
+                if not res.records:
+                    break
+                it = res.next_iterator
+        read_s = time.perf_counter() - t0
+        print(f"read {len(got)} records back in {read_s:.2f}s ({len(got) / max(read_s, 1e-9):,.0f} records/s)")
+        for r in got[:3]:
+            print(f"  {r.partition_id} sn {r.sequence_number} key {r.partition_key}: {r.data.decode()}")
+        per_key: dict[str, list[int]] = {}
+        for r in sorted(got, key=lambda r: r.sn):
+            per_key.setdefault(r.partition_key, []).append(int(r.data.split()[1]))
+        in_order = all(v == sorted(v) for v in per_key.values())
+        ok = len(got) == sent and in_order
+        print(f"check: {len(got)}/{sent} records, per-key order {'kept' if in_order else 'BROKEN'}: "
+              f"{'OK' if ok else 'FAILED'}")
+    print("cluster stopped")
+    return 0 if ok else 1
+
+
+# --- parser ----------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--address", help="any node's HOST:PORT (default: $SMS_ADDRESS or DIR/cluster.json)")
+    common.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="local cluster directory (default ./sms-data)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = argparse.ArgumentParser(prog="sms", description="SMS: chained-replication stream storage")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    up = sub.add_parser("up", parents=[common], help="run a local multi-process cluster")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--port", type=int, default=DEFAULT_PORT, help="client port of the control node")
+    up.set_defaults(func=cmd_up)
+
+    serve = sub.add_parser("serve", help="run one node process")
+    serve.add_argument("--node-id", required=True)
+    serve.add_argument("--roles", default="storage,ingestion,retrieval")
+    serve.add_argument("--metastore", required=True, help="embedded:///path/meta.lmdb")
+    serve.add_argument("--data-dir", required=True)
+    serve.add_argument("--listen", default="127.0.0.1:0")
+    serve.add_argument("--ready-file")
+    serve.set_defaults(func=cmd_serve)
+
+    stream = sub.add_parser("stream", help="create, describe, list or delete streams")
+    ssub = stream.add_subparsers(dest="stream_cmd", required=True)
+    c = ssub.add_parser("create", parents=[common])
+    c.add_argument("name")
+    c.add_argument("--partitions", type=int, default=1)
+    c.add_argument("--replication-factor", "--rf", type=int, default=1)
+    c.add_argument("--persistence", default="disk", choices=["disk", "disk_async", "memory"])
+    c.add_argument("--ingestion-policy", default="at_least_once_no_dup")
+    c.add_argument("--retention-hours", type=int, default=limits.RETENTION_HOURS_DEFAULT)
+    for name in ("describe", "delete"):
+        s = ssub.add_parser(name, parents=[common])
+        s.add_argument("name")
+    ssub.add_parser("list", parents=[common])
+    stream.set_defaults(func=cmd_stream)
+
+    put = sub.add_parser("put", parents=[common], help="put records from arguments or stdin lines")
+    put.add_argument("stream")
+    put.add_argument("data", nargs="*")
+    put.add_argument("--key", help="partition key (default: a random key per record)")
+    put.set_defaults(func=cmd_put)
+
+    read = sub.add_parser("read", parents=[common], help="read records")
+    read.add_argument("stream")
+    read.add_argument("--partition", default="all")
+    read.add_argument("--from", dest="iterator_type", default="TRIM_HORIZON",
+                      help="TRIM_HORIZON, LATEST, AT_SEQUENCE_NUMBER, AFTER_SEQUENCE_NUMBER or AT_TIMESTAMP")
+    read.add_argument("--sequence-number")
+    read.add_argument("--timestamp-ms", type=int)
+    read.add_argument("--max", type=int)
+    read.add_argument("--follow", action="store_true", help="keep tailing")
+    read.set_defaults(func=cmd_read)
+
+    status = sub.add_parser("status", parents=[common], help="nodes, chains, roles, process ids")
+    status.set_defaults(func=cmd_status)
+
+    demo = sub.add_parser("demo", parents=[common], help="start a cluster, put and read records, stop")
+    demo.add_argument("--nodes", type=int, default=3)
+    demo.add_argument("--records", type=int, default=20_000)
+    demo.add_argument("--keep", action="store_true", help="use --data-dir instead of a temp dir")
+    demo.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except errors.SmsError as e:
+        print(f"error: {e.name}: {e.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The synchronous client: `sms.Client(address)`, the asyncio client on a private loop.
+
+Each method runs the matching `sms.aio.Client` coroutine on an event loop owned by a
+daemon thread of this client and waits for it, so sync and async clients behave alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from sms import aio
+
+
+class Client:
+    def __init__(self, address: str, **kwargs):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="sms-client", daemon=True)
+        self._thread.start()
+        self._aio = self._run(self._make(address, kwargs))
+
+    async def _make(self, address, kwargs) -> aio.Client:
+        return aio.Client(address, **kwargs)
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._run(self._aio.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    def describe_cluster(self):
+        return self._run(self._aio.describe_cluster())
+
+    def create_stream(self, name, partitions=1, replication_factor=1, **kwargs):
+        return self._run(self._aio.create_stream(name, partitions, replication_factor, **kwargs))
+
+    def delete_stream(self, name):
+        return self._run(self._aio.delete_stream(name))
+
+    def list_streams(self):
+        return self._run(self._aio.list_streams())
+
+    def get_stream_info(self, name, *, refresh=True):
+        return self._run(self._aio.get_stream_info(name, refresh=refresh))
+
+    def put_record(self, stream, data, partition_key, *, explicit_hash_key=None):
+        return self._run(self._aio.put_record(stream, data, partition_key, explicit_hash_key=explicit_hash_key))
+
+    def put_records(self, stream, records):
+        return self._run(self._aio.put_records(stream, records))
+
+    def get_iterator(self, stream, partition_id, iterator_type="TRIM_HORIZON", *, sequence_number=None,
+                     timestamp_ms=None):
+        return self._run(self._aio.get_iterator(stream, partition_id, iterator_type,
+                                                sequence_number=sequence_number, timestamp_ms=timestamp_ms))
+
+    def get_next_records(self, iterator, max_records=1000, wait_ms=0):
+        return self._run(self._aio.get_next_records(iterator, max_records, wait_ms))
+
+    def get_record(self, stream, sequence_number):
+        return self._run(self._aio.get_record(stream, sequence_number))
+
+    def partitions(self, stream):
+        return self._run(self._aio.partitions(stream))
+
+    def node_status(self, address):
+        return self._run(self._aio.node_status(address))

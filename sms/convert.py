@@ -1,0 +1,73 @@
+"""The protobuf edge: domain types <-> generated messages, both directions.
+
+Only this module, the gRPC services and the client's transport touch `_pb2` objects.
+"""
+
+from __future__ import annotations
+
+from sms import codec, seqno
+from sms.proto import sms_pb2
+from sms.types import (ChainMember, ClusterInfo, IngestionPolicy, NodeInfo, PartitionInfo, PartitionState,
+                       Persistence, Record, StreamInfo, StreamStatus)
+
+
+def member_to_pb(m: ChainMember | None) -> sms_pb2.ChainMember | None:
+    return None if m is None else sms_pb2.ChainMember(node_id=m.node_id, address=m.address, role=m.role)
+
+
+def member_from_pb(m: sms_pb2.ChainMember) -> ChainMember:
+    return ChainMember(node_id=m.node_id, address=m.address, role=m.role)
+
+
+def stream_to_pb(s: StreamInfo) -> sms_pb2.StreamDescription:
+    return sms_pb2.StreamDescription(
+        name=s.name, status=s.status.value, replication_factor=s.replication_factor,
+        persistence=s.persistence.value, ingestion_policy=s.ingestion_policy.value,
+        retention_hours=s.retention_hours, map_version=s.map_version, created_ms=s.created_ms,
+        partitions=[sms_pb2.Partition(
+            ordinal=p.ordinal, hash_lo=str(p.hash_lo), hash_hi=str(p.hash_hi), valid_from_ms=p.valid_from_ms,
+            valid_to_ms=-1 if p.valid_to_ms is None else p.valid_to_ms, state=p.state.value,
+            parents=list(p.parents), children=list(p.children), chain_epoch=p.chain_epoch,
+            chain=[member_to_pb(m) for m in p.chain], ingestion_owner=member_to_pb(p.ingestion_owner))
+            for p in s.partitions])
+
+
+def stream_from_pb(d: sms_pb2.StreamDescription) -> StreamInfo:
+    return StreamInfo(
+        name=d.name, status=StreamStatus(d.status), replication_factor=d.replication_factor,
+        persistence=Persistence(d.persistence), ingestion_policy=IngestionPolicy(d.ingestion_policy),
+        retention_hours=d.retention_hours, map_version=d.map_version, created_ms=d.created_ms,
+        partitions=tuple(PartitionInfo(
+            ordinal=p.ordinal, hash_lo=int(p.hash_lo), hash_hi=int(p.hash_hi), valid_from_ms=p.valid_from_ms,
+            valid_to_ms=None if p.valid_to_ms < 0 else p.valid_to_ms, state=PartitionState(p.state),
+            parents=tuple(p.parents), children=tuple(p.children), chain_epoch=p.chain_epoch,
+            chain=tuple(member_from_pb(m) for m in p.chain),
+            ingestion_owner=member_from_pb(p.ingestion_owner) if p.HasField("ingestion_owner") else None)
+            for p in d.partitions))
+
+
+def cluster_to_pb(c: ClusterInfo) -> sms_pb2.ClusterDescription:
+    return sms_pb2.ClusterDescription(
+        control_address=c.control_address,
+        nodes=[sms_pb2.Node(node_id=n.node_id, address=n.address, roles=list(n.roles), pid=n.pid,
+                            started_ms=n.started_ms) for n in c.nodes])
+
+
+def cluster_from_pb(d: sms_pb2.ClusterDescription) -> ClusterInfo:
+    return ClusterInfo(control_address=d.control_address,
+                       nodes=tuple(NodeInfo(node_id=n.node_id, address=n.address, roles=tuple(n.roles),
+                                            pid=n.pid, started_ms=n.started_ms) for n in d.nodes))
+
+
+def records_from_slice(batch: bytes, start: int, end: int, ordinal: int) -> list[Record]:
+    """Decode records [start, end) of a stored batch (client side)."""
+    header = codec.verify(batch)
+    out = []
+    unit = seqno.COUNTER_UNIT
+    first = header.first_sn
+    for i, e in enumerate(codec.iter_entries(batch, header.count, codec.HEADER_BYTES)):
+        if i >= end:
+            break
+        if i >= start:
+            out.append(Record(e.key.decode("utf-8"), e.data, first + i * unit, ordinal, e.meta))
+    return out

@@ -1,0 +1,183 @@
+"""Named errors that a client can see, each bound to a gRPC status code.
+
+Every class carries its gRPC status, whether a retry may succeed (`retriable`) and
+whether the caller should refresh its stream map first (`refresh_map`). Servers raise
+these; one decorator (`sms.rpc.rpc_errors`) turns them into gRPC status + a machine-
+readable name in the trailing metadata; the client rebuilds the same class from the
+registry here (`from_name`). `invariant()` is for programmer errors: it raises even
+under `python -O` and is never caught by the error mapping.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+_REGISTRY: dict[str, type["SmsError"]] = {}
+
+
+class SmsError(Exception):
+    """Base of every error a client can see."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    retriable: bool = False
+    refresh_map: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _REGISTRY[cls.__name__] = cls
+
+    def __init__(self, message: str = "", **details):
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+
+# NOT_FOUND
+class StreamNotFound(SmsError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class PartitionNotFound(SmsError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class RecordNotFound(SmsError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+# ALREADY_EXISTS
+class StreamAlreadyExists(SmsError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+# INVALID_ARGUMENT
+class InvalidArgument(SmsError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class InvalidStreamName(InvalidArgument):
+    pass
+
+
+class InvalidPartitionKey(InvalidArgument):
+    pass
+
+
+class InvalidHashKey(InvalidArgument):
+    pass
+
+
+class RecordTooLarge(InvalidArgument):
+    pass
+
+
+class RequestTooLarge(InvalidArgument):
+    pass
+
+
+class InvalidSequenceNumber(InvalidArgument):
+    pass
+
+
+class InvalidIteratorType(InvalidArgument):
+    pass
+
+
+class InvalidIterator(InvalidArgument):
+    """A forged, truncated or garbled iterator token."""
+
+
+class ExpiredIterator(InvalidArgument):
+    pass
+
+
+class InvalidStreamConfig(InvalidArgument):
+    pass
+
+
+# FAILED_PRECONDITION
+class FailedPrecondition(SmsError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class WrongOwner(FailedPrecondition):
+    """This node does not own the partition: refresh the stream map and re-route."""
+
+    retriable = True
+    refresh_map = True
+
+
+class PartitionClosed(FailedPrecondition):
+    retriable = True
+    refresh_map = True
+
+
+class StaleEpoch(FailedPrecondition):
+    retriable = True
+    refresh_map = True
+
+
+class NotEnoughNodes(FailedPrecondition):
+    """A replication factor above the number of live storage nodes."""
+
+
+class StreamNotActive(FailedPrecondition):
+    retriable = True
+
+
+# RESOURCE_EXHAUSTED
+class Throttled(SmsError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    retriable = True
+
+
+class LimitExceeded(SmsError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+# DEADLINE_EXCEEDED / UNAVAILABLE / auth
+class Timeout(SmsError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    retriable = True
+
+
+class Unavailable(SmsError):
+    code = grpc.StatusCode.UNAVAILABLE
+    retriable = True
+    refresh_map = True
+
+
+class Unauthenticated(SmsError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(SmsError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class InternalError(SmsError):
+    code = grpc.StatusCode.INTERNAL
+
+
+class InvariantViolation(AssertionError):
+    """A programmer error: the process should crash, not answer."""
+
+
+def invariant(condition: object, message: str) -> None:
+    """Assert that survives `python -O`."""
+    if not condition:
+        raise InvariantViolation(message)
+
+
+def from_name(name: str, message: str) -> SmsError:
+    """Rebuild a server-side error on the client from its registered name."""
+    cls = _REGISTRY.get(name, InternalError)
+    return cls(message)
+
+
+def registry() -> dict[str, type[SmsError]]:
+    return dict(_REGISTRY)

@@ -1,0 +1,182 @@
+"""The local cluster (`sms up`): a control process and N storage nodes on one machine.
+
+Every node is a separate `sms serve` process sharing one embedded metadata store file
+in the data directory; each node keeps its LMDB data under DIR/<node_id>, so a restart
+with the same directory finds its streams again. Children die with the launcher
+(PR_SET_PDEATHSIG), and `stop()` sends SIGTERM, then SIGKILL after NODE_STOP_TIMEOUT_S.
+Tests use `LocalCluster` directly to kill, pause and restart nodes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from sms import limits
+
+STORAGE_ROLES = "storage,ingestion,retrieval"
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+@dataclass
+class NodeProcess:
+    node_id: str
+    roles: str
+    listen: str
+    proc: subprocess.Popen | None = None
+    address: str = ""
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc else 0
+
+
+class LocalCluster:
+    def __init__(self, data_dir: str, nodes: int = 3, port: int = 0, host: str = "127.0.0.1",
+                 metastore: str | None = None):
+        self.data_dir = os.path.abspath(data_dir)
+        self.host = host
+        self.metastore = metastore or f"embedded://{os.path.join(self.data_dir, 'meta.lmdb')}"
+        self.procs: dict[str, NodeProcess] = {"control": NodeProcess("control", "control", f"{host}:{port}")}
+        for i in range(1, nodes + 1):
+            self.procs[f"n{i}"] = NodeProcess(f"n{i}", STORAGE_ROLES, f"{host}:0")
+
+    @property
+    def address(self) -> str:
+        return self.procs["control"].address
+
+    def _paths(self, node_id: str) -> tuple[str, str]:
+        run = os.path.join(self.data_dir, "run")
+        return os.path.join(run, f"{node_id}.json"), os.path.join(self.data_dir, "logs", f"{node_id}.log")
+
+    def spawn(self, node_id: str) -> None:
+        node = self.procs[node_id]
+        ready, logfile = self._paths(node_id)
+        os.makedirs(os.path.dirname(ready), exist_ok=True)
+        os.makedirs(os.path.dirname(logfile), exist_ok=True)
+        if os.path.exists(ready):
+            os.unlink(ready)
+        listen = node.listen
+        if node.address and listen.endswith(":0") and node_id == "control":
+            listen = node.address   # keep the client address stable across restarts
+        cmd = [sys.executable, "-m", "sms", "serve", "--node-id", node_id, "--roles", node.roles,
+               "--metastore", self.metastore, "--data-dir", os.path.join(self.data_dir, node_id),
+               "--listen", listen, "--ready-file", ready]
+        with open(logfile, "ab") as log:
+            node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         preexec_fn=_die_with_parent)
+
+    def wait_ready(self, node_ids: list[str], timeout_s: float = limits.NODE_START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = list(node_ids)
+        while pending:
+            for node_id in list(pending):
+                node = self.procs[node_id]
+                ready, logfile = self._paths(node_id)
+                if node.proc.poll() is not None:
+                    raise RuntimeError(f"node {node_id} exited with {node.proc.returncode}; see {logfile}:\n"
+                                       + _tail(logfile))
+                if os.path.exists(ready):
+                    with open(ready) as f:
+                        node.address = json.load(f)["address"]
+                    pending.remove(node_id)
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(f"nodes {pending} not ready after {timeout_s}s")
+            if pending:
+                time.sleep(0.05)
+
+    def start(self) -> "LocalCluster":
+        os.makedirs(self.data_dir, exist_ok=True)
+        try:
+            for node_id in self.procs:
+                self.spawn(node_id)
+            self.wait_ready(list(self.procs))
+        except BaseException:
+            self.stop()
+            raise
+        self._write_cluster_json()
+        return self
+
+    def _write_cluster_json(self) -> None:
+        info = {"address": self.address, "launcher_pid": os.getpid(), "metastore": self.metastore,
+                "nodes": [{"node_id": n.node_id, "roles": n.roles, "pid": n.pid, "address": n.address}
+                          for n in self.procs.values()]}
+        path = os.path.join(self.data_dir, "cluster.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(info, f, indent=2)
+        os.replace(path + ".tmp", path)
+
+    def signal(self, node_id: str, sig: int) -> None:
+        self.procs[node_id].proc.send_signal(sig)
+
+    def kill(self, node_id: str) -> None:
+        node = self.procs[node_id]
+        node.proc.kill()
+        node.proc.wait()
+
+    def restart(self, node_id: str) -> None:
+        node = self.procs[node_id]
+        if node.proc and node.proc.poll() is None:
+            self._stop_one(node)
+        self.spawn(node_id)
+        self.wait_ready([node_id])
+        self._write_cluster_json()
+
+    def _stop_one(self, node: NodeProcess) -> None:
+        if node.proc is None or node.proc.poll() is not None:
+            return
+        try:
+            node.proc.send_signal(signal.SIGCONT)
+            node.proc.terminate()
+            node.proc.wait(timeout=limits.NODE_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            node.proc.kill()
+            node.proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM every child (storage nodes first), SIGKILL what is left after the timeout."""
+        order = [n for n in self.procs.values() if n.node_id != "control"] + [self.procs["control"]]
+        for node in order:
+            if node.proc and node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGCONT)
+                node.proc.terminate()
+        deadline = time.monotonic() + limits.NODE_STOP_TIMEOUT_S
+        for node in order:
+            if node.proc is None:
+                continue
+            try:
+                node.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                node.proc.kill()
+                node.proc.wait()
+
+    def exited(self) -> dict[str, int]:
+        return {n.node_id: n.proc.returncode for n in self.procs.values()
+                if n.proc is not None and n.proc.poll() is not None}
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _tail(path: str, lines: int = 30) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""

@@ -1,0 +1,154 @@
+"""The layout of the metadata store: paths and the records stored at them.
+
+Every role reads these; only the control role writes stream and chain configs, only a
+node writes its own registration. Values are JSON.
+
+    /cluster/secret              HMAC key for iterator tokens (hex), made once
+    /cluster/control             ephemeral: the control leader {node_id, address}
+    /nodes/<node_id>             ephemeral: NodeRecord of a live process
+    /streams/<name>              StreamConfig
+    /streams/<name>/map          PartitionMap (its store version is the map version)
+    /chains/<stream>:<ordinal>   ChainConfig {epoch, members head..tail}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, replace
+
+from sms import limits
+from sms.errors import InvalidStreamName
+from sms.types import IngestionPolicy, NodeInfo, Persistence, StreamStatus
+
+CLUSTER_SECRET = "/cluster/secret"
+CLUSTER_CONTROL = "/cluster/control"
+NODES = "/nodes"
+STREAMS = "/streams"
+CHAINS = "/chains"
+
+_STREAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,%d}" % limits.STREAM_NAME_CHARS_MAX)
+
+
+def validate_stream_name(name: object) -> str:
+    if not isinstance(name, str) or not _STREAM_NAME.fullmatch(name):
+        shown = repr(name)[:80]
+        raise InvalidStreamName(f"stream name {shown}; expected [A-Za-z0-9_.-]{{1,{limits.STREAM_NAME_CHARS_MAX}}}")
+    return name
+
+
+def node_path(node_id: str) -> str:
+    return f"{NODES}/{node_id}"
+
+
+def stream_path(name: str) -> str:
+    return f"{STREAMS}/{name}"
+
+
+def map_path(name: str) -> str:
+    return f"{STREAMS}/{name}/map"
+
+
+def chain_id(stream: str, ordinal: int) -> str:
+    return f"{stream}:{ordinal}"
+
+
+def chain_path(cid: str) -> str:
+    return f"{CHAINS}/{cid}"
+
+
+def parse_chain_id(cid: str) -> tuple[str, int]:
+    stream, _, ordinal = cid.rpartition(":")
+    return stream, int(ordinal)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    name: str
+    partitions: int
+    replication_factor: int
+    persistence: Persistence
+    ingestion_policy: IngestionPolicy
+    retention_hours: int
+    created_ms: int
+    status: StreamStatus = StreamStatus.ACTIVE
+    tenant: str = "default"
+
+    def to_bytes(self) -> bytes:
+        d = asdict(self)
+        d["persistence"] = self.persistence.value
+        d["ingestion_policy"] = self.ingestion_policy.value
+        d["status"] = self.status.value
+        return json.dumps(d).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "StreamConfig":
+        d = json.loads(raw)
+        d["persistence"] = Persistence(d["persistence"])
+        d["ingestion_policy"] = IngestionPolicy(d["ingestion_policy"])
+        d["status"] = StreamStatus(d["status"])
+        return cls(**d)
+
+    def with_status(self, status: StreamStatus) -> "StreamConfig":
+        return replace(self, status=status)
+
+
+@dataclass(frozen=True, slots=True)
+class ChainConfig:
+    """One partition's replication chain: members[0] is the head, members[-1] the tail.
+
+    The head's node also owns ingestion for the partition."""
+
+    chain_id: str
+    stream: str
+    ordinal: int
+    epoch: int
+    members: tuple[str, ...]
+    persistence: Persistence
+
+    @property
+    def head(self) -> str:
+        return self.members[0]
+
+    @property
+    def tail(self) -> str:
+        return self.members[-1]
+
+    def successor_of(self, node_id: str) -> str | None:
+        i = self.members.index(node_id)
+        return self.members[i + 1] if i + 1 < len(self.members) else None
+
+    def predecessor_of(self, node_id: str) -> str | None:
+        i = self.members.index(node_id)
+        return self.members[i - 1] if i > 0 else None
+
+    def role_of(self, node_id: str) -> str:
+        if len(self.members) == 1:
+            return "head+tail"
+        if node_id == self.head:
+            return "head"
+        if node_id == self.tail:
+            return "tail"
+        return "middle"
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"chain_id": self.chain_id, "stream": self.stream, "ordinal": self.ordinal,
+                           "epoch": self.epoch, "members": list(self.members),
+                           "persistence": self.persistence.value}).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "ChainConfig":
+        d = json.loads(raw)
+        return cls(chain_id=d["chain_id"], stream=d["stream"], ordinal=d["ordinal"], epoch=d["epoch"],
+                   members=tuple(d["members"]), persistence=Persistence(d["persistence"]))
+
+
+def node_to_bytes(node: NodeInfo) -> bytes:
+    return json.dumps({"node_id": node.node_id, "address": node.address, "roles": list(node.roles),
+                       "pid": node.pid, "started_ms": node.started_ms}).encode()
+
+
+def node_from_bytes(raw: bytes) -> NodeInfo:
+    d = json.loads(raw)
+    return NodeInfo(node_id=d["node_id"], address=d["address"], roles=tuple(d["roles"]),
+                    pid=d["pid"], started_ms=d["started_ms"])

@@ -1,0 +1,87 @@
+"""The gRPC edge shared by servers and clients: channel options and error mapping.
+
+Servers wrap each handler with `rpc_errors`: an `SmsError` becomes its gRPC status with
+the class name in trailing metadata `sms-error`; anything else becomes INTERNAL and is
+logged, and the node keeps serving. Clients call `to_sms_error` on an `AioRpcError` to
+get the same class back (UNAVAILABLE and DEADLINE_EXCEEDED without a name become
+`Unavailable` and `Timeout`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import grpc
+
+from sms import errors, limits
+
+log = logging.getLogger(__name__)
+
+ERROR_KEY = "sms-error"
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
+    ("grpc.max_receive_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.enable_retries", 0),
+    ("grpc.use_local_subchannel_pool", 1),
+]
+
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
+    ("grpc.max_receive_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def rpc_errors(handler):
+    """Map SmsError (and unexpected exceptions) of a unary grpc.aio handler to a status."""
+
+    @functools.wraps(handler)
+    async def wrapper(self, request, context):
+        try:
+            return await handler(self, request, context)
+        except errors.SmsError as e:
+            context.set_trailing_metadata(((ERROR_KEY, e.name),))
+            await context.abort(e.code, e.message or e.name)
+        except errors.InvariantViolation:
+            raise
+        except Exception as e:  # an operating error we did not name: answer, keep serving
+            if isinstance(e, (grpc.aio.AbortError,)):
+                raise
+            log.exception("unexpected error in %s", handler.__name__)
+            context.set_trailing_metadata(((ERROR_KEY, "InternalError"),))
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+    return wrapper
+
+
+def to_sms_error(e: grpc.aio.AioRpcError | grpc.RpcError) -> errors.SmsError:
+    name = ""
+    for key, value in (e.trailing_metadata() or ()):
+        if key == ERROR_KEY:
+            name = value
+    details = e.details() or ""
+    if name:
+        return errors.from_name(name, details)
+    code = e.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return errors.Unavailable(details or "node unavailable")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.Timeout(details or "deadline exceeded")
+    if code == grpc.StatusCode.CANCELLED:
+        return errors.Unavailable(details or "call cancelled")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return errors.InvalidArgument(details)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return errors.LimitExceeded(details)
+    return errors.InternalError(f"{code.name}: {details}")
+
+
+def aio_channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)

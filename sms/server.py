@@ -1,0 +1,125 @@
+"""One node process (`sms serve`): the roles it runs, bound to one gRPC port.
+
+Roles: control (stream admin), storage (replicas, chain protocol), ingestion (PutRecords;
+needs storage in this version, as a partition's ingestion owner is its chain head's
+node), retrieval (reads; needs storage, as it reads the local replica). Every process
+also answers the read-only Control calls, so any address is a discovery point. The
+process registers an ephemeral /nodes/<id> entry once it serves; SIGTERM or SIGINT
+stop it cleanly (server drained, replicas closed, registration removed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+
+import grpc
+
+from sms import metadata, rpc
+from sms.errors import InvalidArgument
+from sms.types import NodeInfo
+
+log = logging.getLogger("sms.server")
+
+ROLES = ("control", "storage", "ingestion", "retrieval")
+
+
+def parse_roles(text: str) -> tuple[str, ...]:
+    roles = tuple(r.strip() for r in text.split(",") if r.strip())
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown or not roles:
+        raise InvalidArgument(f"roles {text!r}; expected a comma-separated subset of {', '.join(ROLES)}")
+    if ("ingestion" in roles or "retrieval" in roles) and "storage" not in roles:
+        raise InvalidArgument("ingestion and retrieval run beside storage in this version: add the storage role")
+    return roles
+
+
+async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_dir: str, listen: str,
+                ready_file: str | None = None) -> None:
+    from control.admin import StreamAdmin, ensure_roots
+    from control.metastore import NodeExistsError, open_metastore
+    from control.metaview import ClusterView
+    from control.service import ControlService
+    from ingestion.service import IngestionService
+    from retrieval.service import RetrievalService
+    from sms.tokens import TokenCodec
+    from sms.proto import sms_pb2_grpc
+    from storage.service import StorageNode, StorageService
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    store = open_metastore(metastore_url)
+    await store.start()
+    await ensure_roots(store)
+    view = ClusterView(store)
+    await view.start()
+
+    server = grpc.aio.server(options=rpc.SERVER_OPTIONS)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {listen}")
+    host = listen.rsplit(":", 1)[0]
+    address = f"{host}:{port}"
+
+    admin = StreamAdmin(store, view) if "control" in roles else None
+    sms_pb2_grpc.add_ControlServicer_to_server(ControlService(view, admin), server)
+    storage = ingestion = None
+    if "storage" in roles:
+        storage = StorageNode(node_id, data_dir, store)
+        sms_pb2_grpc.add_StorageServicer_to_server(StorageService(storage, roles, os.getpid()), server)
+    if "ingestion" in roles:
+        ingestion = IngestionService(node_id, view)
+        sms_pb2_grpc.add_IngestionServicer_to_server(ingestion, server)
+    if "retrieval" in roles:
+        secret = await store.get(metadata.CLUSTER_SECRET)
+        tokens = TokenCodec(bytes.fromhex(secret.value.decode()))
+        sms_pb2_grpc.add_RetrievalServicer_to_server(RetrievalService(storage, view, tokens), server)
+    await server.start()
+    if storage is not None:
+        await storage.start()
+
+    info = NodeInfo(node_id=node_id, address=address, roles=roles, pid=os.getpid(),
+                    started_ms=int(time.time() * 1000))
+    await store.create(metadata.node_path(node_id), metadata.node_to_bytes(info), ephemeral=True)
+    if "control" in roles:
+        try:
+            await store.create(metadata.CLUSTER_CONTROL, json.dumps({"node_id": node_id, "address": address}).encode(),
+                               ephemeral=True)
+        except NodeExistsError:
+            raise SystemExit("another control process is registered (the embedded store allows one)")
+
+    def reregister() -> None:   # our session expired (we were paused): register again
+        loop.create_task(store.create(metadata.node_path(node_id), metadata.node_to_bytes(info), ephemeral=True))
+
+    store.on_session_lost(reregister)
+    log.info("node %s serving %s on %s", node_id, ",".join(roles), address)
+    if ready_file:
+        tmp = ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"node_id": node_id, "address": address, "pid": os.getpid()}, f)
+        os.replace(tmp, ready_file)
+
+    await stop.wait()
+    log.info("node %s stopping", node_id)
+    await server.stop(grace=1.0)
+    if ingestion is not None:
+        await ingestion.close()
+    if storage is not None:
+        await storage.close()
+    view.close()
+    await store.close()
+
+
+def run(args) -> int:
+    logging.basicConfig(level=os.environ.get("SMS_LOG_LEVEL", "INFO"),
+                        format=f"%(asctime)s {args.node_id} %(levelname)s %(name)s: %(message)s")
+    roles = parse_roles(args.roles)
+    asyncio.run(serve(args.node_id, roles, args.metastore, args.data_dir, args.listen, args.ready_file))
+    return 0

@@ -1,0 +1,174 @@
+"""Domain types of the public API: frozen, slotted dataclasses, apart from protobuf.
+
+Sequence numbers are ints inside the library and decimal strings at the API surface
+(`Record.sequence_number`), as in Kinesis. Partitions are named `p0000`-style ids with
+an integer ordinal that is also the low 32 bits of every SN they assign.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from sms import seqno
+
+
+class Persistence(str, enum.Enum):
+    DISK = "disk"              # fsync per batch (group commit)
+    DISK_ASYNC = "disk_async"  # written per batch, flushed by the OS
+    MEMORY = "memory"          # ephemeral: lost when the node restarts
+
+
+class IngestionPolicy(str, enum.Enum):
+    AT_LEAST_ONCE_NO_DUP = "at_least_once_no_dup"
+    AT_LEAST_ONCE_DUP_PERMITTED = "at_least_once_dup_permitted"
+    BEST_EFFORT = "best_effort"
+
+
+class IteratorType(str, enum.Enum):
+    TRIM_HORIZON = "TRIM_HORIZON"
+    LATEST = "LATEST"
+    AT_SEQUENCE_NUMBER = "AT_SEQUENCE_NUMBER"
+    AFTER_SEQUENCE_NUMBER = "AFTER_SEQUENCE_NUMBER"
+    AT_TIMESTAMP = "AT_TIMESTAMP"
+
+
+class PartitionState(str, enum.Enum):
+    OPEN = "OPEN"
+    CLOSED = "CLOSED"
+
+
+class StreamStatus(str, enum.Enum):
+    CREATING = "CREATING"
+    ACTIVE = "ACTIVE"
+    DELETING = "DELETING"
+
+
+def partition_id(ordinal: int) -> str:
+    return f"p{ordinal:04d}"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    partition_key: str
+    data: bytes
+    sn: int
+    partition_ordinal: int
+    meta: bytes = b""
+
+    @property
+    def sequence_number(self) -> str:
+        return str(self.sn)
+
+    @property
+    def arrival_time_ms(self) -> int:
+        return seqno.timestamp_ms_of(self.sn)
+
+    @property
+    def partition_id(self) -> str:
+        return partition_id(self.partition_ordinal)
+
+
+@dataclass(frozen=True, slots=True)
+class PutRecordResult:
+    """One record's outcome; `error_name` is empty when it was stored."""
+
+    sn: int = 0
+    partition_ordinal: int = -1
+    error_name: str = ""
+    error_message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error_name
+
+    @property
+    def sequence_number(self) -> str:
+        return str(self.sn) if self.ok else ""
+
+    @property
+    def partition_id(self) -> str:
+        return partition_id(self.partition_ordinal) if self.partition_ordinal >= 0 else ""
+
+
+@dataclass(frozen=True, slots=True)
+class PutRecordsResult:
+    records: tuple[PutRecordResult, ...]
+
+    @property
+    def failed_record_count(self) -> int:
+        return sum(1 for r in self.records if not r.ok)
+
+
+@dataclass(frozen=True, slots=True)
+class ChainMember:
+    node_id: str
+    address: str
+    role: str          # head / middle / tail / head+tail
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    ordinal: int
+    hash_lo: int                      # inclusive
+    hash_hi: int                      # exclusive (2^128 for the last partition)
+    valid_from_ms: int
+    valid_to_ms: int | None
+    state: PartitionState
+    parents: tuple[int, ...]
+    children: tuple[int, ...]
+    chain_epoch: int
+    chain: tuple[ChainMember, ...]
+    ingestion_owner: ChainMember | None
+
+    @property
+    def partition_id(self) -> str:
+        return partition_id(self.ordinal)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    name: str
+    status: StreamStatus
+    replication_factor: int
+    persistence: Persistence
+    ingestion_policy: IngestionPolicy
+    retention_hours: int
+    map_version: int
+    created_ms: int
+    partitions: tuple[PartitionInfo, ...]
+
+    def open_partition_for_hash(self, hash_key: int) -> PartitionInfo:
+        for p in self.partitions:
+            if p.state is PartitionState.OPEN and p.hash_lo <= hash_key < p.hash_hi:
+                return p
+        raise LookupError(f"no open partition of {self.name} covers hash {hash_key}")
+
+    def partition(self, ordinal: int) -> PartitionInfo:
+        for p in self.partitions:
+            if p.ordinal == ordinal:
+                return p
+        raise LookupError(ordinal)
+
+
+@dataclass(frozen=True, slots=True)
+class GetRecordsResult:
+    records: list[Record]
+    next_iterator: str | None
+    millis_behind_latest: int
+    child_partitions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    node_id: str
+    address: str
+    roles: tuple[str, ...]
+    pid: int
+    started_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    control_address: str
+    nodes: tuple[NodeInfo, ...] = field(default_factory=tuple)

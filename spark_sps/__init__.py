@@ -1,0 +1,1 @@
+"""PySpark integration (a later issue)."""

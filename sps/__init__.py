@@ -1,0 +1,1 @@
+"""Stream processing workers (a later issue)."""

@@ -1,0 +1,1 @@
+"""Storage nodes: LMDB partition logs and the chain-replication protocol."""

@@ -1,0 +1,317 @@
+"""Partition logs of one storage node: many partitions per LMDB environment.
+
+A node keeps two LMDB environments, one per durable persistence policy: `disk`
+(`sync=True`: every commit is fsynced) and `disk_async` (written per batch, flushed by
+the OS, so it survives a process crash but not a power cut). `memory` logs live in a
+sorted dict and vanish with the process. Each stored value is one whole batch
+(sms/codec.py) keyed by (local partition id, first SN), so an append is one put and a
+read is a cursor walk over whole batches.
+
+Writes go through one `GroupCommitWriter` per environment: appends from every partition
+queue up and are folded into one write transaction (one fsync) on a dedicated thread.
+Every batch's checksum is verified before it is written and again when it is read back.
+The last SN and commit watermark of each partition are kept in memory; the watermark is
+also written with each transaction so a restarted node knows what was committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import struct
+from dataclasses import dataclass
+
+import lmdb
+from sortedcontainers import SortedDict
+
+from sms import codec, limits, seqno
+from sms.errors import invariant
+from sms.types import Persistence
+
+log = logging.getLogger(__name__)
+
+_LOCAL_ID = struct.Struct(">I")
+_META_NEXT_ID = b"next_local_id"
+
+
+@dataclass(slots=True)
+class ReadSlice:
+    batch: bytes
+    start: int
+    end: int
+    first_sn: int
+
+    def sn_at(self, index: int) -> int:
+        return self.first_sn + index * seqno.COUNTER_UNIT
+
+
+class PartitionLog:
+    """One partition's log on this node. Mutated only by its LogStore."""
+
+    def __init__(self, name: str, persistence: Persistence, local_id: int):
+        self.name = name
+        self.persistence = persistence
+        self.local_id = local_id
+        self.prefix = _LOCAL_ID.pack(local_id)
+        self.last_sn = 0
+        self.first_sn = 0          # first stored SN (0: empty)
+        self.committed_sn = 0
+        self.stored_committed_sn = 0
+        self.batches = 0
+        self.records = 0
+        self.memory: SortedDict | None = SortedDict() if persistence is Persistence.MEMORY else None
+
+    def key(self, first_sn: int) -> bytes:
+        return self.prefix + seqno.to_bytes(first_sn)
+
+
+class GroupCommitWriter:
+    """Folds queued appends of many partitions into one LMDB write transaction."""
+
+    def __init__(self, env: lmdb.Environment, batches_db, parts_db, name: str):
+        self.env = env
+        self.batches_db = batches_db
+        self.parts_db = parts_db
+        self.queue: asyncio.Queue = asyncio.Queue(maxsize=limits.STORAGE_WRITE_QUEUE_MAX)
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lmdb-{name}")
+        self.task: asyncio.Task | None = None
+        self.commits = 0
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run(), name="group-commit")
+
+    async def stop(self) -> None:
+        if self.task:
+            self.task.cancel()
+            try:
+                await self.task
+            except asyncio.CancelledError:
+                pass
+        self.executor.shutdown(wait=True)
+
+    async def submit(self, plog: PartitionLog, key: bytes, batch: bytes) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        await self.queue.put((plog, key, batch, fut))
+        await fut
+
+    def _commit(self, items: list) -> None:
+        with self.env.begin(write=True) as txn:
+            for plog, key, batch, _fut in items:
+                txn.put(key, batch, db=self.batches_db)
+            for plog in {item[0] for item in items}:
+                txn.put(plog.prefix, seqno.to_bytes(plog.committed_sn), db=self.parts_db)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            items = [await self.queue.get()]
+            while len(items) < limits.STORAGE_GROUP_COMMIT_BATCHES_MAX and not self.queue.empty():
+                items.append(self.queue.get_nowait())
+            try:
+                await loop.run_in_executor(self.executor, self._commit, items)
+                self.commits += 1
+            except Exception as e:  # disk full, map full: fail these appends, keep running
+                log.error("LMDB commit of %d batches failed: %s", len(items), e)
+                for *_, fut in items:
+                    if not fut.done():
+                        fut.set_exception(e)
+                continue
+            for *_, fut in items:
+                if not fut.done():
+                    fut.set_result(None)
+
+
+class LogStore:
+    """All partition logs of a node, by name (the chain id)."""
+
+    def __init__(self, data_dir: str):
+        self.data_dir = data_dir
+        os.makedirs(data_dir, exist_ok=True)
+        self.envs: dict[Persistence, lmdb.Environment] = {}
+        self.dbs: dict[Persistence, tuple] = {}
+        self.writers: dict[Persistence, GroupCommitWriter] = {}
+        self.logs: dict[str, PartitionLog] = {}
+        for persistence, sync in ((Persistence.DISK, True), (Persistence.DISK_ASYNC, False)):
+            env = lmdb.open(os.path.join(data_dir, f"log-{persistence.value}.lmdb"), subdir=True,
+                            map_size=limits.LMDB_MAP_BYTES, max_dbs=4, max_readers=limits.LMDB_MAX_READERS,
+                            sync=sync, metasync=sync, readahead=False)
+            self.envs[persistence] = env
+            self.dbs[persistence] = (env.open_db(b"batches"), env.open_db(b"partitions"),
+                                     env.open_db(b"names"))
+
+    async def start(self) -> None:
+        for persistence, env in self.envs.items():
+            batches, parts, _names = self.dbs[persistence]
+            writer = GroupCommitWriter(env, batches, parts, persistence.value)
+            writer.start()
+            self.writers[persistence] = writer
+
+    async def close(self) -> None:
+        for writer in self.writers.values():
+            await writer.stop()
+        for env in self.envs.values():
+            env.close()
+
+    # --- partitions ---------------------------------------------------------------
+
+    def open_log(self, name: str, persistence: Persistence) -> PartitionLog:
+        """The log named `name`, created empty if new; recovered from LMDB if it exists."""
+        plog = self.logs.get(name)
+        if plog is not None:
+            return plog
+        if persistence is Persistence.MEMORY:
+            plog = PartitionLog(name, persistence, 0)
+        else:
+            plog = PartitionLog(name, persistence, self._local_id(name, persistence))
+            self._recover(plog)
+        self.logs[name] = plog
+        return plog
+
+    def known_names(self) -> list[str]:
+        """Names of durable logs stored on this node (including ones not opened yet)."""
+        names = []
+        for persistence, env in self.envs.items():
+            with env.begin(db=self.dbs[persistence][2]) as txn:
+                names.extend(k.decode() for k, _ in txn.cursor())
+        return names
+
+    def _local_id(self, name: str, persistence: Persistence) -> int:
+        env = self.envs[persistence]
+        _batches, _parts, names = self.dbs[persistence]
+        with env.begin(write=True, db=names) as txn:
+            raw = txn.get(name.encode())
+            if raw is not None:
+                return _LOCAL_ID.unpack(raw)[0]
+            nxt = txn.get(_META_NEXT_ID)
+            local_id = _LOCAL_ID.unpack(nxt)[0] if nxt else 1
+            txn.put(_META_NEXT_ID, _LOCAL_ID.pack(local_id + 1))
+            txn.put(name.encode(), _LOCAL_ID.pack(local_id))
+            return local_id
+
+    def _recover(self, plog: PartitionLog) -> None:
+        env = self.envs[plog.persistence]
+        batches, parts, _names = self.dbs[plog.persistence]
+        with env.begin() as txn:
+            cur = txn.cursor(db=batches)
+            if cur.set_range(plog.prefix):
+                if cur.key()[:4] == plog.prefix:
+                    plog.first_sn = codec.read_header(cur.value()).first_sn
+            count_batches = count_records = 0
+            if cur.set_range(plog.prefix):
+                while cur.key()[:4] == plog.prefix:
+                    header = codec.read_header(cur.value())
+                    count_batches += 1
+                    count_records += header.count
+                    plog.last_sn = header.last_sn
+                    if not cur.next():
+                        break
+            plog.batches, plog.records = count_batches, count_records
+            raw = txn.get(plog.prefix, db=parts)
+            plog.committed_sn = min(seqno.from_bytes(raw), plog.last_sn) if raw else 0
+            plog.stored_committed_sn = plog.committed_sn
+
+    async def drop_log(self, name: str) -> None:
+        """Delete a partition's records and name from this node, in bounded txns."""
+        plog = self.logs.pop(name, None)
+        for persistence, env in self.envs.items():
+            batches, parts, names = self.dbs[persistence]
+            with env.begin(db=names) as txn:
+                raw = txn.get(name.encode())
+            if raw is None:
+                continue
+            prefix = raw
+            while True:
+                with env.begin(write=True) as txn:
+                    cur = txn.cursor(db=batches)
+                    deleted = 0
+                    if cur.set_range(prefix):
+                        while cur.key()[:4] == prefix and deleted < limits.TRIM_BATCHES_PER_TXN_MAX:
+                            if not cur.delete():
+                                break
+                            deleted += 1
+                    if deleted < limits.TRIM_BATCHES_PER_TXN_MAX:
+                        txn.delete(prefix, db=parts)
+                        txn.delete(name.encode(), db=names)
+                        break
+                await asyncio.sleep(0)  # let other work run between bounded deletions
+        if plog is not None and plog.memory is not None:
+            plog.memory.clear()
+
+    # --- append / read --------------------------------------------------------------
+
+    async def append(self, plog: PartitionLog, batch: bytes) -> codec.BatchHeader:
+        """Persist one sequenced batch after the log's last SN (prefix rule)."""
+        header = codec.verify(batch)
+        invariant(header.first_sn > plog.last_sn,
+                  f"{plog.name}: append first_sn {header.first_sn} <= last_sn {plog.last_sn}")
+        if plog.memory is not None:
+            plog.memory[header.first_sn] = batch
+        else:
+            await self.writers[plog.persistence].submit(plog, plog.key(header.first_sn), batch)
+        if plog.first_sn == 0:
+            plog.first_sn = header.first_sn
+        plog.last_sn = header.last_sn
+        plog.batches += 1
+        plog.records += header.count
+        return header
+
+    def set_committed(self, plog: PartitionLog, committed_sn: int) -> None:
+        invariant(committed_sn <= plog.last_sn,
+                  f"{plog.name}: committed {committed_sn} beyond last {plog.last_sn}")
+        if committed_sn > plog.committed_sn:
+            plog.committed_sn = committed_sn
+
+    def read(self, plog: PartitionLog, from_sn: int, upto_sn: int, max_records: int,
+             max_bytes: int) -> list[ReadSlice]:
+        """Whole or partial batches holding records with from_sn <= SN <= upto_sn."""
+        if upto_sn < from_sn or plog.last_sn == 0:
+            return []
+        out: list[ReadSlice] = []
+        records = size = 0
+        for batch in self._batches_from(plog, from_sn):
+            header = codec.verify(batch)
+            if header.first_sn > upto_sn:
+                break
+            start = codec.index_at_or_after(header, from_sn)
+            end = codec.index_at_or_after(header, upto_sn + 1)
+            end = min(end, start + (max_records - records))
+            if end > start:
+                out.append(ReadSlice(batch, start, end, header.first_sn))
+                records += end - start
+                size += len(batch)
+            if records >= max_records or size >= max_bytes or len(out) >= limits.STORAGE_READ_BATCHES_MAX:
+                break
+        return out
+
+    def _batches_from(self, plog: PartitionLog, from_sn: int):
+        """Stored batches in SN order, starting with the one that holds from_sn."""
+        if plog.memory is not None:
+            keys = plog.memory.keys()
+            i = plog.memory.bisect_right(from_sn)
+            if i > 0:
+                i -= 1
+            for k in keys[i:]:
+                yield plog.memory[k]
+            return
+        env = self.envs[plog.persistence]
+        batches_db = self.dbs[plog.persistence][0]
+        with env.begin(db=batches_db) as txn:
+            cur = txn.cursor()
+            found = cur.set_range(plog.key(from_sn))
+            if not found or cur.key()[:4] != plog.prefix or seqno.from_bytes(cur.key()[4:]) > from_sn:
+                # the batch holding from_sn starts before it: step back one
+                if (cur.prev() if found else cur.last()) and cur.key()[:4] == plog.prefix:
+                    pass
+                elif not cur.set_range(plog.prefix):
+                    return
+            while cur.key()[:4] == plog.prefix:
+                yield cur.value()
+                if not cur.next():
+                    return
+
+    def statistics(self) -> dict:
+        return {"logs": len(self.logs),
+                "commits": {p.value: w.commits for p, w in self.writers.items()},
+                "write_queue": {p.value: w.queue.qsize() for p, w in self.writers.items()}}

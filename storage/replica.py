@@ -1,0 +1,265 @@
+"""One node's replica of one partition chain: sequencing, persisting, forwarding, commit.
+
+The head assigns sequence numbers (timestamp | counter | ordinal), persists the batch,
+and its downstream link ships it to the successor; every node persists then forwards;
+the tail's last SN is the commit watermark, which flows back up the chain on the link
+acks. Ingestion waits on `wait_committed` before it acknowledges a producer, and readers
+never read past `committed_sn`.
+
+The downstream link is a log-shipping cursor: on (re)connect the successor says its last
+SN and the link resends everything after it from the local log, so a broken link heals
+itself and each node's log stays a prefix of its predecessor's. Every message carries the
+chain epoch; a replica answers any other epoch with StaleEpoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import logging
+import time
+
+import grpc
+
+from sms import codec, limits, rpc, seqno
+from sms.errors import PartitionClosed, StaleEpoch, WrongOwner, invariant
+from sms.metadata import ChainConfig
+from sms.proto import sms_pb2, sms_pb2_grpc
+from storage.log import LogStore, PartitionLog
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaState(enum.Enum):
+    ACTIVE = "active"
+    CLOSED = "closed"      # removed from the node; every waiter is released
+
+
+class Replica:
+    def __init__(self, node_id: str, config: ChainConfig, store: LogStore, plog: PartitionLog):
+        self.node_id = node_id
+        self.config = config
+        self.store = store
+        self.log = plog
+        self.state = ReplicaState.ACTIVE
+        self.progress = asyncio.Condition()        # notified on append and on commit
+        self.sequence_lock = asyncio.Lock()        # one sequencer at a time (head)
+        self.link: DownstreamLink | None = None
+        self.recent: collections.deque = collections.deque(maxlen=limits.CHAIN_INFLIGHT_BATCHES_MAX * 4)
+
+    # --- roles --------------------------------------------------------------------
+    @property
+    def chain_id(self) -> str:
+        return self.config.chain_id
+
+    @property
+    def is_head(self) -> bool:
+        return self.config.head == self.node_id
+
+    @property
+    def is_tail(self) -> bool:
+        return self.config.tail == self.node_id
+
+    @property
+    def committed_sn(self) -> int:
+        return self.log.committed_sn
+
+    @property
+    def last_sn(self) -> int:
+        return self.log.last_sn
+
+    def check_epoch(self, epoch: int) -> None:
+        if epoch != self.config.epoch:
+            raise StaleEpoch(f"{self.chain_id}: epoch {epoch}; this replica is at epoch {self.config.epoch}")
+
+    def check_active(self) -> None:
+        if self.state is not ReplicaState.ACTIVE:
+            raise PartitionClosed(f"{self.chain_id}: replica closed on {self.node_id}")
+
+    # --- write path ---------------------------------------------------------------
+    def _next_first_sn(self) -> int:
+        last = self.log.last_sn
+        now_ms = int(time.time() * 1000)
+        ts = max(now_ms, seqno.timestamp_ms_of(last))
+        counter = seqno.counter_of(last) + 1 if last else 1
+        return seqno.make(ts, counter, self.config.ordinal)
+
+    async def append_as_head(self, epoch: int, unsequenced: bytes) -> codec.BatchHeader:
+        """Sequence and persist a batch from ingestion; returns its header."""
+        self.check_active()
+        self.check_epoch(epoch)
+        if not self.is_head:
+            raise WrongOwner(f"{self.chain_id}: {self.node_id} is not the head")
+        async with self.sequence_lock:
+            batch = codec.sequence(unsequenced, self._next_first_sn())
+            header = await self.store.append(self.log, batch)
+            self.recent.append((header.first_sn, header.last_sn, batch))
+        if self.is_tail:
+            self.store.set_committed(self.log, header.last_sn)
+        await self.notify()
+        return header
+
+    async def append_as_successor(self, batch: bytes) -> None:
+        """Persist a batch from the predecessor; a batch already held is skipped."""
+        self.check_active()
+        header = codec.verify(batch)
+        if header.last_sn <= self.log.last_sn:
+            return  # resent after a reconnect: we hold it already
+        invariant(header.first_sn > self.log.last_sn,
+                  f"{self.chain_id}: batch {header.first_sn}..{header.last_sn} overlaps last {self.log.last_sn}")
+        await self.store.append(self.log, batch)
+        self.recent.append((header.first_sn, header.last_sn, batch))
+        if self.is_tail:
+            self.store.set_committed(self.log, header.last_sn)
+        await self.notify()
+
+    async def on_successor_committed(self, committed_sn: int) -> None:
+        committed_sn = min(committed_sn, self.log.last_sn)
+        if committed_sn > self.log.committed_sn:
+            self.store.set_committed(self.log, committed_sn)
+            await self.notify()
+
+    async def notify(self) -> None:
+        async with self.progress:
+            self.progress.notify_all()
+
+    async def wait_committed(self, sn: int, timeout_s: float) -> bool:
+        """True once committed_sn >= sn; False on timeout or when the replica closes."""
+        deadline = time.monotonic() + timeout_s
+        async with self.progress:
+            while self.log.committed_sn < sn and self.state is ReplicaState.ACTIVE:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(self.progress.wait(), remaining)
+                except asyncio.TimeoutError:
+                    return self.log.committed_sn >= sn
+            return self.log.committed_sn >= sn
+
+    def batches_after(self, after_sn: int, limit: int) -> list[bytes]:
+        """Up to `limit` stored batches whose records all follow after_sn."""
+        if self.recent and self.recent[0][0] <= after_sn + 1 <= self.recent[-1][1] + 1:
+            out = [b for first, last, b in self.recent if first > after_sn]
+            if out and codec.read_header(out[0]).first_sn > after_sn:
+                return out[:limit]
+        slices = self.store.read(self.log, after_sn + 1, self.log.last_sn,
+                                 max_records=limits.BATCH_RECORDS_MAX * limit,
+                                 max_bytes=limits.BATCH_BYTES_MAX * limit)
+        out = []
+        for s in slices:
+            invariant(s.start == 0, f"{self.chain_id}: batch boundary {s.first_sn} not at {after_sn}")
+            out.append(s.batch)
+            if len(out) >= limit:
+                break
+        return out
+
+    async def close(self) -> None:
+        self.state = ReplicaState.CLOSED
+        if self.link:
+            await self.link.stop()
+        await self.notify()
+
+    def status(self) -> dict:
+        return {"chain_id": self.chain_id, "epoch": self.config.epoch, "role": self.config.role_of(self.node_id),
+                "last_sn": self.log.last_sn, "committed_sn": self.log.committed_sn,
+                "batches": self.log.batches, "records": self.log.records}
+
+
+class DownstreamLink:
+    """Ships a replica's log to its successor and feeds commit acks back."""
+
+    def __init__(self, replica: Replica, successor_address_fn):
+        self.replica = replica
+        self.successor_address_fn = successor_address_fn   # () -> address or None
+        self.task: asyncio.Task | None = None
+        self.connected = False
+        self.acked_sn = 0          # successor's last stored SN
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"link-{self.replica.chain_id}")
+
+    async def stop(self) -> None:
+        if self.task:
+            self.task.cancel()
+            try:
+                await self.task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    async def _run(self) -> None:
+        while self.replica.state is ReplicaState.ACTIVE:
+            address = self.successor_address_fn()
+            if address:
+                try:
+                    await self._session(address)
+                except (grpc.aio.AioRpcError, ConnectionError) as e:
+                    log.info("link %s -> %s broken: %s", self.replica.chain_id, address,
+                             getattr(e, "details", lambda: e)())
+                except StaleEpoch as e:
+                    log.info("link %s: %s", self.replica.chain_id, e)
+            self.connected = False
+            await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
+
+    async def _session(self, address: str) -> None:
+        r = self.replica
+        async with rpc.aio_channel(address) as channel:
+            stub = sms_pb2_grpc.StorageStub(channel)
+            call = stub.Replicate()
+            await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=r.config.epoch, hello=True))
+            hello = await call.read()
+            if hello is grpc.aio.EOF:
+                raise ConnectionError("successor closed the link")
+            if hello.error_name:
+                if hello.error_name == "StaleEpoch":
+                    raise StaleEpoch(hello.error_message)
+                raise ConnectionError(f"{hello.error_name}: {hello.error_message}")
+            successor_last = seqno.from_bytes(hello.last_sn)
+            invariant(successor_last <= r.last_sn,
+                      f"{r.chain_id}: successor holds {successor_last} beyond our last {r.last_sn}")
+            self.acked_sn = successor_last
+            await r.on_successor_committed(seqno.from_bytes(hello.committed_sn))
+            self.connected = True
+            sent_sn = successor_last
+            inflight: collections.deque[int] = collections.deque()   # last SNs sent, not acked
+            reader = asyncio.get_running_loop().create_task(self._read_acks(call))
+
+            def ready() -> bool:
+                while inflight and inflight[0] <= self.acked_sn:
+                    inflight.popleft()
+                return reader.done() or r.state is not ReplicaState.ACTIVE or (
+                    r.last_sn > sent_sn and len(inflight) < limits.CHAIN_INFLIGHT_BATCHES_MAX)
+
+            try:
+                while r.state is ReplicaState.ACTIVE:
+                    async with r.progress:
+                        try:
+                            await asyncio.wait_for(r.progress.wait_for(ready), 1.0)
+                        except asyncio.TimeoutError:
+                            continue
+                    if reader.done():
+                        reader.result()
+                        raise ConnectionError("successor closed the link")
+                    room = limits.CHAIN_INFLIGHT_BATCHES_MAX - len(inflight)
+                    for batch in r.batches_after(sent_sn, room):
+                        await call.write(sms_pb2.ReplicateRequest(
+                            chain_id=r.chain_id, epoch=r.config.epoch, batch=batch,
+                            committed_sn=seqno.to_bytes(r.committed_sn)))
+                        sent_sn = codec.read_header(batch).last_sn
+                        inflight.append(sent_sn)
+            finally:
+                reader.cancel()
+                call.cancel()
+
+    async def _read_acks(self, call) -> None:
+        r = self.replica
+        while True:
+            ack = await call.read()
+            if ack is grpc.aio.EOF:
+                return
+            if ack.error_name:
+                raise ConnectionError(f"{ack.error_name}: {ack.error_message}")
+            self.acked_sn = max(self.acked_sn, seqno.from_bytes(ack.last_sn))
+            await r.on_successor_committed(seqno.from_bytes(ack.committed_sn))
+            await r.notify()

@@ -1,0 +1,266 @@
+"""The storage role of a node: its replicas, kept in step with chain configs, and the
+gRPC Storage service (Append from ingestion to heads, Replicate between chain links).
+
+`StorageNode` watches `/chains` in the metadata store and opens, reconfigures or drops
+the replicas this node is a member of; its public read methods are what the retrieval
+role of the same process uses (`replica_for_read`). `StorageService` binds the
+protocol of storage/replica.py to grpc.aio streams: a reader task takes messages in,
+one writer loop sends acks out in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+
+import grpc
+
+from control.metastore import MetaStore, NoNodeError
+from sms import limits, metadata, seqno
+from sms.errors import SmsError, StaleEpoch, WrongOwner
+from sms.metadata import ChainConfig
+from sms.proto import sms_pb2, sms_pb2_grpc
+from storage.log import LogStore
+from storage.replica import DownstreamLink, Replica, ReplicaState
+
+log = logging.getLogger(__name__)
+
+
+class StorageNode:
+    def __init__(self, node_id: str, data_dir: str, store: MetaStore):
+        self.node_id = node_id
+        self.logs = LogStore(os.path.join(data_dir, "storage"))
+        self.meta = store
+        self.replicas: dict[str, Replica] = {}
+        self.addresses: dict[str, str] = {}
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._cancel_watches: list = []
+        self.synced = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.logs.start()
+        for path in (metadata.CHAINS, metadata.NODES):
+            self._cancel_watches.append(self.meta.watch(path, self._changed.set))
+        await self.sync()
+        await self._drop_orphans()
+        self._task = asyncio.get_running_loop().create_task(self._sync_loop(), name="chain-sync")
+
+    async def close(self) -> None:
+        for cancel in self._cancel_watches:
+            cancel()
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for replica in list(self.replicas.values()):
+            await replica.close()
+        await self.logs.close()
+
+    async def _sync_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._changed.wait(), limits.CONFIG_REFRESH_INTERVAL_S)
+            except asyncio.TimeoutError:
+                pass
+            self._changed.clear()
+            try:
+                await self.sync()
+            except Exception:   # a metadata hiccup must not kill the node; retried next tick
+                log.exception("chain sync failed")
+
+    async def _chain_configs(self) -> dict[str, ChainConfig]:
+        try:
+            names = await self.meta.children(metadata.CHAINS)
+        except NoNodeError:
+            return {}
+        configs = {}
+        for name in names:
+            entry = await self.meta.get(metadata.chain_path(name))
+            if entry is not None and entry.value:
+                configs[name] = ChainConfig.from_bytes(entry.value)
+        return configs
+
+    async def _refresh_addresses(self) -> None:
+        try:
+            names = await self.meta.children(metadata.NODES)
+        except NoNodeError:
+            names = []
+        addresses = {}
+        for name in names:
+            entry = await self.meta.get(metadata.node_path(name))
+            if entry is not None and entry.value:
+                addresses[name] = metadata.node_from_bytes(entry.value).address
+        self.addresses = addresses
+
+    async def sync(self) -> None:
+        """Bring this node's replicas in line with the chain configs."""
+        await self._refresh_addresses()
+        configs = await self._chain_configs()
+        mine = {cid: c for cid, c in configs.items() if self.node_id in c.members}
+        for cid, replica in list(self.replicas.items()):
+            if cid not in mine:
+                log.info("dropping replica %s", cid)
+                del self.replicas[cid]
+                await replica.close()
+                await self.logs.drop_log(cid)
+        for cid, config in mine.items():
+            replica = self.replicas.get(cid)
+            if replica is None:
+                plog = self.logs.open_log(cid, config.persistence)
+                replica = Replica(self.node_id, config, self.logs, plog)
+                self.replicas[cid] = replica
+                self._start_link(replica)
+            elif replica.config.epoch != config.epoch:
+                if replica.link:
+                    await replica.link.stop()
+                    replica.link = None
+                replica.config = config
+                self._start_link(replica)
+        self.synced.set()
+
+    async def _drop_orphans(self) -> None:
+        for name in self.logs.known_names():
+            if name not in self.replicas:
+                log.info("dropping orphaned log %s", name)
+                await self.logs.drop_log(name)
+
+    def _start_link(self, replica: Replica) -> None:
+        successor = replica.config.successor_of(self.node_id)
+        if successor is None:
+            return
+        replica.link = DownstreamLink(replica, lambda: self.addresses.get(successor))
+        replica.link.start()
+
+    # --- public API for the roles of this process ------------------------------------
+    def replica(self, chain_id: str) -> Replica:
+        replica = self.replicas.get(chain_id)
+        if replica is None or replica.state is not ReplicaState.ACTIVE:
+            raise WrongOwner(f"node {self.node_id} holds no replica of {chain_id}")
+        return replica
+
+    def status(self) -> list[dict]:
+        return [r.status() for r in self.replicas.values()]
+
+
+def _ack_error(e: SmsError) -> dict:
+    return {"error_name": e.name, "error_message": e.message}
+
+
+class StorageService(sms_pb2_grpc.StorageServicer):
+    def __init__(self, node: StorageNode, roles: tuple[str, ...], pid: int):
+        self.node = node
+        self.roles = roles
+        self.pid = pid
+
+    async def Append(self, request_iterator, context):
+        """ingestion -> head. Acks go out in request order, each after commit."""
+        pending: collections.deque = collections.deque()
+        wake = asyncio.Event()
+        done = False
+
+        async def take_requests() -> None:
+            nonlocal done
+            try:
+                async for req in request_iterator:
+                    try:
+                        replica = self.node.replica(req.chain_id)
+                        header = await replica.append_as_head(req.epoch, req.batch)
+                        pending.append((req.batch_id, replica, header, None))
+                    except SmsError as e:
+                        pending.append((req.batch_id, None, None, e))
+                    wake.set()
+            finally:
+                done = True
+                wake.set()
+
+        reader = asyncio.get_running_loop().create_task(take_requests())
+        try:
+            while not (done and not pending):
+                if not pending:
+                    await wake.wait()
+                    wake.clear()
+                    continue
+                batch_id, replica, header, error = pending[0]
+                if error is not None:
+                    pending.popleft()
+                    yield sms_pb2.AppendAck(batch_id=batch_id, **_ack_error(error))
+                    continue
+                if not await replica.wait_committed(header.last_sn, timeout_s=0.5):
+                    if replica.state is not ReplicaState.ACTIVE:
+                        pending.popleft()
+                        yield sms_pb2.AppendAck(batch_id=batch_id, error_name="PartitionClosed",
+                                                error_message=f"{replica.chain_id} closed before commit")
+                    continue
+                pending.popleft()
+                yield sms_pb2.AppendAck(batch_id=batch_id, first_sn=seqno.to_bytes(header.first_sn),
+                                        count=header.count)
+        finally:
+            reader.cancel()
+
+    async def Replicate(self, request_iterator, context):
+        """predecessor -> this node (its successor)."""
+        hello = await context.read()
+        if hello is grpc.aio.EOF:
+            return
+        try:
+            replica = self.node.replica(hello.chain_id)
+            replica.check_epoch(hello.epoch)
+            if replica.config.predecessor_of(self.node.node_id) is None:
+                raise WrongOwner(f"{hello.chain_id}: {self.node.node_id} has no predecessor")
+        except SmsError as e:
+            await context.write(sms_pb2.ReplicateAck(**_ack_error(e)))
+            return
+        sent = (replica.last_sn, replica.committed_sn)
+        await context.write(sms_pb2.ReplicateAck(last_sn=seqno.to_bytes(sent[0]),
+                                                 committed_sn=seqno.to_bytes(sent[1])))
+        failure: list[SmsError] = []
+
+        async def take_batches() -> None:
+            while True:
+                req = await context.read()
+                if req is grpc.aio.EOF:
+                    return
+                if req.epoch != replica.config.epoch:
+                    failure.append(StaleEpoch(f"{replica.chain_id}: epoch {req.epoch} != {replica.config.epoch}"))
+                    await replica.notify()
+                    return
+                try:
+                    await replica.append_as_successor(req.batch)
+                except SmsError as e:
+                    failure.append(e)
+                    await replica.notify()
+                    return
+
+        reader = asyncio.get_running_loop().create_task(take_batches())
+        try:
+            while replica.state is ReplicaState.ACTIVE:
+                async with replica.progress:
+                    await replica.progress.wait_for(
+                        lambda: failure or reader.done() or replica.state is not ReplicaState.ACTIVE
+                        or (replica.last_sn, replica.committed_sn) != sent)
+                if failure:
+                    await context.write(sms_pb2.ReplicateAck(**_ack_error(failure[0])))
+                    return
+                if reader.done():
+                    reader.result()
+                    return
+                sent = (replica.last_sn, replica.committed_sn)
+                await context.write(sms_pb2.ReplicateAck(last_sn=seqno.to_bytes(sent[0]),
+                                                         committed_sn=seqno.to_bytes(sent[1])))
+        finally:
+            reader.cancel()
+
+    async def NodeStatus(self, request, context):
+        return sms_pb2.NodeStatusResponse(
+            node_id=self.node.node_id, pid=self.pid, roles=list(self.roles),
+            replicas=[sms_pb2.ReplicaStatus(chain_id=s["chain_id"], epoch=s["epoch"], role=s["role"],
+                                            last_sn=str(s["last_sn"]), committed_sn=str(s["committed_sn"]),
+                                            batches=s["batches"], records=s["records"])
+                      for s in self.node.status()])
+
+
