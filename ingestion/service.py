@@ -74,11 +74,15 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             return writer
         if writer is not None:
             await writer.close()
-        nodes = await self.view.nodes()
-        head = nodes.get(chain.head)
-        if head is None:
-            raise Unavailable(f"{chain.chain_id}: head {chain.head} is not registered")
-        writer = PartitionWriter(chain.chain_id, chain.epoch, head.address)
+        async def resolve_head() -> str:
+            head = (await self.view.nodes()).get(chain.head)
+            if head is None:
+                self.view.invalidate()
+                raise Unavailable(f"{chain.chain_id}: head {chain.head} is not registered")
+            return head.address
+
+        await resolve_head()
+        writer = PartitionWriter(chain.chain_id, chain.epoch, resolve_head)
         writer.start()
         self.writers[chain.chain_id] = writer
         return writer

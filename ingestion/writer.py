@@ -14,6 +14,7 @@ import asyncio
 import collections
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -24,10 +25,11 @@ log = logging.getLogger(__name__)
 
 
 class PartitionWriter:
-    def __init__(self, chain_id: str, epoch: int, head_address: str):
+    def __init__(self, chain_id: str, epoch: int, resolve_head: Callable[[], Awaitable[str]]):
         self.chain_id = chain_id
         self.epoch = epoch
-        self.head_address = head_address
+        self.resolve_head = resolve_head      # the head's current address (it may restart elsewhere)
+        self.head_address = ""
         self.queue: collections.deque = collections.deque()     # (entry bytes, future)
         self.queued_records = 0
         self.inflight: dict[int, list[asyncio.Future]] = {}
@@ -88,8 +90,9 @@ class PartitionWriter:
     async def _run(self) -> None:
         while not self.closed:
             try:
+                self.head_address = await self.resolve_head()
                 await self._session()
-            except (grpc.aio.AioRpcError, ConnectionError) as e:
+            except (grpc.aio.AioRpcError, ConnectionError, errors.SmsError) as e:
                 log.info("append stream %s -> %s broken: %s", self.chain_id, self.head_address, e)
             self._fail_all(errors.Unavailable(f"{self.chain_id}: append stream to the head broke"))
             await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)

@@ -1,0 +1,25 @@
+# The two commands of the README, and a few more.
+.PHONY: demo up test test-fast proto clean
+
+demo:            ## start a local 3-node cluster, put and read records, check, stop
+	@scripts/bootstrap.sh
+	.venv/bin/sms demo
+
+up:              ## run a local cluster in the foreground (Ctrl-C stops it)
+	@scripts/bootstrap.sh
+	.venv/bin/sms up
+
+test:            ## install test dependencies and run the whole suite
+	@scripts/bootstrap.sh test
+	.venv/bin/python -m pytest -q
+
+test-fast:       ## the suite without tests marked slow
+	@scripts/bootstrap.sh test
+	.venv/bin/python -m pytest -q -m "not slow"
+
+proto:           ## regenerate sms/proto/*_pb2*.py
+	@scripts/bootstrap.sh test
+	.venv/bin/python scripts/gen_proto.py
+
+clean:
+	rm -rf .venv sms-data .pytest_cache .hypothesis
