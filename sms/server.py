@@ -19,7 +19,7 @@ import time
 
 import grpc
 
-from sms import metadata, rpc
+from sms import limits, metadata, rpc
 from sms.errors import InvalidArgument
 from sms.types import NodeInfo
 
@@ -87,16 +87,33 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
 
     info = NodeInfo(node_id=node_id, address=address, roles=roles, pid=os.getpid(),
                     started_ms=int(time.time() * 1000))
-    await store.create(metadata.node_path(node_id), metadata.node_to_bytes(info), ephemeral=True)
+    async def register(path: str, value: bytes) -> None:
+        """Create our ephemeral entry; an entry left by our own killed predecessor
+        vanishes when its session expires, so wait that long before giving up."""
+        deadline = time.monotonic() + 2 * limits.METASTORE_SESSION_TTL_S
+        while True:
+            try:
+                await store.create(path, value, ephemeral=True)
+                return
+            except NodeExistsError:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{path} is held by another live process")
+                await asyncio.sleep(limits.METASTORE_POLL_INTERVAL_S)
+
+    registrations = [(metadata.node_path(node_id), metadata.node_to_bytes(info))]
     if "control" in roles:
-        try:
-            await store.create(metadata.CLUSTER_CONTROL, json.dumps({"node_id": node_id, "address": address}).encode(),
-                               ephemeral=True)
-        except NodeExistsError:
-            raise SystemExit("another control process is registered (the embedded store allows one)")
+        registrations.append((metadata.CLUSTER_CONTROL,
+                              json.dumps({"node_id": node_id, "address": address}).encode()))
+    for path, value in registrations:
+        await register(path, value)
+
+    background: set[asyncio.Task] = set()
 
     def reregister() -> None:   # our session expired (we were paused): register again
-        loop.create_task(store.create(metadata.node_path(node_id), metadata.node_to_bytes(info), ephemeral=True))
+        for path, value in registrations:
+            task = loop.create_task(register(path, value))
+            background.add(task)
+            task.add_done_callback(background.discard)
 
     store.on_session_lost(reregister)
     log.info("node %s serving %s on %s", node_id, ",".join(roles), address)

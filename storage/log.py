@@ -33,7 +33,7 @@ from sms.types import Persistence
 log = logging.getLogger(__name__)
 
 _LOCAL_ID = struct.Struct(">I")
-_META_NEXT_ID = b"next_local_id"
+_META_NEXT_ID = b"next_local_id"     # in the partitions db, whose other keys are 4-byte ids
 
 
 @dataclass(slots=True)
@@ -179,15 +179,15 @@ class LogStore:
 
     def _local_id(self, name: str, persistence: Persistence) -> int:
         env = self.envs[persistence]
-        _batches, _parts, names = self.dbs[persistence]
-        with env.begin(write=True, db=names) as txn:
-            raw = txn.get(name.encode())
+        _batches, parts, names = self.dbs[persistence]
+        with env.begin(write=True) as txn:
+            raw = txn.get(name.encode(), db=names)
             if raw is not None:
                 return _LOCAL_ID.unpack(raw)[0]
-            nxt = txn.get(_META_NEXT_ID)
+            nxt = txn.get(_META_NEXT_ID, db=parts)
             local_id = _LOCAL_ID.unpack(nxt)[0] if nxt else 1
-            txn.put(_META_NEXT_ID, _LOCAL_ID.pack(local_id + 1))
-            txn.put(name.encode(), _LOCAL_ID.pack(local_id))
+            txn.put(_META_NEXT_ID, _LOCAL_ID.pack(local_id + 1), db=parts)
+            txn.put(name.encode(), _LOCAL_ID.pack(local_id), db=names)
             return local_id
 
     def _recover(self, plog: PartitionLog) -> None:

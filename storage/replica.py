@@ -47,6 +47,14 @@ class Replica:
         self.sequence_lock = asyncio.Lock()        # one sequencer at a time (head)
         self.link: DownstreamLink | None = None
         self.recent: collections.deque = collections.deque(maxlen=limits.CHAIN_INFLIGHT_BATCHES_MAX * 4)
+        self.apply_config(config)
+
+    def apply_config(self, config: ChainConfig) -> None:
+        """Adopt a (new) chain config. A tail's whole log is committed by definition; the
+        watermark stored on disk may lag it by one batch, so a tail takes its last SN."""
+        self.config = config
+        if self.is_tail and self.log.last_sn > self.log.committed_sn:
+            self.store.set_committed(self.log, self.log.last_sn)
 
     # --- roles --------------------------------------------------------------------
     @property

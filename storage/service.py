@@ -119,7 +119,7 @@ class StorageNode:
                 if replica.link:
                     await replica.link.stop()
                     replica.link = None
-                replica.config = config
+                replica.apply_config(config)
                 self._start_link(replica)
         self.synced.set()
 
