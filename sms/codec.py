@@ -134,9 +134,10 @@ class BatchHeader:
 def read_header(batch: bytes | memoryview) -> BatchHeader:
     if len(batch) < HEADER_BYTES:
         raise CorruptBatch(f"batch of {len(batch)} bytes; shorter than its header")
-    version, _flags, _res, count, raw_sn, checksum = HEADER.unpack_from(batch, 0)
-    if version != BATCH_VERSION or count == 0:
-        raise CorruptBatch(f"batch version {version} count {count}; expected version {BATCH_VERSION}, count > 0")
+    version, flags, reserved, count, raw_sn, checksum = HEADER.unpack_from(batch, 0)
+    if version != BATCH_VERSION or count == 0 or flags or reserved:
+        raise CorruptBatch(f"batch version {version} flags {flags} reserved {reserved} count {count}; "
+                           f"expected version {BATCH_VERSION}, flags 0, reserved 0, count > 0")
     return BatchHeader(count, seqno.from_bytes(raw_sn), checksum)
 
 
@@ -151,8 +152,8 @@ def verify(batch: bytes | memoryview) -> BatchHeader:
 
 
 def sequence(batch: bytes, first_sn: int) -> bytes:
-    """The same batch stamped with its first sequence number (head only)."""
-    header = read_header(batch)
+    """The same batch, verified, stamped with its first sequence number (head only)."""
+    header = verify(batch)
     return seal(header.count, first_sn, memoryview(batch)[HEADER_BYTES:])
 
 

@@ -14,6 +14,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
 import struct
 import time
 from dataclasses import dataclass
@@ -24,6 +25,24 @@ from sms.errors import ExpiredIterator, InvalidIterator
 _BODY = struct.Struct(">BQI16s")
 _VERSION = 1
 _TAG_BYTES = 16
+_ALPHABET = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _unpack(token: object) -> bytes:
+    """The raw bytes of a canonical unpadded base64url token; InvalidIterator otherwise."""
+    if not isinstance(token, str) or not 0 < len(token) <= limits.ITERATOR_TOKEN_CHARS_MAX:
+        raise InvalidIterator("iterator token missing or too long")
+    if not _ALPHABET.fullmatch(token):
+        raise InvalidIterator("iterator token is not base64url")
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    except (binascii.Error, ValueError):
+        raise InvalidIterator("iterator token is not base64url") from None
+    if base64.urlsafe_b64encode(raw).decode().rstrip("=") != token:
+        raise InvalidIterator("iterator token is not canonical base64url")
+    if len(raw) < _BODY.size + _TAG_BYTES + 1:
+        raise InvalidIterator("iterator token truncated")
+    return raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,14 +67,7 @@ class TokenCodec:
         return base64.urlsafe_b64encode(body + self._tag(body)).decode().rstrip("=")
 
     def decode(self, token: str) -> Position:
-        if not isinstance(token, str) or not 0 < len(token) <= limits.ITERATOR_TOKEN_CHARS_MAX:
-            raise InvalidIterator("iterator token missing or too long")
-        try:
-            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        except (binascii.Error, ValueError):
-            raise InvalidIterator("iterator token is not base64url") from None
-        if len(raw) < _BODY.size + _TAG_BYTES + 1:
-            raise InvalidIterator("iterator token truncated")
+        raw = _unpack(token)
         body, tag = raw[:-_TAG_BYTES], raw[-_TAG_BYTES:]
         if not hmac.compare_digest(tag, self._tag(body)):
             raise InvalidIterator("iterator token signature does not match (forged, altered or truncated)")
@@ -72,10 +84,10 @@ def peek(token: str) -> Position:
 
     Clients use it to route a read to a replica of the right partition; the server
     verifies the token before it serves anything."""
+    raw = _unpack(token)
     try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         _version, _expiry, ordinal, raw_sn = _BODY.unpack_from(raw)
         stream = raw[_BODY.size:-_TAG_BYTES].decode()
-    except (binascii.Error, ValueError, struct.error, UnicodeDecodeError, TypeError):
+    except (struct.error, UnicodeDecodeError):
         raise InvalidIterator("iterator token is not one this cluster issued") from None
     return Position(stream, ordinal, seqno.from_bytes(raw_sn))

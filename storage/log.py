@@ -62,6 +62,7 @@ class PartitionLog:
         self.batches = 0
         self.records = 0
         self.memory: SortedDict | None = SortedDict() if persistence is Persistence.MEMORY else None
+        self.append_lock = asyncio.Lock()   # check-then-write of the prefix rule spans an await
 
     def key(self, first_sn: int) -> bytes:
         return self.prefix + seqno.to_bytes(first_sn)
@@ -242,19 +243,24 @@ class LogStore:
     # --- append / read --------------------------------------------------------------
 
     async def append(self, plog: PartitionLog, batch: bytes) -> codec.BatchHeader:
-        """Persist one sequenced batch after the log's last SN (prefix rule)."""
+        """Persist one sequenced batch after the log's last SN (prefix rule).
+
+        Appends to one log are serialised: the prefix check and the state update must not
+        interleave with another append while this one waits for its group commit. Appends
+        to different logs still share transactions."""
         header = codec.verify(batch)
-        invariant(header.first_sn > plog.last_sn,
-                  f"{plog.name}: append first_sn {header.first_sn} <= last_sn {plog.last_sn}")
-        if plog.memory is not None:
-            plog.memory[header.first_sn] = batch
-        else:
-            await self.writers[plog.persistence].submit(plog, plog.key(header.first_sn), batch)
-        if plog.first_sn == 0:
-            plog.first_sn = header.first_sn
-        plog.last_sn = header.last_sn
-        plog.batches += 1
-        plog.records += header.count
+        async with plog.append_lock:
+            invariant(header.first_sn > plog.last_sn,
+                      f"{plog.name}: append first_sn {header.first_sn} <= last_sn {plog.last_sn}")
+            if plog.memory is not None:
+                plog.memory[header.first_sn] = batch
+            else:
+                await self.writers[plog.persistence].submit(plog, plog.key(header.first_sn), batch)
+            if plog.first_sn == 0:
+                plog.first_sn = header.first_sn
+            plog.last_sn = header.last_sn
+            plog.batches += 1
+            plog.records += header.count
         return header
 
     def set_committed(self, plog: PartitionLog, committed_sn: int) -> None:
