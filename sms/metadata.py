@@ -123,6 +123,8 @@ class ChainConfig:
         return self.members[i - 1] if i > 0 else None
 
     def role_of(self, node_id: str) -> str:
+        if node_id not in self.members:
+            raise ValueError(f"{node_id} is not a member of chain {self.chain_id}")
         if len(self.members) == 1:
             return "head+tail"
         if node_id == self.head:

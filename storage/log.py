@@ -277,9 +277,9 @@ class LogStore:
         out: list[ReadSlice] = []
         records = size = 0
         for batch in self._batches_from(plog, from_sn):
-            header = codec.verify(batch)
-            if header.first_sn > upto_sn:
+            if codec.read_header(batch).first_sn > upto_sn:
                 break
+            header = codec.verify(batch)
             start = codec.index_at_or_after(header, from_sn)
             end = codec.index_at_or_after(header, upto_sn + 1)
             end = min(end, start + (max_records - records))
