@@ -151,6 +151,10 @@ class Client:
         encoded = [_encode_put(*_normalise(r)) for r in records]
         if not 1 <= len(encoded) <= limits.PUT_RECORDS_COUNT_MAX:
             raise errors.RequestTooLarge(f"{len(encoded)} records; expected 1..{limits.PUT_RECORDS_COUNT_MAX}")
+        total = sum(len(e) - codec.ENTRY.size for e, _ in encoded)
+        if total > limits.PUT_RECORDS_BYTES_MAX:
+            raise errors.RequestTooLarge(f"request of {total} bytes of keys and data; "
+                                         f"at most {limits.PUT_RECORDS_BYTES_MAX}")
         results: list[PutRecordResult | None] = [None] * len(encoded)
         todo = list(range(len(encoded)))
         info = await self.get_stream_info(stream, refresh=stream not in self._streams)
@@ -246,8 +250,18 @@ class Client:
     async def get_next_records(self, iterator: str, max_records: int = 1000, wait_ms: int = 0) -> GetRecordsResult:
         pos = peek(iterator)
         req = sms_pb2.GetNextRecordsRequest(iterator=iterator, max_records=max_records, wait_ms=wait_ms)
-        resp = await self._read_call(pos.stream, pos.ordinal, "GetNextRecords", req,
-                                     timeout_s=self.timeout_s + wait_ms / 1000)
+        timeout_s = self.timeout_s + wait_ms / 1000
+        try:
+            resp = await self._read_call(pos.stream, pos.ordinal, "GetNextRecords", req, timeout_s)
+        except (errors.StreamNotFound, errors.PartitionNotFound, errors.InvalidStreamName):
+            # the client routed by the token's unverified name; let a node verify the
+            # token and say what is wrong with it (forged, or its stream is gone)
+            cluster = self._cluster or await self.describe_cluster()
+            readers = [n.address for n in cluster.nodes if "retrieval" in n.roles]
+            if not readers:
+                raise
+            resp = await self._call(random.choice(readers), sms_pb2_grpc.RetrievalStub, "GetNextRecords", req,
+                                    timeout_s)
         records: list[Record] = []
         for s in resp.slices:
             records.extend(convert.records_from_slice(s.batch, s.start, s.end, pos.ordinal))

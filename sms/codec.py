@@ -152,8 +152,14 @@ def verify(batch: bytes | memoryview) -> BatchHeader:
 
 
 def sequence(batch: bytes, first_sn: int) -> bytes:
-    """The same batch, verified, stamped with its first sequence number (head only)."""
+    """The same batch, verified and its framing walked, stamped with its first sequence
+    number (head only: downstream replicas trust the checksum the head sealed)."""
     header = verify(batch)
+    try:
+        for _ in iter_entries(memoryview(batch), header.count, HEADER_BYTES):
+            pass
+    except InvalidArgument as e:
+        raise CorruptBatch(f"unsequenced batch: {e.message}") from None
     return seal(header.count, first_sn, memoryview(batch)[HEADER_BYTES:])
 
 

@@ -2,14 +2,14 @@
 
 Every node is a separate `sms serve` process sharing one embedded metadata store file
 in the data directory; each node keeps its LMDB data under DIR/<node_id>, so a restart
-with the same directory finds its streams again. Children die with the launcher
-(PR_SET_PDEATHSIG), and `stop()` sends SIGTERM, then SIGKILL after NODE_STOP_TIMEOUT_S.
+with the same directory finds its streams again. Children stop by themselves when the
+launcher dies (`--exit-with-parent`), and `stop()` sends SIGTERM, then SIGKILL after
+NODE_STOP_TIMEOUT_S.
 Tests use `LocalCluster` directly to kill, pause and restart nodes.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -21,14 +21,6 @@ from dataclasses import dataclass
 from sms import limits
 
 STORAGE_ROLES = "storage,ingestion,retrieval"
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 @dataclass
@@ -74,10 +66,11 @@ class LocalCluster:
             listen = node.address   # keep the client address stable across restarts
         cmd = [sys.executable, "-m", "sms", "serve", "--node-id", node_id, "--roles", node.roles,
                "--metastore", self.metastore, "--data-dir", os.path.join(self.data_dir, node_id),
-               "--listen", listen, "--ready-file", ready]
+               "--listen", listen, "--ready-file", ready, "--exit-with-parent"]
+        # no preexec_fn: it runs Python between fork and exec, where gRPC's fork
+        # handlers break a child of a process that has live channels
         with open(logfile, "ab") as log:
-            node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         preexec_fn=_die_with_parent)
+            node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def wait_ready(self, node_ids: list[str], timeout_s: float = limits.NODE_START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s

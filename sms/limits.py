@@ -56,6 +56,7 @@ METASTORE_WATCHES_MAX = 10_000                 # live watches per store client
 # --- cluster processes -----------------------------------------------------------------
 NODE_START_TIMEOUT_S = 30.0                    # `sms up` waits this long for a node
 NODE_STOP_TIMEOUT_S = 10.0                     # SIGTERM, then SIGKILL after this
+PARENT_CHECK_INTERVAL_S = 0.5                  # a launched node notices its launcher died
 CONFIG_REFRESH_INTERVAL_S = 1.0                # nodes re-read chain configs at least so often
 RPC_TIMEOUT_S = 10.0                           # unary RPCs between processes
 LINK_RETRY_INTERVAL_S = 0.2                    # a broken chain link reconnects after this

@@ -38,8 +38,18 @@ def parse_roles(text: str) -> tuple[str, ...]:
     return roles
 
 
+async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
+    """Stop when the launching process is gone (we were re-parented)."""
+    while not stop.is_set():
+        if os.getppid() != parent_pid:
+            log.warning("parent %d is gone; stopping", parent_pid)
+            stop.set()
+            return
+        await asyncio.sleep(limits.PARENT_CHECK_INTERVAL_S)
+
+
 async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_dir: str, listen: str,
-                ready_file: str | None = None) -> None:
+                ready_file: str | None = None, exit_with_parent: bool = False) -> None:
     from control.admin import StreamAdmin, ensure_roots
     from control.metastore import NodeExistsError, open_metastore
     from control.metaview import ClusterView
@@ -54,6 +64,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    parent_watch = loop.create_task(_watch_parent(os.getppid(), stop)) if exit_with_parent else None
 
     store = open_metastore(metastore_url)
     await store.start()
@@ -125,6 +136,8 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
 
     await stop.wait()
     log.info("node %s stopping", node_id)
+    if parent_watch is not None:
+        parent_watch.cancel()
     await server.stop(grace=1.0)
     if ingestion is not None:
         await ingestion.close()
@@ -138,5 +151,6 @@ def run(args) -> int:
     logging.basicConfig(level=os.environ.get("SMS_LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s {args.node_id} %(levelname)s %(name)s: %(message)s")
     roles = parse_roles(args.roles)
-    asyncio.run(serve(args.node_id, roles, args.metastore, args.data_dir, args.listen, args.ready_file))
+    asyncio.run(serve(args.node_id, roles, args.metastore, args.data_dir, args.listen, args.ready_file,
+                      args.exit_with_parent))
     return 0
