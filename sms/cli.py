@@ -218,9 +218,15 @@ def cmd_read(args) -> int:
 
 def cmd_demo(args) -> int:
     """Start a local cluster, write records over many keys, read them back, check, stop."""
+    if args.keep:
+        return _demo(args, args.data_dir)
+    with tempfile.TemporaryDirectory(prefix="sms-demo-") as data_dir:
+        return _demo(args, data_dir)
+
+
+def _demo(args, data_dir: str) -> int:
     from sms.client import Client
     from sms.launcher import LocalCluster
-    data_dir = args.data_dir if args.keep else tempfile.mkdtemp(prefix="sms-demo-")
     print(f"starting a local cluster: control + {args.nodes} storage nodes (data in {data_dir})", flush=True)
     with LocalCluster(data_dir, nodes=args.nodes, port=0) as cluster, Client(cluster.address) as client:
         print(f"address: {cluster.address}")
