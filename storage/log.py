@@ -103,6 +103,7 @@ class GroupCommitWriter:
                 txn.put(key, batch, db=self.batches_db)
             for plog in {item[0] for item in items}:
                 txn.put(plog.prefix, seqno.to_bytes(plog.committed_sn), db=self.parts_db)
+                plog.stored_committed_sn = plog.committed_sn
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -152,8 +153,23 @@ class LogStore:
     async def close(self) -> None:
         for writer in self.writers.values():
             await writer.stop()
+        self._store_watermarks()
         for env in self.envs.values():
             env.close()
+
+    def _store_watermarks(self) -> None:
+        """Write each durable log's commit watermark, so a clean restart serves reads up to
+        it at once (a watermark written with the last batch lags that batch's commit)."""
+        for persistence, env in self.envs.items():
+            parts = self.dbs[persistence][1]
+            stale = [p for p in self.logs.values()
+                     if p.persistence is persistence and p.committed_sn > p.stored_committed_sn]
+            if not stale:
+                continue
+            with env.begin(write=True, db=parts) as txn:
+                for plog in stale:
+                    txn.put(plog.prefix, seqno.to_bytes(plog.committed_sn))
+                    plog.stored_committed_sn = plog.committed_sn
 
     # --- partitions ---------------------------------------------------------------
 

@@ -1,0 +1,216 @@
+"""The `sms` command as a user runs it: `sms up` in one terminal, commands in another.
+
+Every command is a separate `python -m sms` process; `sms up` is stopped with SIGTERM
+(and, in a smaller run, SIGINT) and must take every node process down with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.integration
+
+UP_READY_TIMEOUT_S = 60
+UP_STOP_TIMEOUT_S = 30
+COMMAND_TIMEOUT_S = 60
+ADDRESS_LINE = re.compile(r"^address: (\S+:\d+)$")
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "SMS_ADDRESS"}
+
+
+class Up:
+    """A running `sms up`: its process and the lines it printed, read by a thread."""
+
+    def __init__(self, data_dir: str, nodes: int):
+        self.data_dir = data_dir
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sms", "up", "--data-dir", data_dir, "--port", "0", "--nodes", str(nodes)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=_env(),
+            cwd=data_dir)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def wait_for_address(self) -> str:
+        deadline = time.monotonic() + UP_READY_TIMEOUT_S
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"`sms up` printed no address in {UP_READY_TIMEOUT_S}s: {self.output}")
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError(f"`sms up` exited with {self.proc.wait()} before its address: {self.output}")
+            self.output.append(line)
+            match = ADDRESS_LINE.match(line)
+            if match:
+                return match.group(1)
+
+    def rest_of_output(self) -> list[str]:
+        self.reader.join(timeout=UP_STOP_TIMEOUT_S)
+        while True:
+            try:
+                line = self.lines.get_nowait()
+            except queue.Empty:
+                return self.output
+            if line is not None:
+                self.output.append(line)
+
+    def stop(self) -> None:
+        """Teardown: make sure the launcher (and so its children) is gone."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=UP_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+
+
+def sms_cmd(data_dir: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sms", *args, "--data-dir", data_dir], input=stdin,
+                          capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, env=_env(), cwd=data_dir)
+
+
+def ok(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, f"{proc.args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited: no such pid, or a zombie nobody has reaped yet (a child
+    of a killed launcher is re-parented to init, which may be slow to reap it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def assert_stops_cleanly(up: Up, sig: int) -> None:
+    with open(os.path.join(up.data_dir, "cluster.json")) as f:
+        child_pids = [n["pid"] for n in json.load(f)["nodes"]]
+    assert child_pids and all(not _gone(pid) for pid in child_pids)
+    up.proc.send_signal(sig)
+    assert up.proc.wait(timeout=UP_STOP_TIMEOUT_S) == 0
+    assert "stopped" in up.rest_of_output()
+    for pid in child_pids:
+        wait_until(lambda: _gone(pid), UP_STOP_TIMEOUT_S, f"node process {pid} to exit after {sig.name}")
+
+
+@pytest.fixture
+def up_factory(tmp_path) -> Iterator:
+    started: list[Up] = []
+
+    def start(nodes: int) -> Up:
+        data_dir = tmp_path / f"up{len(started)}"
+        data_dir.mkdir()
+        up = Up(str(data_dir), nodes)
+        started.append(up)
+        return up
+
+    try:
+        yield start
+    finally:
+        for up in started:
+            up.stop()
+
+
+@pytest.mark.slow
+def test_up_streams_put_read_status_and_sigterm(up_factory):
+    up = up_factory(nodes=3)
+    d = up.data_dir
+    address = up.wait_for_address()
+    with open(os.path.join(d, "cluster.json")) as f:
+        cluster = json.load(f)
+    assert cluster["address"] == address
+    assert cluster["launcher_pid"] == up.proc.pid
+
+    created = json.loads(ok(sms_cmd(d, "stream", "create", "s1", "--partitions", "2", "--rf", "3", "--json")))
+    assert created["name"] == "s1" and len(created["partitions"]) == 2
+    assert json.loads(ok(sms_cmd(d, "stream", "list", "--json"))) == ["s1"]
+    described = json.loads(ok(sms_cmd(d, "stream", "describe", "s1", "--json")))
+    assert [p["partition_id"] for p in described["partitions"]] == ["p0000", "p0001"]
+    for p in described["partitions"]:
+        assert len(p["chain"]) == 3 and len({m["node_id"] for m in p["chain"]}) == 3
+        assert [m["role"] for m in p["chain"]] == ["head", "middle", "tail"]
+
+    put_args = ok(sms_cmd(d, "put", "s1", "a", "b", "c", "--key", "k", "--json"))
+    acked_args = json.loads(put_args)
+    assert len(acked_args) == 3 and all("sequence_number" in r for r in acked_args)
+    assert len({r["partition_id"] for r in acked_args}) == 1, "one key, one partition"
+    acked_stdin = json.loads(ok(sms_cmd(d, "put", "s1", "--json", stdin="line one\nline two\nline three\n")))
+    assert len(acked_stdin) == 3
+
+    read = [json.loads(line) for line in ok(sms_cmd(d, "read", "s1", "--json")).splitlines()]
+    assert sorted(r["data"] for r in read) == sorted(["a", "b", "c", "line one", "line two", "line three"])
+    assert sorted(r["sequence_number"] for r in read) == \
+           sorted(r["sequence_number"] for r in acked_args + acked_stdin)
+    keyed = sorted((r for r in read if r["partition_key"] == "k"), key=lambda r: int(r["sequence_number"]))
+    assert [r["data"] for r in keyed] == ["a", "b", "c"]
+    assert ok(sms_cmd(d, "read", "s1", "--from", "LATEST", "--json")).strip() == ""
+
+    status = json.loads(ok(sms_cmd(d, "status", "--json")))
+    assert status["control"] == address
+    by_id = {n["node_id"]: n for n in status["nodes"]}
+    assert sorted(by_id) == ["control", "n1", "n2", "n3"]
+    assert {n["node_id"]: n["pid"] for n in cluster["nodes"]} == {i: n["pid"] for i, n in by_id.items()}
+    for node_id in ("n1", "n2", "n3"):
+        chains = {r["chain_id"] for r in by_id[node_id]["replicas"]}
+        assert chains == {"s1:0", "s1:1"}, f"{node_id} replicas {chains}"
+    records = sum(r["records"] for r in by_id["n1"]["replicas"])
+    assert records == 6
+
+    missing = sms_cmd(d, "stream", "describe", "nope")
+    assert missing.returncode == 1
+    assert "StreamNotFound" in missing.stderr
+    assert json.loads(ok(sms_cmd(d, "stream", "list", "--json"))) == ["s1"]
+
+    assert_stops_cleanly(up, signal.SIGTERM)
+
+
+def test_up_stops_on_sigint(up_factory):
+    up = up_factory(nodes=1)
+    up.wait_for_address()
+    ok(sms_cmd(up.data_dir, "stream", "create", "s", "--rf", "1"))
+    assert_stops_cleanly(up, signal.SIGINT)
+
+
+def test_nodes_exit_when_up_is_killed(up_factory):
+    """No SIGTERM handler runs on SIGKILL: the nodes must notice that `sms up` is gone."""
+    up = up_factory(nodes=1)
+    up.wait_for_address()
+    with open(os.path.join(up.data_dir, "cluster.json")) as f:
+        child_pids = [n["pid"] for n in json.load(f)["nodes"]]
+    up.proc.kill()
+    up.proc.wait(timeout=UP_STOP_TIMEOUT_S)
+    for pid in child_pids:
+        wait_until(lambda: _gone(pid), UP_STOP_TIMEOUT_S, f"node process {pid} to exit after its launcher died")
