@@ -45,7 +45,7 @@ async def ensure_roots(store: MetaStore) -> None:
 
 
 def validate_create(name: str, partitions: int, replication_factor: int, persistence: str,
-                    ingestion_policy: str, retention_hours: int) -> StreamConfig:
+                    ingestion_policy: str, retention_hours: int, dedup_window_s: int = 0) -> StreamConfig:
     metadata.validate_stream_name(name)
     if not 1 <= partitions <= limits.STREAM_PARTITIONS_MAX:
         raise InvalidStreamConfig(f"{partitions} partitions; expected 1..{limits.STREAM_PARTITIONS_MAX}")
@@ -65,9 +65,14 @@ def validate_create(name: str, partitions: int, replication_factor: int, persist
     if not limits.RETENTION_HOURS_MIN <= retention <= limits.RETENTION_HOURS_MAX:
         raise InvalidStreamConfig(f"retention {retention} h; expected {limits.RETENTION_HOURS_MIN}.."
                                   f"{limits.RETENTION_HOURS_MAX}")
+    window_ms = dedup_window_s * 1000 if dedup_window_s else limits.DEDUP_WINDOW_MS_DEFAULT
+    if not limits.DEDUP_WINDOW_MS_MIN <= window_ms <= limits.DEDUP_WINDOW_MS_MAX:
+        raise InvalidStreamConfig(f"dedup window {dedup_window_s} s; expected {limits.DEDUP_WINDOW_MS_MIN // 1000}.."
+                                  f"{limits.DEDUP_WINDOW_MS_MAX // 1000}")
     return StreamConfig(name=name, partitions=partitions, replication_factor=replication_factor,
                         persistence=persistence_v, ingestion_policy=policy, retention_hours=retention,
-                        created_ms=int(time.time() * 1000), status=StreamStatus.CREATING)
+                        created_ms=int(time.time() * 1000), status=StreamStatus.CREATING,
+                        dedup_window_ms=window_ms)
 
 
 class StreamAdmin:

@@ -117,4 +117,5 @@ class ClusterView:
         return StreamInfo(name=c.name, status=c.status, replication_factor=c.replication_factor,
                           persistence=c.persistence, ingestion_policy=c.ingestion_policy,
                           retention_hours=c.retention_hours, map_version=view.map.version,
-                          created_ms=c.created_ms, partitions=tuple(partitions))
+                          created_ms=c.created_ms, partitions=tuple(partitions),
+                          dedup_window_s=c.dedup_window_ms // 1000)

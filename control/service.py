@@ -27,7 +27,8 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     async def CreateStream(self, request, context):
         admin = self._admin()
         config = validate_create(request.name, request.partitions, request.replication_factor,
-                                 request.persistence, request.ingestion_policy, request.retention_hours)
+                                 request.persistence, request.ingestion_policy, request.retention_hours,
+                                 request.dedup_window_s)
         await admin.create_stream(config)
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 

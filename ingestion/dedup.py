@@ -57,27 +57,22 @@ from sms import limits
 from sms.errors import InvalidArgument, Throttled, invariant
 from sms.types import IngestionPolicy
 
-# --- limits of de-duplication (move to sms/limits.py) -----------------------------------
-DEDUP_WINDOW_MS_DEFAULT = 5 * 60 * 1000        # a stream's dedup window unless configured
-DEDUP_WINDOW_MS_MIN = 60 * 1000
-DEDUP_WINDOW_MS_MAX = 24 * 60 * 60 * 1000
-DEDUP_CLOCK_SKEW_MS_MAX = 5_000                # submit_ms may run ahead of our clock so far
-DEDUP_KEY_BYTES_MAX = 128
-PRODUCER_ID_BYTES_MAX = 64
-DEDUP_SIGNATURE_BYTES_MAX = 32                 # computed by the ingestion node
-SSSN_MAX = (1 << 64) - 1                       # SSSNs travel as 8 bytes
-DEDUP_SESSIONS_PER_PARTITION_MAX = 1024        # producer sessions one table tracks
-DEDUP_ENTRIES_PER_SESSION_MAX = 2 * limits.PUT_RECORDS_COUNT_MAX   # un-pruned entries
-DEDUP_KEYS_PER_PARTITION_MAX = 100_000         # dedup keys remembered within the window
-DEDUP_WAITERS_PER_ENTRY_MAX = 16               # retries queued behind one pending write
-DEDUP_MISSING_SSSNS_MAX = 100                  # SSSNs listed as missing in one answer
-DEDUP_PRUNE_INTERVAL_MS = 1_000                # the service calls prune() this often
-
-assert DEDUP_CLOCK_SKEW_MS_MAX < DEDUP_WINDOW_MS_MIN <= DEDUP_WINDOW_MS_DEFAULT <= DEDUP_WINDOW_MS_MAX
-assert DEDUP_PRUNE_INTERVAL_MS < DEDUP_WINDOW_MS_MIN
-assert limits.PUT_TIMEOUT_S * 1000 < DEDUP_WINDOW_MS_MIN   # a client's retries fall inside the window
-assert DEDUP_KEY_BYTES_MAX < 256 and PRODUCER_ID_BYTES_MAX < 256   # one codec meta value each
-assert limits.PUT_RECORDS_COUNT_MAX <= DEDUP_ENTRIES_PER_SESSION_MAX
+from sms.limits import (  # noqa: E402  (re-exported for callers of this module)
+    DEDUP_WINDOW_MS_DEFAULT,
+    DEDUP_WINDOW_MS_MIN,
+    DEDUP_WINDOW_MS_MAX,
+    DEDUP_CLOCK_SKEW_MS_MAX,
+    DEDUP_KEY_BYTES_MAX,
+    PRODUCER_ID_BYTES_MAX,
+    DEDUP_SIGNATURE_BYTES_MAX,
+    SSSN_MAX,
+    DEDUP_SESSIONS_PER_PARTITION_MAX,
+    DEDUP_ENTRIES_PER_SESSION_MAX,
+    DEDUP_KEYS_PER_PARTITION_MAX,
+    DEDUP_WAITERS_PER_ENTRY_MAX,
+    DEDUP_MISSING_SSSNS_MAX,
+    DEDUP_PRUNE_INTERVAL_MS,
+)
 
 HWM_NONE = -1                                  # the producer holds no ack yet
 

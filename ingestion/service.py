@@ -1,11 +1,12 @@
-"""The ingestion role: PutRecords validation, routing to partitions, acknowledgements.
+"""The ingestion role: PutRecords validation, routing, de-duplication, acknowledgements.
 
 A request is validated whole before anything is queued (bad input changes nothing):
-framing, counts, sizes, partition keys and explicit hash keys. Each record then goes to
-the open partition whose hash range holds its key. A partition whose chain head is not
-on this node answers that record with WrongOwner, so the client refreshes its map and
-re-routes; the other records of the request proceed. Records of a partition are handed
-to its `PartitionWriter` and acknowledged once committed.
+framing, counts, sizes, partition keys, explicit hash keys and producer-session fields.
+Each record then goes to the open partition whose hash range holds its key. A partition
+whose chain head is not on this node answers that record with WrongOwner, so the client
+refreshes its map and re-routes; the other records proceed. Records of a partition go
+to its `PartitionIngest` (dedup table + writer); a partition taken up here answers only
+once its table is rebuilt from storage.
 """
 
 from __future__ import annotations
@@ -13,25 +14,37 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 
 from control.metaview import ClusterView
+from ingestion.partition import Outcome, PartitionIngest, Submission
+from ingestion.writer import PartitionWriter
 from sms import codec, hashing, limits, seqno
 from sms.errors import (InvalidArgument, PartitionClosed, RecordTooLarge, RequestTooLarge, SmsError, Unavailable,
                         WrongOwner)
+from sms.metadata import ChainConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors
 from sms.types import StreamStatus
-from ingestion.writer import PartitionWriter
 
 log = logging.getLogger(__name__)
 _ORDINAL = struct.Struct("<I")
 
 
-def parse_put_entries(count: int, blob: bytes) -> list[tuple[str, int, bytes]]:
-    """(partition key, hash key, data) per record, or a named error for the whole request."""
+def _u64(raw: bytes, what: str, index: int) -> int:
+    if len(raw) != 8:
+        raise InvalidArgument(f"record {index}: {what} of {len(raw)} bytes; expected 8")
+    return int.from_bytes(raw, "big")
+
+
+def parse_put_entries(count: int, blob: bytes, producer_id: bytes) -> list[tuple[int, Submission]]:
+    """(hash key, submission) per record, or a named error for the whole request."""
     if not 1 <= count <= limits.PUT_RECORDS_COUNT_MAX:
         raise RequestTooLarge(f"{count} records; expected 1..{limits.PUT_RECORDS_COUNT_MAX}")
-    if len(blob) > limits.PUT_RECORDS_BYTES_MAX + count * (codec.ENTRY.size + 20):
+    if len(producer_id) > limits.PRODUCER_ID_BYTES_MAX:
+        raise InvalidArgument(f"producer id of {len(producer_id)} bytes; at most {limits.PRODUCER_ID_BYTES_MAX}")
+    per_record_meta_max = 2 * 5 + 16 + 8 + 8 + limits.DEDUP_KEY_BYTES_MAX
+    if len(blob) > limits.PUT_RECORDS_BYTES_MAX + count * (codec.ENTRY.size + per_record_meta_max):
         raise RequestTooLarge(f"request of {len(blob)} bytes; at most {limits.PUT_RECORDS_BYTES_MAX}")
     out, total = [], 0
     for i, e in enumerate(codec.iter_entries(blob, count)):
@@ -51,7 +64,16 @@ def parse_put_entries(count: int, blob: bytes) -> list[tuple[str, int, bytes]]:
             hash_key = int.from_bytes(raw, "big")
         else:
             hash_key = hashing.hash_key_of(key)
-        out.append((key, hash_key, e.data))
+        sssn = submit_ms = 0
+        dedup_key = meta.get(codec.TAG_DEDUP_KEY)
+        if producer_id:
+            if codec.TAG_SSSN not in meta or codec.TAG_SUBMIT_MS not in meta:
+                raise InvalidArgument(f"record {i}: a producer session needs an SSSN and a submit time per record")
+            sssn = _u64(meta[codec.TAG_SSSN], "SSSN", i)
+            submit_ms = _u64(meta[codec.TAG_SUBMIT_MS], "submit time", i)
+        elif dedup_key is not None:
+            raise InvalidArgument(f"record {i}: a dedup key needs a producer session (producer_id)")
+        out.append((hash_key, Submission(key, e.data, producer_id, sssn, submit_ms, dedup_key, -1)))
     if total > limits.PUT_RECORDS_BYTES_MAX:
         raise RequestTooLarge(f"request of {total} bytes of keys and data; at most {limits.PUT_RECORDS_BYTES_MAX}")
     return out
@@ -61,19 +83,33 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
     def __init__(self, node_id: str, view: ClusterView):
         self.node_id = node_id
         self.view = view
-        self.writers: dict[str, PartitionWriter] = {}
+        self.partitions: dict[str, PartitionIngest] = {}
+        self._pruner: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._pruner = asyncio.get_running_loop().create_task(self._prune_loop(), name="dedup-prune")
 
     async def close(self) -> None:
-        for writer in list(self.writers.values()):
-            await writer.close()
-        self.writers.clear()
+        if self._pruner:
+            self._pruner.cancel()
+        for part in list(self.partitions.values()):
+            await part.close()
+        self.partitions.clear()
 
-    async def _writer(self, chain) -> PartitionWriter:
-        writer = self.writers.get(chain.chain_id)
-        if writer is not None and writer.epoch == chain.epoch:
-            return writer
-        if writer is not None:
-            await writer.close()
+    async def _prune_loop(self) -> None:
+        while True:
+            await asyncio.sleep(limits.DEDUP_PRUNE_INTERVAL_MS / 1000)
+            now_ms = int(time.time() * 1000)
+            for part in list(self.partitions.values()):
+                part.prune(now_ms)
+
+    async def _partition(self, chain: ChainConfig, view) -> PartitionIngest:
+        part = self.partitions.get(chain.chain_id)
+        if part is not None and part.chain.epoch == chain.epoch:
+            return part
+        if part is not None:
+            await part.close()
+
         async def resolve_head() -> str:
             head = (await self.view.nodes()).get(chain.head)
             if head is None:
@@ -84,24 +120,26 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         await resolve_head()
         writer = PartitionWriter(chain.chain_id, chain.epoch, resolve_head)
         writer.start()
-        self.writers[chain.chain_id] = writer
-        return writer
+        part = PartitionIngest(chain, view.config, writer, resolve_head)
+        part.start()
+        self.partitions[chain.chain_id] = part
+        return part
 
     @rpc_errors
     async def PutRecords(self, request, context):
         view = await self.view.stream(request.stream)
         if view.config.status is not StreamStatus.ACTIVE:
             raise Unavailable(f"stream {request.stream!r} is {view.config.status.value}")
-        records = parse_put_entries(request.count, request.entries)
+        records = parse_put_entries(request.count, request.entries, request.producer_id)
         by_partition: dict[int, list[int]] = {}
         ordinals = [0] * len(records)
-        errors_out: list[sms_pb2.RecordError] = []
-        for i, (_key, hash_key, _data) in enumerate(records):
+        for i, (hash_key, sub) in enumerate(records):
             entry = view.map.open_for_hash(hash_key)
             ordinals[i] = entry.ordinal
+            sub.hwm = request.hwm.get(entry.ordinal, -1)
             by_partition.setdefault(entry.ordinal, []).append(i)
-        sns = [0] * len(records)
-        waits = []
+        outcomes: list[Outcome | SmsError | asyncio.Future | None] = [None] * len(records)
+        missing_out = []
         for ordinal, indexes in by_partition.items():
             chain = view.chains.get(ordinal)
             try:
@@ -109,28 +147,52 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                     raise PartitionClosed(f"partition {ordinal} of {request.stream} has no chain")
                 if chain.head != self.node_id:
                     raise WrongOwner(f"partition {ordinal} of {request.stream} is owned by {chain.head}")
-                writer = await self._writer(chain)
-                entries = [codec.encode_entry(records[i][0].encode(), records[i][2]) for i in indexes]
-                waits.append((indexes, writer.submit(entries)))
+                part = await self._partition(chain, view)
+                if not part.ready.is_set():
+                    try:
+                        await asyncio.wait_for(part.ready.wait(), limits.APPEND_TIMEOUT_S)
+                    except asyncio.TimeoutError:
+                        raise Unavailable(f"{chain.chain_id}: de-duplication table still rebuilding") from None
+                futures, missing = part.submit([records[i][1] for i in indexes], int(time.time() * 1000))
+                for i, f in zip(indexes, futures):
+                    outcomes[i] = f
+                if missing:
+                    missing_out.append(sms_pb2.MissingSssns(ordinal=ordinal, sssns=sorted(missing)))
             except SmsError as e:
-                errors_out.extend(sms_pb2.RecordError(index=i, name=e.name, message=e.message) for i in indexes)
-        for indexes, futures in waits:
-            try:
-                done = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True),
-                                              limits.APPEND_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                done = [Unavailable("commit timed out")] * len(indexes)
-                for f in futures:
-                    f.cancel()
-            for i, result in zip(indexes, done):
-                if isinstance(result, SmsError):
-                    errors_out.append(sms_pb2.RecordError(index=i, name=result.name, message=result.message))
-                elif isinstance(result, BaseException):
-                    errors_out.append(sms_pb2.RecordError(index=i, name="InternalError", message=str(result)))
+                for i in indexes:
+                    outcomes[i] = e
+        pending = [o for o in outcomes if isinstance(o, asyncio.Future)]
+        if pending:
+            # never cancel them: the dedup table needs every write's outcome
+            await asyncio.wait(pending, timeout=limits.APPEND_TIMEOUT_S)
+        sns, errors_out, duplicates = [], [], []
+        for i, o in enumerate(outcomes):
+            if isinstance(o, asyncio.Future):
+                if not o.done():
+                    o = Unavailable("commit not confirmed in time; retry with the same SSSN")
+                elif o.exception() is not None:
+                    o = o.exception()
                 else:
-                    sns[i] = result
-        errors_out.sort(key=lambda e: e.index)
+                    o = o.result()
+            if isinstance(o, Outcome):
+                sns.append(seqno.to_bytes(o.sn))
+                if o.duplicate:
+                    duplicates.append(i)
+            else:
+                err = o if isinstance(o, SmsError) else Unavailable(str(o))
+                sns.append(seqno.to_bytes(0))
+                errors_out.append(sms_pb2.RecordError(index=i, name=err.name, message=err.message))
         return sms_pb2.PutRecordsResponse(
-            sequence_numbers=b"".join(seqno.to_bytes(s) for s in sns),
-            ordinals=b"".join(_ORDINAL.pack(o) for o in ordinals),
-            errors=errors_out)
+            sequence_numbers=b"".join(sns), ordinals=b"".join(_ORDINAL.pack(o) for o in ordinals),
+            errors=errors_out, duplicates=duplicates, missing=missing_out)
+
+    @rpc_errors
+    async def IngestionStatus(self, request, context):
+        return sms_pb2.IngestionStatusResponse(node_id=self.node_id, partitions=[
+            sms_pb2.PartitionIngestStatus(chain_id=st["chain_id"], policy=st["policy"], ready=st["ready"],
+                                          table=st["table"], queued_records=st["queued_records"],
+                                          inflight_batches=st["inflight_batches"])
+            for st in (p.status() for p in self.partitions.values())])
+
+
+

@@ -4,8 +4,14 @@ A `PartitionWriter` owns the Append stream from this ingestion node to the parti
 chain head. Records accepted by PutRecords wait in a bounded queue; whenever the
 in-flight window has room, everything queued (up to the batch limits) leaves as one
 batch. When the head's ack says the batch is committed, each record's future resolves
-with its SN (first SN + index). A broken stream fails the batches in flight with
-Unavailable; the producer retries (de-duplication arrives with producer sessions).
+with its SN (first SN + index).
+
+Every batch carries an origin: this writer's random id and the batch's sequence here.
+When the stream breaks, the batches in flight are neither failed nor forgotten: the
+next stream sends them again, in order, and the head recognises the ones it already
+holds, so each batch's outcome is always learned and nothing is stored twice. A batch
+fails only when the head says so (its error ack: the batch was not stored) or when the
+writer is closed (outcome unknown; the partition's next owner rebuilds from storage).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import random
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -30,13 +37,16 @@ class PartitionWriter:
         self.epoch = epoch
         self.resolve_head = resolve_head      # the head's current address (it may restart elsewhere)
         self.head_address = ""
+        self.origin_id = random.getrandbits(63) | 1
         self.queue: collections.deque = collections.deque()     # (entry bytes, future)
         self.queued_records = 0
-        self.inflight: dict[int, list[asyncio.Future]] = {}
-        self.batch_ids = itertools.count(1)
+        # origin seq -> (batch bytes, futures), in send order; kept across broken streams
+        self.inflight: collections.OrderedDict[int, tuple[bytes, list[asyncio.Future]]] = collections.OrderedDict()
+        self.origin_seqs = itertools.count(1)
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.closed = False
+        self.resends = 0
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"writer-{self.chain_id}")
@@ -49,10 +59,17 @@ class PartitionWriter:
                 await self.task
             except asyncio.CancelledError:
                 pass
-        self._fail_all(errors.PartitionClosed(f"{self.chain_id}: writer closed"))
+        error = errors.Unavailable(f"{self.chain_id}: writer closed; outcome unknown")
+        for _batch, futures in self.inflight.values():
+            _fail(futures, error)
+        self.inflight.clear()
+        _fail([fut for _entry, fut in self.queue], errors.PartitionClosed(f"{self.chain_id}: writer closed"))
+        self.queue.clear()
 
     def submit(self, entries: list[bytes]) -> list[asyncio.Future]:
         """Queue encoded entries; their futures resolve to SNs. Throttled when full."""
+        if self.closed:
+            raise errors.PartitionClosed(f"{self.chain_id}: writer closed")
         if self.queued_records + len(entries) > limits.INGEST_PENDING_RECORDS_MAX:
             raise errors.Throttled(f"{self.chain_id}: {self.queued_records} records already queued")
         loop = asyncio.get_running_loop()
@@ -72,20 +89,15 @@ class PartitionWriter:
             if entries and size + len(entry) > limits.BATCH_BYTES_MAX:
                 break
             self.queue.popleft()
-            if fut.done():      # the caller gave up (cancelled): do not write it
-                continue
             entries.append(entry)
             futures.append(fut)
             size += len(entry)
         self.queued_records = len(self.queue)
         return entries, futures
 
-    def _fail_all(self, error: errors.SmsError) -> None:
-        for futures in self.inflight.values():
-            for fut in futures:
-                if not fut.done():
-                    fut.set_exception(error)
-        self.inflight.clear()
+    def statistics(self) -> dict:
+        return {"queued_records": self.queued_records, "inflight_batches": len(self.inflight),
+                "resends": self.resends}
 
     async def _run(self) -> None:
         while not self.closed:
@@ -93,13 +105,19 @@ class PartitionWriter:
                 self.head_address = await self.resolve_head()
                 await self._session()
             except (grpc.aio.AioRpcError, ConnectionError, errors.SmsError) as e:
-                log.info("append stream %s -> %s broken: %s", self.chain_id, self.head_address, e)
-            self._fail_all(errors.Unavailable(f"{self.chain_id}: append stream to the head broke"))
+                log.info("append stream %s -> %s broken (%d batches in flight, resent next): %s",
+                         self.chain_id, self.head_address, len(self.inflight), e)
             await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
+
+    def _request(self, seq: int, batch: bytes) -> sms_pb2.AppendRequest:
+        return sms_pb2.AppendRequest(chain_id=self.chain_id, epoch=self.epoch, batch_id=seq, batch=batch)
 
     async def _session(self) -> None:
         async with rpc.aio_channel(self.head_address) as channel:
             call = sms_pb2_grpc.StorageStub(channel).Append()
+            for seq, (batch, _futures) in list(self.inflight.items()):
+                await call.write(self._request(seq, batch))
+                self.resends += 1
             acks = asyncio.get_running_loop().create_task(self._read_acks(call))
             try:
                 while True:
@@ -114,10 +132,10 @@ class PartitionWriter:
                     entries, futures = self._take_batch()
                     if not entries:
                         continue
-                    batch_id = next(self.batch_ids)
-                    self.inflight[batch_id] = futures
-                    await call.write(sms_pb2.AppendRequest(chain_id=self.chain_id, epoch=self.epoch,
-                                                           batch_id=batch_id, batch=codec.build_batch(entries)))
+                    seq = next(self.origin_seqs)
+                    batch = codec.build_batch(entries, origin_id=self.origin_id, origin_seq=seq)
+                    self.inflight[seq] = (batch, futures)
+                    await call.write(self._request(seq, batch))
             finally:
                 acks.cancel()
                 call.cancel()
@@ -127,14 +145,12 @@ class PartitionWriter:
             ack = await call.read()
             if ack is grpc.aio.EOF:
                 return
-            futures = self.inflight.pop(ack.batch_id, None)
-            if futures is None:
-                continue
+            entry = self.inflight.pop(ack.batch_id, None)
+            if entry is None:
+                continue     # an ack of a batch resent twice: the first ack settled it
+            _batch, futures = entry
             if ack.error_name:
-                error = errors.from_name(ack.error_name, ack.error_message)
-                for fut in futures:
-                    if not fut.done():
-                        fut.set_exception(error)
+                _fail(futures, errors.from_name(ack.error_name, ack.error_message))
             else:
                 first = seqno.from_bytes(ack.first_sn)
                 errors.invariant(ack.count == len(futures), f"{self.chain_id}: ack of {ack.count} records "
@@ -143,3 +159,9 @@ class PartitionWriter:
                     if not fut.done():
                         fut.set_result(first + i * seqno.COUNTER_UNIT)
             self.wake.set()
+
+
+def _fail(futures: list[asyncio.Future], error: errors.SmsError) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_exception(error)

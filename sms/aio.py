@@ -108,10 +108,11 @@ class Client:
     # --- admin -------------------------------------------------------------------------
     async def create_stream(self, name: str, partitions: int = 1, replication_factor: int = 1, *,
                             persistence: str = "disk", ingestion_policy: str = "at_least_once_no_dup",
-                            retention_hours: int = limits.RETENTION_HOURS_DEFAULT) -> StreamInfo:
+                            retention_hours: int = limits.RETENTION_HOURS_DEFAULT,
+                            dedup_window_s: int = limits.DEDUP_WINDOW_MS_DEFAULT // 1000) -> StreamInfo:
         req = sms_pb2.CreateStreamRequest(name=name, partitions=partitions, replication_factor=replication_factor,
                                           persistence=persistence, ingestion_policy=ingestion_policy,
-                                          retention_hours=retention_hours)
+                                          retention_hours=retention_hours, dedup_window_s=dedup_window_s)
         pb = await self._call(await self._control_address(), sms_pb2_grpc.ControlStub, "CreateStream", req,
                               timeout_s=60.0)
         info = convert.stream_from_pb(pb)

@@ -129,7 +129,8 @@ def cmd_stream(args) -> int:
         if args.stream_cmd == "create":
             info = client.create_stream(args.name, args.partitions, args.replication_factor,
                                         persistence=args.persistence, ingestion_policy=args.ingestion_policy,
-                                        retention_hours=args.retention_hours)
+                                        retention_hours=args.retention_hours,
+                                        dedup_window_s=args.dedup_window_s)
             d = _describe(info)
             _emit(args, d, _describe_text(d))
         elif args.stream_cmd == "describe":
@@ -305,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--persistence", default="disk", choices=["disk", "disk_async", "memory"])
     c.add_argument("--ingestion-policy", default="at_least_once_no_dup")
     c.add_argument("--retention-hours", type=int, default=limits.RETENTION_HOURS_DEFAULT)
+    c.add_argument("--dedup-window-s", type=int, default=limits.DEDUP_WINDOW_MS_DEFAULT // 1000)
     for name in ("describe", "delete"):
         s = ssub.add_parser(name, parents=[common])
         s.add_argument("name")

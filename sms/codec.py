@@ -8,9 +8,11 @@ touch individual records.
 
 Entry:  <I data_len> <H key_len> <H meta_len> key(utf-8) meta data
 Batch:  <B version> <B flags> <H reserved> <I count> <16s first_sn big-endian>
-        <Q checksum> entries...
-The checksum is xxh3-64 over (count, first_sn, entries); storage verifies it before it
-writes a batch and again when it reads one back.
+        <Q origin_id> <Q origin_seq> <Q checksum> entries...
+The checksum is xxh3-64 over (count, first_sn, origin, entries); storage verifies it
+before it writes a batch and again when it reads one back. The origin names the
+ingestion writer that built the batch and its sequence there: a head that is sent the
+same origin again (a resend after a broken stream) recognises the batch it holds.
 
 `meta` is a small TLV list (<B tag> <B len> value) for fields that only some records
 carry: an explicit hash key on the way in; producer-session fields in storage.
@@ -28,14 +30,15 @@ from sms import seqno
 from sms.errors import InternalError, InvalidArgument
 
 ENTRY = struct.Struct("<IHH")
-HEADER = struct.Struct("<BBHI16sQ")
-BATCH_VERSION = 1
+HEADER = struct.Struct("<BBHI16sQQQ")
+BATCH_VERSION = 2
 HEADER_BYTES = HEADER.size
 
 TAG_EXPLICIT_HASH_KEY = 1
 TAG_PRODUCER_ID = 2
 TAG_SSSN = 3
 TAG_DEDUP_KEY = 4
+TAG_SUBMIT_MS = 5
 
 
 class CorruptBatch(InternalError):
@@ -100,23 +103,26 @@ def iter_entries(buf: bytes | memoryview, count: int, offset: int = 0) -> Iterat
         raise InvalidArgument(f"{n - offset} trailing bytes after {count} record entries")
 
 
-def _checksum(count: int, first_sn_raw: bytes, body: bytes | memoryview) -> int:
+def _checksum(count: int, first_sn_raw: bytes, origin_id: int, origin_seq: int, body: bytes | memoryview) -> int:
     h = xxhash.xxh3_64()
-    h.update(count.to_bytes(4, "little"))
-    h.update(first_sn_raw)
+    h.update(_CHECKED.pack(count, first_sn_raw, origin_id, origin_seq))
     h.update(body)
     return h.intdigest()
 
 
-def build_batch(entries: list[bytes], first_sn: int = 0) -> bytes:
+_CHECKED = struct.Struct("<I16sQQ")
+
+
+def build_batch(entries: list[bytes], first_sn: int = 0, origin_id: int = 0, origin_seq: int = 0) -> bytes:
     """A batch of already-encoded entries (first_sn 0 means: not yet sequenced)."""
     body = b"".join(entries)
-    return seal(len(entries), first_sn, body)
+    return seal(len(entries), first_sn, body, origin_id, origin_seq)
 
 
-def seal(count: int, first_sn: int, body: bytes | memoryview) -> bytes:
+def seal(count: int, first_sn: int, body: bytes | memoryview, origin_id: int = 0, origin_seq: int = 0) -> bytes:
     raw_sn = seqno.to_bytes(first_sn)
-    header = HEADER.pack(BATCH_VERSION, 0, 0, count, raw_sn, _checksum(count, raw_sn, body))
+    header = HEADER.pack(BATCH_VERSION, 0, 0, count, raw_sn, origin_id, origin_seq,
+                         _checksum(count, raw_sn, origin_id, origin_seq, body))
     return header + bytes(body)
 
 
@@ -125,6 +131,8 @@ class BatchHeader:
     count: int
     first_sn: int
     checksum: int
+    origin_id: int = 0
+    origin_seq: int = 0
 
     @property
     def last_sn(self) -> int:
@@ -134,11 +142,11 @@ class BatchHeader:
 def read_header(batch: bytes | memoryview) -> BatchHeader:
     if len(batch) < HEADER_BYTES:
         raise CorruptBatch(f"batch of {len(batch)} bytes; shorter than its header")
-    version, flags, reserved, count, raw_sn, checksum = HEADER.unpack_from(batch, 0)
+    version, flags, reserved, count, raw_sn, origin_id, origin_seq, checksum = HEADER.unpack_from(batch, 0)
     if version != BATCH_VERSION or count == 0 or flags or reserved:
         raise CorruptBatch(f"batch version {version} flags {flags} reserved {reserved} count {count}; "
                            f"expected version {BATCH_VERSION}, flags 0, reserved 0, count > 0")
-    return BatchHeader(count, seqno.from_bytes(raw_sn), checksum)
+    return BatchHeader(count, seqno.from_bytes(raw_sn), checksum, origin_id, origin_seq)
 
 
 def verify(batch: bytes | memoryview) -> BatchHeader:
@@ -146,7 +154,7 @@ def verify(batch: bytes | memoryview) -> BatchHeader:
     header = read_header(batch)
     view = memoryview(batch)
     raw_sn = bytes(view[8:24])
-    if _checksum(header.count, raw_sn, view[HEADER_BYTES:]) != header.checksum:
+    if _checksum(header.count, raw_sn, header.origin_id, header.origin_seq, view[HEADER_BYTES:]) != header.checksum:
         raise CorruptBatch(f"batch first_sn {header.first_sn}: checksum mismatch")
     return header
 
@@ -160,7 +168,7 @@ def sequence(batch: bytes, first_sn: int) -> bytes:
             pass
     except InvalidArgument as e:
         raise CorruptBatch(f"unsequenced batch: {e.message}") from None
-    return seal(header.count, first_sn, memoryview(batch)[HEADER_BYTES:])
+    return seal(header.count, first_sn, memoryview(batch)[HEADER_BYTES:], header.origin_id, header.origin_seq)
 
 
 def index_at_or_after(header: BatchHeader, position_sn: int) -> int:

@@ -24,6 +24,7 @@ def stream_to_pb(s: StreamInfo) -> sms_pb2.StreamDescription:
         name=s.name, status=s.status.value, replication_factor=s.replication_factor,
         persistence=s.persistence.value, ingestion_policy=s.ingestion_policy.value,
         retention_hours=s.retention_hours, map_version=s.map_version, created_ms=s.created_ms,
+        dedup_window_s=s.dedup_window_s,
         partitions=[sms_pb2.Partition(
             ordinal=p.ordinal, hash_lo=str(p.hash_lo), hash_hi=str(p.hash_hi), valid_from_ms=p.valid_from_ms,
             valid_to_ms=-1 if p.valid_to_ms is None else p.valid_to_ms, state=p.state.value,
@@ -37,6 +38,7 @@ def stream_from_pb(d: sms_pb2.StreamDescription) -> StreamInfo:
         name=d.name, status=StreamStatus(d.status), replication_factor=d.replication_factor,
         persistence=Persistence(d.persistence), ingestion_policy=IngestionPolicy(d.ingestion_policy),
         retention_hours=d.retention_hours, map_version=d.map_version, created_ms=d.created_ms,
+        dedup_window_s=d.dedup_window_s,
         partitions=tuple(PartitionInfo(
             ordinal=p.ordinal, hash_lo=int(p.hash_lo), hash_hi=int(p.hash_hi), valid_from_ms=p.valid_from_ms,
             valid_to_ms=None if p.valid_to_ms < 0 else p.valid_to_ms, state=PartitionState(p.state),

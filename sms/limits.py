@@ -35,7 +35,9 @@ APPEND_INFLIGHT_BATCHES_MAX = 8                # ingestion -> head batches in fl
 CHAIN_INFLIGHT_BATCHES_MAX = 16                # batches in flight on one chain link
 STORAGE_WRITE_QUEUE_MAX = 256                  # appends waiting for a node's writer
 STORAGE_GROUP_COMMIT_BATCHES_MAX = 64          # batches folded into one LMDB txn
-APPEND_TIMEOUT_S = 10.0                        # ingestion gives up on a batch after this
+APPEND_TIMEOUT_S = 10.0                        # PutRecords answers Unavailable after this
+HEAD_ORIGIN_BATCHES_MAX = 64                   # recent batches per writer a head remembers
+HEAD_ORIGINS_MAX = 64                          # writers per partition a head remembers
 PUT_TIMEOUT_S = 30.0                           # client gives up on a put after this
 GRPC_MESSAGE_BYTES_MAX = 32 * 1024 * 1024
 
@@ -63,10 +65,33 @@ LINK_RETRY_INTERVAL_S = 0.2                    # a broken chain link reconnects 
 CLIENT_REDIRECT_RETRIES_MAX = 8                # re-routes of one put before giving up
 CLIENT_UNAVAILABLE_RETRIES_MAX = 20
 
+# --- de-duplication (ingestion/dedup.py) ---------------------------------------------
+DEDUP_WINDOW_MS_DEFAULT = 5 * 60 * 1000        # a stream's dedup window unless configured
+DEDUP_WINDOW_MS_MIN = 60 * 1000
+DEDUP_WINDOW_MS_MAX = 24 * 60 * 60 * 1000
+DEDUP_CLOCK_SKEW_MS_MAX = 5_000                # submit_ms may run ahead of our clock so far
+DEDUP_KEY_BYTES_MAX = 128
+PRODUCER_ID_BYTES_MAX = 64
+DEDUP_SIGNATURE_BYTES_MAX = 32                 # computed by the ingestion node
+SSSN_MAX = (1 << 64) - 1                       # SSSNs travel as 8 bytes
+DEDUP_SESSIONS_PER_PARTITION_MAX = 1024        # producer sessions one table tracks
+DEDUP_ENTRIES_PER_SESSION_MAX = 2 * PUT_RECORDS_COUNT_MAX   # un-pruned entries
+DEDUP_KEYS_PER_PARTITION_MAX = 100_000         # dedup keys remembered within the window
+DEDUP_WAITERS_PER_ENTRY_MAX = 16               # retries queued behind one pending write
+DEDUP_MISSING_SSSNS_MAX = 100                  # SSSNs listed as missing in one answer
+DEDUP_PRUNE_INTERVAL_MS = 1_000                # the service calls prune() this often
+
+assert DEDUP_CLOCK_SKEW_MS_MAX < DEDUP_WINDOW_MS_MIN <= DEDUP_WINDOW_MS_DEFAULT <= DEDUP_WINDOW_MS_MAX
+assert DEDUP_PRUNE_INTERVAL_MS < DEDUP_WINDOW_MS_MIN
+assert PUT_TIMEOUT_S * 1000 < DEDUP_WINDOW_MS_MIN   # a client's retries fall inside the window
+assert DEDUP_KEY_BYTES_MAX < 256 and PRODUCER_ID_BYTES_MAX < 256   # one codec meta value each
+assert PUT_RECORDS_COUNT_MAX <= DEDUP_ENTRIES_PER_SESSION_MAX
+
 assert PARTITION_KEY_CHARS_MIN <= PARTITION_KEY_CHARS_MAX
 assert RECORD_DATA_BYTES_MAX <= PUT_RECORDS_BYTES_MAX <= BATCH_BYTES_MAX
 assert BATCH_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX
 assert GET_RECORDS_BYTES_MAX + BATCH_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX
 assert PUT_RECORDS_COUNT_MAX <= BATCH_RECORDS_MAX <= GET_RECORDS_COUNT_MAX
+assert APPEND_INFLIGHT_BATCHES_MAX < HEAD_ORIGIN_BATCHES_MAX   # every resendable batch is remembered
 assert METASTORE_HEARTBEAT_INTERVAL_S * 3 <= METASTORE_SESSION_TTL_S
 assert METASTORE_POLL_INTERVAL_S < METASTORE_HEARTBEAT_INTERVAL_S

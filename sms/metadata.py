@@ -73,6 +73,7 @@ class StreamConfig:
     created_ms: int
     status: StreamStatus = StreamStatus.ACTIVE
     tenant: str = "default"
+    dedup_window_ms: int = limits.DEDUP_WINDOW_MS_DEFAULT
 
     def to_bytes(self) -> bytes:
         d = asdict(self)

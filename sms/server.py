@@ -87,6 +87,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         sms_pb2_grpc.add_StorageServicer_to_server(StorageService(storage, roles, os.getpid()), server)
     if "ingestion" in roles:
         ingestion = IngestionService(node_id, view)
+        ingestion.start()
         sms_pb2_grpc.add_IngestionServicer_to_server(ingestion, server)
     if "retrieval" in roles:
         secret = await store.get(metadata.CLUSTER_SECRET)

@@ -137,6 +137,7 @@ class StreamInfo:
     map_version: int
     created_ms: int
     partitions: tuple[PartitionInfo, ...]
+    dedup_window_s: int = 300
 
     def open_partition_for_hash(self, hash_key: int) -> PartitionInfo:
         for p in self.partitions:

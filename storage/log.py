@@ -333,6 +333,22 @@ class LogStore:
                 if not cur.next():
                     return
 
+    def last_batches(self, plog: PartitionLog, count: int) -> list[bytes]:
+        """The last `count` stored batches of the log, oldest first."""
+        out: list[bytes] = []
+        if plog.memory is not None:
+            return [plog.memory[k] for k in plog.memory.keys()[-count:]]
+        env = self.envs[plog.persistence]
+        with env.begin(db=self.dbs[plog.persistence][0]) as txn:
+            cur = txn.cursor()
+            found = cur.set_range(plog.key(seqno.SN_MAX))
+            ok = cur.prev() if found else cur.last()
+            while ok and cur.key()[:4] == plog.prefix and len(out) < count:
+                out.append(cur.value())
+                ok = cur.prev()
+        out.reverse()
+        return out
+
     def statistics(self) -> dict:
         return {"logs": len(self.logs),
                 "commits": {p.value: w.commits for p, w in self.writers.items()},

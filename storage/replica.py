@@ -47,6 +47,9 @@ class Replica:
         self.sequence_lock = asyncio.Lock()        # one sequencer at a time (head)
         self.link: DownstreamLink | None = None
         self.recent: collections.deque = collections.deque(maxlen=limits.CHAIN_INFLIGHT_BATCHES_MAX * 4)
+        # origin id -> {origin seq: header} of recent batches, so a resent batch is
+        # recognised (filled from the log's tail the first time this replica leads)
+        self.origins: collections.OrderedDict[int, collections.OrderedDict] | None = None
         self.apply_config(config)
 
     def apply_config(self, config: ChainConfig) -> None:
@@ -100,13 +103,40 @@ class Replica:
         if not self.is_head:
             raise WrongOwner(f"{self.chain_id}: {self.node_id} is not the head")
         async with self.sequence_lock:
+            incoming = codec.read_header(unsequenced)
+            held = self._held(incoming)
+            if held is not None:
+                return held      # a resend of a batch we already store: not stored twice
             batch = codec.sequence(unsequenced, self._next_first_sn())
             header = await self.store.append(self.log, batch)
             self.recent.append((header.first_sn, header.last_sn, batch))
+            self._remember(header)
         if self.is_tail:
             self.store.set_committed(self.log, header.last_sn)
         await self.notify()
         return header
+
+    def _held(self, incoming: codec.BatchHeader) -> codec.BatchHeader | None:
+        if incoming.origin_id == 0:
+            return None
+        if self.origins is None:
+            self.origins = collections.OrderedDict()
+            for stored in self.store.last_batches(self.log, limits.HEAD_ORIGIN_BATCHES_MAX * 4):
+                self._remember(codec.read_header(stored))
+        return self.origins.get(incoming.origin_id, {}).get(incoming.origin_seq)
+
+    def _remember(self, header: codec.BatchHeader) -> None:
+        if header.origin_id == 0 or self.origins is None:
+            return
+        seen = self.origins.get(header.origin_id)
+        if seen is None:
+            seen = self.origins[header.origin_id] = collections.OrderedDict()
+            while len(self.origins) > limits.HEAD_ORIGINS_MAX:
+                self.origins.popitem(last=False)
+        self.origins.move_to_end(header.origin_id)
+        seen[header.origin_seq] = header
+        while len(seen) > limits.HEAD_ORIGIN_BATCHES_MAX:
+            seen.popitem(last=False)
 
     async def append_as_successor(self, batch: bytes) -> None:
         """Persist a batch from the predecessor; a batch already held is skipped."""

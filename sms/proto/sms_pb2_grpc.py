@@ -287,6 +287,11 @@ class IngestionStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.PutRecordsRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.PutRecordsResponse.FromString,
                 _registered_method=True)
+        self.IngestionStatus = channel.unary_unary(
+                '/sms.v1.Ingestion/IngestionStatus',
+                request_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.IngestionStatusResponse.FromString,
+                _registered_method=True)
 
 
 class IngestionServicer:
@@ -299,6 +304,12 @@ class IngestionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IngestionStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IngestionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -306,6 +317,11 @@ def add_IngestionServicer_to_server(servicer, server):
                     servicer.PutRecords,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.PutRecordsRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.PutRecordsResponse.SerializeToString,
+            ),
+            'IngestionStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.IngestionStatus,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.IngestionStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -336,6 +352,33 @@ class Ingestion:
             '/sms.v1.Ingestion/PutRecords',
             sms_dot_proto_dot_sms__pb2.PutRecordsRequest.SerializeToString,
             sms_dot_proto_dot_sms__pb2.PutRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IngestionStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Ingestion/IngestionStatus',
+            sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.IngestionStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -336,7 +336,7 @@ def _corrupt_checksum(batch: bytes) -> bytes:
 
 
 def _bad_header(batch: bytes) -> bytes:
-    return b"\x02" + batch[1:]   # batch version 2
+    return bytes([codec.BATCH_VERSION + 1]) + batch[1:]   # a version this build does not know
 
 
 APPEND_CASES = {

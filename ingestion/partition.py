@@ -1,0 +1,231 @@
+"""One partition as its ingestion owner sees it: the dedup table bound to the writer.
+
+`PartitionIngest` turns each submission into a `DedupTable` decision and acts on it:
+WRITE goes to the `PartitionWriter` and the outcome is reported back to the table
+(`committed` / `failed`), DUPLICATE is answered with the original SN, QUEUED waits for
+the resolution of the write it duplicates. Before it accepts anything it rebuilds the
+table from storage: it waits until the chain head has committed everything it holds,
+then reads the dedup window back through the Retrieval service. Records without a
+producer session, and streams whose policy is not `at_least_once_no_dup`, skip the
+table; `best_effort` answers as soon as a record is queued (no SN).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from ingestion import dedup
+from ingestion.writer import PartitionWriter
+from sms import codec, hashing, limits, rpc, seqno
+from sms.errors import SmsError, Throttled, Unavailable
+from sms.metadata import ChainConfig, StreamConfig
+from sms.proto import sms_pb2, sms_pb2_grpc
+from sms.types import IngestionPolicy
+
+log = logging.getLogger(__name__)
+
+REBUILD_TIMEOUT_S = 30.0      # a partition answers Unavailable until its table is rebuilt
+
+
+@dataclass(slots=True)
+class Submission:
+    """One validated record of a PutRecords request, bound for this partition."""
+
+    key: str
+    data: bytes
+    producer_id: bytes          # b"": no session
+    sssn: int
+    submit_ms: int
+    dedup_key: bytes | None
+    hwm: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    sn: int                     # 0: unknown (best effort, or a duplicate below the HWM)
+    duplicate: bool = False
+
+
+def stored_entry(s: Submission) -> bytes:
+    fields = {}
+    if s.producer_id:
+        fields[codec.TAG_PRODUCER_ID] = s.producer_id
+        fields[codec.TAG_SSSN] = s.sssn.to_bytes(8, "big")
+        if s.dedup_key is not None:
+            fields[codec.TAG_DEDUP_KEY] = s.dedup_key
+    return codec.encode_entry(s.key.encode(), s.data, codec.encode_meta(fields) if fields else b"")
+
+
+def signature_of(key: bytes, data: bytes) -> bytes:
+    return hashing.signature(len(key).to_bytes(2, "little") + key + data)
+
+
+class PartitionIngest:
+    def __init__(self, chain: ChainConfig, config: StreamConfig, writer: PartitionWriter,
+                 resolve_head):
+        self.chain = chain
+        self.config = config
+        self.writer = writer
+        self.resolve_head = resolve_head
+        self.policy = config.ingestion_policy
+        self.table = dedup.DedupTable(chain.chain_id, window_ms=config.dedup_window_ms, policy=self.policy)
+        self.ready = asyncio.Event()
+        self.tickets: dict[int, tuple[asyncio.Future, Submission]] = {}
+        self.task: asyncio.Task | None = None
+        self.rebuilt_records = 0
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._rebuild(), name=f"rebuild-{self.chain.chain_id}")
+
+    async def close(self) -> None:
+        if self.task:
+            self.task.cancel()
+            try:
+                await self.task
+            except (asyncio.CancelledError, Exception):
+                pass
+        await self.writer.close()
+        for fut, _s in self.tickets.values():
+            if not fut.done():
+                fut.set_exception(Unavailable(f"{self.chain.chain_id}: ingestion closed"))
+        self.tickets.clear()
+
+    # --- rebuild ------------------------------------------------------------------------
+    async def _rebuild(self) -> None:
+        if not self.table.deduplicating:
+            self.ready.set()
+            return
+        while True:
+            try:
+                records = await self._read_window()
+                self.rebuilt_records = self.table.rebuild(records, int(time.time() * 1000))
+                self.ready.set()
+                log.info("%s: dedup table rebuilt from %d stored records", self.chain.chain_id,
+                         self.rebuilt_records)
+                return
+            except (grpc.aio.AioRpcError, SmsError, ConnectionError) as e:
+                log.info("%s: rebuild of the dedup table failed, retrying: %s", self.chain.chain_id, e)
+                await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
+
+    async def _read_window(self) -> list[dedup.StoredRecord]:
+        address = await self.resolve_head()
+        window_start_ms = int(time.time() * 1000) - self.config.dedup_window_ms - limits.DEDUP_CLOCK_SKEW_MS_MAX
+        async with rpc.aio_channel(address) as channel:
+            storage = sms_pb2_grpc.StorageStub(channel)
+            retrieval = sms_pb2_grpc.RetrievalStub(channel)
+            deadline = time.monotonic() + REBUILD_TIMEOUT_S
+            target = None
+            while True:      # everything the head holds must be committed, so we can read it
+                status = await storage.NodeStatus(sms_pb2.Empty(), timeout=limits.RPC_TIMEOUT_S)
+                mine = [r for r in status.replicas if r.chain_id == self.chain.chain_id]
+                if not mine:
+                    raise ConnectionError(f"head holds no replica of {self.chain.chain_id} yet")
+                last, committed = int(mine[0].last_sn), int(mine[0].committed_sn)
+                target = last if target is None else target
+                if committed >= target:
+                    break
+                if time.monotonic() > deadline:
+                    raise ConnectionError(f"head of {self.chain.chain_id} has not committed {target}")
+                await asyncio.sleep(limits.METASTORE_POLL_INTERVAL_S)
+            it = (await retrieval.GetIterator(sms_pb2.GetIteratorRequest(
+                stream=self.chain.stream, partition_id=f"p{self.chain.ordinal:04d}", iterator_type="AT_TIMESTAMP",
+                timestamp_ms=max(0, window_start_ms)), timeout=limits.RPC_TIMEOUT_S)).iterator
+            records: list[dedup.StoredRecord] = []
+            while True:
+                page = await retrieval.GetNextRecords(sms_pb2.GetNextRecordsRequest(
+                    iterator=it, max_records=limits.GET_RECORDS_COUNT_MAX), timeout=limits.RPC_TIMEOUT_S)
+                for s in page.slices:
+                    header = codec.verify(s.batch)
+                    for i, e in enumerate(codec.iter_entries(s.batch, header.count, codec.HEADER_BYTES)):
+                        if i < s.start or i >= s.end or not e.meta:
+                            continue
+                        meta = codec.decode_meta(e.meta)
+                        if codec.TAG_PRODUCER_ID not in meta:
+                            continue
+                        sn = header.first_sn + i * seqno.COUNTER_UNIT
+                        records.append(dedup.StoredRecord(
+                            meta[codec.TAG_PRODUCER_ID], int.from_bytes(meta[codec.TAG_SSSN], "big"),
+                            meta.get(codec.TAG_DEDUP_KEY), signature_of(e.key, e.data), sn,
+                            seqno.timestamp_ms_of(sn)))
+                if not page.slices or not page.next_iterator:
+                    return records
+                it = page.next_iterator
+
+    # --- submissions ---------------------------------------------------------------------
+    def submit(self, subs: list[Submission], now_ms: int) -> tuple[list[asyncio.Future | SmsError], set[int]]:
+        """One future (or named error) per submission, and the SSSNs reported missing."""
+        loop = asyncio.get_running_loop()
+        if self.writer.queued_records + len(subs) > limits.INGEST_PENDING_RECORDS_MAX:
+            error = Throttled(f"{self.chain.chain_id}: {self.writer.queued_records} records already queued")
+            return [error] * len(subs), set()
+        out: list[asyncio.Future | SmsError] = []
+        missing: set[int] = set()
+        writes: list[tuple[asyncio.Future, Submission, bool]] = []
+        for s in subs:
+            fut = loop.create_future()
+            if not s.producer_id or not self.table.deduplicating:
+                writes.append((fut, s, False))
+                out.append(fut)
+                continue
+            try:
+                decision = self.table.submit(s.producer_id, s.sssn, s.hwm, s.submit_ms,
+                                             signature_of(s.key.encode(), s.data), s.dedup_key, now_ms)
+            except SmsError as e:
+                out.append(e)
+                continue
+            missing.update(decision.missing)
+            if decision.kind is dedup.DecisionKind.WRITE:
+                writes.append((fut, s, True))
+            elif decision.kind is dedup.DecisionKind.DUPLICATE:
+                fut.set_result(Outcome(decision.sn or 0, duplicate=True))
+            else:
+                self.tickets[decision.ticket] = (fut, s)
+            out.append(fut)
+        self._write(writes)
+        return out, missing
+
+    def _write(self, writes: list[tuple[asyncio.Future, Submission, bool]]) -> None:
+        if not writes:
+            return
+        inner = self.writer.submit([stored_entry(s) for _f, s, _t in writes])
+        for (outer, s, tracked), fut in zip(writes, inner):
+            fut.add_done_callback(lambda f, outer=outer, s=s, tracked=tracked: self._written(f, outer, s, tracked))
+            if self.policy is IngestionPolicy.BEST_EFFORT and not outer.done():
+                outer.set_result(Outcome(0))
+
+    def _written(self, fut: asyncio.Future, outer: asyncio.Future, s: Submission, tracked: bool) -> None:
+        error = fut.exception()
+        if error is None:
+            sn = fut.result()
+            if tracked:
+                self._apply(self.table.committed(s.producer_id, s.sssn, sn))
+            if not outer.done():
+                outer.set_result(Outcome(sn))
+        else:
+            if tracked:
+                self._apply(self.table.failed(s.producer_id, s.sssn))
+            if not outer.done():
+                outer.set_exception(error)
+
+    def _apply(self, resolutions: list[dedup.Resolution]) -> None:
+        writes = []
+        for r in resolutions:
+            fut, s = self.tickets.pop(r.ticket)
+            if r.kind is dedup.DecisionKind.DUPLICATE:
+                if not fut.done():
+                    fut.set_result(Outcome(r.sn or 0, duplicate=True))
+            else:
+                writes.append((fut, s, True))
+        self._write(writes)
+
+    def prune(self, now_ms: int) -> None:
+        self.table.prune(now_ms)
+
+    def status(self) -> dict:
+        return {"chain_id": self.chain.chain_id, "policy": self.policy.value, "ready": self.ready.is_set(),
+                "table": self.table.stats(), **self.writer.statistics()}
