@@ -284,6 +284,14 @@ class Client:
                               "committed_sn": r.committed_sn, "batches": r.batches, "records": r.records}
                              for r in pb.replicas]}
 
+    async def ingestion_status(self, address: str) -> dict:
+        """Per partition owned by the ingestion node at `address`: dedup table sizes, queue."""
+        pb = await self._call(address, sms_pb2_grpc.IngestionStub, "IngestionStatus", sms_pb2.Empty())
+        return {"node_id": pb.node_id, "partitions": [
+            {"chain_id": p.chain_id, "policy": p.policy, "ready": p.ready, "table": dict(p.table),
+             "queued_records": p.queued_records, "inflight_batches": p.inflight_batches}
+            for p in pb.partitions]}
+
     async def partitions(self, stream: str) -> list[PartitionInfo]:
         return list((await self.get_stream_info(stream)).partitions)
 

@@ -81,11 +81,13 @@ def cmd_status(args) -> int:
         nodes = []
         for n in cluster.nodes:
             entry = {"node_id": n.node_id, "address": n.address, "roles": list(n.roles), "pid": n.pid}
-            if "storage" in n.roles:
-                try:
+            try:
+                if "storage" in n.roles:
                     entry["replicas"] = client.node_status(n.address)["replicas"]
-                except errors.SmsError as e:
-                    entry["error"] = f"{e.name}: {e.message}"
+                if "ingestion" in n.roles:
+                    entry["ingestion"] = client.ingestion_status(n.address)["partitions"]
+            except errors.SmsError as e:
+                entry["error"] = f"{e.name}: {e.message}"
             nodes.append(entry)
     lines = [f"control: {cluster.control_address}"]
     for n in nodes:
@@ -93,6 +95,11 @@ def cmd_status(args) -> int:
         for r in n.get("replicas", []):
             lines.append(f"    {r['chain_id']:<28} {r['role']:<9} epoch {r['epoch']:<3} records {r['records']:<9} "
                          f"committed {r['committed_sn']}")
+        for p in n.get("ingestion", []):
+            t = p["table"]
+            lines.append(f"    ingest {p['chain_id']:<21} {p['policy']:<27} {'ready' if p['ready'] else 'REBUILDING'} "
+                         f"sessions {t.get('sessions', 0)} entries {t.get('entries', 0)} "
+                         f"dedup keys {t.get('dedup_keys', 0)} queued {p['queued_records']}")
     _emit(args, {"control": cluster.control_address, "nodes": nodes}, "\n".join(lines))
     return 0
 

@@ -75,3 +75,6 @@ class Client:
 
     def node_status(self, address):
         return self._run(self._aio.node_status(address))
+
+    def ingestion_status(self, address):
+        return self._run(self._aio.ingestion_status(address))
