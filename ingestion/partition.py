@@ -192,7 +192,15 @@ class PartitionIngest:
     def _write(self, writes: list[tuple[asyncio.Future, Submission, bool]]) -> None:
         if not writes:
             return
-        inner = self.writer.submit([stored_entry(s) for _f, s, _t in writes])
+        try:
+            inner = self.writer.submit([stored_entry(s) for _f, s, _t in writes])
+        except SmsError as e:     # writer closed or full: these writes did not happen
+            for outer, s, tracked in writes:
+                if tracked:
+                    self._apply(self.table.failed(s.producer_id, s.sssn))
+                if not outer.done():
+                    outer.set_exception(e)
+            return
         for (outer, s, tracked), fut in zip(writes, inner):
             fut.add_done_callback(lambda f, outer=outer, s=s, tracked=tracked: self._written(f, outer, s, tracked))
             if self.policy is IngestionPolicy.BEST_EFFORT and not outer.done():

@@ -85,6 +85,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         self.view = view
         self.partitions: dict[str, PartitionIngest] = {}
         self._pruner: asyncio.Task | None = None
+        self._closing: set[asyncio.Task] = set()
 
     def start(self) -> None:
         self._pruner = asyncio.get_running_loop().create_task(self._prune_loop(), name="dedup-prune")
@@ -103,12 +104,16 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             for part in list(self.partitions.values()):
                 part.prune(now_ms)
 
-    async def _partition(self, chain: ChainConfig, view) -> PartitionIngest:
+    def _partition(self, chain: ChainConfig, view) -> PartitionIngest:
+        """The partition's ingest state, made at first use. No await in here: two
+        concurrent requests must not both make one."""
         part = self.partitions.get(chain.chain_id)
         if part is not None and part.chain.epoch == chain.epoch:
             return part
         if part is not None:
-            await part.close()
+            old = asyncio.get_running_loop().create_task(part.close())
+            self._closing.add(old)
+            old.add_done_callback(self._closing.discard)
 
         async def resolve_head() -> str:
             head = (await self.view.nodes()).get(chain.head)
@@ -117,7 +122,6 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                 raise Unavailable(f"{chain.chain_id}: head {chain.head} is not registered")
             return head.address
 
-        await resolve_head()
         writer = PartitionWriter(chain.chain_id, chain.epoch, resolve_head)
         writer.start()
         part = PartitionIngest(chain, view.config, writer, resolve_head)
@@ -147,7 +151,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                     raise PartitionClosed(f"partition {ordinal} of {request.stream} has no chain")
                 if chain.head != self.node_id:
                     raise WrongOwner(f"partition {ordinal} of {request.stream} is owned by {chain.head}")
-                part = await self._partition(chain, view)
+                part = self._partition(chain, view)
                 if not part.ready.is_set():
                     try:
                         await asyncio.wait_for(part.ready.wait(), limits.APPEND_TIMEOUT_S)
