@@ -78,45 +78,18 @@ HWM_NONE = -1                                  # the producer holds no ack yet
 
 
 # --- errors (each leaves the table unchanged; the session stays usable) -----------------
-class StaleSubmission(InvalidArgument):
-    """submit_ms is older than the stream's dedup window: the table may have forgotten
-    the record, so it can neither be de-duplicated nor stored."""
-
-
-class SubmissionInFuture(InvalidArgument):
-    """submit_ms is ahead of the ingestion node's clock by more than the skew tolerance."""
-
-
-class InvalidDedupKey(InvalidArgument):
-    pass
-
-
-class DedupKeyTooLarge(InvalidDedupKey):
-    pass
-
-
-class InvalidSession(InvalidArgument):
-    """Producer session fields that cannot be right."""
-
-
-class InvalidProducerId(InvalidSession):
-    pass
-
-
-class InvalidSssn(InvalidSession):
-    pass
-
-
-class InvalidHwm(InvalidSession):
-    pass
-
-
-class SessionConflict(InvalidSession):
-    """The same (producer, SSSN) came back with another record: a producer bug."""
-
-
-class TableFull(Throttled):
-    """The table is at one of its bounds; retry once acks (HWM) or the window prune it."""
+from sms.errors import (  # noqa: E402  (defined with every other client-visible error)
+    StaleSubmission,
+    SubmissionInFuture,
+    InvalidDedupKey,
+    DedupKeyTooLarge,
+    InvalidSession,
+    InvalidProducerId,
+    InvalidSssn,
+    InvalidHwm,
+    SessionConflict,
+    TableFull,
+)
 
 
 # --- decisions --------------------------------------------------------------------------

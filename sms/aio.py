@@ -292,6 +292,11 @@ class Client:
              "queued_records": p.queued_records, "inflight_batches": p.inflight_batches}
             for p in pb.partitions]}
 
+    def producer(self, stream: str, producer_id: str | bytes | None = None, **options) -> "Producer":
+        """A de-duplicating producer for `stream` (sms/producer.py; docs/dedup.md)."""
+        from sms.producer import Producer
+        return Producer(self, stream, producer_id, **options)
+
     async def partitions(self, stream: str) -> list[PartitionInfo]:
         return list((await self.get_stream_info(stream)).partitions)
 

@@ -78,3 +78,8 @@ class Client:
 
     def ingestion_status(self, address):
         return self._run(self._aio.ingestion_status(address))
+
+    def producer(self, stream, producer_id=None, **options):
+        """A de-duplicating producer for `stream`; send() returns concurrent futures."""
+        from sms.producer import SyncProducer
+        return SyncProducer(self, stream, producer_id, **options)

@@ -129,10 +129,57 @@ class StreamNotActive(FailedPrecondition):
     retriable = True
 
 
+class ProducerClosed(FailedPrecondition):
+    """send() after close() began, or a record still un-settled when the producer stopped."""
+
+
+# de-duplication (ingestion/dedup.py; docs/dedup.md)
+class StaleSubmission(InvalidArgument):
+    """submit_ms is older than the stream's dedup window: the table may have forgotten
+    the record, so it can neither be de-duplicated nor stored."""
+
+
+class SubmissionInFuture(InvalidArgument):
+    """submit_ms is ahead of the ingestion node's clock by more than the skew tolerance."""
+
+
+class InvalidDedupKey(InvalidArgument):
+    pass
+
+
+class DedupKeyTooLarge(InvalidDedupKey):
+    pass
+
+
+class InvalidSession(InvalidArgument):
+    """Producer session fields that cannot be right."""
+
+
+class InvalidProducerId(InvalidSession):
+    pass
+
+
+class InvalidSssn(InvalidSession):
+    pass
+
+
+class InvalidHwm(InvalidSession):
+    pass
+
+
+class SessionConflict(InvalidSession):
+    """The same (producer, SSSN) came back with another record: a producer bug."""
+
+
+
 # RESOURCE_EXHAUSTED
 class Throttled(SmsError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
     retriable = True
+
+
+class TableFull(Throttled):
+    """A dedup table is at one of its bounds; retry once acks (HWM) or the window prune it."""
 
 
 class LimitExceeded(SmsError):

@@ -87,6 +87,20 @@ assert PUT_TIMEOUT_S * 1000 < DEDUP_WINDOW_MS_MIN   # a client's retries fall in
 assert DEDUP_KEY_BYTES_MAX < 256 and PRODUCER_ID_BYTES_MAX < 256   # one codec meta value each
 assert PUT_RECORDS_COUNT_MAX <= DEDUP_ENTRIES_PER_SESSION_MAX
 
+# --- producers (sms/producer.py) ----------------------------------------------------
+PRODUCER_LINGER_MS = 5                              # wait for more records this long
+PRODUCER_LINGER_MS_MAX = 1_000
+PRODUCER_PENDING_PER_PARTITION_MAX = 10_000         # un-settled records per partition
+PRODUCER_PENDING_BYTES_MAX = 64 * 1024 * 1024       # un-settled keys+meta+data, all partitions
+PRODUCER_RETRY_BACKOFF_MS = 50                      # first backoff of a session
+PRODUCER_RETRY_BACKOFF_MS_MAX = 2_000               # backoff doubles up to at most this
+PRODUCER_DELIVERY_TIMEOUT_S = 120.0                 # send() to settled, at most
+PRODUCER_DEDUP_WINDOW_MARGIN_S = 10.0               # last resend this long before the
+                                                    # stream's dedup window (plus clock skew) would reject it
+PRODUCER_SESSION_WINDOW_MAX = DEDUP_ENTRIES_PER_SESSION_MAX   # SSSNs sent above
+                                                    # the HWM; never more than the owner's table holds per session
+PRODUCER_ID_RANDOM_BYTES = 16
+
 assert PARTITION_KEY_CHARS_MIN <= PARTITION_KEY_CHARS_MAX
 assert RECORD_DATA_BYTES_MAX <= PUT_RECORDS_BYTES_MAX <= BATCH_BYTES_MAX
 assert BATCH_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX
