@@ -208,8 +208,8 @@ def _validate(name: str, producer_id: bytes, sssn: int, hwm: int, submit_ms: int
                                    f"at most {DEDUP_KEY_BYTES_MAX}")
         if not dedup_key:
             raise InvalidDedupKey(f"{who}: sssn {sssn}: empty dedup key; omit it instead")
-    invariant(0 < len(signature) <= DEDUP_SIGNATURE_BYTES_MAX,
-              f"{who}: signature of {len(signature)} bytes; expected 1..{DEDUP_SIGNATURE_BYTES_MAX}")
+    if not (0 < len(signature) <= DEDUP_SIGNATURE_BYTES_MAX):
+        invariant(False, f"{who}: signature of {len(signature)} bytes; expected 1..{DEDUP_SIGNATURE_BYTES_MAX}")
 
 
 class DedupTable:
@@ -221,11 +221,11 @@ class DedupTable:
                  entries_per_session_max: int = DEDUP_ENTRIES_PER_SESSION_MAX,
                  keys_max: int = DEDUP_KEYS_PER_PARTITION_MAX,
                  waiters_per_entry_max: int = DEDUP_WAITERS_PER_ENTRY_MAX):
-        invariant(DEDUP_WINDOW_MS_MIN <= window_ms <= DEDUP_WINDOW_MS_MAX,
-                  f"{name}: dedup window {window_ms} ms; expected "
+        if not (DEDUP_WINDOW_MS_MIN <= window_ms <= DEDUP_WINDOW_MS_MAX):
+            invariant(False, f"{name}: dedup window {window_ms} ms; expected "
                   f"{DEDUP_WINDOW_MS_MIN}..{DEDUP_WINDOW_MS_MAX}")
-        invariant(min(sessions_max, entries_per_session_max, keys_max, waiters_per_entry_max) >= 1,
-                  f"{name}: every table bound must be at least 1")
+        if not (min(sessions_max, entries_per_session_max, keys_max, waiters_per_entry_max) >= 1):
+            invariant(False, f"{name}: every table bound must be at least 1")
         self.name = name
         self.window_ms = window_ms
         self.policy = IngestionPolicy(policy)
@@ -285,9 +285,9 @@ class DedupTable:
                 kind, sn, new_state = DecisionKind.DUPLICATE, holder.sn, EntryState.COMMITTED
             else:
                 kind, owner, new_state = DecisionKind.QUEUED, holder, EntryState.WAITING
-        invariant((kind is DecisionKind.QUEUED) == (owner is not None)
-                  and (owner is None or owner.state is EntryState.PENDING),
-                  f"{self.name}: {_pid(producer_id)}/{sssn} {kind.value} behind {owner and owner.state}")
+        if not ((kind is DecisionKind.QUEUED) == (owner is not None)
+                  and (owner is None or owner.state is EntryState.PENDING)):
+            invariant(False, f"{self.name}: {_pid(producer_id)}/{sssn} {kind.value} behind {owner and owner.state}")
         prunable = self._prunable(session, hwm)
         adds_key = kind is DecisionKind.WRITE and dedup_key is not None and dedup_key not in self._keys
         self._check_room(session, len(prunable), new_state is not None, adds_key, owner)
@@ -320,8 +320,8 @@ class DedupTable:
         holder = self._keys.get(dedup_key)
         if holder is None or (holder.state is EntryState.COMMITTED and holder.expires_ms < now_ms):
             return None
-        invariant(holder.state in (EntryState.PENDING, EntryState.COMMITTED),
-                  f"{self.name}: dedup key held by an entry in state {holder.state}")
+        if not (holder.state in (EntryState.PENDING, EntryState.COMMITTED)):
+            invariant(False, f"{self.name}: dedup key held by an entry in state {holder.state}")
         return holder
 
     @staticmethod
@@ -352,12 +352,22 @@ class DedupTable:
     def _missing(session: _Session, hwm: int, sssn: int) -> tuple[int, ...]:
         """SSSNs in (hwm, sssn) with no entry; at most DEDUP_MISSING_SSSNS_MAX of them, and
         at most that many plus the session's entries visited."""
+        entries = session.entries
+        lo, hi = entries.bisect_right(hwm), entries.bisect_left(sssn)
+        if hi - lo == sssn - hwm - 1:
+            return ()                    # the common case: no gap (O(log n))
         out: list[int] = []
-        s = hwm + 1
-        while s < sssn and len(out) < DEDUP_MISSING_SSSNS_MAX:
-            if s not in session.entries:
-                out.append(s)
-            s += 1
+        expected = hwm + 1
+        for present in entries.islice(lo, hi):
+            while expected < present and len(out) < DEDUP_MISSING_SSSNS_MAX:
+                out.append(expected)
+                expected += 1
+            if len(out) >= DEDUP_MISSING_SSSNS_MAX:
+                return tuple(out)
+            expected = present + 1
+        while expected < sssn and len(out) < DEDUP_MISSING_SSSNS_MAX:
+            out.append(expected)
+            expected += 1
         return tuple(out)
 
     # --- write outcomes -----------------------------------------------------------------
@@ -366,7 +376,8 @@ class DedupTable:
         is a duplicate of that SN (retries and records with the same dedup key)."""
         if not self.deduplicating:
             return []
-        invariant(sn >= 0, f"{self.name}: committed under sn {sn}")
+        if not (sn >= 0):
+            invariant(False, f"{self.name}: committed under sn {sn}")
         session, entry = self._pending_entry(producer_id, sssn)
         waiters = self._take_waiters(entry)
         self._transition(entry, EntryState.COMMITTED)
@@ -381,8 +392,8 @@ class DedupTable:
                     self._transition(twin, EntryState.COMMITTED)
                     twin.sn = sn
                     self._settle(twin_session, twin)
-                invariant(twin.state is EntryState.COMMITTED and twin.sn == sn,
-                          f"{self.name}: key twin {_pid(w.producer_id)}/{w.sssn} is {twin.state} sn {twin.sn}")
+                if not (twin.state is EntryState.COMMITTED and twin.sn == sn):
+                    invariant(False, f"{self.name}: key twin {_pid(w.producer_id)}/{w.sssn} is {twin.state} sn {twin.sn}")
             out.append(Resolution(w.ticket, DecisionKind.DUPLICATE, w.producer_id, w.sssn, sn))
         self._duplicates_total += len(out)
         return out
@@ -397,8 +408,8 @@ class DedupTable:
         self._transition(entry, EntryState.FAILED)
         self._drop_entry(session, entry)
         if entry.dedup_key is not None:
-            invariant(self._keys.get(entry.dedup_key) is entry,
-                      f"{self.name}: pending {_pid(producer_id)}/{sssn} does not hold its dedup key")
+            if not (self._keys.get(entry.dedup_key) is entry):
+                invariant(False, f"{self.name}: pending {_pid(producer_id)}/{sssn} does not hold its dedup key")
             del self._keys[entry.dedup_key]
         if not waiters:
             return []
@@ -406,12 +417,13 @@ class DedupTable:
         heir_session = self._sessions[first.producer_id]
         heir = heir_session.entries.get(first.sssn)
         if heir is None:                           # a retry of the failed record itself
-            invariant(first.producer_id == producer_id and first.sssn == sssn,
-                      f"{self.name}: queued {_pid(first.producer_id)}/{first.sssn} has no entry")
+            if not (first.producer_id == producer_id and first.sssn == sssn):
+                invariant(False, f"{self.name}: queued {_pid(first.producer_id)}/{first.sssn} has no entry")
             heir = self._add_entry(session, self._entry_of(first), EntryState.PENDING)
         else:                                      # a record with the same dedup key
             self._transition(heir, EntryState.PENDING)
-        invariant(heir.dedup_key == entry.dedup_key, f"{self.name}: heir of another dedup key")
+        if not (heir.dedup_key == entry.dedup_key):
+            invariant(False, f"{self.name}: heir of another dedup key")
         if heir.dedup_key is not None:
             self._keys[heir.dedup_key] = heir
         heir.waiters = waiters
@@ -427,8 +439,8 @@ class DedupTable:
     def _pending_entry(self, producer_id: bytes, sssn: int) -> tuple[_Session, _Entry]:
         session = self._sessions.get(producer_id)
         entry = session.entries.get(sssn) if session is not None else None
-        invariant(entry is not None and entry.state is EntryState.PENDING,
-                  f"{self.name}: outcome for {_pid(producer_id)}/{sssn}, which is "
+        if not (entry is not None and entry.state is EntryState.PENDING):
+            invariant(False, f"{self.name}: outcome for {_pid(producer_id)}/{sssn}, which is "
                   f"{entry.state if entry is not None else 'unknown'}; expected PENDING")
         return session, entry
 
@@ -478,18 +490,20 @@ class DedupTable:
         (TableFull) until pruning brings it back under them."""
         if not self.deduplicating:
             return 0
-        invariant(not self._sessions and not self._keys, f"{self.name}: rebuild of a table in use")
+        if not (not self._sessions and not self._keys):
+            invariant(False, f"{self.name}: rebuild of a table in use")
         loaded, last_sn = 0, -1
         for producer_id, sssn, dedup_key, signature, sn, arrival_ms in records:
-            invariant(sn > last_sn, f"{self.name}: stored sn {sn} after {last_sn}; expected SN order")
+            if not (sn > last_sn):
+                invariant(False, f"{self.name}: stored sn {sn} after {last_sn}; expected SN order")
             last_sn = sn
             # The record arrived at most the skew before its submit_ms (which is not stored).
             expires_ms = arrival_ms + DEDUP_CLOCK_SKEW_MS_MAX + self.window_ms
             if expires_ms < now_ms:
                 continue
-            invariant(0 < len(producer_id) <= PRODUCER_ID_BYTES_MAX and 0 <= sssn <= SSSN_MAX
-                      and (dedup_key is None or 0 < len(dedup_key) <= DEDUP_KEY_BYTES_MAX),
-                      f"{self.name}: stored session fields of sn {sn} out of range")
+            if not (0 < len(producer_id) <= PRODUCER_ID_BYTES_MAX and 0 <= sssn <= SSSN_MAX
+                      and (dedup_key is None or 0 < len(dedup_key) <= DEDUP_KEY_BYTES_MAX)):
+                invariant(False, f"{self.name}: stored session fields of sn {sn} out of range")
             session = self._sessions.get(producer_id)
             if session is None:
                 session = self._sessions[producer_id] = _Session(producer_id, expires_ms)
@@ -512,8 +526,8 @@ class DedupTable:
 
     # --- entries and their states -------------------------------------------------------
     def _transition(self, entry: _Entry, to: EntryState) -> None:
-        invariant(to in _TRANSITIONS[entry.state],
-                  f"{self.name}: entry {_pid(entry.producer_id)}/{entry.sssn}: "
+        if not (to in _TRANSITIONS[entry.state]):
+            invariant(False, f"{self.name}: entry {_pid(entry.producer_id)}/{entry.sssn}: "
                   f"{entry.state} -> {to} is not a transition")
         for state, step in ((entry.state, -1), (to, +1)):
             if state is EntryState.PENDING:
@@ -523,8 +537,8 @@ class DedupTable:
         entry.state = to
 
     def _add_entry(self, session: _Session, entry: _Entry, state: EntryState, sn: int | None = None) -> _Entry:
-        invariant(entry.sssn not in session.entries,
-                  f"{self.name}: entry {_pid(entry.producer_id)}/{entry.sssn} added twice")
+        if not (entry.sssn not in session.entries):
+            invariant(False, f"{self.name}: entry {_pid(entry.producer_id)}/{entry.sssn} added twice")
         session.entries[entry.sssn] = entry
         self._entries += 1
         entry.sn = sn
@@ -532,10 +546,10 @@ class DedupTable:
         return entry
 
     def _drop_entry(self, session: _Session, entry: _Entry) -> None:
-        invariant(entry.state in (EntryState.COMMITTED, EntryState.FAILED) and not entry.waiters,
-                  f"{self.name}: dropping {_pid(entry.producer_id)}/{entry.sssn} in state {entry.state}")
-        invariant(session.entries.get(entry.sssn) is entry,
-                  f"{self.name}: entry {_pid(entry.producer_id)}/{entry.sssn} is not in its session")
+        if not (entry.state in (EntryState.COMMITTED, EntryState.FAILED) and not entry.waiters):
+            invariant(False, f"{self.name}: dropping {_pid(entry.producer_id)}/{entry.sssn} in state {entry.state}")
+        if not (session.entries.get(entry.sssn) is entry):
+            invariant(False, f"{self.name}: entry {_pid(entry.producer_id)}/{entry.sssn} is not in its session")
         del session.entries[entry.sssn]
         self._entries -= 1
 
