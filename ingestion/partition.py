@@ -187,6 +187,7 @@ class PartitionIngest:
                 self.tickets[decision.ticket] = (fut, s)
             out.append(fut)
         self._write(writes)
+        missing.difference_update(s.sssn for s in subs)   # arrived later in this same request
         return out, missing
 
     def _write(self, writes: list[tuple[asyncio.Future, Submission, bool]]) -> None:
