@@ -22,6 +22,7 @@ import grpc
 from ingestion import dedup
 from ingestion.writer import PartitionWriter
 from sms import codec, hashing, limits, rpc, seqno
+from sms.aiotools import cancel_and_wait
 from sms.errors import SmsError, Throttled, Unavailable
 from sms.metadata import ChainConfig, StreamConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -83,12 +84,7 @@ class PartitionIngest:
         self.task = asyncio.get_running_loop().create_task(self._rebuild(), name=f"rebuild-{self.chain.chain_id}")
 
     async def close(self) -> None:
-        if self.task:
-            self.task.cancel()
-            try:
-                await self.task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self.task)
         await self.writer.close()
         for fut, _s in self.tickets.values():
             if not fut.done():

@@ -20,6 +20,7 @@ from control.metaview import ClusterView
 from ingestion.partition import Outcome, PartitionIngest, Submission
 from ingestion.writer import PartitionWriter
 from sms import codec, hashing, limits, seqno
+from sms.aiotools import cancel_and_wait
 from sms.errors import (InvalidArgument, PartitionClosed, RecordTooLarge, RequestTooLarge, SmsError, Unavailable,
                         WrongOwner)
 from sms.metadata import ChainConfig
@@ -91,8 +92,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         self._pruner = asyncio.get_running_loop().create_task(self._prune_loop(), name="dedup-prune")
 
     async def close(self) -> None:
-        if self._pruner:
-            self._pruner.cancel()
+        await cancel_and_wait(self._pruner)
         for part in list(self.partitions.values()):
             await part.close()
         self.partitions.clear()

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from sms import codec, errors, limits, rpc, seqno
+from sms.aiotools import cancel_and_wait
 from sms.proto import sms_pb2, sms_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -53,12 +54,7 @@ class PartitionWriter:
 
     async def close(self) -> None:
         self.closed = True
-        if self.task:
-            self.task.cancel()
-            try:
-                await self.task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self.task)
         error = errors.Unavailable(f"{self.chain_id}: writer closed; outcome unknown")
         for _batch, futures in self.inflight.values():
             _fail(futures, error)

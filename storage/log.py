@@ -27,6 +27,7 @@ import lmdb
 from sortedcontainers import SortedDict
 
 from sms import codec, limits, seqno
+from sms.aiotools import cancel_and_wait
 from sms.errors import invariant
 from sms.types import Persistence
 
@@ -84,12 +85,7 @@ class GroupCommitWriter:
         self.task = asyncio.get_running_loop().create_task(self._run(), name="group-commit")
 
     async def stop(self) -> None:
-        if self.task:
-            self.task.cancel()
-            try:
-                await self.task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self.task)
         self.executor.shutdown(wait=True)
 
     async def submit(self, plog: PartitionLog, key: bytes, batch: bytes) -> None:

@@ -23,6 +23,7 @@ import time
 import grpc
 
 from sms import codec, limits, rpc, seqno
+from sms.aiotools import cancel_and_wait
 from sms.errors import PartitionClosed, StaleEpoch, WrongOwner, invariant
 from sms.metadata import ChainConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -219,12 +220,7 @@ class DownstreamLink:
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"link-{self.replica.chain_id}")
 
     async def stop(self) -> None:
-        if self.task:
-            self.task.cancel()
-            try:
-                await self.task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self.task)
 
     async def _run(self) -> None:
         while self.replica.state is ReplicaState.ACTIVE:

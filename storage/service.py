@@ -19,6 +19,7 @@ import grpc
 
 from control.metastore import MetaStore, NoNodeError
 from sms import limits, metadata, seqno
+from sms.aiotools import cancel_and_wait
 from sms.errors import SmsError, StaleEpoch, WrongOwner
 from sms.metadata import ChainConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -51,12 +52,7 @@ class StorageNode:
     async def close(self) -> None:
         for cancel in self._cancel_watches:
             cancel()
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
         for replica in list(self.replicas.values()):
             await replica.close()
         await self.logs.close()
