@@ -9,6 +9,7 @@ fires, or when a caller that was told it is stale calls `invalidate()`.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 
@@ -91,7 +92,6 @@ class ClusterView:
         entry = await self.store.get(metadata.CLUSTER_CONTROL)
         if entry is None or not entry.value:
             return ""
-        import json
         return json.loads(entry.value)["address"]
 
     async def describe_cluster(self) -> ClusterInfo:

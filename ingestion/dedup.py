@@ -53,11 +53,11 @@ from typing import NamedTuple
 
 from sortedcontainers import SortedDict
 
-from sms import limits
-from sms.errors import InvalidArgument, Throttled, invariant
+from sms.errors import invariant
 from sms.types import IngestionPolicy
 
-from sms.limits import (  # noqa: E402  (re-exported for callers of this module)
+# Limits and errors are defined in sms/; re-exported here for the table's callers.
+from sms.limits import (  # noqa: F401
     DEDUP_WINDOW_MS_DEFAULT,
     DEDUP_WINDOW_MS_MIN,
     DEDUP_WINDOW_MS_MAX,
@@ -78,7 +78,7 @@ HWM_NONE = -1                                  # the producer holds no ack yet
 
 
 # --- errors (each leaves the table unchanged; the session stays usable) -----------------
-from sms.errors import (  # noqa: E402  (defined with every other client-visible error)
+from sms.errors import (  # noqa: F401
     StaleSubmission,
     SubmissionInFuture,
     InvalidDedupKey,

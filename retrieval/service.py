@@ -11,21 +11,13 @@ from __future__ import annotations
 
 from control.metaview import ClusterView
 from sms import limits, seqno
-from sms.errors import (InvalidArgument, InvalidIteratorType, InvalidSequenceNumber, PartitionNotFound,
-                        RecordNotFound)
+from sms.errors import InvalidArgument, InvalidIteratorType, InvalidSequenceNumber, PartitionNotFound, RecordNotFound
 from sms.metadata import chain_id
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors
-from sms.types import IteratorType
+from sms.types import IteratorType, parse_partition_id
 from sms.tokens import Position, TokenCodec
 from storage.service import StorageNode
-
-
-def parse_partition_id(text: str) -> int:
-    body = text[1:] if text[:1] in ("p", "P") else text
-    if not (body.isascii() and body.isdigit() and 0 < len(body) <= 10):
-        raise PartitionNotFound(f"partition {text[:64]!r}; expected an id like p0003")
-    return int(body)
 
 
 class RetrievalService(sms_pb2_grpc.RetrievalServicer):

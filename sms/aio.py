@@ -17,29 +17,20 @@ from collections.abc import Iterable
 
 import grpc
 
-from sms import codec, convert, errors, hashing, limits, rpc, seqno
+from sms import codec, convert, errors, limits, rpc, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
+from sms.records import prepare_record
 from sms.tokens import peek
 from sms.types import (ClusterInfo, GetRecordsResult, IteratorType, PartitionInfo, PutRecordResult,
-                       PutRecordsResult, Record, StreamInfo)
+                       PutRecordsResult, Record, StreamInfo, parse_partition_id)
 
 _ORDINAL = struct.Struct("<I")
 _REDIRECT_BACKOFF_S = 0.05
 
 
 def _encode_put(partition_key: str, data: bytes, explicit_hash_key: int | str | None) -> tuple[bytes, int]:
-    hashing.validate_partition_key(partition_key)
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise errors.InvalidArgument(f"record data of type {type(data).__name__}; expected bytes")
-    if len(data) > limits.RECORD_DATA_BYTES_MAX:
-        raise errors.RecordTooLarge(f"record of {len(data)} bytes; at most {limits.RECORD_DATA_BYTES_MAX}")
-    meta = b""
-    if explicit_hash_key is not None:
-        hash_key = hashing.parse_explicit_hash_key(explicit_hash_key)
-        meta = codec.encode_meta({codec.TAG_EXPLICIT_HASH_KEY: hash_key.to_bytes(16, "big")})
-    else:
-        hash_key = hashing.hash_key_of(partition_key)
-    return codec.encode_entry(partition_key.encode("utf-8"), bytes(data), meta), hash_key
+    r = prepare_record(partition_key, data, explicit_hash_key)
+    return codec.encode_entry(r.key, r.data, codec.encode_meta(r.meta) if r.meta else b""), r.hash_key
 
 
 def _normalise(record) -> tuple[str, bytes, int | str | None]:
@@ -239,7 +230,7 @@ class Client:
 
     async def get_iterator(self, stream: str, partition_id: str | int, iterator_type: str | IteratorType = "TRIM_HORIZON",
                            *, sequence_number: str | int | None = None, timestamp_ms: int | None = None) -> str:
-        ordinal = partition_id if isinstance(partition_id, int) else _ordinal_of(partition_id)
+        ordinal = partition_id if isinstance(partition_id, int) else parse_partition_id(partition_id)
         kind = iterator_type.value if isinstance(iterator_type, IteratorType) else str(iterator_type)
         req = sms_pb2.GetIteratorRequest(
             stream=stream, partition_id=f"p{ordinal:04d}", iterator_type=kind,
@@ -292,7 +283,7 @@ class Client:
              "queued_records": p.queued_records, "inflight_batches": p.inflight_batches}
             for p in pb.partitions]}
 
-    def producer(self, stream: str, producer_id: str | bytes | None = None, **options) -> "Producer":
+    def producer(self, stream: str, producer_id: str | bytes | None = None, **options):
         """A de-duplicating producer for `stream` (sms/producer.py; docs/dedup.md)."""
         from sms.producer import Producer
         return Producer(self, stream, producer_id, **options)
@@ -300,9 +291,3 @@ class Client:
     async def partitions(self, stream: str) -> list[PartitionInfo]:
         return list((await self.get_stream_info(stream)).partitions)
 
-
-def _ordinal_of(partition_id: str) -> int:
-    body = partition_id[1:] if partition_id[:1] in ("p", "P") else partition_id
-    if not (body.isascii() and body.isdigit() and 0 < len(body) <= 10):
-        raise errors.PartitionNotFound(f"partition {partition_id[:64]!r}; expected an id like p0003")
-    return int(body)

@@ -58,12 +58,13 @@ def cmd_up(args) -> int:
     cluster.start()
     print(f"address: {cluster.address}", flush=True)
     print(f"data: {cluster.data_dir} ({len(cluster.procs) - 1} storage nodes + control); Ctrl-C stops", flush=True)
+    reported: set[str] = set()
     try:
         while not stop.wait(0.5):
             for node_id, code in cluster.exited().items():
-                if not getattr(cluster.procs[node_id], "_reported", False):
+                if node_id not in reported:
                     print(f"node {node_id} exited with {code}", file=sys.stderr, flush=True)
-                    cluster.procs[node_id]._reported = True
+                    reported.add(node_id)
     finally:
         cluster.stop()
         print("stopped", flush=True)
@@ -192,10 +193,11 @@ def _record_json(r) -> dict:
 
 
 def cmd_read(args) -> int:
+    from sms.types import parse_partition_id
     with _client(args) as client:
         info = client.get_stream_info(args.stream)
         ordinals = ([p.ordinal for p in info.partitions] if args.partition == "all"
-                    else [int(args.partition.lstrip("pP"))])
+                    else [parse_partition_id(args.partition)])
         iterators = {o: client.get_iterator(args.stream, o, args.iterator_type, sequence_number=args.sequence_number,
                                             timestamp_ms=args.timestamp_ms) for o in ordinals}
         shown = 0

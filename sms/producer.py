@@ -30,11 +30,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sms import codec, errors, hashing, limits, seqno
+from sms import codec, errors, limits, seqno
+from sms.records import prepare_record
 from sms.limits import (
     PRODUCER_DEDUP_WINDOW_MARGIN_S,
     PRODUCER_DELIVERY_TIMEOUT_S,
-    PRODUCER_ID_BYTES_MAX,
     PRODUCER_ID_RANDOM_BYTES,
     PRODUCER_LINGER_MS,
     PRODUCER_LINGER_MS_MAX,
@@ -265,22 +265,12 @@ class Producer:
         partition has max_pending_per_partition un-settled records, or all partitions
         max_pending_bytes."""
         self._check_running()
-        hashing.validate_partition_key(partition_key)
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise errors.InvalidArgument(f"record data of type {type(data).__name__}; expected bytes")
-        data = bytes(data)
-        if len(data) > limits.RECORD_DATA_BYTES_MAX:
-            raise errors.RecordTooLarge(f"record of {len(data)} bytes; at most {limits.RECORD_DATA_BYTES_MAX}")
-        meta_fields: dict[int, bytes] = {}
-        if explicit_hash_key is not None:
-            hash_key = hashing.parse_explicit_hash_key(explicit_hash_key)
-            meta_fields[codec.TAG_EXPLICIT_HASH_KEY] = hash_key.to_bytes(16, "big")
-        else:
-            hash_key = hashing.hash_key_of(partition_key)
+        prepared = prepare_record(partition_key, data, explicit_hash_key)
+        data, hash_key, key_bytes = prepared.data, prepared.hash_key, prepared.key
+        meta_fields = dict(prepared.meta)
         dedup_key = _dedup_key_bytes(dedup_key)
         if dedup_key is not None:
             meta_fields[codec.TAG_DEDUP_KEY] = dedup_key
-        key_bytes = partition_key.encode("utf-8")
         size = (len(key_bytes) + len(data) + _SSSN_META_BYTES + _SUBMIT_META_BYTES
                 + sum(2 + len(v) for v in meta_fields.values()))
         errors.invariant(size <= limits.PUT_RECORDS_BYTES_MAX, f"a valid record of {size} bytes fits no request")

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 
 from sms import seqno
+from sms.errors import PartitionNotFound
 
 
 class Persistence(str, enum.Enum):
@@ -46,6 +47,14 @@ class StreamStatus(str, enum.Enum):
 
 def partition_id(ordinal: int) -> str:
     return f"p{ordinal:04d}"
+
+
+def parse_partition_id(text: str) -> int:
+    """The ordinal of a partition id like `p0003` (or `3`); PartitionNotFound otherwise."""
+    body = text[1:] if text[:1] in ("p", "P") else text
+    if not (body.isascii() and body.isdigit() and 0 < len(body) <= 10):
+        raise PartitionNotFound(f"partition {text[:64]!r}; expected an id like p0003")
+    return int(body)
 
 
 @dataclass(frozen=True, slots=True)

@@ -180,8 +180,8 @@ class Replica:
     def batches_after(self, after_sn: int, limit: int) -> list[bytes]:
         """Up to `limit` stored batches whose records all follow after_sn."""
         if self.recent and self.recent[0][0] <= after_sn + 1 <= self.recent[-1][1] + 1:
-            out = [b for first, last, b in self.recent if first > after_sn]
-            if out and codec.read_header(out[0]).first_sn > after_sn:
+            out = [b for first, _last, b in self.recent if first > after_sn]
+            if out:
                 return out[:limit]
         slices = self.store.read(self.log, after_sn + 1, self.log.last_sn,
                                  max_records=limits.BATCH_RECORDS_MAX * limit,
@@ -228,11 +228,8 @@ class DownstreamLink:
             if address:
                 try:
                     await self._session(address)
-                except (grpc.aio.AioRpcError, ConnectionError) as e:
-                    log.info("link %s -> %s broken: %s", self.replica.chain_id, address,
-                             getattr(e, "details", lambda: e)())
-                except StaleEpoch as e:
-                    log.info("link %s: %s", self.replica.chain_id, e)
+                except (grpc.aio.AioRpcError, ConnectionError, StaleEpoch) as e:
+                    log.info("link %s -> %s broken: %s", self.replica.chain_id, address, e)
             self.connected = False
             await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
 
