@@ -21,7 +21,7 @@ from control.metastore import Create, MetaStore, NodeExistsError, NoNodeError, S
 from control.metaview import ClusterView
 from sms import limits, metadata, rpc
 from sms.errors import InvalidStreamConfig, NotEnoughNodes, StreamAlreadyExists, StreamNotFound, Timeout
-from sms.metadata import ChainConfig, StreamConfig
+from sms.metadata import ChainChange, ChainConfig, StreamConfig
 from sms.partition_map import PartitionMap
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import IngestionPolicy, Persistence, StreamStatus
@@ -116,7 +116,10 @@ class StreamAdmin:
                 cid = metadata.chain_id(config.name, entry.ordinal)
                 ops.append(Create(metadata.chain_path(cid), ChainConfig(
                     chain_id=cid, stream=config.name, ordinal=entry.ordinal, epoch=1, members=members,
-                    persistence=config.persistence).to_bytes()))
+                    persistence=config.persistence,
+                    incarnations=tuple(sorted((n, nodes[n].started_ms) for n in members)),
+                    history=(ChainChange(1, config.created_ms, "created", members[0],
+                                         "placed on " + " -> ".join(members)),)).to_bytes()))
             try:
                 await self.store.commit(ops)
             except NodeExistsError:

@@ -105,14 +105,18 @@ class ClusterView:
         for e in view.map.entries:
             chain = view.chains.get(e.ordinal)
             members: tuple[ChainMember, ...] = ()
+            learners: tuple[ChainMember, ...] = ()
             if chain is not None:
                 members = tuple(ChainMember(n, nodes[n].address if n in nodes else "", chain.role_of(n))
                                 for n in chain.members)
+                learners = tuple(ChainMember(n, nodes[n].address if n in nodes else "", "learner")
+                                 for n in chain.learners)
             partitions.append(PartitionInfo(
                 ordinal=e.ordinal, hash_lo=e.hash_lo, hash_hi=e.hash_hi, valid_from_ms=e.valid_from_ms,
                 valid_to_ms=e.valid_to_ms, state=e.state, parents=e.parents, children=e.children,
                 chain_epoch=chain.epoch if chain else 0, chain=members,
-                ingestion_owner=members[0] if members else None))
+                ingestion_owner=members[0] if members else None, learners=learners,
+                history=tuple(c.to_dict() for c in chain.history) if chain else ()))
         c = view.config
         return StreamInfo(name=c.name, status=c.status, replication_factor=c.replication_factor,
                           persistence=c.persistence, ingestion_policy=c.ingestion_policy,

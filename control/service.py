@@ -8,18 +8,22 @@ from __future__ import annotations
 from control.admin import StreamAdmin, validate_create
 from control.metaview import ClusterView
 from sms import convert
-from sms.errors import FailedPrecondition
+from sms.errors import FailedPrecondition, Unavailable
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors
 
 
 class ControlService(sms_pb2_grpc.ControlServicer):
-    def __init__(self, view: ClusterView, admin: StreamAdmin | None):
+    def __init__(self, view: ClusterView, admin: StreamAdmin | None, control_role: bool = False):
         self.view = view
-        self.admin = admin
+        self.admin = admin                  # set while this process leads the control plane
+        self.control_role = control_role
 
     def _admin(self) -> StreamAdmin:
         if self.admin is None:
+            if self.control_role:
+                raise Unavailable("this control node is a standby; the leader answers admin calls "
+                                  "(describe the cluster again for its address)")
             raise FailedPrecondition("this node has no control role; send admin calls to the control address")
         return self.admin
 

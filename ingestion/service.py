@@ -21,8 +21,8 @@ from ingestion.partition import Outcome, PartitionIngest, Submission
 from ingestion.writer import PartitionWriter
 from sms import codec, hashing, limits, seqno
 from sms.aiotools import cancel_and_wait
-from sms.errors import (InvalidArgument, PartitionClosed, RecordTooLarge, RequestTooLarge, SmsError, Unavailable,
-                        WrongOwner)
+from sms.errors import (InvalidArgument, PartitionClosed, RecordTooLarge, RequestTooLarge, SmsError, StreamNotFound,
+                        Unavailable, WrongOwner)
 from sms.metadata import ChainConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors
@@ -103,26 +103,55 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             now_ms = int(time.time() * 1000)
             for part in list(self.partitions.values()):
                 part.prune(now_ms)
+            try:
+                await self._retire_moved()
+            except SmsError as e:
+                log.info("ownership check failed: %s", e)
+
+    async def _retire_moved(self) -> None:
+        """Close the partitions whose head (and so ingestion ownership) left this node."""
+        for cid, part in list(self.partitions.items()):
+            try:
+                chain = (await self.view.stream(part.chain.stream)).chains.get(part.chain.ordinal)
+            except StreamNotFound:
+                chain = None
+            if chain is None or chain.head != self.node_id:
+                self._retire(cid)
+
+    def _retire(self, chain_id: str) -> None:
+        part = self.partitions.pop(chain_id, None)
+        if part is None:
+            return
+        log.info("%s: ingestion ownership left %s; closing (a retry goes to the new owner)", chain_id,
+                 self.node_id)
+        task = asyncio.get_running_loop().create_task(part.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def _partition(self, chain: ChainConfig, view) -> PartitionIngest:
         """The partition's ingest state, made at first use. No await in here: two
-        concurrent requests must not both make one."""
+        concurrent requests must not both make one. A new epoch with the head still here
+        keeps the state: the writer picks the epoch up and resends what is in flight."""
         part = self.partitions.get(chain.chain_id)
-        if part is not None and part.chain.epoch == chain.epoch:
-            return part
         if part is not None:
-            old = asyncio.get_running_loop().create_task(part.close())
-            self._closing.add(old)
-            old.add_done_callback(self._closing.discard)
+            return part
+        stream, ordinal = chain.stream, chain.ordinal
 
         async def resolve_head() -> str:
-            head = (await self.view.nodes()).get(chain.head)
+            return (await resolve())[0]
+
+        async def resolve() -> tuple[str, int]:
+            current = (await self.view.stream(stream)).chains.get(ordinal)
+            if current is None or current.head != self.node_id:
+                self.view.invalidate()
+                raise WrongOwner(f"{chain.chain_id}: the head is no longer on {self.node_id}")
+            head = (await self.view.nodes()).get(current.head)
             if head is None:
                 self.view.invalidate()
-                raise Unavailable(f"{chain.chain_id}: head {chain.head} is not registered")
-            return head.address
+                raise Unavailable(f"{chain.chain_id}: head {current.head} is not registered")
+            return head.address, current.epoch
 
-        writer = PartitionWriter(chain.chain_id, chain.epoch, resolve_head)
+        writer = PartitionWriter(chain.chain_id, chain.epoch, resolve)
         writer.start()
         part = PartitionIngest(chain, view.config, writer, resolve_head)
         part.start()
@@ -150,6 +179,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                 if chain is None:
                     raise PartitionClosed(f"partition {ordinal} of {request.stream} has no chain")
                 if chain.head != self.node_id:
+                    self._retire(chain.chain_id)
                     raise WrongOwner(f"partition {ordinal} of {request.stream} is owned by {chain.head}")
                 part = self._partition(chain, view)
                 if not part.ready.is_set():

@@ -12,6 +12,11 @@ next stream sends them again, in order, and the head recognises the ones it alre
 holds, so each batch's outcome is always learned and nothing is stored twice. A batch
 fails only when the head says so (its error ack: the batch was not stored) or when the
 writer is closed (outcome unknown; the partition's next owner rebuilds from storage).
+
+A chain reconfiguration (new epoch) is not a failure either: a batch refused for its
+stale epoch was not stored, and one whose commit the head could no longer confirm may
+have been; both stay in flight, the writer re-resolves the chain's head and epoch, and
+the next stream resends them, where the head recognises any it already holds.
 """
 
 from __future__ import annotations
@@ -33,10 +38,10 @@ log = logging.getLogger(__name__)
 
 
 class PartitionWriter:
-    def __init__(self, chain_id: str, epoch: int, resolve_head: Callable[[], Awaitable[str]]):
+    def __init__(self, chain_id: str, epoch: int, resolve: Callable[[], Awaitable[tuple[str, int]]]):
         self.chain_id = chain_id
         self.epoch = epoch
-        self.resolve_head = resolve_head      # the head's current address (it may restart elsewhere)
+        self.resolve = resolve                # () -> the head's current (address, chain epoch)
         self.head_address = ""
         self.origin_id = random.getrandbits(63) | 1
         self.queue: collections.deque = collections.deque()     # (entry bytes, future)
@@ -98,7 +103,7 @@ class PartitionWriter:
     async def _run(self) -> None:
         while not self.closed:
             try:
-                self.head_address = await self.resolve_head()
+                self.head_address, self.epoch = await self.resolve()
                 await self._session()
             except (grpc.aio.AioRpcError, ConnectionError, errors.SmsError) as e:
                 log.info("append stream %s -> %s broken (%d batches in flight, resent next): %s",
@@ -141,6 +146,8 @@ class PartitionWriter:
             ack = await call.read()
             if ack is grpc.aio.EOF:
                 return
+            if ack.error_name in _RESEND_ERRORS and ack.batch_id in self.inflight:
+                raise ConnectionError(f"head answered {ack.error_name}: {ack.error_message}")
             entry = self.inflight.pop(ack.batch_id, None)
             if entry is None:
                 continue     # an ack of a batch resent twice: the first ack settled it
@@ -155,6 +162,11 @@ class PartitionWriter:
                     if not fut.done():
                         fut.set_result(first + i * seqno.COUNTER_UNIT)
             self.wake.set()
+
+
+# error acks after which a batch is resent, not failed: a stale epoch (not stored; the
+# chain was reconfigured) and a replica closed before commit (maybe stored)
+_RESEND_ERRORS = frozenset({"StaleEpoch", "PartitionClosed"})
 
 
 def _fail(futures: list[asyncio.Future], error: errors.SmsError) -> None:

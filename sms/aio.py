@@ -76,25 +76,37 @@ class Client:
         except grpc.aio.AioRpcError as e:
             raise rpc.to_sms_error(e) from None
 
-    async def describe_cluster(self) -> ClusterInfo:
+    async def _discovery_call(self, method: str, request):
+        """A read-only Control call to the first node that answers: the address this
+        client was given, then every node it has seen (any node answers these)."""
         addresses = [self.address] + [n.address for n in (self._cluster.nodes if self._cluster else ())]
         last: errors.SmsError | None = None
         for address in dict.fromkeys(addresses):
             try:
-                pb = await self._call(address, sms_pb2_grpc.ControlStub, "DescribeCluster", sms_pb2.Empty())
-                self._cluster = convert.cluster_from_pb(pb)
-                return self._cluster
+                return await self._call(address, sms_pb2_grpc.ControlStub, method, request)
             except errors.Unavailable as e:
                 last = e
         raise last or errors.Unavailable("no node answered")
 
-    async def _control_address(self) -> str:
-        cluster = self._cluster or await self.describe_cluster()
-        if not cluster.control_address:
-            cluster = await self.describe_cluster()
-        if not cluster.control_address:
-            raise errors.Unavailable("the cluster has no control node registered")
-        return cluster.control_address
+    async def describe_cluster(self) -> ClusterInfo:
+        self._cluster = convert.cluster_from_pb(await self._discovery_call("DescribeCluster", sms_pb2.Empty()))
+        return self._cluster
+
+    async def _admin_call(self, method: str, request, timeout_s: float | None = None):
+        """An admin call to the control leader; while leadership moves (the leader died,
+        a standby takes over) it re-resolves the leader and retries, up to a deadline."""
+        deadline = asyncio.get_running_loop().time() + limits.CLIENT_LEADER_WAIT_S
+        while True:
+            try:
+                cluster = await self.describe_cluster()
+                if not cluster.control_address:
+                    raise errors.Unavailable("the cluster has no control leader registered")
+                return await self._call(cluster.control_address, sms_pb2_grpc.ControlStub, method, request,
+                                        timeout_s=timeout_s)
+            except errors.Unavailable:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(limits.CONTROL_ELECTION_RETRY_S)
 
     # --- admin -------------------------------------------------------------------------
     async def create_stream(self, name: str, partitions: int = 1, replication_factor: int = 1, *,
@@ -104,26 +116,23 @@ class Client:
         req = sms_pb2.CreateStreamRequest(name=name, partitions=partitions, replication_factor=replication_factor,
                                           persistence=persistence, ingestion_policy=ingestion_policy,
                                           retention_hours=retention_hours, dedup_window_s=dedup_window_s)
-        pb = await self._call(await self._control_address(), sms_pb2_grpc.ControlStub, "CreateStream", req,
-                              timeout_s=60.0)
+        pb = await self._admin_call("CreateStream", req, timeout_s=60.0)
         info = convert.stream_from_pb(pb)
         self._streams[name] = info
         return info
 
     async def delete_stream(self, name: str) -> None:
-        await self._call(await self._control_address(), sms_pb2_grpc.ControlStub, "DeleteStream",
-                         sms_pb2.DeleteStreamRequest(name=name))
+        await self._admin_call("DeleteStream", sms_pb2.DeleteStreamRequest(name=name))
         self._streams.pop(name, None)
 
     async def list_streams(self) -> list[str]:
-        pb = await self._call(self.address, sms_pb2_grpc.ControlStub, "ListStreams", sms_pb2.Empty())
+        pb = await self._discovery_call("ListStreams", sms_pb2.Empty())
         return list(pb.names)
 
     async def get_stream_info(self, name: str, *, refresh: bool = True) -> StreamInfo:
         if not refresh and name in self._streams:
             return self._streams[name]
-        pb = await self._call(self.address, sms_pb2_grpc.ControlStub, "DescribeStream",
-                              sms_pb2.DescribeStreamRequest(name=name))
+        pb = await self._discovery_call("DescribeStream", sms_pb2.DescribeStreamRequest(name=name))
         info = convert.stream_from_pb(pb)
         self._streams[name] = info
         return info

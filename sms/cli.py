@@ -90,6 +90,12 @@ def cmd_status(args) -> int:
             except errors.SmsError as e:
                 entry["error"] = f"{e.name}: {e.message}"
             nodes.append(entry)
+        streams = []
+        for name in client.list_streams():
+            try:
+                streams.append(_describe(client.get_stream_info(name)))
+            except errors.StreamNotFound:
+                continue      # deleted meanwhile
     lines = [f"control: {cluster.control_address}"]
     for n in nodes:
         lines.append(f"node {n['node_id']:<8} {n['address']:<22} pid {n['pid']:<8} {','.join(n['roles'])}")
@@ -101,7 +107,9 @@ def cmd_status(args) -> int:
             lines.append(f"    ingest {p['chain_id']:<21} {p['policy']:<27} {'ready' if p['ready'] else 'REBUILDING'} "
                          f"sessions {t.get('sessions', 0)} entries {t.get('entries', 0)} "
                          f"dedup keys {t.get('dedup_keys', 0)} queued {p['queued_records']}")
-    _emit(args, {"control": cluster.control_address, "nodes": nodes}, "\n".join(lines))
+    for d in streams:
+        lines.append(_describe_text(d))
+    _emit(args, {"control": cluster.control_address, "nodes": nodes, "streams": streams}, "\n".join(lines))
     return 0
 
 
@@ -118,6 +126,8 @@ def _describe(info) -> dict:
             "parents": list(p.parents), "children": list(p.children), "chain_epoch": p.chain_epoch,
             "chain": [{"node_id": m.node_id, "address": m.address, "role": m.role} for m in p.chain],
             "ingestion_owner": p.ingestion_owner.node_id if p.ingestion_owner else None,
+            "learners": [m.node_id for m in p.learners],
+            "history": list(p.history),
         } for p in info.partitions]}
 
 
@@ -129,6 +139,13 @@ def _describe_text(d: dict) -> str:
         chain = " -> ".join(m["node_id"] for m in p["chain"])
         lines.append(f"  {p['partition_id']} {p['state']:<6} chain {chain} (epoch {p['chain_epoch']}) "
                      f"hash [{p['hash_lo']}, {p['hash_hi']})")
+        if p["learners"]:
+            lines.append(f"      copying to join: {', '.join(p['learners'])}")
+        for h in p["history"]:
+            if h["action"] == "created":
+                continue
+            when = time.strftime("%H:%M:%S", time.localtime(h["at_ms"] / 1000))
+            lines.append(f"      {when} epoch {h['epoch']}: {h['action']} {h['node']}: {h['reason']}")
     return "\n".join(lines)
 
 

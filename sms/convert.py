@@ -29,7 +29,9 @@ def stream_to_pb(s: StreamInfo) -> sms_pb2.StreamDescription:
             ordinal=p.ordinal, hash_lo=str(p.hash_lo), hash_hi=str(p.hash_hi), valid_from_ms=p.valid_from_ms,
             valid_to_ms=-1 if p.valid_to_ms is None else p.valid_to_ms, state=p.state.value,
             parents=list(p.parents), children=list(p.children), chain_epoch=p.chain_epoch,
-            chain=[member_to_pb(m) for m in p.chain], ingestion_owner=member_to_pb(p.ingestion_owner))
+            chain=[member_to_pb(m) for m in p.chain], ingestion_owner=member_to_pb(p.ingestion_owner),
+            learners=[member_to_pb(m) for m in p.learners],
+            history=[sms_pb2.ChainChange(**h) for h in p.history])
             for p in s.partitions])
 
 
@@ -44,7 +46,10 @@ def stream_from_pb(d: sms_pb2.StreamDescription) -> StreamInfo:
             valid_to_ms=None if p.valid_to_ms < 0 else p.valid_to_ms, state=PartitionState(p.state),
             parents=tuple(p.parents), children=tuple(p.children), chain_epoch=p.chain_epoch,
             chain=tuple(member_from_pb(m) for m in p.chain),
-            ingestion_owner=member_from_pb(p.ingestion_owner) if p.HasField("ingestion_owner") else None)
+            ingestion_owner=member_from_pb(p.ingestion_owner) if p.HasField("ingestion_owner") else None,
+            learners=tuple(member_from_pb(m) for m in p.learners),
+            history=tuple({"epoch": h.epoch, "at_ms": h.at_ms, "action": h.action, "node": h.node,
+                           "reason": h.reason} for h in p.history))
             for p in d.partitions))
 
 

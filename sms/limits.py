@@ -109,3 +109,12 @@ assert PUT_RECORDS_COUNT_MAX <= BATCH_RECORDS_MAX <= GET_RECORDS_COUNT_MAX
 assert APPEND_INFLIGHT_BATCHES_MAX < HEAD_ORIGIN_BATCHES_MAX   # every resendable batch is remembered
 assert METASTORE_HEARTBEAT_INTERVAL_S * 3 <= METASTORE_SESSION_TTL_S
 assert METASTORE_POLL_INTERVAL_S < METASTORE_HEARTBEAT_INTERVAL_S
+
+# --- chain manager (control/chains.py, control/manager.py) ---------------------------
+CHAIN_MANAGER_INTERVAL_S = 0.25                # the leader re-checks every chain so often
+CHAIN_HISTORY_MAX = 16                         # changes kept in a chain config
+LEARNER_PROMOTE_LAG_RECORDS = 5_000            # a learner joins as tail once this close
+LEARNERS_PER_NODE_MAX = 8                      # chains one node copies at a time
+DORMANT_LOG_KEEP_S = 120.0                     # a removed replica's log is kept so long for a rejoin
+CONTROL_ELECTION_RETRY_S = 0.2                 # a standby control node retries the leader entry
+CLIENT_LEADER_WAIT_S = 4 * METASTORE_SESSION_TTL_S   # admin calls wait so long for a new control leader

@@ -95,10 +95,30 @@ class StreamConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ChainChange:
+    """One reconfiguration of a chain, kept in its config for operators (`sms status`)."""
+
+    epoch: int
+    at_ms: int
+    action: str            # "created" / "removed" / "learner" / "promoted" / "restored"
+    node: str = ""
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return {"epoch": self.epoch, "at_ms": self.at_ms, "action": self.action, "node": self.node,
+                "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
 class ChainConfig:
     """One partition's replication chain: members[0] is the head, members[-1] the tail.
 
-    The head's node also owns ingestion for the partition."""
+    The head's node also owns ingestion for the partition. `learners` are nodes copying
+    the tail's log before they join as the new tail (they serve no reads and commit
+    nothing). `incarnations` pins each member and learner to the process incarnation
+    (its registration's started_ms) that joined: a restarted process is a new
+    incarnation, so it does not act on the old one's place until the chain manager has
+    verified or replaced it. `history` keeps the last few changes."""
 
     chain_id: str
     stream: str
@@ -106,6 +126,9 @@ class ChainConfig:
     epoch: int
     members: tuple[str, ...]
     persistence: Persistence
+    learners: tuple[str, ...] = ()
+    incarnations: tuple[tuple[str, int], ...] = ()
+    history: tuple[ChainChange, ...] = ()
 
     @property
     def head(self) -> str:
@@ -115,15 +138,23 @@ class ChainConfig:
     def tail(self) -> str:
         return self.members[-1]
 
+    def incarnation_of(self, node_id: str) -> int | None:
+        return dict(self.incarnations).get(node_id)
+
     def successor_of(self, node_id: str) -> str | None:
         i = self.members.index(node_id)
         return self.members[i + 1] if i + 1 < len(self.members) else None
 
     def predecessor_of(self, node_id: str) -> str | None:
+        """The node that ships its log to node_id: the previous member, or the tail for a learner."""
+        if node_id in self.learners:
+            return self.tail
         i = self.members.index(node_id)
         return self.members[i - 1] if i > 0 else None
 
     def role_of(self, node_id: str) -> str:
+        if node_id in self.learners:
+            return "learner"
         if node_id not in self.members:
             raise ValueError(f"{node_id} is not a member of chain {self.chain_id}")
         if len(self.members) == 1:
@@ -134,16 +165,24 @@ class ChainConfig:
             return "tail"
         return "middle"
 
+    def holds(self, node_id: str) -> bool:
+        return node_id in self.members or node_id in self.learners
+
     def to_bytes(self) -> bytes:
         return json.dumps({"chain_id": self.chain_id, "stream": self.stream, "ordinal": self.ordinal,
                            "epoch": self.epoch, "members": list(self.members),
-                           "persistence": self.persistence.value}).encode()
+                           "persistence": self.persistence.value, "learners": list(self.learners),
+                           "incarnations": dict(self.incarnations),
+                           "history": [c.to_dict() for c in self.history]}).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "ChainConfig":
         d = json.loads(raw)
         return cls(chain_id=d["chain_id"], stream=d["stream"], ordinal=d["ordinal"], epoch=d["epoch"],
-                   members=tuple(d["members"]), persistence=Persistence(d["persistence"]))
+                   members=tuple(d["members"]), persistence=Persistence(d["persistence"]),
+                   learners=tuple(d.get("learners", ())),
+                   incarnations=tuple(sorted(d.get("incarnations", {}).items())),
+                   history=tuple(ChainChange(**c) for c in d.get("history", ())))
 
 
 def node_to_bytes(node: NodeInfo) -> bytes:

@@ -51,6 +51,8 @@ async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
 async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_dir: str, listen: str,
                 ready_file: str | None = None, exit_with_parent: bool = False) -> None:
     from control.admin import StreamAdmin, ensure_roots
+    from control.election import LeaderElection
+    from control.manager import ChainManager
     from control.metastore import NodeExistsError, open_metastore
     from control.metaview import ClusterView
     from control.service import ControlService
@@ -79,11 +81,12 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     host = listen.rsplit(":", 1)[0]
     address = f"{host}:{port}"
 
-    admin = StreamAdmin(store, view) if "control" in roles else None
-    sms_pb2_grpc.add_ControlServicer_to_server(ControlService(view, admin), server)
-    storage = ingestion = None
+    started_ms = int(time.time() * 1000)      # this process's incarnation
+    control = ControlService(view, None, control_role="control" in roles)
+    sms_pb2_grpc.add_ControlServicer_to_server(control, server)
+    storage = ingestion = election = None
     if "storage" in roles:
-        storage = StorageNode(node_id, data_dir, store)
+        storage = StorageNode(node_id, data_dir, store, incarnation=started_ms)
         sms_pb2_grpc.add_StorageServicer_to_server(StorageService(storage, roles, os.getpid()), server)
     if "ingestion" in roles:
         ingestion = IngestionService(node_id, view)
@@ -97,8 +100,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     if storage is not None:
         await storage.start()
 
-    info = NodeInfo(node_id=node_id, address=address, roles=roles, pid=os.getpid(),
-                    started_ms=int(time.time() * 1000))
+    info = NodeInfo(node_id=node_id, address=address, roles=roles, pid=os.getpid(), started_ms=started_ms)
     async def register(path: str, value: bytes) -> None:
         """Create our ephemeral entry; an entry left by our own killed predecessor
         vanishes when its session expires, so wait that long before giving up."""
@@ -113,11 +115,22 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
                 await asyncio.sleep(limits.METASTORE_POLL_INTERVAL_S)
 
     registrations = [(metadata.node_path(node_id), metadata.node_to_bytes(info))]
-    if "control" in roles:
-        registrations.append((metadata.CLUSTER_CONTROL,
-                              json.dumps({"node_id": node_id, "address": address}).encode()))
     for path, value in registrations:
         await register(path, value)
+    if "control" in roles:
+        manager = ChainManager(store)
+        admin = StreamAdmin(store, view)
+
+        async def elected() -> None:
+            control.admin = admin
+            manager.start()
+
+        async def deposed() -> None:
+            control.admin = None
+            await manager.stop()
+
+        election = LeaderElection(store, node_id, address, started_ms, elected, deposed)
+        election.start()
 
     background: set[asyncio.Task] = set()
 
@@ -137,6 +150,8 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
 
     await stop.wait()
     log.info("node %s stopping", node_id)
+    if election is not None:      # first: a stopping cluster must not look like failing nodes
+        await election.stop()
     if parent_watch is not None:
         parent_watch.cancel()
     await server.stop(grace=1.0)

@@ -129,6 +129,8 @@ class PartitionInfo:
     chain_epoch: int
     chain: tuple[ChainMember, ...]
     ingestion_owner: ChainMember | None
+    learners: tuple[ChainMember, ...] = ()      # copying the tail's log before joining
+    history: tuple[dict, ...] = ()              # the chain's last changes {epoch, at_ms, action, node, reason}
 
     @property
     def partition_id(self) -> str:

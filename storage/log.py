@@ -329,6 +329,15 @@ class LogStore:
                 if not cur.next():
                     return
 
+    def read_batches_from(self, plog: PartitionLog, from_sn: int, count: int) -> list[bytes]:
+        """Up to `count` stored batches, starting with the one that holds from_sn."""
+        out: list[bytes] = []
+        for batch in self._batches_from(plog, from_sn):
+            out.append(bytes(batch))
+            if len(out) >= count:
+                break
+        return out
+
     def last_batches(self, plog: PartitionLog, count: int) -> list[bytes]:
         """The last `count` stored batches of the log, oldest first."""
         out: list[bytes] = []

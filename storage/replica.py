@@ -46,19 +46,24 @@ class Replica:
         self.state = ReplicaState.ACTIVE
         self.progress = asyncio.Condition()        # notified on append and on commit
         self.sequence_lock = asyncio.Lock()        # one sequencer at a time (head)
-        self.link: DownstreamLink | None = None
+        self.links: dict[str, DownstreamLink] = {}   # successor (and, at the tail, learners)
         self.recent: collections.deque = collections.deque(maxlen=limits.CHAIN_INFLIGHT_BATCHES_MAX * 4)
         # origin id -> {origin seq: header} of recent batches, so a resent batch is
         # recognised (filled from the log's tail the first time this replica leads)
         self.origins: collections.OrderedDict[int, collections.OrderedDict] | None = None
+        # a learner's log is verified once its predecessor found it a prefix of its own
+        self.verified = False
         self.apply_config(config)
 
     def apply_config(self, config: ChainConfig) -> None:
-        """Adopt a (new) chain config. A tail's whole log is committed by definition; the
-        watermark stored on disk may lag it by one batch, so a tail takes its last SN."""
+        """Adopt a (new) chain config. A tail's whole log is committed by definition (every
+        member before it holds it too); the watermark stored on disk may lag it by one
+        batch, so a tail takes its last SN."""
         self.config = config
         if self.is_tail and self.log.last_sn > self.log.committed_sn:
             self.store.set_committed(self.log, self.log.last_sn)
+        if not self.is_learner:
+            self.verified = True
 
     # --- roles --------------------------------------------------------------------
     @property
@@ -72,6 +77,10 @@ class Replica:
     @property
     def is_tail(self) -> bool:
         return self.config.tail == self.node_id
+
+    @property
+    def is_learner(self) -> bool:
+        return self.node_id in self.config.learners
 
     @property
     def committed_sn(self) -> int:
@@ -139,8 +148,9 @@ class Replica:
         while len(seen) > limits.HEAD_ORIGIN_BATCHES_MAX:
             seen.popitem(last=False)
 
-    async def append_as_successor(self, batch: bytes) -> None:
-        """Persist a batch from the predecessor; a batch already held is skipped."""
+    async def append_as_successor(self, batch: bytes, predecessor_committed: int = 0) -> None:
+        """Persist a batch from the predecessor; a batch already held is skipped. A learner
+        commits nothing itself: it adopts its predecessor's (the tail's) watermark."""
         self.check_active()
         header = codec.verify(batch)
         if header.last_sn <= self.log.last_sn:
@@ -151,6 +161,38 @@ class Replica:
         self.recent.append((header.first_sn, header.last_sn, batch))
         if self.is_tail:
             self.store.set_committed(self.log, header.last_sn)
+        elif self.is_learner:
+            adopted = min(predecessor_committed, self.log.last_sn)
+            if adopted > self.log.committed_sn:
+                self.store.set_committed(self.log, adopted)
+        await self.notify()
+
+    def last_header(self) -> codec.BatchHeader | None:
+        """The header of the last stored batch (what a predecessor verifies at hello)."""
+        if self.recent:
+            return codec.read_header(self.recent[-1][2])
+        last = self.store.last_batches(self.log, 1)
+        return codec.read_header(last[0]) if last else None
+
+    def holds_batch(self, first_sn: int, last_sn: int, checksum: int) -> bool:
+        """True when this log stores exactly that batch (same bounds and checksum)."""
+        if not first_sn or last_sn > self.log.last_sn:
+            return False
+        for batch in self.store.read_batches_from(self.log, first_sn, 1):
+            header = codec.read_header(batch)
+            return header.first_sn == first_sn and header.last_sn == last_sn and header.checksum == checksum
+        return False
+
+    async def reset(self) -> None:
+        """Wipe this replica's log (it diverged from its predecessor's); it is copied anew."""
+        log.warning("%s: log on %s diverges from its predecessor's; wiping it to copy anew",
+                    self.chain_id, self.node_id)
+        async with self.log.append_lock:
+            await self.store.drop_log(self.chain_id)
+            self.log = self.store.open_log(self.chain_id, self.config.persistence)
+        self.recent.clear()
+        self.origins = None
+        self.verified = True
         await self.notify()
 
     async def on_successor_committed(self, committed_sn: int) -> None:
@@ -194,24 +236,29 @@ class Replica:
                 break
         return out
 
+    async def stop_links(self) -> None:
+        links, self.links = self.links, {}
+        for link in links.values():
+            await link.stop()
+
     async def close(self) -> None:
         self.state = ReplicaState.CLOSED
-        if self.link:
-            await self.link.stop()
+        await self.stop_links()
         await self.notify()
 
     def status(self) -> dict:
         return {"chain_id": self.chain_id, "epoch": self.config.epoch, "role": self.config.role_of(self.node_id),
                 "last_sn": self.log.last_sn, "committed_sn": self.log.committed_sn,
-                "batches": self.log.batches, "records": self.log.records}
+                "batches": self.log.batches, "records": self.log.records, "verified": self.verified}
 
 
 class DownstreamLink:
     """Ships a replica's log to its successor and feeds commit acks back."""
 
-    def __init__(self, replica: Replica, successor_address_fn):
+    def __init__(self, replica: Replica, successor_address_fn, learner: bool = False):
         self.replica = replica
         self.successor_address_fn = successor_address_fn   # () -> address or None
+        self.learner = learner     # a learner's acks are progress only: it commits nothing
         self.task: asyncio.Task | None = None
         self.connected = False
         self.acked_sn = 0          # successor's last stored SN
@@ -247,10 +294,19 @@ class DownstreamLink:
                     raise StaleEpoch(hello.error_message)
                 raise ConnectionError(f"{hello.error_name}: {hello.error_message}")
             successor_last = seqno.from_bytes(hello.last_sn)
-            invariant(successor_last <= r.last_sn,
-                      f"{r.chain_id}: successor holds {successor_last} beyond our last {r.last_sn}")
+            if successor_last and not r.holds_batch(seqno.from_bytes(hello.last_first_sn), successor_last,
+                                                    hello.last_checksum):
+                # its log is not a prefix of ours (a restarted node that had taken writes we
+                # never saw, or lost some): it is wiped and copied from the start
+                await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=r.config.epoch, reset=True))
+                await call.done_writing()
+                await asyncio.wait_for(_drain(call), limits.RPC_TIMEOUT_S)   # it closes once wiped
+                raise ConnectionError(f"successor's log ended at {successor_last}, not a prefix of ours; "
+                                      f"it was wiped and is copied anew")
+            await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=r.config.epoch, verified=True))
             self.acked_sn = successor_last
-            await r.on_successor_committed(seqno.from_bytes(hello.committed_sn))
+            if not self.learner:
+                await r.on_successor_committed(seqno.from_bytes(hello.committed_sn))
             self.connected = True
             sent_sn = successor_last
             inflight: collections.deque[int] = collections.deque()   # last SNs sent, not acked
@@ -292,5 +348,11 @@ class DownstreamLink:
             if ack.error_name:
                 raise ConnectionError(f"{ack.error_name}: {ack.error_message}")
             self.acked_sn = max(self.acked_sn, seqno.from_bytes(ack.last_sn))
-            await r.on_successor_committed(seqno.from_bytes(ack.committed_sn))
+            if not self.learner:
+                await r.on_successor_committed(seqno.from_bytes(ack.committed_sn))
             await r.notify()
+
+
+async def _drain(call) -> None:
+    while await call.read() is not grpc.aio.EOF:
+        pass

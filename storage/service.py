@@ -30,8 +30,10 @@ log = logging.getLogger(__name__)
 
 
 class StorageNode:
-    def __init__(self, node_id: str, data_dir: str, store: MetaStore):
+    def __init__(self, node_id: str, data_dir: str, store: MetaStore, incarnation: int = 0):
         self.node_id = node_id
+        self.incarnation = incarnation        # this process's registration started_ms
+        self.dormant: dict[str, float] = {}   # logs kept for a rejoin: chain id -> since (monotonic)
         self.logs = LogStore(os.path.join(data_dir, "storage"))
         self.meta = store
         self.replicas: dict[str, Replica] = {}
@@ -46,7 +48,6 @@ class StorageNode:
         for path in (metadata.CHAINS, metadata.NODES):
             self._cancel_watches.append(self.meta.watch(path, self._changed.set))
         await self.sync()
-        await self._drop_orphans()
         self._task = asyncio.get_running_loop().create_task(self._sync_loop(), name="chain-sync")
 
     async def close(self) -> None:
@@ -93,44 +94,70 @@ class StorageNode:
                 addresses[name] = metadata.node_from_bytes(entry.value).address
         self.addresses = addresses
 
+    def _is_mine(self, config: ChainConfig) -> bool:
+        """A member or learner of the chain, in this incarnation: a restarted process does
+        not act on its predecessor's place until the chain manager takes it back."""
+        if not config.holds(self.node_id):
+            return False
+        pinned = config.incarnation_of(self.node_id)
+        return pinned is None or not self.incarnation or pinned == self.incarnation
+
     async def sync(self) -> None:
-        """Bring this node's replicas in line with the chain configs."""
+        """Bring this node's replicas in line with the chain configs. A replica this node
+        no longer serves is closed; its log stays (dormant) for DORMANT_LOG_KEEP_S while
+        its chain exists, so a rejoin verifies it and copies only what it lacks."""
         await self._refresh_addresses()
         configs = await self._chain_configs()
-        mine = {cid: c for cid, c in configs.items() if self.node_id in c.members}
+        mine = {cid: c for cid, c in configs.items() if self._is_mine(c)}
+        now = asyncio.get_running_loop().time()
         for cid, replica in list(self.replicas.items()):
             if cid not in mine:
-                log.info("dropping replica %s", cid)
+                log.info("closing replica %s (no longer a member here)", cid)
                 del self.replicas[cid]
                 await replica.close()
-                await self.logs.drop_log(cid)
+                self.dormant[cid] = now
         for cid, config in mine.items():
+            self.dormant.pop(cid, None)
             replica = self.replicas.get(cid)
             if replica is None:
                 plog = self.logs.open_log(cid, config.persistence)
                 replica = Replica(self.node_id, config, self.logs, plog)
                 self.replicas[cid] = replica
-                self._start_link(replica)
-            elif replica.config.epoch != config.epoch:
-                if replica.link:
-                    await replica.link.stop()
-                    replica.link = None
+                self._start_links(replica)
+            elif replica.config != config:
+                changed_links = (replica.config.epoch != config.epoch
+                                 or replica.config.learners != config.learners
+                                 or replica.config.members != config.members)
+                if changed_links:
+                    await replica.stop_links()
                 replica.apply_config(config)
-                self._start_link(replica)
+                if changed_links:
+                    self._start_links(replica)
+                await replica.notify()
+        for name in self.logs.known_names() + [n for n in self.logs.logs if n not in self.replicas]:
+            if name in self.replicas:
+                continue
+            since = self.dormant.setdefault(name, now)
+            if name not in configs or now - since > limits.DORMANT_LOG_KEEP_S:
+                log.info("dropping log %s (%s)", name, "its chain is gone" if name not in configs else
+                         "not rejoined in time")
+                self.dormant.pop(name, None)
+                await self.logs.drop_log(name)
         self.synced.set()
 
-    async def _drop_orphans(self) -> None:
-        for name in self.logs.known_names():
-            if name not in self.replicas:
-                log.info("dropping orphaned log %s", name)
-                await self.logs.drop_log(name)
-
-    def _start_link(self, replica: Replica) -> None:
-        successor = replica.config.successor_of(self.node_id)
-        if successor is None:
+    def _start_links(self, replica: Replica) -> None:
+        config = replica.config
+        if replica.is_learner:
             return
-        replica.link = DownstreamLink(replica, lambda: self.addresses.get(successor))
-        replica.link.start()
+        targets = [config.successor_of(self.node_id)]
+        if replica.is_tail:
+            targets = list(config.learners)
+        for successor in targets:
+            if successor is None:
+                continue
+            link = DownstreamLink(replica, lambda s=successor: self.addresses.get(s), learner=successor in config.learners)
+            replica.links[successor] = link
+            link.start()
 
     # --- public API for the roles of this process ------------------------------------
     def replica(self, chain_id: str) -> Replica:
@@ -212,8 +239,11 @@ class StorageService(sms_pb2_grpc.StorageServicer):
             await context.write(sms_pb2.ReplicateAck(**_ack_error(e)))
             return
         sent = (replica.last_sn, replica.committed_sn)
-        await context.write(sms_pb2.ReplicateAck(last_sn=seqno.to_bytes(sent[0]),
-                                                 committed_sn=seqno.to_bytes(sent[1])))
+        last = replica.last_header()
+        await context.write(sms_pb2.ReplicateAck(
+            last_sn=seqno.to_bytes(sent[0]), committed_sn=seqno.to_bytes(sent[1]),
+            last_first_sn=seqno.to_bytes(last.first_sn if last else 0),
+            last_checksum=last.checksum if last else 0))
         failure: list[SmsError] = []
 
         async def take_batches() -> None:
@@ -225,8 +255,14 @@ class StorageService(sms_pb2_grpc.StorageServicer):
                     failure.append(StaleEpoch(f"{replica.chain_id}: epoch {req.epoch} != {replica.config.epoch}"))
                     await replica.notify()
                     return
+                if req.reset:
+                    await replica.reset()
+                    return          # the predecessor reconnects and copies from the start
+                if req.verified:
+                    replica.verified = True
+                    continue
                 try:
-                    await replica.append_as_successor(req.batch)
+                    await replica.append_as_successor(req.batch, seqno.from_bytes(req.committed_sn))
                 except SmsError as e:
                     failure.append(e)
                     await replica.notify()
@@ -256,7 +292,8 @@ class StorageService(sms_pb2_grpc.StorageServicer):
             node_id=self.node.node_id, pid=self.pid, roles=list(self.roles),
             replicas=[sms_pb2.ReplicaStatus(chain_id=s["chain_id"], epoch=s["epoch"], role=s["role"],
                                             last_sn=str(s["last_sn"]), committed_sn=str(s["committed_sn"]),
-                                            batches=s["batches"], records=s["records"])
+                                            batches=s["batches"], records=s["records"],
+                                            verified=s["verified"])
                       for s in self.node.status()])
 
 

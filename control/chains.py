@@ -1,0 +1,124 @@
+"""Chain reconfiguration rules (DESIGN section 7): pure functions, no I/O.
+
+The chain manager (control/manager.py) gathers the facts -- which nodes are live and in
+which incarnation, each chain's config, how far each learner has copied -- and asks
+`plan` what the chain's next config is. Rules, in order:
+
+1. A member whose node is gone, or is registered by a new process (a restart), is
+   removed and the epoch rises, which fences it: every replica rejects messages of any
+   other epoch. Head gone: its successor becomes head. Tail gone: its predecessor
+   becomes tail and commits what it holds. Middle gone: its predecessor ships to its
+   successor from the successor's last SN. Removal keeps the prefix invariant, because
+   each remaining node's successor held a prefix of what it holds.
+2. If every member is gone, nothing is removed (there is no other copy); members that
+   come back are taken back as they are ("restored"), in their old order.
+3. A learner whose node is gone is dropped.
+4. A learner that has verified its log against the tail and copied to within
+   LEARNER_PROMOTE_LAG_RECORDS of it joins as the new tail (new epoch).
+5. While members + learners are fewer than the replication factor, the least-loaded
+   live storage node that holds nothing of the chain joins as a learner: it copies the
+   tail's log while writes go on, so replication is restored without stopping them.
+
+Learner changes do not change the epoch: learners are outside the commit path.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from sms import limits
+from sms.metadata import ChainChange, ChainConfig
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerProgress:
+    verified: bool             # its log matched the tail's (or was wiped) at the link's hello
+    lag_records: int           # tail's records minus the learner's
+
+
+def failed_members(config: ChainConfig, live: dict[str, int]) -> dict[str, str]:
+    """Members and learners that are gone, with the reason."""
+    out = {}
+    for node in (*config.members, *config.learners):
+        incarnation = config.incarnation_of(node)
+        if node not in live:
+            out[node] = "node is not registered (crashed, paused past its session, or stopped)"
+        elif incarnation is not None and live[node] != incarnation:
+            out[node] = "node restarted as a new process"
+    return out
+
+
+def _change(config: ChainConfig, epoch: int, now_ms: int, action: str, node: str, reason: str) -> ChainConfig:
+    history = (*config.history, ChainChange(epoch, now_ms, action, node, reason))
+    return replace(config, history=history[-limits.CHAIN_HISTORY_MAX:])
+
+
+def _incarnations(config: ChainConfig, live: dict[str, int], keep: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    inc = {n: live[n] for n in keep if n in live}
+    return tuple(sorted(inc.items()))
+
+
+def plan(config: ChainConfig, live: dict[str, int], replication_factor: int, load: Counter,
+         progress: dict[str, LearnerProgress], now_ms: int,
+         learner_counts: Counter | None = None) -> ChainConfig | None:
+    """The chain's next config, or None when it needs no change.
+
+    live: storage node id -> incarnation (registration started_ms) of every live node.
+    load: replicas (members + learners) per node over all chains, for placement.
+    progress: what the manager learned of each learner of this chain."""
+    new = config
+    failed = failed_members(config, live)
+    gone_members = [m for m in config.members if m in failed]
+    if gone_members:
+        survivors = tuple(m for m in config.members if m not in failed)
+        epoch = config.epoch + 1
+        if survivors:
+            new = replace(new, epoch=epoch, members=survivors)
+            for m in gone_members:
+                new = _change(new, epoch, now_ms, "removed", m, failed[m])
+        else:
+            back = tuple(m for m in config.members if m in live)
+            if not back:
+                return None      # no copy anywhere: wait for a member to come back
+            new = replace(new, epoch=epoch, members=back)
+            for m in back:
+                new = _change(new, epoch, now_ms, "restored", m,
+                              "every member had failed; its log is the only copy")
+        keep = tuple(n for n in new.members if n in live)
+        new = replace(new, learners=tuple(n for n in new.learners if n not in failed),
+                      incarnations=_incarnations(new, live, keep + tuple(n for n in new.learners if n not in failed)))
+        for n in config.learners:
+            if n in failed:
+                new = _change(new, new.epoch, now_ms, "learner dropped", n, failed[n])
+        return new
+    gone_learners = [n for n in config.learners if n in failed]
+    if gone_learners:
+        new = replace(new, learners=tuple(n for n in config.learners if n not in failed))
+        new = replace(new, incarnations=_incarnations(new, live, new.members + new.learners))
+        for n in gone_learners:
+            new = _change(new, new.epoch, now_ms, "learner dropped", n, failed[n])
+        return new
+    for learner in config.learners:
+        p = progress.get(learner)
+        if p is not None and p.verified and p.lag_records <= limits.LEARNER_PROMOTE_LAG_RECORDS:
+            epoch = config.epoch + 1
+            new = replace(config, epoch=epoch, members=(*config.members, learner),
+                          learners=tuple(n for n in config.learners if n != learner))
+            return _change(new, epoch, now_ms, "promoted", learner,
+                           f"copied to within {p.lag_records} records of the tail; joins as tail")
+    missing = replication_factor - len(config.members) - len(config.learners)
+    if missing <= 0:
+        return None
+    counts = learner_counts or Counter()
+    candidates = sorted((n for n in live if not config.holds(n) and counts[n] < limits.LEARNERS_PER_NODE_MAX),
+                        key=lambda n: (load[n], n))
+    if not candidates:
+        return None
+    added = tuple(candidates[:missing])
+    new = replace(config, learners=(*config.learners, *added))
+    new = replace(new, incarnations=_incarnations(new, live, new.members + new.learners))
+    for n in added:
+        new = _change(new, new.epoch, now_ms, "learner", n,
+                      f"restoring replication factor {replication_factor}; copies the tail's log")
+    return new

@@ -1,0 +1,156 @@
+"""The chain manager: runs on the control leader, keeps every chain whole.
+
+Each round (every CHAIN_MANAGER_INTERVAL_S, and at once when /nodes or /chains change)
+it reads the live storage nodes and every chain config, asks each chain's learners how
+far they have copied (NodeStatus), and writes the config `control.chains.plan` returns,
+as a conditional set on the version it read: a config changed meanwhile -- by another
+control process that also believes it leads -- fails the write, and the next round
+starts from the new config. Two leaders can therefore never both commit a change to
+one chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+
+from control import chains
+from control.metastore import BadVersionError, MetaStore, NoNodeError
+from sms import limits, metadata, rpc
+from sms.aiotools import cancel_and_wait
+from sms.metadata import ChainConfig, StreamConfig
+from sms.proto import sms_pb2, sms_pb2_grpc
+from sms.types import NodeInfo, StreamStatus
+
+log = logging.getLogger(__name__)
+
+
+class ChainManager:
+    def __init__(self, store: MetaStore):
+        self.store = store
+        self._changed = asyncio.Event()
+        self._cancel: list = []
+        self._task: asyncio.Task | None = None
+        self.changes = 0
+
+    def start(self) -> None:
+        for path in (metadata.NODES, metadata.CHAINS):
+            self._cancel.append(self.store.watch(path, self._changed.set))
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="chain-manager")
+
+    async def stop(self) -> None:
+        for cancel in self._cancel:
+            cancel()
+        self._cancel.clear()
+        await cancel_and_wait(self._task)
+        self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.round()
+            except Exception:      # a metadata or network hiccup: the next round retries
+                log.exception("chain manager round failed")
+            try:
+                await asyncio.wait_for(self._changed.wait(), limits.CHAIN_MANAGER_INTERVAL_S)
+            except asyncio.TimeoutError:
+                pass
+            self._changed.clear()
+
+    async def _live_storage(self) -> dict[str, NodeInfo]:
+        try:
+            names = await self.store.children(metadata.NODES)
+        except NoNodeError:
+            return {}
+        out = {}
+        for name in names:
+            entry = await self.store.get(metadata.node_path(name))
+            if entry is not None and entry.value:
+                info = metadata.node_from_bytes(entry.value)
+                if "storage" in info.roles:
+                    out[name] = info
+        return out
+
+    async def _chains(self) -> list[tuple[ChainConfig, int]]:
+        try:
+            names = await self.store.children(metadata.CHAINS)
+        except NoNodeError:
+            return []
+        out = []
+        for name in names:
+            entry = await self.store.get(metadata.chain_path(name))
+            if entry is not None and entry.value:
+                out.append((ChainConfig.from_bytes(entry.value), entry.version))
+        return out
+
+    async def _stream(self, name: str, cache: dict) -> StreamConfig | None:
+        if name not in cache:
+            entry = await self.store.get(metadata.stream_path(name))
+            cache[name] = StreamConfig.from_bytes(entry.value) if entry is not None and entry.value else None
+        return cache[name]
+
+    async def _replica_status(self, node: NodeInfo, cache: dict) -> dict[str, tuple[int, bool, int]]:
+        """chain id -> (records, verified, last SN) on the node; {} when it does not answer."""
+        if node.node_id not in cache:
+            try:
+                async with rpc.aio_channel(node.address) as channel:
+                    status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
+                        sms_pb2.Empty(), timeout=limits.CHAIN_MANAGER_INTERVAL_S * 4)
+                cache[node.node_id] = {r.chain_id: (r.records, r.verified, int(r.last_sn)) for r in status.replicas}
+            except Exception as e:        # an unreachable node tells us nothing this round
+                log.debug("NodeStatus of %s failed: %s", node.node_id, e)
+                cache[node.node_id] = {}
+        return cache[node.node_id]
+
+    async def round(self) -> int:
+        """One pass over every chain; returns the number of configs changed."""
+        nodes = await self._live_storage()
+        live = {n: info.started_ms for n, info in nodes.items()}
+        configs = await self._chains()
+        load, learning = Counter(), Counter()
+        for config, _v in configs:
+            load.update(config.members)
+            load.update(config.learners)
+            learning.update(config.learners)
+        streams: dict = {}
+        statuses: dict = {}
+        changed = 0
+        now_ms = int(time.time() * 1000)
+        for config, version in configs:
+            stream = await self._stream(config.stream, streams)
+            if stream is None or stream.status is StreamStatus.DELETING:
+                continue
+            progress = {}
+            if config.learners and config.tail in nodes:
+                tail = (await self._replica_status(nodes[config.tail], statuses)).get(config.chain_id)
+                for learner in config.learners:
+                    if learner not in nodes or tail is None:
+                        continue
+                    mine = (await self._replica_status(nodes[learner], statuses)).get(config.chain_id)
+                    if mine is not None and mine[2] <= tail[2]:
+                        progress[learner] = chains.LearnerProgress(verified=mine[1], lag_records=tail[0] - mine[0])
+            new = chains.plan(config, live, stream.replication_factor, load, progress, now_ms, learning)
+            if new is None:
+                continue
+            try:
+                await self.store.set(metadata.chain_path(config.chain_id), new.to_bytes(), version)
+            except (BadVersionError, NoNodeError):
+                continue        # changed or deleted meanwhile: the next round sees the new state
+            changed += 1
+            self.changes += 1
+            for change in new.history[len(new.history) - _new_changes(config, new):]:
+                log.warning("chain %s epoch %d: %s %s (%s)", config.chain_id, change.epoch, change.action,
+                            change.node, change.reason)
+            for n in set(new.members) | set(new.learners):
+                if not config.holds(n):
+                    load[n] += 1
+            for n in set(new.learners) - set(config.learners):
+                learning[n] += 1
+        return changed
+
+
+def _new_changes(old: ChainConfig, new: ChainConfig) -> int:
+    seen = {(c.epoch, c.at_ms, c.action, c.node) for c in old.history}
+    return sum(1 for c in new.history if (c.epoch, c.at_ms, c.action, c.node) not in seen)
