@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from control.metastore import MetaStore, MetaStoreError, NodeExistsError
 from sms import limits, metadata
+from sms.aiotools import raise_if_cancelling
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class LeaderElection:
                         await self.on_elected()
                         continue
             except MetaStoreError as e:        # session expired or store unreachable: retried
+                raise_if_cancelling()
                 log.info("control election: %s", e)
                 if self.leader:
                     self.leader = False

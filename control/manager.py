@@ -17,9 +17,9 @@ import time
 from collections import Counter
 
 from control import chains
-from control.metastore import BadVersionError, MetaStore, NoNodeError
+from control.metastore import BadVersionError, MetaStore, NoNodeError, Set
 from sms import limits, metadata, rpc
-from sms.aiotools import cancel_and_wait
+from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.metadata import ChainConfig, StreamConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import NodeInfo, StreamStatus
@@ -52,6 +52,7 @@ class ChainManager:
             try:
                 await self.round()
             except Exception:      # a metadata or network hiccup: the next round retries
+                raise_if_cancelling()
                 log.exception("chain manager round failed")
             try:
                 await asyncio.wait_for(self._changed.wait(), limits.CHAIN_MANAGER_INTERVAL_S)
@@ -100,6 +101,7 @@ class ChainManager:
                         sms_pb2.Empty(), timeout=limits.CHAIN_MANAGER_INTERVAL_S * 4)
                 cache[node.node_id] = {r.chain_id: (r.records, r.verified, int(r.last_sn)) for r in status.replicas}
             except Exception as e:        # an unreachable node tells us nothing this round
+                raise_if_cancelling()
                 log.debug("NodeStatus of %s failed: %s", node.node_id, e)
                 cache[node.node_id] = {}
         return cache[node.node_id]
@@ -135,7 +137,10 @@ class ChainManager:
             if new is None:
                 continue
             try:
-                await self.store.set(metadata.chain_path(config.chain_id), new.to_bytes(), version)
+                # the chain's config, and /chains itself, so that every watcher of /chains
+                # (storage nodes, metadata views) hears of the change at once
+                await self.store.commit([Set(metadata.chain_path(config.chain_id), new.to_bytes(), version),
+                                         Set(metadata.CHAINS, str(now_ms).encode())])
             except (BadVersionError, NoNodeError):
                 continue        # changed or deleted meanwhile: the next round sees the new state
             changed += 1

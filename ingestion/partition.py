@@ -22,7 +22,7 @@ import grpc
 from ingestion import dedup
 from ingestion.writer import PartitionWriter
 from sms import codec, hashing, limits, rpc, seqno
-from sms.aiotools import cancel_and_wait
+from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.errors import SmsError, Throttled, Unavailable
 from sms.metadata import ChainConfig, StreamConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -105,6 +105,7 @@ class PartitionIngest:
                          self.rebuilt_records)
                 return
             except (grpc.aio.AioRpcError, SmsError, ConnectionError) as e:
+                raise_if_cancelling()
                 log.info("%s: rebuild of the dedup table failed, retrying: %s", self.chain.chain_id, e)
                 await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
 
@@ -121,6 +122,10 @@ class PartitionIngest:
                 mine = [r for r in status.replicas if r.chain_id == self.chain.chain_id]
                 if not mine:
                     raise ConnectionError(f"head holds no replica of {self.chain.chain_id} yet")
+                if mine[0].epoch < self.chain.epoch or not mine[0].role.startswith("head"):
+                    # until the replica leads in this epoch, a deposed predecessor may still
+                    # ship it batches that the table must include
+                    raise ConnectionError(f"replica of {self.chain.chain_id} not yet head in epoch {self.chain.epoch}")
                 last, committed = int(mine[0].last_sn), int(mine[0].committed_sn)
                 target = last if target is None else target
                 if committed >= target:

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from sms import codec, errors, limits, rpc, seqno
-from sms.aiotools import cancel_and_wait
+from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.proto import sms_pb2, sms_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,7 @@ class PartitionWriter:
                 self.head_address, self.epoch = await self.resolve()
                 await self._session()
             except (grpc.aio.AioRpcError, ConnectionError, errors.SmsError) as e:
+                raise_if_cancelling()
                 log.info("append stream %s -> %s broken (%d batches in flight, resent next): %s",
                          self.chain_id, self.head_address, len(self.inflight), e)
             await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)

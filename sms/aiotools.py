@@ -22,3 +22,13 @@ async def cancel_and_wait(task: asyncio.Task | None) -> None:
         await task
     except asyncio.CancelledError:
         pass
+
+
+def raise_if_cancelling() -> None:
+    """Re-raise a cancellation that a library turned into its own error: grpc.aio may
+    answer a cancelled call with AioRpcError(CANCELLED), and a retry loop that catches
+    that error would otherwise swallow the cancel and run on forever. Call it first in
+    every `except` of a retry loop that catches such errors."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()

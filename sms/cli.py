@@ -51,13 +51,15 @@ def _emit(args, obj, human: str) -> None:
 
 def cmd_up(args) -> int:
     from sms.launcher import LocalCluster
-    cluster = LocalCluster(args.data_dir, nodes=args.nodes, port=args.port)
+    cluster = LocalCluster(args.data_dir, nodes=args.nodes, port=args.port, metastore=args.metastore,
+                           controls=args.controls)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     cluster.start()
     print(f"address: {cluster.address}", flush=True)
-    print(f"data: {cluster.data_dir} ({len(cluster.procs) - 1} storage nodes + control); Ctrl-C stops", flush=True)
+    print(f"data: {cluster.data_dir} ({args.nodes} storage nodes, {args.controls} control; metadata in "
+          f"{cluster.metastore}); Ctrl-C stops", flush=True)
     reported: set[str] = set()
     try:
         while not stop.wait(0.5):
@@ -311,12 +313,15 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", parents=[common], help="run a local multi-process cluster")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--port", type=int, default=DEFAULT_PORT, help="client port of the control node")
+    up.add_argument("--controls", type=int, default=1, help="control processes (more than one elect a leader)")
+    up.add_argument("--metastore", help="zk://host:port[,host:port]/prefix (default: an embedded store in DIR)")
     up.set_defaults(func=cmd_up)
 
     serve = sub.add_parser("serve", help="run one node process")
     serve.add_argument("--node-id", required=True)
     serve.add_argument("--roles", default="storage,ingestion,retrieval")
-    serve.add_argument("--metastore", required=True, help="embedded:///path/meta.lmdb")
+    serve.add_argument("--metastore", required=True,
+                       help="zk://host:port[,host:port...]/prefix, or embedded:///path/meta.lmdb (one host only)")
     serve.add_argument("--data-dir", required=True)
     serve.add_argument("--listen", default="127.0.0.1:0")
     serve.add_argument("--ready-file")

@@ -1,7 +1,9 @@
-"""The local cluster (`sms up`): a control process and N storage nodes on one machine.
+"""The local cluster (`sms up`): control processes and N storage nodes on one machine.
 
-Every node is a separate `sms serve` process sharing one embedded metadata store file
-in the data directory; each node keeps its LMDB data under DIR/<node_id>, so a restart
+Every node is a separate `sms serve` process sharing one metadata store: by default an
+embedded store file in the data directory, or ZooKeeper (`metastore="zk://..."`). With
+`controls=2` or more, the control processes elect a leader and the others stand by.
+Each node keeps its LMDB data under DIR/<node_id>, so a restart
 with the same directory finds its streams again. Children stop by themselves when the
 launcher dies (`--exit-with-parent`), and `stop()` sends SIGTERM, then SIGKILL after
 NODE_STOP_TIMEOUT_S.
@@ -38,11 +40,13 @@ class NodeProcess:
 
 class LocalCluster:
     def __init__(self, data_dir: str, nodes: int = 3, port: int = 0, host: str = "127.0.0.1",
-                 metastore: str | None = None):
+                 metastore: str | None = None, controls: int = 1):
         self.data_dir = os.path.abspath(data_dir)
         self.host = host
         self.metastore = metastore or f"embedded://{os.path.join(self.data_dir, 'meta.lmdb')}"
         self.procs: dict[str, NodeProcess] = {"control": NodeProcess("control", "control", f"{host}:{port}")}
+        for i in range(2, controls + 1):
+            self.procs[f"control{i}"] = NodeProcess(f"control{i}", "control", f"{host}:0")
         for i in range(1, nodes + 1):
             self.procs[f"n{i}"] = NodeProcess(f"n{i}", STORAGE_ROLES, f"{host}:0")
 
@@ -62,7 +66,7 @@ class LocalCluster:
         if os.path.exists(ready):
             os.unlink(ready)
         listen = node.listen
-        if node.address and listen.endswith(":0") and node_id == "control":
+        if node.address and listen.endswith(":0") and node.roles == "control":
             listen = node.address   # keep the client address stable across restarts
         cmd = [sys.executable, "-m", "sms", "serve", "--node-id", node_id, "--roles", node.roles,
                "--metastore", self.metastore, "--data-dir", os.path.join(self.data_dir, node_id),
@@ -139,9 +143,15 @@ class LocalCluster:
             node.proc.kill()
             node.proc.wait()
 
+    @property
+    def control_ids(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.roles == "control"]
+
     def stop(self) -> None:
-        """SIGTERM every child (storage nodes first), SIGKILL what is left after the timeout."""
-        order = [n for n in self.procs.values() if n.node_id != "control"] + [self.procs["control"]]
+        """SIGTERM every child (control first: a stopping cluster must not look to the
+        chain manager like failing nodes), SIGKILL what is left after the timeout."""
+        order = ([n for n in self.procs.values() if n.roles == "control"]
+                 + [n for n in self.procs.values() if n.roles != "control"])
         for node in order:
             if node.proc and node.proc.poll() is None:
                 node.proc.send_signal(signal.SIGCONT)

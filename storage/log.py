@@ -259,8 +259,15 @@ class LogStore:
 
         Appends to one log are serialised: the prefix check and the state update must not
         interleave with another append while this one waits for its group commit. Appends
-        to different logs still share transactions."""
+        to different logs still share transactions.
+
+        Cancelling the caller (its stream broke) does not cancel the append: once submitted
+        the batch is committed by the writer thread anyway, so the log's state must follow,
+        or the head would later sequence new records under SNs the log already holds."""
         header = codec.verify(batch)
+        return await asyncio.shield(self._append(plog, header, batch))
+
+    async def _append(self, plog: PartitionLog, header: codec.BatchHeader, batch: bytes) -> codec.BatchHeader:
         async with plog.append_lock:
             invariant(header.first_sn > plog.last_sn,
                       f"{plog.name}: append first_sn {header.first_sn} <= last_sn {plog.last_sn}")

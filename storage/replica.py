@@ -23,7 +23,7 @@ import time
 import grpc
 
 from sms import codec, limits, rpc, seqno
-from sms.aiotools import cancel_and_wait
+from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.errors import PartitionClosed, StaleEpoch, WrongOwner, invariant
 from sms.metadata import ChainConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -112,6 +112,11 @@ class Replica:
         self.check_epoch(epoch)
         if not self.is_head:
             raise WrongOwner(f"{self.chain_id}: {self.node_id} is not the head")
+        # shielded: a caller cancelled mid-append (its stream broke) must not leave the
+        # batch stored but missing from `recent` and `origins`
+        return await asyncio.shield(self._sequence_and_store(unsequenced))
+
+    async def _sequence_and_store(self, unsequenced: bytes) -> codec.BatchHeader:
         async with self.sequence_lock:
             incoming = codec.read_header(unsequenced)
             held = self._held(incoming)
@@ -153,6 +158,14 @@ class Replica:
         commits nothing itself: it adopts its predecessor's (the tail's) watermark."""
         self.check_active()
         header = codec.verify(batch)
+        await asyncio.shield(self._store_successor(header, batch, predecessor_committed))   # as append_as_head
+
+    async def _store_successor(self, header: codec.BatchHeader, batch: bytes, predecessor_committed: int) -> None:
+        async with self.sequence_lock:     # a resend on a new stream waits for a shielded append in progress
+            await self._store_successor_locked(header, batch, predecessor_committed)
+
+    async def _store_successor_locked(self, header: codec.BatchHeader, batch: bytes,
+                                      predecessor_committed: int) -> None:
         if header.last_sn <= self.log.last_sn:
             return  # resent after a reconnect: we hold it already
         invariant(header.first_sn > self.log.last_sn,
@@ -187,7 +200,7 @@ class Replica:
         """Wipe this replica's log (it diverged from its predecessor's); it is copied anew."""
         log.warning("%s: log on %s diverges from its predecessor's; wiping it to copy anew",
                     self.chain_id, self.node_id)
-        async with self.log.append_lock:
+        async with self.sequence_lock, self.log.append_lock:
             await self.store.drop_log(self.chain_id)
             self.log = self.store.open_log(self.chain_id, self.config.persistence)
         self.recent.clear()
@@ -276,6 +289,7 @@ class DownstreamLink:
                 try:
                     await self._session(address)
                 except (grpc.aio.AioRpcError, ConnectionError, StaleEpoch) as e:
+                    raise_if_cancelling()
                     log.info("link %s -> %s broken: %s", self.replica.chain_id, address, e)
             self.connected = False
             await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)

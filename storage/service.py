@@ -19,7 +19,7 @@ import grpc
 
 from control.metastore import MetaStore, NoNodeError
 from sms import limits, metadata, seqno
-from sms.aiotools import cancel_and_wait
+from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.errors import SmsError, StaleEpoch, WrongOwner
 from sms.metadata import ChainConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -68,6 +68,7 @@ class StorageNode:
             try:
                 await self.sync()
             except Exception:   # a metadata hiccup must not kill the node; retried next tick
+                raise_if_cancelling()
                 log.exception("chain sync failed")
 
     async def _chain_configs(self) -> dict[str, ChainConfig]:

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the test suite needs, when missing: ZooKeeper (the
+# tests start a real server from /usr/share/java/zookeeper.jar) and a Java runtime.
+# Needs root (or sudo) and apt-get; elsewhere it says what to install and goes on,
+# and the ZooKeeper tests skip with a message.
+set -euo pipefail
+need=()
+[ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
+command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
+[ ${#need[@]} -eq 0 ] && exit 0
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "system-deps: please install ${need[*]} (no apt-get here); ZooKeeper tests will skip" >&2
+  exit 0
+fi
+sudo=""
+if [ "$(id -u)" != 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+    echo "system-deps: run as root, or install ${need[*]}; ZooKeeper tests will skip" >&2
+    exit 0
+  fi
+fi
+echo "system-deps: installing ${need[*]} ..." >&2
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null 2>&1 || {
+  $sudo apt-get update -qq >/dev/null 2>&1
+  $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+}

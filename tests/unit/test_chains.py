@@ -1,0 +1,666 @@
+"""Unit tests of control.chains.plan: the pure chain reconfiguration rules (DESIGN section 7).
+
+Examples pin each rule of the module docstring (member removal and fencing, restarts,
+the all-gone "restored" case, learner drop / promotion / placement, history and
+incarnation bookkeeping); hypothesis properties check the invariants of any single
+step and that repeated application with stable inputs converges.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from control.chains import LearnerProgress, failed_members, plan
+from sms import limits
+from sms.metadata import ChainChange, ChainConfig
+from sms.types import Persistence
+
+INC = 1_000          # default incarnation (registration started_ms) of every pinned node
+NEW_INC = 2_000      # the incarnation of a restarted process
+NOW = 1_700_000_000_000
+LAG_OK = limits.LEARNER_PROMOTE_LAG_RECORDS
+ACTIONS = {"removed", "restored", "learner dropped", "promoted", "learner"}
+GONE = "node is not registered (crashed, paused past its session, or stopped)"
+RESTARTED = "node restarted as a new process"
+
+
+def chain(members, learners=(), *, epoch=7, incarnations=None, history=(),
+          persistence=Persistence.DISK) -> ChainConfig:
+    """A chain config with every member and learner pinned to INC unless told otherwise."""
+    members, learners = tuple(members), tuple(learners)
+    if incarnations is None:
+        incarnations = {n: INC for n in (*members, *learners)}
+    return ChainConfig(chain_id="s:0", stream="s", ordinal=0, epoch=epoch, members=members,
+                       persistence=persistence, learners=learners,
+                       incarnations=tuple(sorted(incarnations.items())), history=tuple(history))
+
+
+def alive(*nodes, **restarted) -> dict[str, int]:
+    """live map: `nodes` at INC, keyword nodes at the given incarnation."""
+    out = {n: INC for n in nodes}
+    out.update(restarted)
+    return out
+
+
+def run(config, live, rf=3, load=None, progress=None, counts=None, now=NOW):
+    return plan(config, live, rf, Counter(load or {}), progress or {}, now, counts)
+
+
+def roundtrips(config: ChainConfig) -> bool:
+    return ChainConfig.from_bytes(config.to_bytes()) == config
+
+
+def added_history(old: ChainConfig, new: ChainConfig) -> list[ChainChange]:
+    """The entries plan appended (valid while the old history is below the cap)."""
+    assert new.history[:len(old.history)] == old.history
+    return list(new.history[len(old.history):])
+
+
+def entries(new: ChainConfig, n: int) -> list[tuple[str, str, str]]:
+    return [(c.action, c.node, c.reason) for c in new.history[-n:]]
+
+
+# ---------------------------------------------------------------------------------------
+# failed_members
+
+
+def test_failed_members_reports_missing_and_restarted_nodes_with_reasons():
+    config = chain(["a", "b", "c"], ["l1", "l2"])
+    live = alive("a", "l1", b=NEW_INC)
+    assert failed_members(config, live) == {"b": RESTARTED, "c": GONE, "l2": GONE}
+
+
+def test_failed_members_unpinned_live_node_is_not_failed():
+    config = chain(["a", "b"], ["l"], incarnations={"a": INC})
+    assert failed_members(config, alive("a", b=5, l=9)) == {}
+    assert failed_members(config, alive("a")) == {"b": GONE, "l": GONE}
+
+
+def test_failed_members_ignores_nodes_outside_the_chain():
+    assert failed_members(chain(["a"]), alive("a", x=NEW_INC)) == {}
+
+
+# ---------------------------------------------------------------------------------------
+# Rule 1: a gone or restarted member is removed, the epoch rises
+
+
+@pytest.mark.parametrize("gone, remaining", [
+    ("a", ("b", "c")),      # head: its successor becomes head
+    ("b", ("a", "c")),      # middle: predecessor ships to successor
+    ("c", ("a", "b")),      # tail: predecessor becomes tail
+], ids=["head", "middle", "tail"])
+def test_member_gone_is_removed_with_new_epoch(gone, remaining):
+    config = chain(["a", "b", "c"], epoch=7)
+    live = alive(*(n for n in "abc" if n != gone), "x")
+    new = run(config, live)
+    assert new is not None
+    assert new.members == remaining
+    assert new.epoch == 8
+    assert new.learners == ()
+    assert new.head == remaining[0] and new.tail == remaining[-1]
+    assert added_history(config, new) == [ChainChange(8, NOW, "removed", gone, GONE)]
+    assert dict(new.incarnations) == {n: INC for n in remaining}
+    assert roundtrips(new)
+
+
+def test_removal_does_not_add_learners_in_the_same_step():
+    # a spare live node exists, but the removal is a step of its own
+    new = run(chain(["a", "b", "c"]), alive("a", "b", "spare"))
+    assert new.members == ("a", "b") and new.learners == ()
+
+
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_restarted_member_is_treated_as_failed(position):
+    members = ("a", "b", "c")
+    node = members[position]
+    live = alive(*members)
+    live[node] = NEW_INC
+    config = chain(members)
+    new = run(config, live)
+    assert new.members == tuple(m for m in members if m != node)
+    assert new.epoch == config.epoch + 1
+    assert added_history(config, new) == [ChainChange(config.epoch + 1, NOW, "removed", node, RESTARTED)]
+    # the new process is not pinned to the old one's place
+    assert node not in dict(new.incarnations)
+    assert roundtrips(new)
+
+
+def test_restarted_member_can_rejoin_later_as_a_learner():
+    config = chain(["a", "b", "c"])
+    live = alive("a", "c", b=NEW_INC)
+    step1 = run(config, live)
+    assert step1.members == ("a", "c")
+    step2 = run(step1, live)
+    assert step2.members == ("a", "c") and step2.learners == ("b",)
+    assert step2.epoch == step1.epoch
+    assert step2.incarnation_of("b") == NEW_INC
+
+
+def test_unpinned_live_member_is_kept_and_gets_pinned():
+    config = chain(["a", "b", "c"], incarnations={"a": INC, "c": INC})
+    new = run(config, {"a": INC, "b": 42})
+    assert new.members == ("a", "b")
+    assert dict(new.incarnations) == {"a": INC, "b": 42}
+
+
+def test_several_members_fail_at_once_one_epoch_step():
+    config = chain(["a", "b", "c", "d", "e"], epoch=3)
+    live = alive("a", "c", "e", d=NEW_INC)
+    new = run(config, live, rf=5)
+    assert new.members == ("a", "c", "e")
+    assert new.epoch == 4
+    assert added_history(config, new) == [
+        ChainChange(4, NOW, "removed", "b", GONE),
+        ChainChange(4, NOW, "removed", "d", RESTARTED),
+    ]
+    assert dict(new.incarnations) == {"a": INC, "c": INC, "e": INC}
+    assert roundtrips(new)
+
+
+def test_head_and_tail_fail_at_once_leaves_the_middle_alone():
+    config = chain(["a", "b", "c"])
+    new = run(config, alive("b"))
+    assert new.members == ("b",)
+    assert new.role_of("b") == "head+tail"
+    assert [c.node for c in added_history(config, new)] == ["a", "c"]
+
+
+def test_member_removal_also_drops_gone_learners_and_keeps_live_ones():
+    config = chain(["a", "b", "c"], ["l1", "l2", "l3"], epoch=10)
+    live = alive("a", "c", "l1", "l3")
+    new = run(config, live, rf=6)
+    assert new.members == ("a", "c")
+    assert new.learners == ("l1", "l3")
+    assert new.epoch == 11
+    assert added_history(config, new) == [
+        ChainChange(11, NOW, "removed", "b", GONE),
+        ChainChange(11, NOW, "learner dropped", "l2", GONE),
+    ]
+    assert dict(new.incarnations) == {n: INC for n in ("a", "c", "l1", "l3")}
+    assert roundtrips(new)
+
+
+def test_member_removal_takes_precedence_over_promotion():
+    config = chain(["a", "b", "c"], ["l"], epoch=1)
+    progress = {"l": LearnerProgress(verified=True, lag_records=0)}
+    new = run(config, alive("a", "b", "l"), progress=progress)
+    assert new.epoch == 2                    # exactly one epoch step
+    assert new.members == ("a", "b") and new.learners == ("l",)
+    after = run(new, alive("a", "b", "l"), progress=progress)
+    assert after.members == ("a", "b", "l") and after.epoch == 3
+
+
+# ---------------------------------------------------------------------------------------
+# Rule 2: every member gone
+
+
+def test_every_member_gone_and_none_back_is_no_change():
+    config = chain(["a", "b", "c"], ["l"])
+    assert run(config, alive("l", "x", "y")) is None
+    assert run(config, {}) is None
+
+
+def test_every_member_gone_none_back_gone_learner_is_kept():
+    # Documents current behaviour: rule 2 ("nothing is removed") wins over rule 3 while no
+    # member is back; the gone learner is dropped in the step that restores a member.
+    config = chain(["a"], ["l"])
+    assert run(config, alive("x")) is None
+    new = run(config, alive("x", a=NEW_INC))
+    assert new.members == ("a",) and new.learners == ()
+    assert [c.action for c in added_history(config, new)] == ["restored", "learner dropped"]
+
+
+def test_members_coming_back_are_restored_in_old_order_with_new_incarnations():
+    config = chain(["a", "b", "c", "d"], epoch=20)
+    # all four fail (b and d crashed, a and c restarted); then a and c (but not b, d) are back
+    live = {"c": NEW_INC, "a": NEW_INC + 1, "x": INC}
+    new = run(config, live, rf=4)
+    assert new is not None
+    assert new.members == ("a", "c")                 # old order, not live-dict order
+    assert new.epoch == 21
+    assert dict(new.incarnations) == {"a": NEW_INC + 1, "c": NEW_INC}
+    reason = "every member had failed; its log is the only copy"
+    assert added_history(config, new) == [
+        ChainChange(21, NOW, "restored", "a", reason),
+        ChainChange(21, NOW, "restored", "c", reason),
+    ]
+    assert roundtrips(new)
+    # the restored config is stable: the new incarnations are not failures any more
+    assert failed_members(new, live) == {}
+
+
+def test_only_tail_back_is_restored_alone():
+    config = chain(["a", "b", "c"])
+    new = run(config, {"c": NEW_INC})
+    assert new.members == ("c",)
+    assert [c.action for c in added_history(config, new)] == ["restored"]
+
+
+def test_every_member_restarted_keeps_members_but_raises_epoch():
+    # members unchanged but the epoch rises: the new processes must fence the old ones
+    config = chain(["a", "b"], epoch=5)
+    new = run(config, {"a": NEW_INC, "b": NEW_INC})
+    assert new.members == ("a", "b")
+    assert new.epoch == 6
+    assert dict(new.incarnations) == {"a": NEW_INC, "b": NEW_INC}
+
+
+def test_restore_drops_gone_learners_keeps_live_ones():
+    config = chain(["a", "b"], ["l1", "l2"], epoch=2)
+    new = run(config, {"b": NEW_INC, "l1": INC})
+    assert new.members == ("b",)
+    assert new.learners == ("l1",)
+    assert new.epoch == 3
+    assert [(c.action, c.node, c.epoch) for c in added_history(config, new)] == [
+        ("restored", "b", 3), ("learner dropped", "l2", 3)]
+    assert dict(new.incarnations) == {"b": NEW_INC, "l1": INC}
+
+
+# ---------------------------------------------------------------------------------------
+# Rule 3: gone learners are dropped without an epoch change
+
+
+def test_gone_learner_is_dropped_without_epoch_change():
+    config = chain(["a", "b"], ["l1", "l2"], epoch=9)
+    new = run(config, alive("a", "b", "l2"))
+    assert new.epoch == 9
+    assert new.members == ("a", "b")
+    assert new.learners == ("l2",)
+    assert added_history(config, new) == [ChainChange(9, NOW, "learner dropped", "l1", GONE)]
+    assert dict(new.incarnations) == {"a": INC, "b": INC, "l2": INC}
+    assert roundtrips(new)
+
+
+def test_restarted_learner_is_dropped():
+    config = chain(["a", "b"], ["l"])
+    new = run(config, alive("a", "b", l=NEW_INC))
+    assert new.learners == () and new.epoch == config.epoch
+    assert added_history(config, new) == [ChainChange(config.epoch, NOW, "learner dropped", "l", RESTARTED)]
+    assert "l" not in dict(new.incarnations)
+
+
+def test_several_learners_dropped_at_once():
+    config = chain(["a"], ["l1", "l2", "l3"])
+    new = run(config, alive("a", "l2"), rf=4)
+    assert new.learners == ("l2",)
+    assert [c.node for c in added_history(config, new)] == ["l1", "l3"]
+
+
+def test_learner_drop_takes_precedence_over_promotion_and_placement():
+    config = chain(["a"], ["l1", "l2"])
+    progress = {"l2": LearnerProgress(verified=True, lag_records=0)}
+    new = run(config, alive("a", "l2", "x"), progress=progress)
+    assert new.members == ("a",) and new.learners == ("l2",)
+    assert [c.action for c in added_history(config, new)] == ["learner dropped"]
+
+
+# ---------------------------------------------------------------------------------------
+# Rule 4: promotion
+
+
+@pytest.mark.parametrize("lag", [0, 1, LAG_OK - 1, LAG_OK])
+def test_verified_learner_within_lag_is_promoted_as_tail(lag):
+    config = chain(["a", "b"], ["l"], epoch=4)
+    new = run(config, alive("a", "b", "l"), progress={"l": LearnerProgress(True, lag)})
+    assert new.members == ("a", "b", "l")
+    assert new.tail == "l"
+    assert new.learners == ()
+    assert new.epoch == 5
+    assert dict(new.incarnations) == {"a": INC, "b": INC, "l": INC}
+    [change] = added_history(config, new)
+    assert (change.epoch, change.at_ms, change.action, change.node) == (5, NOW, "promoted", "l")
+    assert str(lag) in change.reason
+    assert roundtrips(new)
+
+
+@pytest.mark.parametrize("progress", [
+    {},                                                     # manager learned nothing
+    {"l": LearnerProgress(False, 0)},                       # not verified
+    {"l": LearnerProgress(True, LAG_OK + 1)},               # too far behind
+    {"l": LearnerProgress(False, LAG_OK + 1)},
+    {"other": LearnerProgress(True, 0)},                    # progress of a non-learner
+], ids=["none", "unverified", "lagging", "both", "other"])
+def test_learner_not_promoted_unless_verified_and_close(progress):
+    config = chain(["a", "b"], ["l"])
+    assert run(config, alive("a", "b", "l", "x"), progress=progress) is None
+
+
+def test_only_one_learner_promoted_per_step_in_learner_order():
+    config = chain(["a"], ["l1", "l2", "l3"], epoch=1)
+    progress = {n: LearnerProgress(True, 0) for n in ("l2", "l3")}
+    live = alive("a", "l1", "l2", "l3")
+    step1 = run(config, live, rf=4, progress=progress)
+    assert step1.members == ("a", "l2") and step1.learners == ("l1", "l3") and step1.epoch == 2
+    step2 = run(step1, live, rf=4, progress=progress)
+    assert step2.members == ("a", "l2", "l3") and step2.learners == ("l1",) and step2.epoch == 3
+    assert run(step2, live, rf=4, progress=progress) is None
+
+
+def test_promotion_takes_precedence_over_adding_learners():
+    config = chain(["a"], ["l"])
+    live = alive("a", "l", "x", "y")
+    progress = {"l": LearnerProgress(True, 10)}
+    step1 = run(config, live, progress=progress)
+    assert step1.members == ("a", "l") and step1.learners == ()
+    step2 = run(step1, live, progress=progress)
+    assert step2.members == ("a", "l") and step2.learners == ("x",)
+    assert step2.epoch == step1.epoch
+
+
+def test_promotion_keeps_the_replica_count():
+    config = chain(["a", "b"], ["l"])
+    new = run(config, alive("a", "b", "l"), progress={"l": LearnerProgress(True, 0)})
+    assert len(new.members) + len(new.learners) == 3
+
+
+# ---------------------------------------------------------------------------------------
+# Rule 5: learners added up to the replication factor
+
+
+def test_least_loaded_live_non_holder_added_as_learner():
+    config = chain(["a", "b"], epoch=6)
+    live = alive("a", "b", "x", "y", "z")
+    load = {"a": 0, "b": 0, "x": 5, "y": 2, "z": 3}
+    new = run(config, live, rf=3, load=load)
+    assert new.learners == ("y",)
+    assert new.members == ("a", "b")
+    assert new.epoch == 6                        # learners are outside the commit path
+    [change] = added_history(config, new)
+    assert (change.epoch, change.at_ms, change.action, change.node) == (6, NOW, "learner", "y")
+    assert "3" in change.reason
+    assert dict(new.incarnations) == {"a": INC, "b": INC, "y": INC}
+    assert roundtrips(new)
+
+
+def test_learners_fill_every_missing_slot_in_load_then_name_order():
+    config = chain(["a"])
+    live = alive("a", "w", "x", "y", "z")
+    new = run(config, live, rf=4, load={"w": 1, "x": 0, "y": 0, "z": 0})
+    assert new.learners == ("x", "y", "z")
+    assert [c.node for c in added_history(config, new)] == ["x", "y", "z"]
+
+
+def test_learners_counted_towards_replication_factor():
+    config = chain(["a"], ["l"])
+    new = run(config, alive("a", "l", "x", "y"), rf=3)
+    assert new.learners == ("l", "x")
+    assert run(new, alive("a", "l", "x", "y"), rf=3) is None
+
+
+def test_holders_never_become_candidates_even_when_least_loaded():
+    config = chain(["a", "b"], ["l"])
+    live = alive("a", "b", "l", "x")
+    new = run(config, live, rf=4, load={"a": 0, "b": 0, "l": 0, "x": 99})
+    assert new.learners == ("l", "x")
+
+
+def test_fewer_candidates_than_missing_adds_what_exists():
+    config = chain(["a"])
+    new = run(config, alive("a", "x"), rf=5)
+    assert new.learners == ("x",)
+    assert run(new, alive("a", "x"), rf=5) is None
+
+
+def test_learners_per_node_cap_is_respected():
+    config = chain(["a"])
+    live = alive("a", "busy", "ok")
+    counts = {"busy": limits.LEARNERS_PER_NODE_MAX, "ok": limits.LEARNERS_PER_NODE_MAX - 1}
+    new = run(config, live, rf=3, load={"busy": 0, "ok": 50}, counts=Counter(counts))
+    assert new.learners == ("ok",)
+    # only capped nodes left: nothing to add
+    assert run(config, alive("a", "busy"), rf=3, counts=Counter(busy=limits.LEARNERS_PER_NODE_MAX)) is None
+
+
+def test_learner_counts_default_is_no_cap():
+    new = plan(chain(["a"]), alive("a", "x"), 2, Counter(), {}, NOW)
+    assert new.learners == ("x",)
+
+
+def test_no_candidates_is_no_change():
+    assert run(chain(["a", "b"]), alive("a", "b"), rf=3) is None
+
+
+# ---------------------------------------------------------------------------------------
+# No change
+
+
+@pytest.mark.parametrize("members, learners, rf", [
+    (("a", "b", "c"), (), 3),
+    (("a", "b"), ("c",), 3),
+    (("a", "b", "c"), (), 2),            # more members than rf: never trimmed
+    (("a",), (), 1),
+])
+def test_healthy_chain_is_no_change(members, learners, rf):
+    config = chain(members, learners)
+    assert run(config, alive("a", "b", "c", "x", "y"), rf=rf) is None
+
+
+def test_plan_is_deterministic_and_does_not_touch_its_inputs():
+    config = chain(["a", "b", "c"], ["l"])
+    live = alive("a", "c", "l", "x")
+    load = Counter(x=1)
+    progress = {"l": LearnerProgress(True, 0)}
+    counts = Counter(l=1)
+    first = plan(config, live, 3, load, progress, NOW, counts)
+    second = plan(config, live, 3, load, progress, NOW, counts)
+    assert first == second
+    assert config == chain(["a", "b", "c"], ["l"])
+    assert live == alive("a", "c", "l", "x") and load == Counter(x=1) and counts == Counter(l=1)
+
+
+# ---------------------------------------------------------------------------------------
+# History
+
+
+def _history(n: int) -> tuple[ChainChange, ...]:
+    return tuple(ChainChange(i, i, "created", f"n{i}", "old") for i in range(n))
+
+
+def test_history_is_appended_to_the_existing_entries():
+    old = _history(3)
+    new = run(chain(["a", "b"], history=old), alive("a"), now=123)
+    assert new.history[:3] == old
+    assert new.history[3] == ChainChange(8, 123, "removed", "b", GONE)
+
+
+@pytest.mark.parametrize("existing", [limits.CHAIN_HISTORY_MAX - 1, limits.CHAIN_HISTORY_MAX,
+                                      limits.CHAIN_HISTORY_MAX + 3])
+def test_history_is_capped_keeping_the_newest(existing):
+    old = _history(existing)
+    config = chain(["a", "b", "c"], history=old)
+    new = run(config, alive("a"))          # two removals
+    assert len(new.history) == min(existing + 2, limits.CHAIN_HISTORY_MAX)
+    assert new.history == (*old, *new.history[-2:])[-limits.CHAIN_HISTORY_MAX:]
+    assert entries(new, 2) == [("removed", "b", GONE), ("removed", "c", GONE)]
+    assert roundtrips(new)
+
+
+def test_history_cap_with_more_changes_than_the_cap_in_one_step():
+    n = limits.CHAIN_HISTORY_MAX + 2
+    members = [f"m{i:02d}" for i in range(n + 1)]
+    config = chain(members, history=_history(4))
+    new = run(config, alive(members[0]), rf=1)
+    assert new.members == (members[0],)
+    assert len(new.history) == limits.CHAIN_HISTORY_MAX
+    assert [c.node for c in new.history] == members[-limits.CHAIN_HISTORY_MAX:]
+
+
+# ---------------------------------------------------------------------------------------
+# Serialization
+
+
+@pytest.mark.parametrize("persistence", list(Persistence))
+def test_output_roundtrips_for_every_persistence(persistence):
+    config = chain(["a", "b"], ["l"], persistence=persistence, history=_history(2))
+    new = run(config, alive("a", "l", "x"))
+    assert new.persistence is persistence
+    assert roundtrips(new)
+
+
+# ---------------------------------------------------------------------------------------
+# Properties
+
+UNIVERSE = [f"n{i}" for i in range(8)]
+
+
+@st.composite
+def scenarios(draw):
+    """A chain with every holder pinned, a live map (some holders gone, some restarted),
+    placement inputs and learner progress."""
+    nodes = draw(st.permutations(UNIVERSE))
+    n_members = draw(st.integers(1, limits.REPLICATION_FACTOR_MAX), label="members")
+    n_learners = draw(st.integers(0, 3), label="learners")
+    members = tuple(nodes[:n_members])
+    learners = tuple(nodes[n_members:n_members + n_learners])
+    pinned = {n: draw(st.integers(1, 50), label=f"inc {n}") for n in (*members, *learners)}
+    history = tuple(ChainChange(i, i, "created", f"n{i % 8}", "") for i in
+                    range(draw(st.integers(0, limits.CHAIN_HISTORY_MAX + 1), label="history")))
+    config = ChainConfig(chain_id="s:3", stream="s", ordinal=3,
+                         epoch=draw(st.integers(0, 1_000), label="epoch"), members=members,
+                         persistence=draw(st.sampled_from(list(Persistence))), learners=learners,
+                         incarnations=tuple(sorted(pinned.items())), history=history)
+    live = {}
+    for n in UNIVERSE:
+        state = draw(st.sampled_from(["same", "same", "same", "gone", "restarted"]), label=f"state {n}")
+        if state == "gone":
+            continue
+        live[n] = pinned.get(n, 1) + (100 if state == "restarted" else 0)
+    rf = draw(st.integers(1, limits.REPLICATION_FACTOR_MAX), label="rf")
+    load = Counter({n: draw(st.integers(0, 20), label=f"load {n}") for n in UNIVERSE})
+    counts = Counter({n: draw(st.integers(0, limits.LEARNERS_PER_NODE_MAX + 1), label=f"lc {n}")
+                      for n in UNIVERSE})
+    progress = {}
+    for n in UNIVERSE:      # progress may name any node: promotion only ever reads learners'
+        if draw(st.booleans(), label=f"has progress {n}"):
+            progress[n] = LearnerProgress(
+                verified=draw(st.booleans(), label=f"verified {n}"),
+                lag_records=draw(st.sampled_from([0, 1, LAG_OK - 1, LAG_OK, LAG_OK + 1, 10 * LAG_OK]),
+                                 label=f"lag {n}"))
+    return config, live, rf, load, progress, counts
+
+
+def _healthy(config: ChainConfig, live: dict[str, int]) -> set[str]:
+    """Members that are live in the same incarnation (or live and unpinned)."""
+    return {m for m in config.members
+            if m in live and config.incarnation_of(m) in (None, live[m])}
+
+
+def _member_incarnations(config: ChainConfig) -> tuple:
+    return tuple((m, config.incarnation_of(m)) for m in config.members)
+
+
+def _is_subsequence(short: tuple, long: tuple) -> bool:
+    it = iter(long)
+    return all(x in it for x in short)
+
+
+def check_step(old: ChainConfig, live: dict[str, int], rf: int, load: Counter,
+               progress: dict, counts: Counter, new: ChainConfig | None) -> None:
+    """Every invariant of one plan step."""
+    failed = failed_members(old, live)
+    if new is None:
+        # no change only when nothing is left to do
+        if any(m in failed for m in old.members):
+            assert all(m in failed for m in old.members), "a failed member was left in place"
+            assert not any(m in live for m in old.members), "a returned member was not restored"
+            return
+        assert not any(n in failed for n in old.learners), "a gone learner was not dropped"
+        assert not any(progress.get(n) and progress[n].verified
+                       and progress[n].lag_records <= LAG_OK for n in old.learners), "promotion missed"
+        if len(old.members) + len(old.learners) < rf:
+            assert not [n for n in live if not old.holds(n) and counts[n] < limits.LEARNERS_PER_NODE_MAX]
+        return
+
+    # no duplicates, no node in both roles, never empty
+    assert len(set(new.members)) == len(new.members)
+    assert len(set(new.learners)) == len(new.learners)
+    assert not set(new.members) & set(new.learners)
+    assert new.members
+    # epoch: never lower, rises by exactly one, and exactly when the commit path changes
+    assert new.epoch in (old.epoch, old.epoch + 1)
+    members_changed = new.members != old.members or _member_incarnations(new) != _member_incarnations(old)
+    assert (new.epoch == old.epoch + 1) == members_changed
+    if new.epoch == old.epoch + 1 and new.members == old.members:
+        # only the all-restarted "restored" case raises the epoch with the same members
+        assert all(failed.get(m) == "node restarted as a new process" for m in old.members)
+    # healthy members are never removed; survivors keep their order
+    assert _healthy(old, live) <= set(new.members)
+    survivors = tuple(m for m in new.members if m in old.members)
+    assert _is_subsequence(survivors, old.members)
+    joined = [m for m in new.members if m not in old.members]
+    assert joined in ([], [new.members[-1]]), "only a promoted learner joins, and as the tail"
+    if joined:
+        assert joined[0] in old.learners
+        p = progress[joined[0]]
+        assert p.verified and p.lag_records <= LAG_OK
+    # every holder is live and pinned to its live incarnation
+    for n in (*new.members, *new.learners):
+        assert n in live
+        assert new.incarnation_of(n) == live[n]
+    assert all(n not in failed for n in new.learners)
+    # new learners: live non-holders under the per-node cap, only up to rf
+    fresh = [n for n in new.learners if n not in old.learners]
+    for n in fresh:
+        assert not old.holds(n) and counts[n] < limits.LEARNERS_PER_NODE_MAX
+    if fresh:
+        assert len(new.members) + len(new.learners) <= rf
+        assert new.epoch == old.epoch and new.members == old.members
+        skipped = [n for n in live if not old.holds(n) and n not in fresh
+                   and counts[n] < limits.LEARNERS_PER_NODE_MAX]
+        assert all((load[s], s) > (load[f], f) for s in skipped for f in fresh), "not least loaded"
+    assert len(new.members) + len(new.learners) <= max(rf, len(old.members) + len(old.learners))
+    # history: the old entries, then at least one new one, capped
+    assert 1 <= len(new.history) <= limits.CHAIN_HISTORY_MAX
+    added = [c for c in new.history if c not in old.history]    # old entries are all "created"
+    assert added, "a change without a history entry"
+    assert new.history == (*old.history, *added)[-limits.CHAIN_HISTORY_MAX:]
+    for c in added:
+        assert c.action in ACTIONS and c.at_ms == NOW and c.epoch == new.epoch and c.reason
+    # the config survives the metadata store
+    assert ChainConfig.from_bytes(new.to_bytes()) == new
+    # the other fields are untouched
+    assert (new.chain_id, new.stream, new.ordinal, new.persistence) == \
+        (old.chain_id, old.stream, old.ordinal, old.persistence)
+
+
+@settings(max_examples=1_000)
+@given(scenarios())
+def test_property_single_step_invariants(scenario):
+    config, live, rf, load, progress, counts = scenario
+    new = plan(config, live, rf, load, progress, NOW, counts)
+    check_step(config, live, rf, load, progress, counts, new)
+
+
+@settings(max_examples=500)
+@given(scenarios())
+def test_property_repeated_application_converges(scenario):
+    config, live, rf, load, progress, counts = scenario
+    # at most one failure step, then each node is promoted or added at most once
+    bound = 1 + 2 * len(UNIVERSE)
+    steps = 0
+    current = config
+    epochs = [config.epoch]
+    while True:
+        new = plan(current, live, rf, load, progress, NOW, counts)
+        check_step(current, live, rf, load, progress, counts, new)
+        if new is None:
+            break
+        steps += 1
+        assert steps <= bound, f"plan did not converge within {bound} steps"
+        current = new
+        epochs.append(new.epoch)
+    assert epochs == sorted(epochs)
+    if steps:
+        # the fixpoint is stable and sane: no holder failed, replication restored as far as possible
+        assert failed_members(current, live) == {}
+        total = len(current.members) + len(current.learners)
+        if total < rf:
+            assert not [n for n in live if not current.holds(n)
+                        and counts[n] < limits.LEARNERS_PER_NODE_MAX]
+        # every healthy member of the start survived, in order
+        assert _is_subsequence(tuple(m for m in config.members if m in _healthy(config, live)),
+                               current.members)
