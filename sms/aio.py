@@ -76,20 +76,31 @@ class Client:
         except grpc.aio.AioRpcError as e:
             raise rpc.to_sms_error(e) from None
 
-    async def _discovery_call(self, method: str, request):
-        """A read-only Control call to the first node that answers: the address this
-        client was given, then every node it has seen (any node answers these)."""
-        addresses = [self.address] + [n.address for n in (self._cluster.nodes if self._cluster else ())]
+    async def _discovery_call(self, method: str, request, learn_cluster: bool = True):
+        """A read-only Control call to the first node that answers: the addresses this
+        client was given ("host:port[,host:port...]"), then every node it has seen (any
+        node answers these). The first success also learns the cluster's nodes, so the
+        client outlives the node it was pointed at."""
+        seeds = [a.strip() for a in self.address.split(",") if a.strip()]
+        addresses = seeds + [n.address for n in (self._cluster.nodes if self._cluster else ())]
         last: errors.SmsError | None = None
         for address in dict.fromkeys(addresses):
             try:
-                return await self._call(address, sms_pb2_grpc.ControlStub, method, request)
+                answer = await self._call(address, sms_pb2_grpc.ControlStub, method, request)
             except errors.Unavailable as e:
                 last = e
+                continue
+            if learn_cluster and self._cluster is None:
+                try:
+                    await self.describe_cluster()
+                except errors.SmsError:
+                    pass
+            return answer
         raise last or errors.Unavailable("no node answered")
 
     async def describe_cluster(self) -> ClusterInfo:
-        self._cluster = convert.cluster_from_pb(await self._discovery_call("DescribeCluster", sms_pb2.Empty()))
+        self._cluster = convert.cluster_from_pb(await self._discovery_call("DescribeCluster", sms_pb2.Empty(),
+                                                                           learn_cluster=False))
         return self._cluster
 
     async def _admin_call(self, method: str, request, timeout_s: float | None = None):

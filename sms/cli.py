@@ -326,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", default="127.0.0.1:0")
     serve.add_argument("--ready-file")
     serve.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process dies")
+    serve.add_argument("--session-file", help=argparse.SUPPRESS)   # fault tests: expose the ZooKeeper session
     serve.set_defaults(func=cmd_serve)
 
     stream = sub.add_parser("stream", help="create, describe, list or delete streams")

@@ -40,8 +40,9 @@ class NodeProcess:
 
 class LocalCluster:
     def __init__(self, data_dir: str, nodes: int = 3, port: int = 0, host: str = "127.0.0.1",
-                 metastore: str | None = None, controls: int = 1):
+                 metastore: str | None = None, controls: int = 1, expose_sessions: bool = False):
         self.data_dir = os.path.abspath(data_dir)
+        self.expose_sessions = expose_sessions     # fault tests: nodes write their ZooKeeper session
         self.host = host
         self.metastore = metastore or f"embedded://{os.path.join(self.data_dir, 'meta.lmdb')}"
         self.procs: dict[str, NodeProcess] = {"control": NodeProcess("control", "control", f"{host}:{port}")}
@@ -71,6 +72,8 @@ class LocalCluster:
         cmd = [sys.executable, "-m", "sms", "serve", "--node-id", node_id, "--roles", node.roles,
                "--metastore", self.metastore, "--data-dir", os.path.join(self.data_dir, node_id),
                "--listen", listen, "--ready-file", ready, "--exit-with-parent"]
+        if self.expose_sessions:
+            cmd += ["--session-file", os.path.join(os.path.dirname(ready), f"{node_id}.session")]
         # no preexec_fn: it runs Python between fork and exec, where gRPC's fork
         # handlers break a child of a process that has live channels
         with open(logfile, "ab") as log:

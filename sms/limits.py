@@ -93,7 +93,8 @@ PRODUCER_LINGER_MS_MAX = 1_000
 PRODUCER_PENDING_PER_PARTITION_MAX = 10_000         # un-settled records per partition
 PRODUCER_PENDING_BYTES_MAX = 64 * 1024 * 1024       # un-settled keys+meta+data, all partitions
 PRODUCER_RETRY_BACKOFF_MS = 50                      # first backoff of a session
-PRODUCER_RETRY_BACKOFF_MS_MAX = 2_000               # backoff doubles up to at most this
+PRODUCER_RETRY_BACKOFF_MS_CAP = 500                 # default: backoff doubles up to this (a failover takes a session TTL)
+PRODUCER_RETRY_BACKOFF_MS_MAX = 10_000              # the largest backoff a producer may be configured with
 PRODUCER_DELIVERY_TIMEOUT_S = 120.0                 # send() to settled, at most
 PRODUCER_DEDUP_WINDOW_MARGIN_S = 10.0               # last resend this long before the
                                                     # stream's dedup window (plus clock skew) would reject it

@@ -41,6 +41,7 @@ from sms.limits import (
     PRODUCER_PENDING_BYTES_MAX,
     PRODUCER_PENDING_PER_PARTITION_MAX,
     PRODUCER_RETRY_BACKOFF_MS,
+    PRODUCER_RETRY_BACKOFF_MS_CAP,
     PRODUCER_RETRY_BACKOFF_MS_MAX,
     PRODUCER_SESSION_WINDOW_MAX,
 )
@@ -59,7 +60,7 @@ assert PRODUCER_DEDUP_WINDOW_MARGIN_S * 1000 + limits.DEDUP_CLOCK_SKEW_MS_MAX < 
 # One full request fits in a session's window; the owner's table never refuses the lowest SSSN.
 assert limits.PUT_RECORDS_COUNT_MAX <= PRODUCER_SESSION_WINDOW_MAX <= limits.DEDUP_ENTRIES_PER_SESSION_MAX
 assert limits.RECORD_DATA_BYTES_MAX < PRODUCER_PENDING_BYTES_MAX
-assert PRODUCER_RETRY_BACKOFF_MS <= PRODUCER_RETRY_BACKOFF_MS_MAX
+assert PRODUCER_RETRY_BACKOFF_MS <= PRODUCER_RETRY_BACKOFF_MS_CAP <= PRODUCER_RETRY_BACKOFF_MS_MAX
 assert 0 < PRODUCER_ID_RANDOM_BYTES <= limits.PRODUCER_ID_BYTES_MAX
 
 _SSSN_META_BYTES = 2 + 8
@@ -210,7 +211,7 @@ class Producer:
                  max_pending_per_partition: int = PRODUCER_PENDING_PER_PARTITION_MAX,
                  max_pending_bytes: int = PRODUCER_PENDING_BYTES_MAX,
                  retry_backoff_ms: float = PRODUCER_RETRY_BACKOFF_MS,
-                 retry_backoff_max_ms: float = PRODUCER_RETRY_BACKOFF_MS_MAX,
+                 retry_backoff_max_ms: float = PRODUCER_RETRY_BACKOFF_MS_CAP,
                  delivery_timeout_s: float = PRODUCER_DELIVERY_TIMEOUT_S,
                  clock_ms: Callable[[], int] = _wall_clock_ms):
         self.producer_id: bytes = producer_id_bytes(producer_id)

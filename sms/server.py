@@ -48,8 +48,21 @@ async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
         await asyncio.sleep(limits.PARENT_CHECK_INTERVAL_S)
 
 
+def _write_session_file(path: str, store) -> None:
+    """Test clusters only (`--session-file`): the ZooKeeper session's id and password,
+    so a fault test can expire the session from outside. Never set in production."""
+    client_id = getattr(store, "client_id", None)
+    if not path or client_id is None:
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"session_id": client_id[0], "password": client_id[1].hex()}, f)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
 async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_dir: str, listen: str,
-                ready_file: str | None = None, exit_with_parent: bool = False) -> None:
+                ready_file: str | None = None, exit_with_parent: bool = False, session_file: str = "") -> None:
     from control.admin import StreamAdmin, ensure_roots
     from control.election import LeaderElection
     from control.manager import ChainManager
@@ -134,13 +147,18 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
 
     background: set[asyncio.Task] = set()
 
-    def reregister() -> None:   # our session expired (we were paused): register again
+    async def register_again() -> None:
         for path, value in registrations:
-            task = loop.create_task(register(path, value))
-            background.add(task)
-            task.add_done_callback(background.discard)
+            await register(path, value)
+        _write_session_file(session_file, store)
+
+    def reregister() -> None:   # our session expired (we were paused): register again
+        task = loop.create_task(register_again())
+        background.add(task)
+        task.add_done_callback(background.discard)
 
     store.on_session_lost(reregister)
+    _write_session_file(session_file, store)
     log.info("node %s serving %s on %s", node_id, ",".join(roles), address)
     if ready_file:
         tmp = ready_file + ".tmp"
@@ -168,5 +186,5 @@ def run(args) -> int:
                         format=f"%(asctime)s {args.node_id} %(levelname)s %(name)s: %(message)s")
     roles = parse_roles(args.roles)
     asyncio.run(serve(args.node_id, roles, args.metastore, args.data_dir, args.listen, args.ready_file,
-                      args.exit_with_parent))
+                      args.exit_with_parent, args.session_file or ""))
     return 0

@@ -134,7 +134,7 @@ def run_trial(kind: str, backend: str, directory: str) -> Trial:
     os.makedirs(directory, exist_ok=True)
     with backend_store(backend, directory) as (url, zk):
         cluster = LocalCluster(os.path.join(directory, "cluster"), nodes=STORAGE_NODES, port=0, metastore=url,
-                               controls=CONTROLS)
+                               controls=CONTROLS, expose_sessions=zk is not None)
         cluster.start()
         try:
             return _run(kind, backend, cluster, zk)
