@@ -3,9 +3,11 @@
 Callers import everything from here: the `MetaStore` interface and its types and
 errors (base.py), and `open_metastore(url)`, which picks the backend from a URL:
 `embedded:///abs/path/meta.lmdb` (or a plain filesystem path) opens the embedded LMDB
-backend (embedded.py); `zk://host:port,.../prefix` is reserved for the ZooKeeper
-backend, not available yet. The store returned is not started: `await store.start()`
-(or `async with store:`) on the loop that will use it.
+backend (embedded.py); `zk://host:port[,host:port...][/prefix]` opens the ZooKeeper
+backend (zookeeper.py, over kazoo; the prefix is a chroot, created if missing). The
+ZooKeeper module is imported on first use (`ZooKeeperMetaStore` is importable from
+here too), so embedded users do not load kazoo. The store returned is not started:
+`await store.start()` (or `async with store:`) on the loop that will use it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ __all__ = [
     "SessionExpiredError",
     "Set",
     "TooManyWatchesError",
+    "ZooKeeperMetaStore",
     "open_metastore",
 ]
 
@@ -71,7 +74,8 @@ def open_metastore(url: str, *,
     if "://" not in url and parts.scheme not in (EMBEDDED_SCHEME, ZOOKEEPER_SCHEME):
         return EmbeddedMetaStore(os.path.abspath(url), loop=loop)
     if parts.scheme == ZOOKEEPER_SCHEME:
-        raise ValueError("zookeeper backend not available yet")
+        from control.metastore.zookeeper import ZooKeeperMetaStore
+        return ZooKeeperMetaStore(url, loop=loop)
     if parts.scheme != EMBEDDED_SCHEME:
         raise ValueError(f"metadata store url {url!r}: unknown scheme {parts.scheme!r};"
                          f" expected {EMBEDDED_SCHEME!r} or {ZOOKEEPER_SCHEME!r}")
@@ -82,3 +86,11 @@ def open_metastore(url: str, *,
     if not path.startswith("/") or path.endswith("/"):
         raise ValueError(f"metadata store url {url!r}: expected an absolute file path")
     return EmbeddedMetaStore(path, loop=loop)
+
+
+def __getattr__(name: str) -> object:
+    """`ZooKeeperMetaStore`, imported on first use (it loads kazoo)."""
+    if name == "ZooKeeperMetaStore":
+        from control.metastore.zookeeper import ZooKeeperMetaStore
+        return ZooKeeperMetaStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,14 +1,18 @@
 """Contract tests of the metadata store: what every MetaStore backend must do.
 
 Each contract test takes the `store_factory` fixture, parameterised by backend name
-(only "embedded" so far; a ZooKeeper backend adds a param), and runs against a real
-store: a real LMDB file in tmp_path for the embedded backend. Tests marked
-`integration` start real processes that open the same store: one is killed with
-SIGKILL (its ephemeral entry must vanish within the session TTL), two race conditional
-sets on one counter, one is paused past the TTL (it must learn that its session was
-lost). The tests at the end are specific to the embedded backend. Every wait polls
-with a deadline; nothing sleeps and hopes. Tests are sync functions around
-`asyncio.run`.
+("embedded" and "zk"), and runs against a real store: a real LMDB file in tmp_path for
+the embedded backend; for the ZooKeeper backend a real standalone ZooKeeper server
+(tests/zkserver.py, one per module) with a fresh chroot prefix per test, so tests do
+not see each other's entries. The zk params skip, saying why, where ZooKeeper is not
+installed. Tests marked `integration` start real processes that open the same store
+(by its URL): one is killed with SIGKILL (its ephemeral entry must vanish within the
+session TTL), two race conditional sets on one counter, one is paused past the TTL (it
+must learn that its session was lost). The tests at the end are specific to one
+backend: the embedded one, then ZooKeeper (a forced session expiry, a paused server, a
+restarted server, chroot prefixes). Every wait polls with a deadline; nothing sleeps
+and hopes (the one sleep is the length of a server pause). Tests are sync functions
+around `asyncio.run`.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import signal
 import sys
 import time
 import urllib.parse
+import uuid
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterator
 
 import pytest
 
@@ -42,9 +47,11 @@ from control.metastore import (
     SessionExpiredError,
     Set,
     TooManyWatchesError,
+    ZooKeeperMetaStore,
     open_metastore,
 )
 from control.metastore.embedded import METASTORE_PATH_BYTES_MAX
+from tests.zkserver import ZkServer, expire_session, skip_reason, zk_available
 from sms.limits import (
     METASTORE_POLL_INTERVAL_S,
     METASTORE_SESSION_TTL_S,
@@ -59,6 +66,7 @@ WATCH_DEADLINE_S = 2.0           # a watch reports a change within this (40 poll
 CHILD_LINE_DEADLINE_S = 15.0     # a child process prints its next line within this
 EXPIRY_MARGIN_S = 2.0            # an expired session's ephemerals are gone by TTL + this
 RACE_INCREMENTS = 150            # increments per racing process
+ZK_PAUSE_S = METASTORE_SESSION_TTL_S / 3    # a server pause the session must survive
 
 
 # --- fixtures and helpers -------------------------------------------------------------
@@ -75,11 +83,44 @@ class StoreFactory:
         return open_metastore(self.url)
 
 
-@pytest.fixture(params=["embedded"])
+def fresh_prefix() -> str:
+    return f"/test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="module")
+def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZkServer]:
+    """One real ZooKeeper server for the module's tests (each uses its own prefix)."""
+    if not zk_available():
+        pytest.skip(skip_reason())
+    server = ZkServer(tmp_path_factory.mktemp("zk"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def dedicated_zk(tmp_path: Path) -> Iterator[ZkServer]:
+    """A server of one test's own, for tests that pause or restart it."""
+    if not zk_available():
+        pytest.skip(skip_reason())
+    server = ZkServer(tmp_path / "zk")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["embedded", "zk"])
 def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
     if request.param == "embedded":
         path = urllib.parse.quote(str(tmp_path / "meta.lmdb"))
         return StoreFactory("embedded", f"embedded://{path}")
+    if request.param == "zk":
+        server: ZkServer = request.getfixturevalue("zk_server")
+        return StoreFactory("zk", server.url(fresh_prefix()))
     raise AssertionError(f"unknown backend {request.param!r}")
 
 
@@ -698,10 +739,12 @@ def test_embedded_path_length_limit(tmp_path: Path) -> None:
 
 
 def test_open_metastore_urls(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="zookeeper backend not available yet"):
-        open_metastore("zk://127.0.0.1:2181,127.0.0.2:2181/sms")
+    zk = open_metastore("zk://127.0.0.1:2181,127.0.0.2:2182/sms")    # not started:
+    assert isinstance(zk, ZooKeeperMetaStore)                        # no server needed
+    assert (zk.hosts, zk.prefix) == ("127.0.0.1:2181,127.0.0.2:2182", "/sms")
     for url in ["embedded://host/x.lmdb", "embedded:relative.lmdb", "embedded:///dir/",
-                "http://x/y", ""]:
+                "http://x/y", "", "zk://", "zk:///sms", "zk://h:2181/sms/",
+                "zk://h:notaport/sms", "zk://h:2181/a//b", "zk://h:2181/sms?x=1"]:
         with pytest.raises(ValueError):
             open_metastore(url)
     store = open_metastore(f"embedded://{tmp_path}/meta.lmdb")
@@ -710,3 +753,242 @@ def test_open_metastore_urls(tmp_path: Path) -> None:
     plain = open_metastore(str(tmp_path / "plain.lmdb"))
     assert isinstance(plain, EmbeddedMetaStore)
     assert plain.path == str(tmp_path / "plain.lmdb")
+
+
+# --- ZooKeeper backend only -----------------------------------------------------------
+
+def test_zk_forced_session_expiry(zk_server: ZkServer) -> None:
+    """A session ended behind the client's back (another client takes it over and
+    closes it): its ephemerals vanish at once, the owner reports the loss, starts a
+    fresh session, re-arms its watches, and can register again."""
+    async def body() -> None:
+        url = zk_server.url(fresh_prefix())
+        async with open_metastore(url) as store, open_metastore(url) as observer:
+            assert isinstance(store, ZooKeeperMetaStore)
+            lost = asyncio.Event()
+            store.on_session_lost(lost.set)
+            await store.create("/svc/e", b"mine", ephemeral=True)
+            await store.create("/svc/kept", b"persistent")
+            seen_by_observer, seen_by_owner = Counter(), Counter()
+            observer.watch("/svc", seen_by_observer)
+            store.watch("/svc/e", seen_by_owner)
+            first_session = store.session_id
+            assert store.client_id is not None
+            await asyncio.to_thread(expire_session, zk_server.hosts, *store.client_id)
+            assert await observer.get("/svc/e") is None        # deleted at the close
+            await until(lambda: seen_by_observer.calls > 0, WATCH_DEADLINE_S,
+                        "the observer's watch to report the expiry")
+            await asyncio.wait_for(lost.wait(), METASTORE_SESSION_TTL_S + EXPIRY_MARGIN_S)
+            assert store.session_id not in ("", first_session)
+            await until(lambda: seen_by_owner.calls > 0, WATCH_DEADLINE_S,
+                        "the owner's re-armed watch to report its entry gone")
+            assert await store.get("/svc/e") is None
+            assert await store.get("/svc/kept") == Entry(b"persistent", 0, False)
+            await store.create("/svc/e", b"again", ephemeral=True)   # registers again
+            assert await observer.get("/svc/e") == Entry(b"again", 0, True)
+            calls = seen_by_owner.calls
+            await observer.set("/svc/e", b"changed")
+            await until(lambda: seen_by_owner.calls > calls, WATCH_DEADLINE_S,
+                        "the owner's watch to keep working in the fresh session")
+
+    run(body())
+
+
+def test_zk_write_after_expiry_raises_once_then_works(zk_server: ZkServer) -> None:
+    """The write that finds the session expired raises SessionExpiredError (not
+    applied); by then the fresh session is up, so the retry works."""
+    async def body() -> None:
+        async with open_metastore(zk_server.url(fresh_prefix())) as store:
+            lost = asyncio.Event()
+            store.on_session_lost(lost.set)
+            await store.create("/svc/e", ephemeral=True)
+            assert store.client_id is not None
+            await asyncio.to_thread(expire_session, zk_server.hosts, *store.client_id)
+            try:
+                assert await store.set("/svc", b"x") == 1
+            except SessionExpiredError:                       # it found out first
+                assert await store.set("/svc", b"x") == 1
+            await asyncio.wait_for(lost.wait(), METASTORE_SESSION_TTL_S + EXPIRY_MARGIN_S)
+            assert await store.get("/svc/e") is None
+            await store.create("/svc/e", ephemeral=True)
+            assert await store.get("/svc/e") == Entry(b"", 0, True)
+
+    run(body())
+
+
+@pytest.mark.integration
+def test_zk_server_pause_keeps_the_session(dedicated_zk: ZkServer) -> None:
+    """The server SIGSTOPped for a third of the TTL, then resumed: requests made
+    meanwhile complete afterwards, the session and its ephemerals survive, no session
+    loss is reported, and watches keep working."""
+    async def body() -> None:
+        async with open_metastore(dedicated_zk.url("/paused")) as store:
+            lost = Counter()
+            store.on_session_lost(lost)
+            await store.create("/svc/e", b"e", ephemeral=True)
+            await store.create("/c", b"0")
+            seen = Counter()
+            store.watch("/c", seen)
+            first_session = store.session_id
+            dedicated_zk.pause()
+            try:
+                pending = asyncio.ensure_future(store.set("/c", b"1", expected_version=0))
+                await asyncio.sleep(ZK_PAUSE_S)        # the length of the fault
+                assert not pending.done()
+            finally:
+                dedicated_zk.resume()
+            assert await asyncio.wait_for(pending, CHILD_LINE_DEADLINE_S) == 1
+            await until(lambda: seen.calls > 0, WATCH_DEADLINE_S, "the watch on /c")
+            assert await store.get("/c") == Entry(b"1", 1, False)
+            assert await store.get("/svc/e") == Entry(b"e", 0, True)
+            assert store.session_id == first_session
+            assert lost.calls == 0
+
+    run(body())
+
+
+@pytest.mark.integration
+def test_zk_server_restart_is_survived(dedicated_zk: ZkServer) -> None:
+    """The server stopped and started again on the same data dir and port: the client
+    reconnects by itself, persistent entries are there, its watches are re-armed, and
+    its session either survived (ephemerals kept) or was reported lost (ephemerals
+    gone)."""
+    async def body() -> None:
+        async with open_metastore(dedicated_zk.url("/restarted")) as store:
+            lost = Counter()
+            store.on_session_lost(lost)
+            await store.create("/kept", b"persistent")
+            await store.create("/svc/e", b"e", ephemeral=True)
+            seen = Counter()
+            store.watch("/kept", seen)
+            first_session = store.session_id
+            await asyncio.to_thread(dedicated_zk.restart)
+            assert await store.get("/kept") == Entry(b"persistent", 0, False)
+            assert await store.set("/kept", b"after", expected_version=0) == 1
+            await until(lambda: seen.calls > 0, WATCH_DEADLINE_S,
+                        "the re-armed watch to report the set")
+            if store.session_id == first_session:
+                assert lost.calls == 0
+                assert await store.get("/svc/e") == Entry(b"e", 0, True)
+            else:
+                await until(lambda: lost.calls > 0, WATCH_DEADLINE_S, "session lost")
+                assert await store.get("/svc/e") is None
+
+    run(body())
+
+
+def test_zk_prefixes_are_chroots(zk_server: ZkServer) -> None:
+    """A prefix is created if missing and holds every path; stores on different
+    prefixes do not see each other; without a prefix the server's own /zookeeper is
+    neither listed nor writable."""
+    async def body() -> None:
+        top = fresh_prefix()
+        async with open_metastore(zk_server.url(f"{top}/a/b")) as deep, \
+                open_metastore(zk_server.url(top)) as outer, \
+                open_metastore(zk_server.url(fresh_prefix())) as other, \
+                open_metastore(zk_server.url()) as bare:
+            await deep.create("/x", b"in deep")
+            assert await deep.children("/") == ["x"]
+            assert await outer.children("/") == ["a"]
+            assert await outer.get("/a/b/x") == Entry(b"in deep", 0, False)
+            assert await other.children("/") == []
+            assert await deep.get("/") == Entry(b"", 0, False)
+            names = await bare.children("/")
+            assert top[1:] in names and "zookeeper" not in names
+            for attempt in [bare.create("/zookeeper/x"), bare.get("/zookeeper"),
+                            deep.create("/bad\u0001name")]:
+                with pytest.raises(ValueError):
+                    await attempt
+
+    run(body())
+
+
+def test_zk_recursive_delete_in_several_multis(zk_server: ZkServer,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subtree larger than one multi is deleted in several, each guarded by the
+    version of the subtree's root: a stale expected version deletes nothing."""
+    from control.metastore import zookeeper
+
+    monkeypatch.setattr(zookeeper, "ZK_MULTI_OPS_MAX", 3)
+    async def body() -> None:
+        async with open_metastore(zk_server.url(fresh_prefix())) as store:
+            paths = [f"/t/{a}/{b}" for a in "abc" for b in "xyz"]
+            for path in paths:
+                await store.create(path, path.encode())
+            await store.set("/t", b"v1")
+            with pytest.raises(BadVersionError):
+                await store.delete("/t", expected_version=0, recursive=True)
+            for path in paths:
+                assert await store.get(path) == Entry(path.encode(), 0, False)
+            await store.delete("/t", expected_version=1, recursive=True)
+            assert await store.children("/") == []
+
+    run(body())
+
+
+def test_zk_commit_delete_pinned_version_goes_stale(zk_server: ZkServer) -> None:
+    """A Delete without expected version is sent pinned to the version read before the
+    multi; when another client sets the entry in between, the commit reads again and
+    still deletes, reporting the version the entry had."""
+    async def body() -> None:
+        url = zk_server.url(fresh_prefix())
+        async with open_metastore(url) as store, open_metastore(url) as other:
+            assert isinstance(store, ZooKeeperMetaStore)
+            await store.create("/d", b"0")
+            real_pins = store._delete_pins
+            raced = []
+
+            async def racing_pins(ops, deadline):        # type: ignore[no-untyped-def]
+                pins = await real_pins(ops, deadline)
+                if not raced:
+                    raced.append(await other.set("/d", b"meanwhile"))
+                return pins
+
+            store._delete_pins = racing_pins             # type: ignore[method-assign]
+            assert await store.commit([Delete("/d")]) == [1]
+            assert raced == [1]
+            assert await other.get("/d") is None
+
+    run(body())
+
+
+def test_zk_lost_answer_of_applied_write_is_recognised(zk_server: ZkServer) -> None:
+    """The connection drops after a write was applied but before its answer came: the
+    retry's failure (exists / bad version / no entry) is recognised as the success it
+    was. A commit is not retried: it raises ConnectionLossError."""
+    from kazoo.exceptions import ConnectionLoss
+
+    from control.metastore.zookeeper import ConnectionLossError
+
+    async def body() -> None:
+        async with open_metastore(zk_server.url(fresh_prefix())) as store:
+            assert isinstance(store, ZooKeeperMetaStore)
+            real_await = store._await
+            lose_next = [False]
+
+            async def lossy(result, deadline):           # type: ignore[no-untyped-def]
+                value = await real_await(result, deadline)   # applied...
+                if lose_next[0]:
+                    lose_next[0] = False
+                    raise ConnectionLoss()                   # ...answer lost
+                return value
+
+            store._await = lossy                         # type: ignore[method-assign]
+            lose_next[0] = True
+            assert await store.create("/svc/e", b"e", ephemeral=True) == 0
+            assert await store.get("/svc/e") == Entry(b"e", 0, True)
+            lose_next[0] = True
+            assert await store.create("/p", b"p") == 0
+            lose_next[0] = True
+            assert await store.set("/p", b"q", expected_version=0) == 1
+            lose_next[0] = True
+            await store.delete("/p", expected_version=1)
+            assert await store.get("/p") is None
+            lose_next[0] = True
+            with pytest.raises(ConnectionLossError):
+                await store.commit([Create("/c", b"c")])
+            assert await store.get("/c") == Entry(b"c", 0, False)   # it was applied
+            with pytest.raises(NodeExistsError):                    # not recognised
+                await store.create("/svc/e", b"other", ephemeral=True)   # as ours
+
+    run(body())
