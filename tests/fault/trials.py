@@ -167,6 +167,9 @@ def _run(kind: str, backend: str, cluster: LocalCluster, zk) -> Trial:
                 cluster.kill(leader)
                 notes = f"leader {leader} killed, then head {victim}"
                 cluster.kill(victim)          # the new leader must carry out the failover
+                # no config lost, and admin calls reach the new leader
+                assert client.get_stream_info(stream).partition(0).hash_hi == p0.hash_hi
+                client.create_stream(stream + "-after", partitions=1, replication_factor=2)
             elif kind in ("kill_head", "kill_middle", "kill_tail", "kill_ingestion"):
                 load.mark_fault(kind, partitions=heads or affected)
                 cluster.kill(victim)

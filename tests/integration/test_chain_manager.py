@@ -1,0 +1,94 @@
+"""The chain manager against a real metadata store (both backends): config changes are
+conditional writes, so two control processes that both believe they lead can never
+both commit a change to one chain, and a manager that decided on a stale config
+commits nothing. No storage processes: nodes are ephemeral registrations made here."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.parse
+import uuid
+
+import pytest
+
+from control.admin import ensure_roots
+from control.manager import ChainManager
+from control.metastore import open_metastore
+from sms import metadata
+from sms.metadata import ChainChange, ChainConfig, StreamConfig
+from sms.types import IngestionPolicy, NodeInfo, Persistence, StreamStatus
+from tests.zkserver import ZkServer, skip_reason, zk_available
+
+pytestmark = pytest.mark.integration
+
+TEST_TIMEOUT_S = 30.0
+CID = "s:0"
+
+
+@pytest.fixture(scope="module")
+def zk_server(tmp_path_factory):
+    if not zk_available():
+        pytest.skip(skip_reason())
+    server = ZkServer(tmp_path_factory.mktemp("zk")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["embedded", "zk"])
+def url(request, tmp_path) -> str:
+    if request.param == "embedded":
+        return "embedded://" + urllib.parse.quote(str(tmp_path / "meta.lmdb"))
+    return request.getfixturevalue("zk_server").url(f"/cm-{uuid.uuid4().hex[:8]}")
+
+
+async def _setup(store, live: list[str], members: tuple[str, ...]) -> None:
+    await ensure_roots(store)
+    config = StreamConfig(name="s", partitions=1, replication_factor=len(members), persistence=Persistence.DISK,
+                          ingestion_policy=IngestionPolicy.AT_LEAST_ONCE_NO_DUP, retention_hours=24,
+                          created_ms=1, status=StreamStatus.ACTIVE)
+    await store.create(metadata.stream_path("s"), config.to_bytes())
+    chain = ChainConfig(chain_id=CID, stream="s", ordinal=0, epoch=1, members=members,
+                        persistence=Persistence.DISK, incarnations=tuple((n, 100) for n in members),
+                        history=(ChainChange(1, 1, "created", members[0], "test"),))
+    await store.create(metadata.chain_path(CID), chain.to_bytes())
+    for n in live:
+        info = NodeInfo(node_id=n, address="127.0.0.1:1", roles=("storage",), pid=1, started_ms=100)
+        await store.create(metadata.node_path(n), metadata.node_to_bytes(info), ephemeral=True)
+
+
+async def _chain(store) -> ChainConfig:
+    return ChainConfig.from_bytes((await store.get(metadata.chain_path(CID))).value)
+
+
+def test_two_leaders_commit_one_change(url):
+    async def body():
+        async with open_metastore(url) as a, open_metastore(url) as b:
+            await _setup(a, live=["n2", "n3"], members=("n1", "n2", "n3"))
+            changed = await asyncio.gather(ChainManager(a).round(), ChainManager(b).round())
+            chain = await _chain(a)
+            assert chain.members == ("n2", "n3") and chain.epoch == 2, chain
+            removals = [h for h in chain.history if h.action == "removed"]
+            assert [h.node for h in removals] == ["n1"], chain.history
+            assert sum(changed) >= 1
+    asyncio.run(asyncio.wait_for(body(), TEST_TIMEOUT_S))
+
+
+def test_a_decision_on_a_stale_config_commits_nothing(url):
+    async def body():
+        async with open_metastore(url) as a, open_metastore(url) as b:
+            await _setup(a, live=["n2", "n3"], members=("n1", "n2", "n3"))
+            deposed, leader = ChainManager(a), ChainManager(b)
+            stale = await deposed._chains()                 # read before the other leader acts
+            assert await leader.round() == 1
+            deposed._chains = lambda: _return(stale)        # decide on what it read earlier
+            assert await deposed.round() == 0
+            chain = await _chain(a)
+            assert chain.epoch == 2 and chain.members == ("n2", "n3")
+            assert [h.action for h in chain.history].count("removed") == 1
+    asyncio.run(asyncio.wait_for(body(), TEST_TIMEOUT_S))
+
+
+async def _return(value):
+    return value
