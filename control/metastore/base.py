@@ -113,6 +113,14 @@ class SessionExpiredError(MetaStoreError):
     retriable = True
 
 
+class ConnectionLossError(MetaStoreError):
+    """The connection to the store was lost while the operation was in flight (the
+    ZooKeeper backend), or no server answered in time: it may or may not have been
+    applied. Re-read, then decide again."""
+
+    retriable = True
+
+
 class MetaStoreClosedError(MetaStoreError):
     """An operation on a store that is not open (not started yet, or closed)."""
 

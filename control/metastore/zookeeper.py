@@ -76,6 +76,7 @@ from control.metastore.base import (
     ROOT,
     BadVersionError,
     Check,
+    ConnectionLossError,
     Create,
     Delete,
     Entry,
@@ -121,13 +122,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-
-class ConnectionLossError(MetaStoreError):
-    """The connection to ZooKeeper was lost while the operation was in flight, or no
-    server answered within ZK_OPERATION_TIMEOUT_S: it may or may not have been
-    applied. Re-read, then decide again."""
-
-    retriable = True
 
 
 # --- the URL --------------------------------------------------------------------------
