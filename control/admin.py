@@ -16,6 +16,8 @@ import secrets
 import time
 from collections import Counter
 
+import grpc
+
 from control import placement
 from control.metastore import Create, MetaStore, NodeExistsError, NoNodeError, Set
 from control.metaview import ClusterView
@@ -131,22 +133,41 @@ class StreamAdmin:
         self.view.invalidate()
 
     async def _wait_replicas(self, name: str, chains: list[tuple[str, ...]], nodes: dict) -> None:
-        """Poll NodeStatus of every member until each holds its replicas."""
-        expected: dict[str, set[str]] = {}
-        for ordinal, members in enumerate(chains):
-            for n in members:
-                expected.setdefault(n, set()).add(metadata.chain_id(name, ordinal))
+        """Poll NodeStatus until every current member of every chain of the stream holds
+        its replica. The chain configs are re-read each round: a member that died
+        meanwhile is replaced by the chain manager, and the stream waits for the new one."""
         deadline = time.monotonic() + STREAM_READY_TIMEOUT_S
-        for node_id, want in expected.items():
-            async with rpc.aio_channel(nodes[node_id].address) as channel:
-                stub = sms_pb2_grpc.StorageStub(channel)
-                while True:
-                    status = await stub.NodeStatus(sms_pb2.Empty(), timeout=limits.RPC_TIMEOUT_S)
-                    if want <= {r.chain_id for r in status.replicas}:
-                        break
-                    if time.monotonic() > deadline:
-                        raise Timeout(f"stream {name!r}: node {node_id} did not open its replicas in time")
-                    await asyncio.sleep(limits.METASTORE_POLL_INTERVAL_S)
+        ready: set[tuple[str, str]] = set()
+        while True:
+            self.view.invalidate()
+            live = await self.view.nodes()
+            missing = []
+            for ordinal in range(len(chains)):
+                cid = metadata.chain_id(name, ordinal)
+                entry = await self.store.get(metadata.chain_path(cid))
+                if entry is None:
+                    raise StreamNotFound(f"stream {name!r} was deleted while it was being created")
+                for member in ChainConfig.from_bytes(entry.value).members:
+                    if (member, cid) not in ready:
+                        missing.append((member, cid))
+            for member, cid in missing:
+                node = live.get(member)
+                if node is None:
+                    continue
+                try:
+                    async with rpc.aio_channel(node.address) as channel:
+                        status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
+                            sms_pb2.Empty(), timeout=limits.RPC_TIMEOUT_S)
+                except grpc.aio.AioRpcError:
+                    continue            # down or restarting: the chain manager replaces it
+                held = {r.chain_id for r in status.replicas}
+                ready.update((member, c) for m, c in missing if m == member and c in held)
+            if all(m in ready for m in missing):
+                return
+            if time.monotonic() > deadline:
+                pending = sorted({f"{m} ({c})" for m, c in missing if (m, c) not in ready})
+                raise Timeout(f"stream {name!r}: replicas not open in time on {', '.join(pending)}")
+            await asyncio.sleep(limits.METASTORE_POLL_INTERVAL_S)
 
     async def delete_stream(self, name: str) -> None:
         metadata.validate_stream_name(name)

@@ -51,6 +51,12 @@ def rpc_errors(handler):
             await context.abort(e.code, e.message or e.name)
         except errors.InvariantViolation:
             raise
+        except grpc.aio.AioRpcError as e:
+            # a call this handler made to another node failed: name it as that node's error
+            # (Unavailable for a node that is down), so the caller can retry
+            err = to_sms_error(e)
+            context.set_trailing_metadata(((ERROR_KEY, err.name),))
+            await context.abort(err.code, f"a call to another node failed: {err.message or err.name}")
         except Exception as e:  # an operating error we did not name: answer, keep serving
             if isinstance(e, (grpc.aio.AbortError,)):
                 raise
