@@ -71,6 +71,14 @@ class InvalidHashKey(InvalidArgument):
     pass
 
 
+class PartitionsNotAdjacent(InvalidArgument):
+    """A merge of two partitions whose hash ranges do not touch."""
+
+
+class InvalidSplitPoint(InvalidArgument):
+    """A split hash outside the partition's range (or on its lower bound)."""
+
+
 class RecordTooLarge(InvalidArgument):
     pass
 
@@ -119,6 +127,16 @@ class PartitionClosed(FailedPrecondition):
 class StaleEpoch(FailedPrecondition):
     retriable = True
     refresh_map = True
+
+
+class PartitionNotOpen(FailedPrecondition):
+    """A split or merge of a partition that is closed (already split or merged)."""
+
+
+class RepartitionInProgress(FailedPrecondition):
+    """A split or merge of a partition that is being changed right now."""
+
+    retriable = True
 
 
 class NotEnoughNodes(FailedPrecondition):
@@ -184,6 +202,14 @@ class TableFull(Throttled):
 
 class LimitExceeded(SmsError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class TooManyPartitions(LimitExceeded):
+    """A repartition that would leave more open partitions than STREAM_PARTITIONS_MAX."""
+
+
+class RescaleTooSoon(LimitExceeded):
+    """More repartitions of one stream in a day than REPARTITIONS_PER_DAY_MAX."""
 
 
 # DEADLINE_EXCEEDED / UNAVAILABLE / auth

@@ -2,9 +2,15 @@
 
 Each entry covers a hash range [lo, hi) of the 128-bit space and is valid for a range of
 SN time [valid_from_ms, valid_to_ms). At creation the space splits into equal parts. A
-repartition (a later issue) adds entries and closes parents; it never rewrites entries
-it does not affect. The map is stored as JSON in the metadata store and read by every
-role; `version` is the metadata store's version of that entry.
+repartition adds entries and closes parents; it never rewrites entries it does not
+affect: `split` closes one entry and adds two children covering its range, `merge`
+closes two adjacent entries and adds one child covering both, and `next_scale_step`
+names the next split or merge toward N even ranges. A closed entry records its ending
+SN and the boundary time from which its children govern; every SN's timestamp picks
+the entries that governed it (`entries_at`). The map is stored as JSON in the metadata
+store and read by every role; `version` is the metadata store's version of that entry.
+These functions are pure: the switch protocol that seals parents and commits the new
+map lives in the control role.
 """
 
 from __future__ import annotations
@@ -12,6 +18,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 
+from sms import limits
+from sms.errors import (InvalidSplitPoint, PartitionNotFound, PartitionNotOpen, PartitionsNotAdjacent,
+                        TooManyPartitions)
 from sms.hashing import HASH_SPACE
 from sms.types import PartitionState
 
@@ -81,6 +90,90 @@ class PartitionMap:
             if e.state is PartitionState.OPEN and e.covers(hash_key):
                 return e
         raise KeyError(hash_key)
+
+    def entries_at(self, ts_ms: int) -> list[PartitionEntry]:
+        """The entries that governed SN time `ts_ms` (valid_from <= ts < valid_to)."""
+        return [e for e in self.entries
+                if e.valid_from_ms <= ts_ms and (e.valid_to_ms is None or ts_ms < e.valid_to_ms)]
+
+    def _open(self, ordinal: int) -> PartitionEntry:
+        try:
+            e = self.entry(ordinal)
+        except KeyError:
+            raise PartitionNotFound(f"no partition p{ordinal:04d}") from None
+        if e.state is not PartitionState.OPEN:
+            raise PartitionNotOpen(f"partition p{ordinal:04d} is {e.state.value}; children "
+                                   + ", ".join(f"p{c:04d}" for c in e.children))
+        return e
+
+    def _with_changes(self, closed: list[PartitionEntry], added: list[PartitionEntry]) -> "PartitionMap":
+        opened = len(self.open_entries()) - len(closed) + len(added)
+        if opened > limits.STREAM_PARTITIONS_MAX:
+            raise TooManyPartitions(f"{opened} open partitions; at most {limits.STREAM_PARTITIONS_MAX}")
+        if len(self.entries) + len(added) > limits.MAP_ENTRIES_MAX:
+            raise TooManyPartitions(f"{len(self.entries) + len(added)} map entries; at most "
+                                    f"{limits.MAP_ENTRIES_MAX} (closed partitions leave with retention)")
+        by_ordinal = {e.ordinal: e for e in closed}
+        entries = tuple(by_ordinal.get(e.ordinal, e) for e in self.entries) + tuple(added)
+        return replace(self, entries=entries, next_ordinal=self.next_ordinal + len(added))
+
+    def check_split(self, ordinal: int, at_hash: int | None = None) -> int:
+        """The split point (the middle by default); a named error if the split is invalid."""
+        e = self._open(ordinal)
+        at = (e.hash_lo + e.hash_hi) // 2 if at_hash is None else at_hash
+        if not e.hash_lo < at < e.hash_hi:
+            raise InvalidSplitPoint(f"split at {at}: partition p{ordinal:04d} covers [{e.hash_lo}, {e.hash_hi}); "
+                                    "the point must lie strictly inside")
+        return at
+
+    def split(self, ordinal: int, at_hash: int | None, boundary_ms: int, ending_sn: int) -> "PartitionMap":
+        """Close `ordinal` at `ending_sn`; two children govern [lo, at) and [at, hi) from boundary_ms."""
+        at = self.check_split(ordinal, at_hash)
+        e = self.entry(ordinal)
+        a, b = self.next_ordinal, self.next_ordinal + 1
+        children = [PartitionEntry(a, e.hash_lo, at, boundary_ms, parents=(ordinal,)),
+                    PartitionEntry(b, at, e.hash_hi, boundary_ms, parents=(ordinal,))]
+        closed = replace(e, state=PartitionState.CLOSED, valid_to_ms=boundary_ms, children=(a, b),
+                         ending_sn=ending_sn)
+        return self._with_changes([closed], children)
+
+    def check_merge(self, ordinal_a: int, ordinal_b: int) -> tuple[PartitionEntry, PartitionEntry]:
+        """The two entries, lower range first; a named error if they cannot merge."""
+        if ordinal_a == ordinal_b:
+            raise PartitionsNotAdjacent(f"merge of p{ordinal_a:04d} with itself")
+        a, b = sorted((self._open(ordinal_a), self._open(ordinal_b)), key=lambda e: e.hash_lo)
+        if a.hash_hi != b.hash_lo:
+            raise PartitionsNotAdjacent(f"p{a.ordinal:04d} [{a.hash_lo}, {a.hash_hi}) and p{b.ordinal:04d} "
+                                        f"[{b.hash_lo}, {b.hash_hi}) are not adjacent")
+        return a, b
+
+    def merge(self, ordinal_a: int, ordinal_b: int, boundary_ms: int,
+              ending_sns: dict[int, int]) -> "PartitionMap":
+        """Close two adjacent entries; one child governs their union from boundary_ms."""
+        a, b = self.check_merge(ordinal_a, ordinal_b)
+        c = self.next_ordinal
+        child = PartitionEntry(c, a.hash_lo, b.hash_hi, boundary_ms, parents=(a.ordinal, b.ordinal))
+        closed = [replace(e, state=PartitionState.CLOSED, valid_to_ms=boundary_ms, children=(c,),
+                          ending_sn=ending_sns[e.ordinal]) for e in (a, b)]
+        return self._with_changes(closed, [child])
+
+    def next_scale_step(self, target: int) -> tuple | None:
+        """The next change toward `target` even ranges: ("split", ordinal, at_hash) while some
+        target boundary falls inside an open partition, then ("merge", a, b) while a
+        target range holds more than one; None once the open partitions are the target."""
+        if not 1 <= target <= limits.STREAM_PARTITIONS_MAX:
+            raise TooManyPartitions(f"scale to {target}; expected 1..{limits.STREAM_PARTITIONS_MAX}")
+        bounds = [i * HASH_SPACE // target for i in range(target)] + [HASH_SPACE]
+        opened = sorted(self.open_entries(), key=lambda e: e.hash_lo)
+        for at in bounds[1:-1]:
+            for e in opened:
+                if e.hash_lo < at < e.hash_hi:
+                    return ("split", e.ordinal, at)
+        for lo, hi in zip(bounds, bounds[1:]):
+            inside = [e for e in opened if lo <= e.hash_lo and e.hash_hi <= hi]
+            if len(inside) > 1:
+                return ("merge", inside[0].ordinal, inside[1].ordinal)
+        return None
 
     def with_version(self, version: int) -> "PartitionMap":
         return replace(self, version=version)
