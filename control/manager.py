@@ -92,14 +92,16 @@ class ChainManager:
             cache[name] = StreamConfig.from_bytes(entry.value) if entry is not None and entry.value else None
         return cache[name]
 
-    async def _replica_status(self, node: NodeInfo, cache: dict) -> dict[str, tuple[int, bool, int]]:
-        """chain id -> (records, verified, last SN) on the node; {} when it does not answer."""
+    async def _replica_status(self, node: NodeInfo, cache: dict) -> dict[str, tuple]:
+        """chain id -> (records, verified, last SN, role, epoch) on the node; {} when it does not answer."""
         if node.node_id not in cache:
             try:
                 async with rpc.aio_channel(node.address) as channel:
                     status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
                         sms_pb2.Empty(), timeout=limits.CHAIN_MANAGER_INTERVAL_S * 4)
-                cache[node.node_id] = {r.chain_id: (r.records, r.verified, int(r.last_sn)) for r in status.replicas}
+                cache[node.node_id] = {r.chain_id: (r.records, r.verified, int(r.last_sn), r.role, r.epoch,
+                                                    tuple(r.gated_learners))
+                                       for r in status.replicas}
             except Exception as e:        # an unreachable node tells us nothing this round
                 raise_if_cancelling()
                 log.debug("NodeStatus of %s failed: %s", node.node_id, e)
@@ -131,8 +133,13 @@ class ChainManager:
                     if learner not in nodes or tail is None:
                         continue
                     mine = (await self._replica_status(nodes[learner], statuses)).get(config.chain_id)
-                    if mine is not None and mine[2] <= tail[2]:
-                        progress[learner] = chains.LearnerProgress(verified=mine[1], lag_records=tail[0] - mine[0])
+                    # only a replica that knows it is this chain's learner reports its own progress
+                    if mine is not None and mine[3] == "learner" and mine[4] == config.epoch and mine[2] <= tail[2]:
+                        # promotable only once the tail gates its commits on it (it then holds
+                        # every committed batch): "verified" in the planner's terms
+                        gated = tail[4] == config.epoch and learner in tail[5]
+                        progress[learner] = chains.LearnerProgress(verified=mine[1] and gated,
+                                                                   lag_records=tail[0] - mine[0])
             new = chains.plan(config, live, stream.replication_factor, load, progress, now_ms, learning)
             if new is None:
                 continue

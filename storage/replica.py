@@ -53,17 +53,36 @@ class Replica:
         self.origins: collections.OrderedDict[int, collections.OrderedDict] | None = None
         # a learner's log is verified once its predecessor found it a prefix of its own
         self.verified = False
+        # bumped when the log is wiped: every stream that relied on the old log (an incoming
+        # one verified against it, an outgoing link's cursor into it) must start again
+        self.generation = 0
+        # the tail's learners: node -> its acked SN. A learner that has once caught up with
+        # the tail is *gated*: from then on the tail commits only what it has acked, so the
+        # learner holds every committed batch when the chain manager promotes it (it only
+        # promotes a gated learner) and the handover loses nothing committed.
+        self.learner_acked: dict[str, int] = {}
+        self.gated: set[str] = set()
         self.apply_config(config)
 
     def apply_config(self, config: ChainConfig) -> None:
         """Adopt a (new) chain config. A tail's whole log is committed by definition (every
         member before it holds it too); the watermark stored on disk may lag it by one
         batch, so a tail takes its last SN."""
+        was_learner = self.node_id in self.config.learners
         self.config = config
-        if self.is_tail and self.log.last_sn > self.log.committed_sn:
-            self.store.set_committed(self.log, self.log.last_sn)
+        for n in list(self.learner_acked):
+            if not (self.is_tail and n in config.learners):
+                self.learner_acked.pop(n, None)
+                self.gated.discard(n)
+        if self.is_tail:
+            self._commit_as_tail(self.log.last_sn)
         if not self.is_learner:
             self.verified = True
+        elif not was_learner:
+            # taken back as a learner (it missed the configs that removed it: it was paused):
+            # its log must be verified anew, and what it knew as a head is stale
+            self.verified = False
+            self.origins = None
 
     # --- roles --------------------------------------------------------------------
     @property
@@ -127,7 +146,7 @@ class Replica:
             self.recent.append((header.first_sn, header.last_sn, batch))
             self._remember(header)
         if self.is_tail:
-            self.store.set_committed(self.log, header.last_sn)
+            self._commit_as_tail(header.last_sn)
         await self.notify()
         return header
 
@@ -153,10 +172,14 @@ class Replica:
         while len(seen) > limits.HEAD_ORIGIN_BATCHES_MAX:
             seen.popitem(last=False)
 
-    async def append_as_successor(self, batch: bytes, predecessor_committed: int = 0) -> None:
+    async def append_as_successor(self, batch: bytes, predecessor_committed: int = 0,
+                                  generation: int | None = None) -> None:
         """Persist a batch from the predecessor; a batch already held is skipped. A learner
-        commits nothing itself: it adopts its predecessor's (the tail's) watermark."""
+        commits nothing itself: it adopts its predecessor's (the tail's) watermark.
+        `generation`: the log generation the stream was verified against at its hello."""
         self.check_active()
+        if generation is not None and generation != self.generation:
+            raise StaleEpoch(f"{self.chain_id}: the log on {self.node_id} was wiped after this stream began")
         header = codec.verify(batch)
         await asyncio.shield(self._store_successor(header, batch, predecessor_committed))   # as append_as_head
 
@@ -173,7 +196,7 @@ class Replica:
         await self.store.append(self.log, batch)
         self.recent.append((header.first_sn, header.last_sn, batch))
         if self.is_tail:
-            self.store.set_committed(self.log, header.last_sn)
+            self._commit_as_tail(header.last_sn)
         elif self.is_learner:
             adopted = min(predecessor_committed, self.log.last_sn)
             if adopted > self.log.committed_sn:
@@ -206,6 +229,25 @@ class Replica:
         self.recent.clear()
         self.origins = None
         self.verified = True
+        self.generation += 1
+        await self.notify()
+
+    def _commit_as_tail(self, sn: int) -> None:
+        """A tail commits what it holds, but no more than its gated learners have acked."""
+        for n in self.gated:
+            sn = min(sn, self.learner_acked.get(n, 0))
+        sn = min(sn, self.log.last_sn)
+        if sn > self.log.committed_sn:
+            self.store.set_committed(self.log, sn)
+
+    async def on_learner_acked(self, learner: str, acked_sn: int) -> None:
+        """A learner's link ack (tail only): its progress, and the gate once it caught up."""
+        if not self.is_tail or learner not in self.config.learners:
+            return
+        self.learner_acked[learner] = max(self.learner_acked.get(learner, 0), acked_sn)
+        if learner not in self.gated and self.learner_acked[learner] >= self.log.last_sn:
+            self.gated.add(learner)
+        self._commit_as_tail(self.log.last_sn)
         await self.notify()
 
     async def on_successor_committed(self, committed_sn: int) -> None:
@@ -262,14 +304,16 @@ class Replica:
     def status(self) -> dict:
         return {"chain_id": self.chain_id, "epoch": self.config.epoch, "role": self.config.role_of(self.node_id),
                 "last_sn": self.log.last_sn, "committed_sn": self.log.committed_sn,
-                "batches": self.log.batches, "records": self.log.records, "verified": self.verified}
+                "batches": self.log.batches, "records": self.log.records, "verified": self.verified,
+                "gated": sorted(self.gated)}
 
 
 class DownstreamLink:
     """Ships a replica's log to its successor and feeds commit acks back."""
 
-    def __init__(self, replica: Replica, successor_address_fn, learner: bool = False):
+    def __init__(self, replica: Replica, successor_address_fn, learner: bool = False, successor_id: str = ""):
         self.replica = replica
+        self.successor_id = successor_id
         self.successor_address_fn = successor_address_fn   # () -> address or None
         self.learner = learner     # a learner's acks are progress only: it commits nothing
         self.task: asyncio.Task | None = None
@@ -299,7 +343,8 @@ class DownstreamLink:
         async with rpc.aio_channel(address) as channel:
             stub = sms_pb2_grpc.StorageStub(channel)
             call = stub.Replicate()
-            await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=r.config.epoch, hello=True))
+            epoch, generation = r.config.epoch, r.generation
+            await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=epoch, hello=True))
             hello = await call.read()
             if hello is grpc.aio.EOF:
                 raise ConnectionError("successor closed the link")
@@ -307,29 +352,34 @@ class DownstreamLink:
                 if hello.error_name == "StaleEpoch":
                     raise StaleEpoch(hello.error_message)
                 raise ConnectionError(f"{hello.error_name}: {hello.error_message}")
+            if hello.epoch != epoch or r.config.epoch != epoch:
+                raise StaleEpoch(f"{r.chain_id}: hello answered in epoch {hello.epoch}; link of epoch {epoch}")
             successor_last = seqno.from_bytes(hello.last_sn)
             if successor_last and not r.holds_batch(seqno.from_bytes(hello.last_first_sn), successor_last,
                                                     hello.last_checksum):
                 # its log is not a prefix of ours (a restarted node that had taken writes we
                 # never saw, or lost some): it is wiped and copied from the start
-                await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=r.config.epoch, reset=True))
+                await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=epoch, reset=True))
                 await call.done_writing()
                 await asyncio.wait_for(_drain(call), limits.RPC_TIMEOUT_S)   # it closes once wiped
                 raise ConnectionError(f"successor's log ended at {successor_last}, not a prefix of ours; "
                                       f"it was wiped and is copied anew")
-            await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=r.config.epoch, verified=True))
+            await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=epoch, verified=True))
             self.acked_sn = successor_last
-            if not self.learner:
+            if self.learner:
+                await r.on_learner_acked(self.successor_id, successor_last)
+            else:
                 await r.on_successor_committed(seqno.from_bytes(hello.committed_sn))
             self.connected = True
             sent_sn = successor_last
             inflight: collections.deque[int] = collections.deque()   # last SNs sent, not acked
-            reader = asyncio.get_running_loop().create_task(self._read_acks(call))
+            reader = asyncio.get_running_loop().create_task(self._read_acks(call, epoch))
 
             def ready() -> bool:
                 while inflight and inflight[0] <= self.acked_sn:
                     inflight.popleft()
-                return reader.done() or r.state is not ReplicaState.ACTIVE or (
+                return (reader.done() or r.state is not ReplicaState.ACTIVE or r.config.epoch != epoch
+                        or r.generation != generation) or (
                     r.last_sn > sent_sn and len(inflight) < limits.CHAIN_INFLIGHT_BATCHES_MAX)
 
             try:
@@ -342,10 +392,14 @@ class DownstreamLink:
                     if reader.done():
                         reader.result()
                         raise ConnectionError("successor closed the link")
+                    if r.config.epoch != epoch:
+                        raise StaleEpoch(f"{r.chain_id}: moved to epoch {r.config.epoch}; link of epoch {epoch}")
+                    if r.generation != generation:
+                        raise ConnectionError(f"{r.chain_id}: our log was wiped; the successor starts again")
                     room = limits.CHAIN_INFLIGHT_BATCHES_MAX - len(inflight)
                     for batch in r.batches_after(sent_sn, room):
                         await call.write(sms_pb2.ReplicateRequest(
-                            chain_id=r.chain_id, epoch=r.config.epoch, batch=batch,
+                            chain_id=r.chain_id, epoch=epoch, batch=batch,
                             committed_sn=seqno.to_bytes(r.committed_sn)))
                         sent_sn = codec.read_header(batch).last_sn
                         inflight.append(sent_sn)
@@ -353,7 +407,7 @@ class DownstreamLink:
                 reader.cancel()
                 call.cancel()
 
-    async def _read_acks(self, call) -> None:
+    async def _read_acks(self, call, epoch: int) -> None:
         r = self.replica
         while True:
             ack = await call.read()
@@ -361,8 +415,12 @@ class DownstreamLink:
                 return
             if ack.error_name:
                 raise ConnectionError(f"{ack.error_name}: {ack.error_message}")
+            if ack.epoch != epoch or r.config.epoch != epoch:
+                raise ConnectionError(f"ack of epoch {ack.epoch} on a link of epoch {epoch}")
             self.acked_sn = max(self.acked_sn, seqno.from_bytes(ack.last_sn))
-            if not self.learner:
+            if self.learner:
+                await r.on_learner_acked(self.successor_id, self.acked_sn)
+            else:
                 await r.on_successor_committed(seqno.from_bytes(ack.committed_sn))
             await r.notify()
 

@@ -156,7 +156,8 @@ class StorageNode:
         for successor in targets:
             if successor is None:
                 continue
-            link = DownstreamLink(replica, lambda s=successor: self.addresses.get(s), learner=successor in config.learners)
+            link = DownstreamLink(replica, lambda s=successor: self.addresses.get(s),
+                                  learner=successor in config.learners, successor_id=successor)
             replica.links[successor] = link
             link.start()
 
@@ -241,10 +242,11 @@ class StorageService(sms_pb2_grpc.StorageServicer):
             return
         sent = (replica.last_sn, replica.committed_sn)
         last = replica.last_header()
+        epoch, generation = hello.epoch, replica.generation
         await context.write(sms_pb2.ReplicateAck(
             last_sn=seqno.to_bytes(sent[0]), committed_sn=seqno.to_bytes(sent[1]),
             last_first_sn=seqno.to_bytes(last.first_sn if last else 0),
-            last_checksum=last.checksum if last else 0))
+            last_checksum=last.checksum if last else 0, epoch=epoch))
         failure: list[SmsError] = []
 
         async def take_batches() -> None:
@@ -263,7 +265,7 @@ class StorageService(sms_pb2_grpc.StorageServicer):
                     replica.verified = True
                     continue
                 try:
-                    await replica.append_as_successor(req.batch, seqno.from_bytes(req.committed_sn))
+                    await replica.append_as_successor(req.batch, seqno.from_bytes(req.committed_sn), generation)
                 except SmsError as e:
                     failure.append(e)
                     await replica.notify()
@@ -275,16 +277,22 @@ class StorageService(sms_pb2_grpc.StorageServicer):
                 async with replica.progress:
                     await replica.progress.wait_for(
                         lambda: failure or reader.done() or replica.state is not ReplicaState.ACTIVE
-                        or (replica.last_sn, replica.committed_sn) != sent)
+                        or replica.config.epoch != epoch or (replica.last_sn, replica.committed_sn) != sent)
                 if failure:
                     await context.write(sms_pb2.ReplicateAck(**_ack_error(failure[0])))
                     return
                 if reader.done():
                     reader.result()
                     return
+                if replica.config.epoch != epoch:
+                    # acks of a newer epoch's log must not reach a predecessor of the old one:
+                    # it would commit batches of its own that no other node holds
+                    await context.write(sms_pb2.ReplicateAck(**_ack_error(StaleEpoch(
+                        f"{replica.chain_id}: moved from epoch {epoch} to {replica.config.epoch}"))))
+                    return
                 sent = (replica.last_sn, replica.committed_sn)
                 await context.write(sms_pb2.ReplicateAck(last_sn=seqno.to_bytes(sent[0]),
-                                                         committed_sn=seqno.to_bytes(sent[1])))
+                                                         committed_sn=seqno.to_bytes(sent[1]), epoch=epoch))
         finally:
             reader.cancel()
 
@@ -294,7 +302,7 @@ class StorageService(sms_pb2_grpc.StorageServicer):
             replicas=[sms_pb2.ReplicaStatus(chain_id=s["chain_id"], epoch=s["epoch"], role=s["role"],
                                             last_sn=str(s["last_sn"]), committed_sn=str(s["committed_sn"]),
                                             batches=s["batches"], records=s["records"],
-                                            verified=s["verified"])
+                                            verified=s["verified"], gated_learners=s["gated"])
                       for s in self.node.status()])
 
 

@@ -290,7 +290,7 @@ class Up:
     last_first_sn: int = 0
     last_checksum: int = 0
     eof: bool = False
-    sim_epoch: int = 0       # not on the wire: the epoch of the replica that sent it (diagnosis only)
+    sim_epoch: int = 0       # ReplicateAck.epoch: the epoch of the stream it acks in
 
     def show(self) -> str:
         if self.eof:
@@ -303,9 +303,11 @@ class Up:
 class Handler:
     """The successor's side of one Replicate stream (StorageService.Replicate)."""
 
-    def __init__(self, replica: Replica, sent: tuple[int, int]):
+    def __init__(self, replica: Replica, sent: tuple[int, int], epoch: int = 0):
         self.replica = replica          # captured at hello, as the service does
         self.sent = sent
+        self.epoch = epoch              # the hello's epoch: every ack carries it
+        self.generation = replica.generation if replica is not None else 0   # the log verified at hello
         self.failure: SmsError | None = None
         self.reader_done = False        # take_batches returned (reset, error, cancellation)
         self.closed = False             # the handler returned
@@ -323,6 +325,7 @@ class Session:
         self.up: collections.deque[Up] = collections.deque()
         self.connected = True          # the stream holds; else only a lingering handler takes late requests
         self.handler: Handler | None = None
+        self.epoch = 0                 # the link's epoch at hello
 
     def name(self) -> str:
         return f"s{self.id}[{self.sender}->{self.receiver}]"
@@ -343,6 +346,7 @@ class SimLink:
         self.acked_sn = 0
         self.sent_sn = 0
         self.inflight: collections.deque[int] = collections.deque()
+        self.generation = 0            # the replica's log generation at hello
 
     async def stop(self) -> None:      # DownstreamLink.stop: cancel the task (and its stream)
         if self.session is not None:
@@ -632,12 +636,12 @@ class Simulation:
             r.links[successor] = SimLink(self, r, node.id, successor, learner=successor in config.learners)
 
     # --- chain manager (ChainManager.round, one chain) ------------------------------------------
-    def node_status(self, node_id: str) -> tuple[int, bool, int] | None:
+    def node_status(self, node_id: str) -> tuple | None:
         node = self.nodes[node_id]
         if not node.acts or node.replica is None:
             return None          # NodeStatus unanswered, or no replica of the chain there
         s = node.replica.status()
-        return s["records"], s["verified"], s["last_sn"]
+        return s["records"], s["verified"], s["last_sn"], s["role"], s["epoch"], tuple(s["gated"])
 
     def manager_plan(self) -> ChainConfig | None:
         config = self.meta
@@ -651,8 +655,10 @@ class Simulation:
                 if learner not in live or tail is None:
                     continue
                 mine = self.node_status(learner)
-                if mine is not None and mine[2] <= tail[2]:
-                    progress[learner] = chains.LearnerProgress(verified=mine[1], lag_records=tail[0] - mine[0])
+                if mine is not None and mine[3] == "learner" and mine[4] == config.epoch and mine[2] <= tail[2]:
+                    gated = tail[4] == config.epoch and learner in tail[5]      # ChainManager.round
+                    progress[learner] = chains.LearnerProgress(verified=mine[1] and gated,
+                                                               lag_records=tail[0] - mine[0])
         return chains.plan(config, live, self.options.rf, load, progress, self.now_ms, learning)
 
     async def manager_round(self) -> None:
@@ -723,6 +729,8 @@ class Simulation:
         self.sessions.append(session)
         link.session = session
         link.state = "hello"
+        session.epoch = r.config.epoch
+        link.generation = r.generation
         session.down.append(Down(epoch=r.config.epoch, hello=True))
         self.log(f"{link.name()} connects {session.name()} hello(e{r.config.epoch})")
 
@@ -730,11 +738,14 @@ class Simulation:
         r = link.replica
         while link.inflight and link.inflight[0] <= link.acked_sn:
             link.inflight.popleft()
-        return r.state is ReplicaState.ACTIVE and r.last_sn > link.sent_sn and \
-            len(link.inflight) < limits.CHAIN_INFLIGHT_BATCHES_MAX
+        return r.state is ReplicaState.ACTIVE and (r.generation != link.generation or (
+            r.last_sn > link.sent_sn and len(link.inflight) < limits.CHAIN_INFLIGHT_BATCHES_MAX))
 
     async def link_send(self, link: SimLink) -> None:
         r = link.replica
+        if r.generation != link.generation:          # DownstreamLink: our log was wiped
+            self.link_broken(link, "our log was wiped; the successor starts again")
+            return
         room = limits.CHAIN_INFLIGHT_BATCHES_MAX - len(link.inflight)
         sent = []
         for batch in r.batches_after(link.sent_sn, room):
@@ -780,7 +791,7 @@ class Simulation:
             return
         try:
             before = r.last_sn
-            await r.append_as_successor(msg.batch, msg.committed_sn)
+            await r.append_as_successor(msg.batch, msg.committed_sn, h.generation)
             if r.last_sn != before:
                 self.stats["successor_appends"] += 1
                 self.log(f"  {node.id} appends -> last={fmt_sn(r.last_sn)} c={fmt_sn(r.committed_sn)}")
@@ -810,11 +821,11 @@ class Simulation:
             return
         sent = (r.last_sn, r.committed_sn)
         last = r.last_header()
-        session.handler = Handler(r, sent)
+        session.handler = Handler(r, sent, msg.epoch)
         if session.connected:
             session.up.append(Up(last_sn=sent[0], committed_sn=sent[1],
                                  last_first_sn=last.first_sn if last else 0,
-                                 last_checksum=last.checksum if last else 0))
+                                 last_checksum=last.checksum if last else 0, sim_epoch=msg.epoch))
         self.log(f"  {node.id} answers last={fmt_sn(sent[0])} c={fmt_sn(sent[1])}")
 
     def handler_due(self, session: Session) -> bool:
@@ -839,9 +850,14 @@ class Simulation:
         elif h.reader_done:
             self.close_handler(session)
             self.log(f"{session.name()} handler on {session.receiver}: stream ends")
+        elif r.config.epoch != h.epoch:       # StorageService.Replicate: no acks across epochs
+            session.up.append(Up(error_name="StaleEpoch"))
+            self.close_handler(session)
+            self.log(f"{session.name()} handler on {session.receiver}: moved to e{r.config.epoch}; "
+                     f"sends StaleEpoch, ends")
         else:
             h.sent = (r.last_sn, r.committed_sn)
-            session.up.append(Up(last_sn=h.sent[0], committed_sn=h.sent[1], sim_epoch=r.config.epoch))
+            session.up.append(Up(last_sn=h.sent[0], committed_sn=h.sent[1], sim_epoch=h.epoch))
             self.log(f"{session.name()} handler on {session.receiver}: acks last={fmt_sn(h.sent[0])} "
                      f"c={fmt_sn(h.sent[1])}")
 
@@ -861,6 +877,9 @@ class Simulation:
             if msg.error_name:
                 self.link_broken(link, f"hello answered {msg.error_name}")
                 return
+            if msg.sim_epoch != session.epoch or r.config.epoch != session.epoch:
+                self.link_broken(link, f"hello answered in e{msg.sim_epoch} on a link of e{session.epoch}")
+                return
             successor_last = msg.last_sn
             if successor_last and not r.holds_batch(msg.last_first_sn, successor_last, msg.last_checksum):
                 session.down.append(Down(epoch=r.config.epoch, reset=True))
@@ -870,7 +889,9 @@ class Simulation:
             session.down.append(Down(epoch=r.config.epoch, verified=True))
             self.note_verify(link, successor_last)
             link.acked_sn = successor_last
-            if not link.learner:
+            if link.learner:
+                await r.on_learner_acked(link.successor, successor_last)
+            else:
                 await r.on_successor_committed(msg.committed_sn)
             link.state = "stream"
             link.sent_sn = successor_last
@@ -883,8 +904,13 @@ class Simulation:
             if msg.error_name:
                 self.link_broken(link, f"ack error {msg.error_name}")
                 return
+            if msg.sim_epoch != session.epoch or r.config.epoch != session.epoch:   # DownstreamLink._read_acks
+                self.link_broken(link, f"ack of e{msg.sim_epoch} on a link of e{session.epoch}")
+                return
             link.acked_sn = max(link.acked_sn, msg.last_sn)
-            if not link.learner:
+            if link.learner:
+                await r.on_learner_acked(link.successor, link.acked_sn)
+            else:
                 before = r.committed_sn
                 await r.on_successor_committed(msg.committed_sn)
                 if msg.sim_epoch and msg.sim_epoch != r.config.epoch and r.committed_sn > before:
@@ -1323,9 +1349,10 @@ class Simulation:
                           f"{'none' if plog is None else 'last=' + fmt_sn(plog.last_sn)})")
             if r.committed_sn > r.last_sn:
                 self.fail(f"I3 {node.id}: committed {fmt_sn(r.committed_sn)} > last {fmt_sn(r.last_sn)}")
-            if r.is_tail and r.committed_sn != r.last_sn:
+            gate = min([r.learner_acked.get(n, 0) for n in r.gated] + [r.last_sn])
+            if r.is_tail and r.committed_sn != gate:
                 self.fail(f"I3 {node.id} is tail at e{r.config.epoch} but committed {fmt_sn(r.committed_sn)} "
-                          f"!= last {fmt_sn(r.last_sn)}")
+                          f"!= last {fmt_sn(r.last_sn)} (gated by learners {sorted(r.gated)}: {fmt_sn(gate)})")
             if r.committed_sn < info.watermark:
                 self.fail(f"I3 {node.id}: watermark went down {fmt_sn(info.watermark)} -> {fmt_sn(r.committed_sn)}")
             info.watermark = r.committed_sn

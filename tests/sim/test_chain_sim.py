@@ -115,6 +115,11 @@ def classify(v: SimViolation) -> str | None:
     return None
 
 
+def expect_clean(seed: int, steps: int, overrides: str = "") -> None:
+    """A seed that once showed a (since fixed) bug: it must now run without a violation."""
+    run(seed, steps, options_for_seed(seed).parse(overrides))
+
+
 def expect_bug(bug: str, seed: int, steps: int, overrides: str = "") -> None:
     """Run; raise KnownBug when the run fails because of `bug`, re-raise any other failure."""
     try:
@@ -129,16 +134,7 @@ def expect_bug(bug: str, seed: int, steps: int, overrides: str = "") -> None:
 # --- the sweep -----------------------------------------------------------------------------------
 
 # seeds of SWEEP_SEEDS that hit a known bug (regenerate with `python -m tests.sim.test_chain_sim`)
-KNOWN_SWEEP_FAILURES = {
-    0: "promotion-order",
-    7: "replica-reuse",
-    55: "promotion-order",
-    79: "promotion-gap",
-    108: "replica-reuse",
-    270: "promotion-order",
-    360: "promotion-order",
-    372: "promotion-gap",
-}
+KNOWN_SWEEP_FAILURES: dict[int, str] = {}   # none left since the fixes of 2026-11-21
 
 
 @pytest.mark.parametrize("start", range(SWEEP_SEEDS.start, SWEEP_SEEDS.stop, CHUNK))
@@ -170,80 +166,75 @@ def _xfail(bug: str):
     return pytest.mark.xfail(strict=True, raises=KnownBug, reason=f"{bug}: {BUGS[bug]}")
 
 
-@_xfail("promotion-gap")
-def test_finding_lagging_promotion_loses_an_acked_batch():
-    """Chain [n1] with learners n2, n4; both are promoted while far behind (lag <= 5000
-    records); n1 crashes (two nodes down at most, RF 3): acked o8 is on no member."""
-    expect_bug("promotion-gap", 4, 300, "bound=rf,pauses=False")
+@pytest.mark.xfail(strict=True, raises=SimViolation, reason=(
+    "degraded-chain: two crashes leave chain [n1] alone; it acks o1 while its learners copy, "
+    "then n1 crashes too (bound=rf allows two nodes down): o1 is only on a learner. A chain of "
+    "one member tolerates no failure; plan does not promote a learner when every member is "
+    "gone, and there is no min-in-sync policy that would refuse writes to a degraded chain"))
+def test_finding_degraded_chain_loses_what_its_last_member_acked():
+    """Was promotion-gap (fixed: promotion now waits for a gated learner). Under bound=rf the
+    same seed now shows the limit of a chain degraded to one member."""
+    run(4, 300, options_for_seed(4).parse("bound=rf,pauses=False"))
 
 
-@_xfail("promotion-gap")
 def test_finding_old_tail_commits_after_a_caught_up_promotion():
     """Even at promotion lag 0: n3 joins as tail of e3 holding everything n4 (the tail of e2)
     had -- nothing yet; n4, not yet at e3, then commits o1 and o2 at e2 and the head acks
     them; the e3 tail n3 has neither (strict I2)."""
-    expect_bug("promotion-gap", 24, 300, "strict=True,pauses=False,promote_lag_records=0")
+    expect_clean(24, 300, "strict=True,pauses=False,promote_lag_records=0")
 
 
-@_xfail("promotion-gap")
 def test_finding_old_tail_commits_after_promotion_and_the_ack_is_lost():
     """Lag 0, durable logs: n1 is promoted caught up (e3: n4,n1); n4, still head+tail of
     e2, acks o10 alone; n4 crashes (two nodes down): o10 is on no member of e4."""
-    expect_bug("promotion-gap", 29, 300, "bound=rf,pauses=False,promote_lag_records=0,durable=True")
+    expect_clean(29, 300, "bound=rf,pauses=False,promote_lag_records=0,durable=True")
 
 
-@_xfail("promotion-gap")
 def test_finding_lagging_promotion_rewrites_the_committed_history():
     """Default configuration and fault bound: n2 is promoted holding none of the two
     committed batches; the old tail n5 crashes; o2, committed at 40.3 by n5, is sequenced
     again at 179.3 by n2: a reader of n5 saw a history that no longer exists (I6)."""
-    expect_bug("promotion-gap", 521, 300)
+    expect_clean(521, 300)
 
 
-@_xfail("promotion-order")
 def test_finding_successive_promotions_break_the_prefix_invariant():
     """Lag 0, no pauses: n5 then n4 are promoted from learners of the old tail n2 that
     still feeds both at e3; n4 (the tail) gets ahead of n5 (its predecessor)."""
-    expect_bug("promotion-order", 591, 300, "pauses=False,promote_lag_records=0")
+    expect_clean(591, 300, "pauses=False,promote_lag_records=0")
 
 
-@_xfail("replica-reuse")
 def test_finding_paused_head_is_promoted_unverified_with_a_diverged_log():
     """n3, head of e1, pauses holding uncommitted batches; it is removed and re-added as a
     learner with the same incarnation; before it even syncs, the manager reads verified=True
     from its old head replica and promotes it: its diverged log sits behind n2 (I1)."""
-    expect_bug("replica-reuse", 1261, 300)
+    expect_clean(1261, 300)
 
 
-@_xfail("replica-reuse")
 def test_finding_reused_replica_commits_a_second_history():
     """Same cause, followed further (the verified-learner check off): the promoted zombie
     commits its own diverged log as tail (I6)."""
-    expect_bug("replica-reuse", 1369, 300, "learner_check=False")
+    expect_clean(1369, 300, "learner_check=False")
 
 
-@_xfail("reset-splice")
 def test_finding_late_reset_splices_a_learner_log():
     """A reset from the previous stream, still being taken in by its handler, wipes n5 after
     the next stream verified it; that stream goes on after its old cursor: n5's log starts
     at o7 and it commits that (I6)."""
-    expect_bug("reset-splice", 1885, 300)
+    expect_clean(1885, 300)
 
 
-@_xfail("reset-splice")
 def test_finding_reset_tail_keeps_shipping_from_its_old_cursor():
     """A tail with a learner is wiped and copies anew; its link to the learner keeps its old
     cursor and ships the new log after it: o1 is stored twice on the learner (I4). (Reached
     with the earlier symptoms of replica-reuse logged instead of raised.)"""
-    expect_bug("reset-splice", 1033, 600, "learner_check=False,skip=I1+I6+I2,chaos=2.0,pauses=True")
+    expect_clean(1033, 600, "learner_check=False,skip=I1+I6+I2,chaos=2.0,pauses=True")
 
 
-@_xfail("ack-epoch")
 def test_finding_deposed_head_commits_on_an_ack_from_the_new_epoch():
     """n4, head of e3, pauses and is removed (e4: n2 heads); its e3 stream to n2 survives;
     n2's handler goes on acking from its e4 log (last 311.15, committed 279.14); n4, still at
     e3, commits min(279.14, its last 102.15): o7 and o8 that only it holds (I6)."""
-    expect_bug("ack-epoch", 11474, 500)
+    expect_clean(11474, 500)
 
 
 @_xfail("last-batch-check")
@@ -267,7 +258,7 @@ def test_same_seed_same_trace():
     violations = []
     for _ in range(2):
         try:
-            run(1885, 300)
+            run(4, 300, options_for_seed(4).parse("bound=rf,pauses=False"))
         except SimViolation as e:
             violations.append((e.message, e.trace))
     assert len(violations) == 2 and violations[0] == violations[1]
