@@ -69,6 +69,7 @@ class Replica:
         member before it holds it too); the watermark stored on disk may lag it by one
         batch, so a tail takes its last SN."""
         was_learner = self.node_id in self.config.learners
+        old_tail = self.config.tail
         self.config = config
         for n in list(self.learner_acked):
             if not (self.is_tail and n in config.learners):
@@ -83,6 +84,8 @@ class Replica:
             # its log must be verified anew, and what it knew as a head is stale
             self.verified = False
             self.origins = None
+        elif old_tail != config.tail:
+            self.verified = False        # verified against the old tail; the new one checks again
 
     # --- roles --------------------------------------------------------------------
     @property
