@@ -16,10 +16,13 @@ import logging
 import time
 from collections import Counter
 
+import grpc
+
 from control import chains
 from control.metastore import BadVersionError, MetaStore, NoNodeError, Set
 from sms import limits, metadata, rpc
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
+from sms.errors import InvariantViolation
 from sms.metadata import ChainConfig, StreamConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import NodeInfo, StreamStatus
@@ -51,6 +54,8 @@ class ChainManager:
         while True:
             try:
                 await self.round()
+            except InvariantViolation:
+                raise
             except Exception:      # a metadata or network hiccup: the next round retries
                 raise_if_cancelling()
                 log.exception("chain manager round failed")
@@ -102,17 +107,20 @@ class ChainManager:
                 cache[node.node_id] = {r.chain_id: (r.records, r.verified, int(r.last_sn), r.role, r.epoch,
                                                     tuple(r.gated_learners))
                                        for r in status.replicas}
-            except Exception as e:        # an unreachable node tells us nothing this round
+            except (grpc.aio.AioRpcError, OSError) as e:   # an unreachable node tells us nothing this round
                 raise_if_cancelling()
                 log.debug("NodeStatus of %s failed: %s", node.node_id, e)
                 cache[node.node_id] = {}
         return cache[node.node_id]
 
-    async def round(self) -> int:
-        """One pass over every chain; returns the number of configs changed."""
+    async def round(self, configs: list[tuple[ChainConfig, int]] | None = None) -> int:
+        """One pass over every chain; returns the number of configs changed. `configs`
+        (each with the store version it was read at) are read from the store unless
+        given: a caller may decide on an earlier read, as a deposed leader would."""
         nodes = await self._live_storage()
         live = {n: info.started_ms for n, info in nodes.items()}
-        configs = await self._chains()
+        if configs is None:
+            configs = await self._chains()
         load, learning = Counter(), Counter()
         for config, _v in configs:
             load.update(config.members)

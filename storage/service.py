@@ -20,13 +20,23 @@ import grpc
 from control.metastore import MetaStore, NoNodeError
 from sms import limits, metadata, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
-from sms.errors import SmsError, StaleEpoch, WrongOwner
+from sms.errors import InvariantViolation, SmsError, StaleEpoch, WrongOwner
 from sms.metadata import ChainConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
 from storage.log import LogStore
 from storage.replica import DownstreamLink, Replica, ReplicaState
 
 log = logging.getLogger(__name__)
+
+
+def link_targets(config: ChainConfig, node_id: str) -> list[tuple[str, bool]]:
+    """The nodes this node's replica ships its log to, each with "is it a learner": its
+    successor in the chain, or, for the tail, the chain's learners; none for a learner."""
+    if node_id in config.learners:
+        return []
+    if config.tail == node_id:
+        return [(n, True) for n in config.learners]
+    return [(config.successor_of(node_id), False)]
 
 
 class StorageNode:
@@ -67,6 +77,8 @@ class StorageNode:
             self._changed.clear()
             try:
                 await self.sync()
+            except InvariantViolation:
+                raise
             except Exception:   # a metadata hiccup must not kill the node; retried next tick
                 raise_if_cancelling()
                 log.exception("chain sync failed")
@@ -147,17 +159,9 @@ class StorageNode:
         self.synced.set()
 
     def _start_links(self, replica: Replica) -> None:
-        config = replica.config
-        if replica.is_learner:
-            return
-        targets = [config.successor_of(self.node_id)]
-        if replica.is_tail:
-            targets = list(config.learners)
-        for successor in targets:
-            if successor is None:
-                continue
+        for successor, learner in link_targets(replica.config, self.node_id):
             link = DownstreamLink(replica, lambda s=successor: self.addresses.get(s),
-                                  learner=successor in config.learners, successor_id=successor)
+                                  learner=learner, successor_id=successor)
             replica.links[successor] = link
             link.start()
 

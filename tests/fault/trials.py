@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import sms
 from sms import errors, limits
 from sms.launcher import LocalCluster
+from tests.conftest import wait_until as _wait
 from tests.fault.history import CheckResult, check, format_table
 from tests.fault.workload import Workload, read_back
 
@@ -58,7 +59,6 @@ AFTER_ACKS = 600              # acked after it, on top
 ACK_TIMEOUT_S = 45.0
 HEAL_TIMEOUT_S = 60.0         # the replication factor is back within this
 STOP_TIMEOUT_S = 45.0
-POLL_S = 0.05
 
 
 @dataclass
@@ -69,17 +69,6 @@ class Trial:
     victim: str
     healed_s: float | None
     notes: str = ""
-
-
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(POLL_S)
 
 
 def _info(client: sms.Client, stream: str):

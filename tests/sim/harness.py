@@ -102,6 +102,7 @@ from sms import codec, limits, seqno
 from sms.errors import InvariantViolation, PartitionClosed, SmsError, StaleEpoch, WrongOwner
 from sms.metadata import ChainConfig
 from sms.types import Persistence
+from storage.service import link_targets
 from storage.log import LogStore, PartitionLog
 from storage.replica import Replica, ReplicaState
 from storage.service import StorageNode
@@ -624,16 +625,8 @@ class Simulation:
             self.log(f"{node.id} sync e{config.epoch}: nothing to do")
 
     def _start_links(self, node: SimNode, r: Replica) -> None:   # StorageNode._start_links
-        config = r.config
-        if r.is_learner:
-            return
-        targets = [config.successor_of(node.id)]
-        if r.is_tail:
-            targets = list(config.learners)
-        for successor in targets:
-            if successor is None:
-                continue
-            r.links[successor] = SimLink(self, r, node.id, successor, learner=successor in config.learners)
+        for successor, learner in link_targets(r.config, node.id):
+            r.links[successor] = SimLink(self, r, node.id, successor, learner=learner)
 
     # --- chain manager (ChainManager.round, one chain) ------------------------------------------
     def node_status(self, node_id: str) -> tuple | None:

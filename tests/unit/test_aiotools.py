@@ -16,17 +16,18 @@ class LibraryError(Exception):
     """Stands for grpc.aio.AioRpcError(CANCELLED): raised instead of CancelledError."""
 
 
-async def _call_that_converts_cancel() -> None:
+async def _call_that_converts_cancel(inside: asyncio.Event) -> None:
+    inside.set()
     try:
-        await asyncio.sleep(0.01)
+        await asyncio.Event().wait()     # a call that only a cancel ends
     except asyncio.CancelledError:
         raise LibraryError("call cancelled") from None
 
 
-async def _retry_loop(guarded: bool, rounds: list) -> None:
+async def _retry_loop(guarded: bool, rounds: list, inside: asyncio.Event) -> None:
     while True:
         try:
-            await _call_that_converts_cancel()
+            await _call_that_converts_cancel(inside)
         except LibraryError:
             if guarded:
                 raise_if_cancelling()
@@ -41,8 +42,9 @@ def test_guarded_retry_loop_stops_when_cancelled():
 
     async def main():
         rounds: list = []
-        task = asyncio.get_running_loop().create_task(_retry_loop(True, rounds))
-        await asyncio.sleep(0.05)
+        inside = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(_retry_loop(True, rounds, inside))
+        await inside.wait()                # the loop is in its call: cancel lands there
         await cancel_and_wait(task)
         result.append((task.cancelled(), len(rounds)))
 
