@@ -11,6 +11,7 @@ config; nodes drop the replicas of chains that vanished.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -18,12 +19,13 @@ from collections import Counter
 
 import grpc
 
-from control import placement
-from control.metastore import Create, MetaStore, NodeExistsError, NoNodeError, Set
+from control import placement, repartition
+from control.metastore import BadVersionError, Create, MetaStore, NodeExistsError, NoNodeError, Set
 from control.metaview import ClusterView
-from sms import limits, metadata, rpc
-from sms.errors import InvalidStreamConfig, NotEnoughNodes, StreamAlreadyExists, StreamNotFound, Timeout
-from sms.metadata import ChainChange, ChainConfig, StreamConfig
+from sms import errors, limits, metadata, rpc, seqno
+from sms.errors import (InvalidArgument, InvalidSequenceNumber, InvalidStreamConfig, LimitExceeded, NotEnoughNodes,
+                        RepartitionInProgress, StreamAlreadyExists, StreamNotFound, Timeout, Unavailable)
+from sms.metadata import ChainChange, ChainConfig, ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionMap
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import IngestionPolicy, Persistence, StreamStatus
@@ -189,3 +191,144 @@ class StreamAdmin:
             self.view.invalidate()
 
 
+
+    # --- repartitioning, retention, consumers ---------------------------------------------
+    async def _stream_entry(self, name: str):
+        metadata.validate_stream_name(name)
+        entry = await self.store.get(metadata.stream_path(name))
+        if entry is None:
+            raise StreamNotFound(f"stream {name!r} does not exist")
+        config = StreamConfig.from_bytes(entry.value)
+        if config.status is not StreamStatus.ACTIVE:
+            raise Unavailable(f"stream {name!r} is {config.status.value}")
+        return config, entry.version
+
+    async def repartition_stream(self, name: str, request: dict) -> None:
+        """Record the request in the stream's config (the leader's Repartitioner drives it)
+        and wait until it is done; raises the error that ended it, if any."""
+        async with self.lock:
+            config, version = await self._stream_entry(name)
+            map_entry = await self.store.get(metadata.map_path(name))
+            pmap = PartitionMap.from_bytes(map_entry.value, version=map_entry.version)
+            steps = repartition.check_request(config, pmap, request, int(time.time() * 1000))
+            if steps == 0:
+                return                       # scale to the partitions it has: nothing to do
+            try:
+                await self.store.set(metadata.stream_path(name),
+                                     dataclasses.replace(config, repartition=request).to_bytes(), version)
+            except BadVersionError:
+                raise RepartitionInProgress(f"stream {name!r} changed meanwhile; retry") from None
+        deadline = time.monotonic() + limits.REPARTITION_WAIT_S
+        while True:
+            entry = await self.store.get(metadata.stream_path(name))
+            if entry is None:
+                raise StreamNotFound(f"stream {name!r} was deleted during its repartition")
+            current = StreamConfig.from_bytes(entry.value).repartition or {}
+            if current.get("id") != request["id"]:
+                return                       # finished, and another request followed
+            if current.get("done"):
+                if current.get("error"):
+                    raise errors.from_name(*current["error"])
+                self.view.invalidate()
+                return
+            if time.monotonic() > deadline:
+                raise Timeout(f"stream {name!r}: repartition not done within {limits.REPARTITION_WAIT_S:.0f} s "
+                              f"({current.get('steps_done', 0)} steps done); it goes on in the background")
+            await asyncio.sleep(limits.REPARTITION_POLL_INTERVAL_S)
+
+    async def update_stream(self, name: str, retention_hours: int = 0, retention_s: int = 0,
+                            protect_unread: bool | None = None, auto_split_records_per_s: int = -1,
+                            auto_split_period_s: int = 0) -> None:
+        changes: dict = {}
+        if retention_hours:
+            if not limits.RETENTION_HOURS_MIN <= retention_hours <= limits.RETENTION_HOURS_MAX:
+                raise InvalidStreamConfig(f"retention {retention_hours} h; expected {limits.RETENTION_HOURS_MIN}.."
+                                          f"{limits.RETENTION_HOURS_MAX}")
+            changes.update(retention_hours=retention_hours, retention_s=0)
+        if retention_s:
+            if not limits.RETENTION_S_MIN <= retention_s <= limits.RETENTION_HOURS_MAX * 3600:
+                raise InvalidStreamConfig(f"retention {retention_s} s; expected {limits.RETENTION_S_MIN}.."
+                                          f"{limits.RETENTION_HOURS_MAX * 3600}")
+            changes.update(retention_s=retention_s, retention_hours=max(1, retention_s // 3600))
+        if protect_unread is not None:
+            changes["protect_unread"] = protect_unread
+        if auto_split_records_per_s >= 0:
+            changes["auto_split_records_per_s"] = auto_split_records_per_s
+        elif auto_split_records_per_s < -1:
+            raise InvalidStreamConfig(f"auto-split rate {auto_split_records_per_s}; expected >= 0 (0: off)")
+        if auto_split_period_s:
+            if auto_split_period_s < limits.AUTO_SPLIT_PERIOD_S_MIN:
+                raise InvalidStreamConfig(f"auto-split period {auto_split_period_s} s; at least "
+                                          f"{limits.AUTO_SPLIT_PERIOD_S_MIN}")
+            changes["auto_split_period_s"] = auto_split_period_s
+        await self._change_config(name, lambda c: dataclasses.replace(c, **changes))
+
+    async def _change_config(self, name: str, change) -> None:
+        for _ in range(limits.CLIENT_REDIRECT_RETRIES_MAX):
+            config, version = await self._stream_entry(name)
+            try:
+                await self.store.set(metadata.stream_path(name), change(config).to_bytes(), version)
+            except BadVersionError:
+                continue           # the repartitioner wrote meanwhile: apply to the new config
+            self.view.invalidate()
+            return
+        raise Unavailable(f"stream {name!r} changes too often; retry")
+
+    async def trim_stream(self, name: str, before_sn: int = 0, before_ms: int = 0) -> None:
+        if not before_sn and not before_ms:
+            raise InvalidArgument("trim_stream needs before_sn or before_ms")
+        if before_ms < 0 or before_ms > int(time.time() * 1000) + limits.DEDUP_CLOCK_SKEW_MS_MAX:
+            raise InvalidArgument(f"before_ms {before_ms}; expected a time in the past (ms since the epoch)")
+        ordinal = seqno.ordinal_of(before_sn) if before_sn else None
+        if ordinal is not None:
+            pmap = (await self.view.stream(name)).map
+            if not any(e.ordinal == ordinal for e in pmap.entries):
+                raise InvalidSequenceNumber(f"sequence number {before_sn} names partition p{ordinal:04d}, "
+                                            f"which stream {name!r} does not have")
+
+        def change(c: StreamConfig) -> StreamConfig:
+            sns = dict(c.trim_before_sns)
+            if ordinal is not None:
+                sns[ordinal] = max(sns.get(ordinal, 0), before_sn)
+            return dataclasses.replace(c, trim_before_ms=max(c.trim_before_ms, before_ms),
+                                       trim_before_sns=tuple(sorted(sns.items())))
+        await self._change_config(name, change)
+
+    async def update_consumer(self, stream: str, consumer: str, checkpoints: dict[int, int],
+                              remove: bool = False) -> None:
+        await self._stream_entry(stream)
+        if not metadata._STREAM_NAME.fullmatch(consumer or ""):
+            raise InvalidArgument(f"consumer name {consumer[:80]!r}; expected [A-Za-z0-9_.-]{{1,"
+                                  f"{limits.STREAM_NAME_CHARS_MAX}}}")
+        path = metadata.consumer_path(stream, consumer)
+        if remove:
+            try:
+                await self.store.delete(path)
+            except NoNodeError:
+                pass
+            return
+        try:
+            await self.store.create(metadata.consumers_path(stream))
+        except NodeExistsError:
+            pass
+        for _ in range(limits.CLIENT_REDIRECT_RETRIES_MAX):
+            entry = await self.store.get(path)
+            if entry is None:
+                if len(await self.store.children(metadata.consumers_path(stream))) >= limits.CONSUMERS_PER_STREAM_MAX:
+                    raise LimitExceeded(f"stream {stream!r} has {limits.CONSUMERS_PER_STREAM_MAX} registered "
+                                        "consumers; remove one first")
+                try:
+                    await self.store.create(path, ConsumerRecord(consumer, tuple(sorted(checkpoints.items()))).to_bytes())
+                    return
+                except NodeExistsError:
+                    continue
+            record = ConsumerRecord.from_bytes(entry.value)
+            merged = dict(record.checkpoints)
+            merged.update(checkpoints)
+            try:
+                await self.store.set(path, ConsumerRecord(consumer, tuple(sorted(merged.items()))).to_bytes(),
+                                     entry.version)
+                return
+            except BadVersionError:
+                continue
+        raise Unavailable(f"consumer {consumer!r} of {stream!r} is checkpointed concurrently; retry")

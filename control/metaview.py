@@ -18,7 +18,7 @@ from sms import limits, metadata
 from sms.errors import StreamNotFound
 from sms.metadata import ChainConfig, StreamConfig
 from sms.partition_map import PartitionMap
-from sms.types import ChainMember, ClusterInfo, NodeInfo, PartitionInfo, StreamInfo
+from sms.types import ChainMember, ClusterInfo, NodeInfo, PartitionInfo, PartitionState, StreamInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +26,7 @@ class StreamView:
     config: StreamConfig
     map: PartitionMap
     chains: dict[int, ChainConfig]      # by partition ordinal
+    consumers: tuple[str, ...] = ()
 
 
 class ClusterView:
@@ -63,7 +64,11 @@ class ClusterView:
             chain = await self.store.get(metadata.chain_path(metadata.chain_id(name, e.ordinal)))
             if chain is not None:
                 chains[e.ordinal] = ChainConfig.from_bytes(chain.value)
-        view = StreamView(config, pmap, chains)
+        try:
+            consumers = tuple(sorted(await self.store.children(metadata.consumers_path(name))))
+        except NoNodeError:
+            consumers = ()
+        view = StreamView(config, pmap, chains, consumers)
         self._streams[name] = (time.monotonic(), view)
         return view
 
@@ -116,10 +121,15 @@ class ClusterView:
                 valid_to_ms=e.valid_to_ms, state=e.state, parents=e.parents, children=e.children,
                 chain_epoch=chain.epoch if chain else 0, chain=members,
                 ingestion_owner=members[0] if members else None, learners=learners,
-                history=tuple(c.to_dict() for c in chain.history) if chain else ()))
+                history=tuple(c.to_dict() for c in chain.history) if chain else (),
+                ending_sn=e.ending_sn if e.state is PartitionState.CLOSED else None,
+                sealed=bool(chain and chain.sealed)))
         c = view.config
         return StreamInfo(name=c.name, status=c.status, replication_factor=c.replication_factor,
                           persistence=c.persistence, ingestion_policy=c.ingestion_policy,
                           retention_hours=c.retention_hours, map_version=view.map.version,
                           created_ms=c.created_ms, partitions=tuple(partitions),
-                          dedup_window_s=c.dedup_window_ms // 1000)
+                          dedup_window_s=c.dedup_window_ms // 1000, retention_s=c.retention_ms // 1000,
+                          protect_unread=c.protect_unread, auto_split_records_per_s=c.auto_split_records_per_s,
+                          auto_split_period_s=c.auto_split_period_s, repartition=c.repartition,
+                          consumers=tuple(view.consumers))

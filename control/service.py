@@ -5,10 +5,12 @@ one address; only a process with the control role accepts CreateStream/DeleteStr
 
 from __future__ import annotations
 
+from control import repartition
 from control.admin import StreamAdmin, validate_create
 from control.metaview import ClusterView
-from sms import convert
-from sms.errors import FailedPrecondition, Unavailable
+from sms import convert, seqno
+from sms.errors import FailedPrecondition, InvalidArgument, InvalidSplitPoint, Unavailable
+from sms.metadata import ConsumerRecord
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors
 
@@ -52,3 +54,55 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     @rpc_errors
     async def DescribeCluster(self, request, context):
         return convert.cluster_to_pb(await self.view.describe_cluster())
+
+    @rpc_errors
+    async def RepartitionStream(self, request, context):
+        admin = self._admin()
+        op = request.op
+        if op == "split":
+            if len(request.partitions) != 1:
+                raise InvalidArgument(f"split names one partition; {len(request.partitions)} given")
+            at_hash = None
+            if request.at_hash:
+                try:
+                    at_hash = int(request.at_hash)
+                except ValueError:
+                    raise InvalidSplitPoint(f"split point {request.at_hash[:64]!r}; expected a decimal "
+                                            "hash key") from None
+            req = repartition.new_request("split", partition=request.partitions[0],
+                                          at_hash=None if at_hash is None else str(at_hash))
+        elif op == "merge":
+            if len(request.partitions) != 2:
+                raise InvalidArgument(f"merge names two partitions; {len(request.partitions)} given")
+            req = repartition.new_request("merge", partitions=list(request.partitions))
+        elif op == "scale":
+            req = repartition.new_request("scale", target=request.target_partitions)
+        else:
+            raise InvalidArgument(f"repartition op {op[:32]!r}; expected split, merge or scale")
+        await admin.repartition_stream(request.name, req)
+        return convert.stream_to_pb(await self.view.describe_stream(request.name))
+
+    @rpc_errors
+    async def UpdateStream(self, request, context):
+        admin = self._admin()
+        protect = {"": None, "true": True, "false": False}.get(request.protect_unread.lower(), "bad")
+        if protect == "bad":
+            raise InvalidArgument(f"protect_unread {request.protect_unread[:16]!r}; expected true or false")
+        await admin.update_stream(request.name, request.retention_hours, request.retention_s, protect,
+                                  request.auto_split_records_per_s, request.auto_split_period_s)
+        self.view.invalidate()
+        return convert.stream_to_pb(await self.view.describe_stream(request.name))
+
+    @rpc_errors
+    async def TrimStream(self, request, context):
+        before_sn = seqno.parse(request.before_sn) if request.before_sn else 0
+        await self._admin().trim_stream(request.name, before_sn, request.before_ms)
+        return sms_pb2.Empty()
+
+    @rpc_errors
+    async def UpdateConsumer(self, request, context):
+        checkpoints = {}
+        for ordinal, sn in request.checkpoints.items():
+            checkpoints[ordinal] = ConsumerRecord.SHARD_END_SN if sn == "SHARD_END" else seqno.parse(sn)
+        await self._admin().update_consumer(request.stream, request.consumer, checkpoints, request.remove)
+        return sms_pb2.Empty()

@@ -64,6 +64,7 @@ from sms.limits import (  # noqa: F401
     DEDUP_CLOCK_SKEW_MS_MAX,
     DEDUP_KEY_BYTES_MAX,
     PRODUCER_ID_BYTES_MAX,
+    SESSION_KEY_BYTES_MAX,
     DEDUP_SIGNATURE_BYTES_MAX,
     SSSN_MAX,
     DEDUP_SESSIONS_PER_PARTITION_MAX,
@@ -191,9 +192,9 @@ def _pid(producer_id: bytes) -> str:
 def _validate(name: str, producer_id: bytes, sssn: int, hwm: int, submit_ms: int,
               signature: bytes, dedup_key: bytes | None, now_ms: int) -> None:
     """Named errors for session fields that cannot be right, whatever the table holds."""
-    if not 0 < len(producer_id) <= PRODUCER_ID_BYTES_MAX:
+    if not 0 < len(producer_id) <= SESSION_KEY_BYTES_MAX:
         raise InvalidProducerId(f"{name}: producer id of {len(producer_id)} bytes; "
-                                f"expected 1..{PRODUCER_ID_BYTES_MAX}")
+                                f"expected 1..{SESSION_KEY_BYTES_MAX}")
     who = f"{name}: producer {_pid(producer_id)}"
     if not 0 <= sssn <= SSSN_MAX:
         raise InvalidSssn(f"{who}: sssn {sssn}; expected 0 <= sssn <= {SSSN_MAX}")
@@ -501,7 +502,7 @@ class DedupTable:
             expires_ms = arrival_ms + DEDUP_CLOCK_SKEW_MS_MAX + self.window_ms
             if expires_ms < now_ms:
                 continue
-            if not (0 < len(producer_id) <= PRODUCER_ID_BYTES_MAX and 0 <= sssn <= SSSN_MAX
+            if not (0 < len(producer_id) <= SESSION_KEY_BYTES_MAX and 0 <= sssn <= SSSN_MAX
                       and (dedup_key is None or 0 < len(dedup_key) <= DEDUP_KEY_BYTES_MAX)):
                 invariant(False, f"{self.name}: stored session fields of sn {sn} out of range")
             session = self._sessions.get(producer_id)

@@ -44,6 +44,7 @@ class Submission:
     submit_ms: int
     dedup_key: bytes | None
     hwm: int
+    session_ordinal: int | None = None   # set: the session is with this ancestor partition
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,16 @@ def stored_entry(s: Submission) -> bytes:
         fields[codec.TAG_SSSN] = s.sssn.to_bytes(8, "big")
         if s.dedup_key is not None:
             fields[codec.TAG_DEDUP_KEY] = s.dedup_key
+        if s.session_ordinal is not None:
+            fields[codec.TAG_SESSION_ORDINAL] = s.session_ordinal.to_bytes(4, "big")
     return codec.encode_entry(s.key.encode(), s.data, codec.encode_meta(fields) if fields else b"")
+
+
+def session_key(producer_id: bytes, session_ordinal: int) -> bytes:
+    """The dedup table's name for a session: (producer, partition). A child partition's
+    table also holds its ancestors' sessions, so a retry of a record that a parent stored
+    is recognised in the child."""
+    return producer_id + session_ordinal.to_bytes(4, "big")
 
 
 def signature_of(key: bytes, data: bytes) -> bytes:
@@ -68,11 +78,12 @@ def signature_of(key: bytes, data: bytes) -> bytes:
 
 class PartitionIngest:
     def __init__(self, chain: ChainConfig, config: StreamConfig, writer: PartitionWriter,
-                 resolve_head):
+                 resolve_head, ancestors=None):
         self.chain = chain
         self.config = config
         self.writer = writer
         self.resolve_head = resolve_head
+        self.ancestors = ancestors        # () -> [(ordinal, replica addresses, valid_to_ms)]
         self.policy = config.ingestion_policy
         self.table = dedup.DedupTable(chain.chain_id, window_ms=config.dedup_window_ms, policy=self.policy)
         self.ready = asyncio.Event()
@@ -110,8 +121,32 @@ class PartitionIngest:
                 await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
 
     async def _read_window(self) -> list[dedup.StoredRecord]:
-        address = await self.resolve_head()
+        """The dedup window of this partition and of every ancestor whose records may
+        still be retried (closed within the window), in SN order: a parent's SNs are all
+        below its children's."""
         window_start_ms = int(time.time() * 1000) - self.config.dedup_window_ms - limits.DEDUP_CLOCK_SKEW_MS_MAX
+        records: list[dedup.StoredRecord] = []
+        for ordinal, addresses, valid_to_ms in (await self.ancestors() if self.ancestors else []):
+            if valid_to_ms is not None and valid_to_ms < window_start_ms:
+                continue
+            records.extend(await self._read_ancestor(ordinal, addresses, window_start_ms))
+        records.sort(key=lambda r: r.sn)
+        return records + await self._read_own(window_start_ms)
+
+    async def _read_ancestor(self, ordinal: int, addresses: list[str], window_start_ms: int):
+        last: Exception | None = None
+        for address in addresses:     # a closed partition is sealed and drained: any replica will do
+            try:
+                async with rpc.aio_channel(address) as channel:
+                    return await self._read_partition(sms_pb2_grpc.RetrievalStub(channel), ordinal,
+                                                      window_start_ms)
+            except (grpc.aio.AioRpcError, SmsError) as e:
+                raise_if_cancelling()
+                last = e
+        raise ConnectionError(f"no replica of ancestor p{ordinal:04d} answered: {last}")
+
+    async def _read_own(self, window_start_ms: int) -> list[dedup.StoredRecord]:
+        address = await self.resolve_head()
         async with rpc.aio_channel(address) as channel:
             storage = sms_pb2_grpc.StorageStub(channel)
             retrieval = sms_pb2_grpc.RetrievalStub(channel)
@@ -133,29 +168,35 @@ class PartitionIngest:
                 if time.monotonic() > deadline:
                     raise ConnectionError(f"head of {self.chain.chain_id} has not committed {target}")
                 await asyncio.sleep(limits.METASTORE_POLL_INTERVAL_S)
-            it = (await retrieval.GetIterator(sms_pb2.GetIteratorRequest(
-                stream=self.chain.stream, partition_id=f"p{self.chain.ordinal:04d}", iterator_type="AT_TIMESTAMP",
-                timestamp_ms=max(0, window_start_ms)), timeout=limits.RPC_TIMEOUT_S)).iterator
-            records: list[dedup.StoredRecord] = []
-            while True:
-                page = await retrieval.GetNextRecords(sms_pb2.GetNextRecordsRequest(
-                    iterator=it, max_records=limits.GET_RECORDS_COUNT_MAX), timeout=limits.RPC_TIMEOUT_S)
-                for s in page.slices:
-                    header = codec.verify(s.batch)
-                    for i, e in enumerate(codec.iter_entries(s.batch, header.count, codec.HEADER_BYTES)):
-                        if i < s.start or i >= s.end or not e.meta:
-                            continue
-                        meta = codec.decode_meta(e.meta)
-                        if codec.TAG_PRODUCER_ID not in meta:
-                            continue
-                        sn = header.first_sn + i * seqno.COUNTER_UNIT
-                        records.append(dedup.StoredRecord(
-                            meta[codec.TAG_PRODUCER_ID], int.from_bytes(meta[codec.TAG_SSSN], "big"),
-                            meta.get(codec.TAG_DEDUP_KEY), signature_of(e.key, e.data), sn,
-                            seqno.timestamp_ms_of(sn)))
-                if not page.slices or not page.next_iterator:
-                    return records
-                it = page.next_iterator
+            return await self._read_partition(retrieval, self.chain.ordinal, window_start_ms)
+
+    async def _read_partition(self, retrieval, ordinal: int, window_start_ms: int) -> list[dedup.StoredRecord]:
+        it = (await retrieval.GetIterator(sms_pb2.GetIteratorRequest(
+            stream=self.chain.stream, partition_id=f"p{ordinal:04d}", iterator_type="AT_TIMESTAMP",
+            timestamp_ms=max(0, window_start_ms)), timeout=limits.RPC_TIMEOUT_S)).iterator
+        records: list[dedup.StoredRecord] = []
+        while True:
+            page = await retrieval.GetNextRecords(sms_pb2.GetNextRecordsRequest(
+                iterator=it, max_records=limits.GET_RECORDS_COUNT_MAX), timeout=limits.RPC_TIMEOUT_S)
+            for s in page.slices:
+                header = codec.verify(s.batch)
+                for i, e in enumerate(codec.iter_entries(s.batch, header.count, codec.HEADER_BYTES)):
+                    if i < s.start or i >= s.end or not e.meta:
+                        continue
+                    meta = codec.decode_meta(e.meta)
+                    if codec.TAG_PRODUCER_ID not in meta:
+                        continue
+                    sn = header.first_sn + i * seqno.COUNTER_UNIT
+                    session = meta.get(codec.TAG_SESSION_ORDINAL)
+                    session_ordinal = int.from_bytes(session, "big") if session else ordinal
+                    records.append(dedup.StoredRecord(
+                        session_key(meta[codec.TAG_PRODUCER_ID], session_ordinal),
+                        int.from_bytes(meta[codec.TAG_SSSN], "big"),
+                        meta.get(codec.TAG_DEDUP_KEY), signature_of(e.key, e.data), sn,
+                        seqno.timestamp_ms_of(sn)))
+            if not page.slices or not page.next_iterator:
+                return records
+            it = page.next_iterator
 
     # --- submissions ---------------------------------------------------------------------
     def submit(self, subs: list[Submission], now_ms: int) -> tuple[list[asyncio.Future | SmsError], set[int]]:
@@ -174,12 +215,15 @@ class PartitionIngest:
                 out.append(fut)
                 continue
             try:
-                decision = self.table.submit(s.producer_id, s.sssn, s.hwm, s.submit_ms,
+                decision = self.table.submit(self._key(s), s.sssn, s.hwm, s.submit_ms,
                                              signature_of(s.key.encode(), s.data), s.dedup_key, now_ms)
             except SmsError as e:
                 out.append(e)
                 continue
-            missing.update(decision.missing)
+            if s.session_ordinal is None:
+                # (an inherited session's SSSNs are spread over the parent's children: the
+                # ones this child never saw are not missing)
+                missing.update(decision.missing)
             if decision.kind is dedup.DecisionKind.WRITE:
                 writes.append((fut, s, True))
             elif decision.kind is dedup.DecisionKind.DUPLICATE:
@@ -199,7 +243,7 @@ class PartitionIngest:
         except SmsError as e:     # writer closed or full: these writes did not happen
             for outer, s, tracked in writes:
                 if tracked:
-                    self._apply(self.table.failed(s.producer_id, s.sssn))
+                    self._apply(self.table.failed(self._key(s), s.sssn))
                 if not outer.done():
                     outer.set_exception(e)
             return
@@ -213,14 +257,17 @@ class PartitionIngest:
         if error is None:
             sn = fut.result()
             if tracked:
-                self._apply(self.table.committed(s.producer_id, s.sssn, sn))
+                self._apply(self.table.committed(self._key(s), s.sssn, sn))
             if not outer.done():
                 outer.set_result(Outcome(sn))
         else:
             if tracked:
-                self._apply(self.table.failed(s.producer_id, s.sssn))
+                self._apply(self.table.failed(self._key(s), s.sssn))
             if not outer.done():
                 outer.set_exception(error)
+
+    def _key(self, s: Submission) -> bytes:
+        return session_key(s.producer_id, self.chain.ordinal if s.session_ordinal is None else s.session_ordinal)
 
     def _apply(self, resolutions: list[dedup.Resolution]) -> None:
         writes = []

@@ -26,7 +26,7 @@ from sms.errors import (InvalidArgument, PartitionClosed, RecordTooLarge, Reques
 from sms.metadata import ChainConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors
-from sms.types import StreamStatus
+from sms.types import PartitionState, StreamStatus
 
 log = logging.getLogger(__name__)
 _ORDINAL = struct.Struct("<I")
@@ -74,7 +74,14 @@ def parse_put_entries(count: int, blob: bytes, producer_id: bytes) -> list[tuple
             submit_ms = _u64(meta[codec.TAG_SUBMIT_MS], "submit time", i)
         elif dedup_key is not None:
             raise InvalidArgument(f"record {i}: a dedup key needs a producer session (producer_id)")
-        out.append((hash_key, Submission(key, e.data, producer_id, sssn, submit_ms, dedup_key, -1)))
+        session_ordinal = None
+        if codec.TAG_SESSION_ORDINAL in meta:
+            raw = meta[codec.TAG_SESSION_ORDINAL]
+            if not producer_id or len(raw) != 4:
+                raise InvalidArgument(f"record {i}: a session partition is 4 bytes and needs a producer session")
+            session_ordinal = int.from_bytes(raw, "big")
+        out.append((hash_key, Submission(key, e.data, producer_id, sssn, submit_ms, dedup_key, -1,
+                                         session_ordinal)))
     if total > limits.PUT_RECORDS_BYTES_MAX:
         raise RequestTooLarge(f"request of {total} bytes of keys and data; at most {limits.PUT_RECORDS_BYTES_MAX}")
     return out
@@ -109,13 +116,17 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                 log.info("ownership check failed: %s", e)
 
     async def _retire_moved(self) -> None:
-        """Close the partitions whose head (and so ingestion ownership) left this node."""
+        """Close the partitions whose head (and so ingestion ownership) left this node, and
+        those a split or merge closed (their parents' writes are all settled by then)."""
         for cid, part in list(self.partitions.items()):
             try:
-                chain = (await self.view.stream(part.chain.stream)).chains.get(part.chain.ordinal)
+                view = await self.view.stream(part.chain.stream)
+                chain = view.chains.get(part.chain.ordinal)
+                closed = all(e.ordinal != part.chain.ordinal or e.state is not PartitionState.OPEN
+                             for e in view.map.entries)
             except StreamNotFound:
-                chain = None
-            if chain is None or chain.head != self.node_id:
+                chain, closed = None, True
+            if chain is None or chain.head != self.node_id or closed:
                 self._retire(cid)
 
     def _retire(self, chain_id: str) -> None:
@@ -151,9 +162,26 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                 raise Unavailable(f"{chain.chain_id}: head {current.head} is not registered")
             return head.address, current.epoch
 
+        async def ancestors() -> list[tuple[int, list[str], int | None]]:
+            """(ordinal, replica addresses, valid_to_ms) of every ancestor still in the map."""
+            current = await self.view.stream(stream)
+            nodes = await self.view.nodes()
+            by_ordinal = {e.ordinal: e for e in current.map.entries}
+            out, todo, seen = [], list(by_ordinal[ordinal].parents) if ordinal in by_ordinal else [], set()
+            while todo:
+                o = todo.pop()
+                if o in seen or o not in by_ordinal:
+                    continue
+                seen.add(o)
+                c = current.chains.get(o)
+                addresses = [nodes[n].address for n in (c.members if c else ()) if n in nodes]
+                out.append((o, addresses, by_ordinal[o].valid_to_ms))
+                todo.extend(by_ordinal[o].parents)
+            return out
+
         writer = PartitionWriter(chain.chain_id, chain.epoch, resolve)
         writer.start()
-        part = PartitionIngest(chain, view.config, writer, resolve_head)
+        part = PartitionIngest(chain, view.config, writer, resolve_head, ancestors)
         part.start()
         self.partitions[chain.chain_id] = part
         return part
@@ -166,18 +194,38 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         records = parse_put_entries(request.count, request.entries, request.producer_id)
         by_partition: dict[int, list[int]] = {}
         ordinals = [0] * len(records)
+        outcomes: list[Outcome | SmsError | asyncio.Future | None] = [None] * len(records)
+        entries = {e.ordinal: e for e in view.map.entries}
         for i, (hash_key, sub) in enumerate(records):
             entry = view.map.open_for_hash(hash_key)
+            if sub.session_ordinal is not None:
+                # a record of the producer's session with a partition since split or merged
+                session = entries.get(sub.session_ordinal)
+                if session is None:      # newer than this node's map: it refreshes meanwhile
+                    self.view.invalidate()
+                    outcomes[i] = PartitionClosed(f"p{sub.session_ordinal:04d} of {request.stream} is not in "
+                                                  f"map version {view.map.version} here yet; retry")
+                    continue
+                if not session.covers(hash_key):
+                    raise InvalidArgument(f"record {i}: its session partition p{session.ordinal:04d} does not "
+                                          "cover its hash key")
+                if session.state is PartitionState.OPEN:
+                    entry = session      # this node's map is older: the parent's head decides
+                if session.ordinal == entry.ordinal:
+                    sub.session_ordinal = None
             ordinals[i] = entry.ordinal
-            sub.hwm = request.hwm.get(entry.ordinal, -1)
+            sub.hwm = request.hwm.get(entry.ordinal if sub.session_ordinal is None else sub.session_ordinal, -1)
             by_partition.setdefault(entry.ordinal, []).append(i)
-        outcomes: list[Outcome | SmsError | asyncio.Future | None] = [None] * len(records)
         missing_out = []
         for ordinal, indexes in by_partition.items():
             chain = view.chains.get(ordinal)
             try:
                 if chain is None:
                     raise PartitionClosed(f"partition {ordinal} of {request.stream} has no chain")
+                if chain.sealed:
+                    self.view.invalidate()
+                    raise PartitionClosed(f"partition p{ordinal:04d} of {request.stream} is closing for a "
+                                          f"repartition (map version {view.map.version}); refresh the map")
                 if chain.head != self.node_id:
                     self._retire(chain.chain_id)
                     raise WrongOwner(f"partition {ordinal} of {request.stream} is owned by {chain.head}")
@@ -210,6 +258,8 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                     o = o.result()
             if isinstance(o, Outcome):
                 sns.append(seqno.to_bytes(o.sn))
+                if o.sn:
+                    ordinals[i] = seqno.ordinal_of(o.sn)     # a duplicate may live in a parent
                 if o.duplicate:
                     duplicates.append(i)
             else:
@@ -218,7 +268,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                 errors_out.append(sms_pb2.RecordError(index=i, name=err.name, message=err.message))
         return sms_pb2.PutRecordsResponse(
             sequence_numbers=b"".join(sns), ordinals=b"".join(_ORDINAL.pack(o) for o in ordinals),
-            errors=errors_out, duplicates=duplicates, missing=missing_out)
+            errors=errors_out, duplicates=duplicates, missing=missing_out, map_version=view.map.version)
 
     @rpc_errors
     async def IngestionStatus(self, request, context):

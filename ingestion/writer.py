@@ -153,7 +153,10 @@ class PartitionWriter:
             if entry is None:
                 continue     # an ack of a batch resent twice: the first ack settled it
             _batch, futures = entry
-            if ack.error_name:
+            if ack.error_name == "PartitionSealed":
+                # not stored, and never will be here: the producer re-routes to a child
+                _fail(futures, errors.PartitionClosed(ack.error_message))
+            elif ack.error_name:
                 _fail(futures, errors.from_name(ack.error_name, ack.error_message))
             else:
                 first = seqno.from_bytes(ack.first_sn)

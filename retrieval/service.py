@@ -15,7 +15,7 @@ from sms.errors import InvalidArgument, InvalidIteratorType, InvalidSequenceNumb
 from sms.metadata import chain_id
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors
-from sms.types import IteratorType, parse_partition_id
+from sms.types import IteratorType, PartitionState, parse_partition_id, partition_id
 from sms.tokens import Position, TokenCodec
 from storage.service import StorageNode
 
@@ -26,10 +26,15 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         self.view = view
         self.tokens = tokens
 
-    async def _replica(self, stream: str, ordinal: int):
+    async def _entry(self, stream: str, ordinal: int):
         view = await self.view.stream(stream)
-        if not any(e.ordinal == ordinal for e in view.map.entries):
-            raise PartitionNotFound(f"stream {stream!r} has no partition p{ordinal:04d}")
+        for e in view.map.entries:
+            if e.ordinal == ordinal:
+                return e
+        raise PartitionNotFound(f"stream {stream!r} has no partition p{ordinal:04d}")
+
+    async def _replica(self, stream: str, ordinal: int):
+        await self._entry(stream, ordinal)
         return self.storage.replica(chain_id(stream, ordinal))
 
     @rpc_errors
@@ -63,19 +68,30 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         if not 1 <= request.max_records <= limits.GET_RECORDS_COUNT_MAX:
             raise InvalidArgument(f"max_records {request.max_records}; expected 1..{limits.GET_RECORDS_COUNT_MAX}")
         wait_s = min(request.wait_ms, limits.GET_RECORDS_WAIT_MS_MAX) / 1000
-        replica = await self._replica(pos.stream, pos.ordinal)
-        if replica.committed_sn < pos.position_sn and wait_s > 0:
-            await replica.wait_committed(pos.position_sn, wait_s)
-        committed = replica.committed_sn
-        slices = self.storage.logs.read(replica.log, pos.position_sn, committed, request.max_records,
+        entry = await self._entry(pos.stream, pos.ordinal)
+        replica = self.storage.replica(chain_id(pos.stream, pos.ordinal))
+        ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
+        position = max(pos.position_sn, replica.trimmed_before)
+        if ending is None and replica.committed_sn < position and wait_s > 0:
+            await replica.wait_committed(position, wait_s)
+            entry = await self._entry(pos.stream, pos.ordinal)     # it may have closed meanwhile
+            ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
+        committed = replica.committed_sn if ending is None else min(replica.committed_sn, ending)
+        slices = self.storage.logs.read(replica.log, position, committed, request.max_records,
                                         limits.GET_RECORDS_BYTES_MAX)
         if slices:
             last = slices[-1]
             next_position = last.sn_at(last.end - 1) + 1
             behind_ms = seqno.timestamp_ms_of(committed) - seqno.timestamp_ms_of(next_position - 1)
         else:
-            next_position = pos.position_sn
+            next_position = position
             behind_ms = 0
+        if ending is not None and (ending == 0 or next_position > ending) and replica.committed_sn >= ending:
+            # a closed partition read to its end: no next iterator; the children go on
+            return sms_pb2.GetNextRecordsResponse(
+                slices=[sms_pb2.BatchSlice(batch=s.batch, start=s.start, end=s.end) for s in slices],
+                next_iterator="", millis_behind_latest=0,
+                child_partitions=[partition_id(c) for c in entry.children])
         return sms_pb2.GetNextRecordsResponse(
             slices=[sms_pb2.BatchSlice(batch=s.batch, start=s.start, end=s.end) for s in slices],
             next_iterator=self.tokens.encode(Position(pos.stream, pos.ordinal, next_position)),

@@ -21,7 +21,7 @@ from sms import codec, convert, errors, limits, rpc, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.records import prepare_record
 from sms.tokens import peek
-from sms.types import (ClusterInfo, GetRecordsResult, IteratorType, PartitionInfo, PutRecordResult,
+from sms.types import (ClusterInfo, GetRecordsResult, IteratorType, PartitionInfo, PartitionState, PutRecordResult,
                        PutRecordsResult, Record, StreamInfo, parse_partition_id)
 
 _ORDINAL = struct.Struct("<I")
@@ -40,6 +40,18 @@ def _normalise(record) -> tuple[str, bytes, int | str | None]:
         return record[0], record[1], record[2] if len(record) == 3 else None
     raise errors.InvalidArgument("a record is a dict {partition_key, data[, explicit_hash_key]} "
                                  "or a tuple (partition_key, data[, explicit_hash_key])")
+
+
+def _descendants_and(by: dict, ordinals: set[int]) -> set[int]:
+    out, todo = set(), list(ordinals)
+    while todo:
+        o = todo.pop()
+        if o in out:
+            continue
+        out.add(o)
+        if o in by:
+            todo.extend(by[o].children)
+    return out
 
 
 class Client:
@@ -135,6 +147,70 @@ class Client:
     async def delete_stream(self, name: str) -> None:
         await self._admin_call("DeleteStream", sms_pb2.DeleteStreamRequest(name=name))
         self._streams.pop(name, None)
+
+    async def repartition_stream(self, name: str, op: str, *, partitions: Iterable[int | str] = (),
+                                 at_hash: int | str | None = None, target_partitions: int = 0) -> StreamInfo:
+        """split / merge / scale a stream while it runs; returns the stream once the new map
+        is committed (for scale, the last of its steps). See `split`, `merge`, `scale`."""
+        ordinals = [p if isinstance(p, int) else parse_partition_id(p) for p in partitions]
+        req = sms_pb2.RepartitionStreamRequest(name=name, op=op, partitions=ordinals,
+                                               at_hash="" if at_hash is None else str(at_hash),
+                                               target_partitions=target_partitions)
+        pb = await self._admin_call("RepartitionStream", req, timeout_s=limits.REPARTITION_WAIT_S + self.timeout_s)
+        info = convert.stream_from_pb(pb)
+        self._streams[name] = info
+        return info
+
+    async def split(self, name: str, partition: int | str, at_hash: int | str | None = None) -> StreamInfo:
+        """Split an open partition at `at_hash` (its middle by default) into two children."""
+        return await self.repartition_stream(name, "split", partitions=[partition], at_hash=at_hash)
+
+    async def merge(self, name: str, partition_a: int | str, partition_b: int | str) -> StreamInfo:
+        """Merge two open partitions with adjacent hash ranges into one child."""
+        return await self.repartition_stream(name, "merge", partitions=[partition_a, partition_b])
+
+    async def scale(self, name: str, target_partitions: int) -> StreamInfo:
+        """Split and merge toward `target_partitions` even hash ranges."""
+        return await self.repartition_stream(name, "scale", target_partitions=target_partitions)
+
+    async def update_stream(self, name: str, *, retention_hours: int | None = None, retention_s: int | None = None,
+                            protect_unread: bool | None = None, auto_split_records_per_s: int | None = None,
+                            auto_split_period_s: int | None = None) -> StreamInfo:
+        """Change retention, unread-record protection or automatic splitting while it runs."""
+        req = sms_pb2.UpdateStreamRequest(
+            name=name, retention_hours=retention_hours or 0, retention_s=retention_s or 0,
+            protect_unread="" if protect_unread is None else ("true" if protect_unread else "false"),
+            auto_split_records_per_s=-1 if auto_split_records_per_s is None else auto_split_records_per_s,
+            auto_split_period_s=auto_split_period_s or 0)
+        info = convert.stream_from_pb(await self._admin_call("UpdateStream", req))
+        self._streams[name] = info
+        return info
+
+    async def update_retention(self, name: str, *, hours: int | None = None, seconds: int | None = None) -> StreamInfo:
+        return await self.update_stream(name, retention_hours=hours, retention_s=seconds)
+
+    async def trim_stream(self, name: str, *, before_sn: int | str | None = None,
+                          before_time_ms: int | None = None) -> None:
+        """Delete records before an SN (of its partition) or older than a time (every
+        partition), on every replica, in the background."""
+        await self._admin_call("TrimStream", sms_pb2.TrimStreamRequest(
+            name=name, before_sn="" if before_sn is None else str(before_sn), before_ms=before_time_ms or 0))
+
+    async def register_consumer(self, stream: str, consumer: str) -> None:
+        """Register a consumer: while the stream protects unread records, nothing it has not
+        checkpointed past is trimmed."""
+        await self.checkpoint_consumer(stream, consumer, {})
+
+    async def checkpoint_consumer(self, stream: str, consumer: str, checkpoints: dict) -> None:
+        """Record, per partition (ordinal or id), the SN of the last record processed, or
+        "SHARD_END" once a closed partition is read to its end."""
+        pb = {(p if isinstance(p, int) else parse_partition_id(p)): str(sn) for p, sn in checkpoints.items()}
+        await self._admin_call("UpdateConsumer", sms_pb2.UpdateConsumerRequest(
+            stream=stream, consumer=consumer, checkpoints=pb))
+
+    async def deregister_consumer(self, stream: str, consumer: str) -> None:
+        await self._admin_call("UpdateConsumer", sms_pb2.UpdateConsumerRequest(
+            stream=stream, consumer=consumer, remove=True))
 
     async def list_streams(self) -> list[str]:
         pb = await self._discovery_call("ListStreams", sms_pb2.Empty())
@@ -280,6 +356,93 @@ class Client:
         return GetRecordsResult(records=records, next_iterator=resp.next_iterator or None,
                                 millis_behind_latest=resp.millis_behind_latest,
                                 child_partitions=tuple(resp.child_partitions))
+
+    async def read_stream(self, stream: str, *, start: str = "TRIM_HORIZON", timestamp_ms: int | None = None,
+                          sequence_number: int | str | None = None, follow: bool = False,
+                          max_records: int = 1000, wait_ms: int = 1000):
+        """Every record of the stream once, walking its lineage: a partition's records come
+        only after all of its parents' (so per key, in SN order across splits and merges).
+
+        Starts at the oldest record (TRIM_HORIZON), at LATEST, at `timestamp_ms` (in the
+        partitions whose validity holds that time) or at `sequence_number` (its partition
+        from that record, the others from its time). Without `follow` it ends once every
+        partition is read to its current end; with it, it tails for ever (long polls of
+        `wait_ms`). An async iterator of `Record`."""
+        info = await self.get_stream_info(stream)
+        by = {p.ordinal: p for p in info.partitions}
+        starts: dict[int, tuple[str, dict]] = {}
+        if sequence_number is not None:
+            sn = seqno.parse(sequence_number)
+            ts = seqno.timestamp_ms_of(sn)
+            for p in info.partitions_at(ts) or info.roots():
+                starts[p.ordinal] = ("AT_TIMESTAMP", {"timestamp_ms": ts})
+            starts[seqno.ordinal_of(sn)] = ("AT_SEQUENCE_NUMBER", {"sequence_number": sn})
+        elif timestamp_ms is not None:
+            for p in info.partitions_at(timestamp_ms) or info.roots():
+                starts[p.ordinal] = ("AT_TIMESTAMP", {"timestamp_ms": timestamp_ms})
+        elif start == "LATEST":
+            starts = {p.ordinal: ("LATEST", {}) for p in info.partitions if p.state is PartitionState.OPEN}
+        else:
+            starts = {p.ordinal: ("TRIM_HORIZON", {}) for p in info.roots()}
+        # the partitions this read covers: the starting cut and everything after it
+        scope = _descendants_and(by, set(starts))
+        done: set[int] = set()
+        started: set[int] = set()
+        queue: asyncio.Queue = asyncio.Queue(maxsize=limits.READ_STREAM_PAGES_QUEUED_MAX)
+        tasks: dict[int, asyncio.Task] = {}
+
+        async def read_partition(ordinal: int, kind: str, kw: dict) -> None:
+            try:
+                it = await self.get_iterator(stream, ordinal, kind, **kw)
+                while it:
+                    page = await self.get_next_records(it, max_records, wait_ms if follow else 0)
+                    if page.records:
+                        await queue.put(("records", ordinal, page.records))
+                    it = page.next_iterator
+                    if it and not page.records and not follow and page.millis_behind_latest == 0:
+                        break        # caught up with an open partition
+                    if it is None:
+                        await queue.put(("end", ordinal, [parse_partition_id(c) for c in page.child_partitions]))
+                        return
+                await queue.put(("idle", ordinal, None))
+            except BaseException as e:
+                await queue.put(("error", ordinal, e))
+                raise
+
+        def start_partition(ordinal: int, kind: str, kw: dict) -> None:
+            started.add(ordinal)
+            tasks[ordinal] = asyncio.get_running_loop().create_task(read_partition(ordinal, kind, kw))
+
+        for ordinal, (kind, kw) in starts.items():
+            start_partition(ordinal, kind, kw)
+        try:
+            running = len(tasks)
+            while running:
+                what, ordinal, payload = await queue.get()
+                if what == "records":
+                    for record in payload:
+                        yield record
+                    continue
+                running -= 1
+                if what == "error":
+                    raise payload
+                if what == "idle":
+                    continue
+                done.add(ordinal)
+                children = payload
+                if any(c not in by for c in children):
+                    info = await self.get_stream_info(stream)
+                    by = {p.ordinal: p for p in info.partitions}
+                    scope |= _descendants_and(by, {ordinal})
+                for c in children:
+                    if c in started or c not in by:
+                        continue
+                    if all(p in done or p not in scope or p not in by for p in by[c].parents):
+                        start_partition(c, "TRIM_HORIZON", {})
+                        running += 1
+        finally:
+            for task in tasks.values():
+                task.cancel()
 
     async def get_record(self, stream: str, sequence_number: str | int) -> Record:
         sn = seqno.parse(sequence_number)

@@ -83,3 +83,53 @@ class Client:
         """A de-duplicating producer for `stream`; send() returns concurrent futures."""
         from sms.producer import SyncProducer
         return SyncProducer(self, stream, producer_id, **options)
+
+    # --- repartitioning, retention, consumers (see sms.aio.Client) ---------------------------
+    def repartition_stream(self, name, op, **kwargs):
+        return self._run(self._aio.repartition_stream(name, op, **kwargs))
+
+    def split(self, name, partition, at_hash=None):
+        return self._run(self._aio.split(name, partition, at_hash))
+
+    def merge(self, name, partition_a, partition_b):
+        return self._run(self._aio.merge(name, partition_a, partition_b))
+
+    def scale(self, name, target_partitions):
+        return self._run(self._aio.scale(name, target_partitions))
+
+    def update_stream(self, name, **kwargs):
+        return self._run(self._aio.update_stream(name, **kwargs))
+
+    def update_retention(self, name, *, hours=None, seconds=None):
+        return self._run(self._aio.update_retention(name, hours=hours, seconds=seconds))
+
+    def trim_stream(self, name, *, before_sn=None, before_time_ms=None):
+        return self._run(self._aio.trim_stream(name, before_sn=before_sn, before_time_ms=before_time_ms))
+
+    def register_consumer(self, stream, consumer):
+        return self._run(self._aio.register_consumer(stream, consumer))
+
+    def checkpoint_consumer(self, stream, consumer, checkpoints):
+        return self._run(self._aio.checkpoint_consumer(stream, consumer, checkpoints))
+
+    def deregister_consumer(self, stream, consumer):
+        return self._run(self._aio.deregister_consumer(stream, consumer))
+
+    def read_stream(self, stream, **kwargs):
+        """A generator over every record of the stream, lineage in order (sms.aio.Client.read_stream)."""
+        agen = self._aio.read_stream(stream, **kwargs)
+
+        async def step():
+            try:
+                return await agen.__anext__()
+            except StopAsyncIteration:
+                return _END
+
+        try:
+            while (item := self._run(step())) is not _END:
+                yield item
+        finally:
+            self._run(agen.aclose())
+
+
+_END = object()

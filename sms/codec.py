@@ -39,6 +39,8 @@ TAG_PRODUCER_ID = 2
 TAG_SSSN = 3
 TAG_DEDUP_KEY = 4
 TAG_SUBMIT_MS = 5
+TAG_SESSION_ORDINAL = 6     # 4 bytes: the record belongs to the producer's session with this
+                            # (closed) ancestor partition, not with the one it is stored in
 
 
 class CorruptBatch(InternalError):

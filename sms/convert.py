@@ -5,6 +5,8 @@ Only this module, the gRPC services and the client's transport touch `_pb2` obje
 
 from __future__ import annotations
 
+import json
+
 from sms import codec, seqno
 from sms.proto import sms_pb2
 from sms.types import (ChainMember, ClusterInfo, IngestionPolicy, NodeInfo, PartitionInfo, PartitionState,
@@ -24,14 +26,17 @@ def stream_to_pb(s: StreamInfo) -> sms_pb2.StreamDescription:
         name=s.name, status=s.status.value, replication_factor=s.replication_factor,
         persistence=s.persistence.value, ingestion_policy=s.ingestion_policy.value,
         retention_hours=s.retention_hours, map_version=s.map_version, created_ms=s.created_ms,
-        dedup_window_s=s.dedup_window_s,
+        dedup_window_s=s.dedup_window_s, retention_s=s.retention_s, protect_unread=s.protect_unread,
+        auto_split_records_per_s=s.auto_split_records_per_s, auto_split_period_s=s.auto_split_period_s,
+        repartition=json.dumps(s.repartition) if s.repartition else "", consumers=list(s.consumers),
         partitions=[sms_pb2.Partition(
             ordinal=p.ordinal, hash_lo=str(p.hash_lo), hash_hi=str(p.hash_hi), valid_from_ms=p.valid_from_ms,
             valid_to_ms=-1 if p.valid_to_ms is None else p.valid_to_ms, state=p.state.value,
             parents=list(p.parents), children=list(p.children), chain_epoch=p.chain_epoch,
             chain=[member_to_pb(m) for m in p.chain], ingestion_owner=member_to_pb(p.ingestion_owner),
             learners=[member_to_pb(m) for m in p.learners],
-            history=[sms_pb2.ChainChange(**h) for h in p.history])
+            history=[sms_pb2.ChainChange(**h) for h in p.history],
+            ending_sn="" if p.ending_sn is None else str(p.ending_sn), sealed=p.sealed)
             for p in s.partitions])
 
 
@@ -40,7 +45,9 @@ def stream_from_pb(d: sms_pb2.StreamDescription) -> StreamInfo:
         name=d.name, status=StreamStatus(d.status), replication_factor=d.replication_factor,
         persistence=Persistence(d.persistence), ingestion_policy=IngestionPolicy(d.ingestion_policy),
         retention_hours=d.retention_hours, map_version=d.map_version, created_ms=d.created_ms,
-        dedup_window_s=d.dedup_window_s,
+        dedup_window_s=d.dedup_window_s, retention_s=d.retention_s, protect_unread=d.protect_unread,
+        auto_split_records_per_s=d.auto_split_records_per_s, auto_split_period_s=d.auto_split_period_s,
+        repartition=json.loads(d.repartition) if d.repartition else None, consumers=tuple(d.consumers),
         partitions=tuple(PartitionInfo(
             ordinal=p.ordinal, hash_lo=int(p.hash_lo), hash_hi=int(p.hash_hi), valid_from_ms=p.valid_from_ms,
             valid_to_ms=None if p.valid_to_ms < 0 else p.valid_to_ms, state=PartitionState(p.state),
@@ -49,7 +56,8 @@ def stream_from_pb(d: sms_pb2.StreamDescription) -> StreamInfo:
             ingestion_owner=member_from_pb(p.ingestion_owner) if p.HasField("ingestion_owner") else None,
             learners=tuple(member_from_pb(m) for m in p.learners),
             history=tuple({"epoch": h.epoch, "at_ms": h.at_ms, "action": h.action, "node": h.node,
-                           "reason": h.reason} for h in p.history))
+                           "reason": h.reason} for h in p.history),
+            ending_sn=int(p.ending_sn) if p.ending_sn else None, sealed=p.sealed)
             for p in d.partitions))
 
 

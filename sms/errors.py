@@ -124,6 +124,11 @@ class PartitionClosed(FailedPrecondition):
     refresh_map = True
 
 
+class PartitionSealed(FailedPrecondition):
+    """The partition's head is sealed for a split or merge: the batch was not stored.
+    (Between ingestion and the head; a producer is answered PartitionClosed.)"""
+
+
 class StaleEpoch(FailedPrecondition):
     retriable = True
     refresh_map = True

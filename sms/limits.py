@@ -20,6 +20,18 @@ REPLICATION_FACTOR_MAX = 5                     # chains of length 1..5
 RETENTION_HOURS_MIN = 1
 RETENTION_HOURS_MAX = 24 * 365
 RETENTION_HOURS_DEFAULT = 24
+RETENTION_S_MIN = 10                           # update_retention(seconds=...) for short-lived streams
+
+# --- repartitioning and retention (control/repartition.py, storage/service.py) ----------
+REPARTITION_DRAIN_TIMEOUT_S = 30.0             # a sealed head must commit all it holds in this
+REPARTITION_POLL_INTERVAL_S = 0.02             # the driver re-checks a sealed head this often
+REPARTITION_WAIT_S = 120.0                     # repartition_stream returns (or times out) within
+REPARTITION_HISTORY_MAX = REPARTITIONS_PER_DAY_MAX   # recent repartition times kept per stream
+RETENTION_CHECK_INTERVAL_S = 1.0               # storage nodes and control apply retention this often
+CONSUMERS_PER_STREAM_MAX = 64                  # registered consumers that protect unread records
+AUTO_SPLIT_SAMPLE_INTERVAL_S = 1.0             # the chain manager samples write rates this often
+AUTO_SPLIT_PERIOD_S_DEFAULT = 30               # a rate must stay above the threshold so long
+AUTO_SPLIT_PERIOD_S_MIN = 2
 
 # --- reads ---------------------------------------------------------------------------
 GET_RECORDS_COUNT_MAX = 10_000                 # max_records of one GetNextRecords
@@ -66,6 +78,7 @@ RPC_TIMEOUT_S = 10.0                           # unary RPCs between processes
 LINK_RETRY_INTERVAL_S = 0.2                    # a broken chain link reconnects after this
 CLIENT_REDIRECT_RETRIES_MAX = 8                # re-routes of one put before giving up
 CLIENT_UNAVAILABLE_RETRIES_MAX = 20
+READ_STREAM_PAGES_QUEUED_MAX = 16             # read_stream: pages fetched ahead of the caller
 
 # --- de-duplication (ingestion/dedup.py) ---------------------------------------------
 DEDUP_WINDOW_MS_DEFAULT = 5 * 60 * 1000        # a stream's dedup window unless configured
@@ -74,6 +87,7 @@ DEDUP_WINDOW_MS_MAX = 24 * 60 * 60 * 1000
 DEDUP_CLOCK_SKEW_MS_MAX = 5_000                # submit_ms may run ahead of our clock so far
 DEDUP_KEY_BYTES_MAX = 128
 PRODUCER_ID_BYTES_MAX = 64
+SESSION_KEY_BYTES_MAX = PRODUCER_ID_BYTES_MAX + 4    # producer id + the session's partition ordinal
 DEDUP_SIGNATURE_BYTES_MAX = 32                 # computed by the ingestion node
 SSSN_MAX = (1 << 64) - 1                       # SSSNs travel as 8 bytes
 DEDUP_SESSIONS_PER_PARTITION_MAX = 1024        # producer sessions one table tracks

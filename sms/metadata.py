@@ -8,7 +8,8 @@ node writes its own registration. Values are JSON.
     /nodes/<node_id>             ephemeral: NodeRecord of a live process
     /streams/<name>              StreamConfig
     /streams/<name>/map          PartitionMap (its store version is the map version)
-    /chains/<stream>:<ordinal>   ChainConfig {epoch, members head..tail}
+    /streams/<name>/consumers/<c> ConsumerRecord: checkpoints that protect unread records
+    /chains/<stream>:<ordinal>   ChainConfig {epoch, members head..tail, sealed}
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ def map_path(name: str) -> str:
     return f"{STREAMS}/{name}/map"
 
 
+def consumers_path(name: str) -> str:
+    return f"{STREAMS}/{name}/consumers"
+
+
+def consumer_path(name: str, consumer: str) -> str:
+    return f"{STREAMS}/{name}/consumers/{consumer}"
+
+
 def chain_id(stream: str, ordinal: int) -> str:
     return f"{stream}:{ordinal}"
 
@@ -74,12 +83,26 @@ class StreamConfig:
     status: StreamStatus = StreamStatus.ACTIVE
     tenant: str = "default"
     dedup_window_ms: int = limits.DEDUP_WINDOW_MS_DEFAULT
+    retention_s: int = 0                  # > 0: overrides retention_hours (update_retention(seconds=))
+    protect_unread: bool = False          # keep records registered consumers have not read
+    trim_before_ms: int = 0               # trim_stream(before_time): records older are deleted
+    trim_before_sns: tuple[tuple[int, int], ...] = ()   # trim_stream(before_sn): per partition ordinal
+    auto_split_records_per_s: int = 0     # 0: off; else the chain manager splits a partition
+    auto_split_period_s: int = limits.AUTO_SPLIT_PERIOD_S_DEFAULT   # whose rate stays above it so long
+    repartition: dict | None = None       # the change under way: {"op": split|merge|scale, ...}
+    repartitions_ms: tuple[int, ...] = () # when recent splits and merges committed (rate limit)
+
+    @property
+    def retention_ms(self) -> int:
+        return (self.retention_s or self.retention_hours * 3600) * 1000
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
         d["persistence"] = self.persistence.value
         d["ingestion_policy"] = self.ingestion_policy.value
         d["status"] = self.status.value
+        d["trim_before_sns"] = {str(o): str(sn) for o, sn in self.trim_before_sns}
+        d["repartitions_ms"] = list(self.repartitions_ms)
         return json.dumps(d).encode()
 
     @classmethod
@@ -88,6 +111,8 @@ class StreamConfig:
         d["persistence"] = Persistence(d["persistence"])
         d["ingestion_policy"] = IngestionPolicy(d["ingestion_policy"])
         d["status"] = StreamStatus(d["status"])
+        d["trim_before_sns"] = tuple(sorted((int(o), int(sn)) for o, sn in d.get("trim_before_sns", {}).items()))
+        d["repartitions_ms"] = tuple(d.get("repartitions_ms", ()))
         return cls(**d)
 
     def with_status(self, status: StreamStatus) -> "StreamConfig":
@@ -129,6 +154,11 @@ class ChainConfig:
     learners: tuple[str, ...] = ()
     incarnations: tuple[tuple[str, int], ...] = ()
     history: tuple[ChainChange, ...] = ()
+    # set when the partition is being split or merged: the head takes no new batches
+    # (a resend of a batch it holds is still acknowledged); it stays set once closed
+    sealed: bool = False
+    # a child partition's SNs start at or after this time (its parents' boundary)
+    from_ms: int = 0
 
     @property
     def head(self) -> str:
@@ -173,7 +203,8 @@ class ChainConfig:
                            "epoch": self.epoch, "members": list(self.members),
                            "persistence": self.persistence.value, "learners": list(self.learners),
                            "incarnations": dict(self.incarnations),
-                           "history": [c.to_dict() for c in self.history]}).encode()
+                           "history": [c.to_dict() for c in self.history],
+                           "sealed": self.sealed, "from_ms": self.from_ms}).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "ChainConfig":
@@ -182,7 +213,28 @@ class ChainConfig:
                    members=tuple(d["members"]), persistence=Persistence(d["persistence"]),
                    learners=tuple(d.get("learners", ())),
                    incarnations=tuple(sorted(d.get("incarnations", {}).items())),
-                   history=tuple(ChainChange(**c) for c in d.get("history", ())))
+                   history=tuple(ChainChange(**c) for c in d.get("history", ())),
+                   sealed=d.get("sealed", False), from_ms=d.get("from_ms", 0))
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerRecord:
+    """A registered consumer of a stream: per partition ordinal, the SN of the last record
+    it has processed (SHARD_END_SN once it read a closed partition to its end). While the
+    stream protects unread records, nothing after a consumer's checkpoint is trimmed."""
+
+    name: str
+    checkpoints: tuple[tuple[int, int], ...] = ()
+
+    SHARD_END_SN = (1 << 128) - 1
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"name": self.name, "checkpoints": {str(o): str(sn) for o, sn in self.checkpoints}}).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "ConsumerRecord":
+        d = json.loads(raw)
+        return cls(d["name"], tuple(sorted((int(o), int(sn)) for o, sn in d.get("checkpoints", {}).items())))
 
 
 def node_to_bytes(node: NodeInfo) -> bytes:

@@ -175,6 +175,19 @@ class PartitionMap:
                 return ("merge", inside[0].ordinal, inside[1].ordinal)
         return None
 
+    def without(self, ordinals: set[int]) -> "PartitionMap":
+        """The map without closed entries that retention emptied (their children keep
+        naming them as parents: a reader treats a parent that is gone as read)."""
+        for o in ordinals:
+            if self.entry(o).state is PartitionState.OPEN:
+                raise ValueError(f"p{o:04d} is open")
+        return replace(self, entries=tuple(e for e in self.entries if e.ordinal not in ordinals))
+
+    def roots(self) -> list[PartitionEntry]:
+        """Entries none of whose parents are in the map: where a reader from the start begins."""
+        present = {e.ordinal for e in self.entries}
+        return [e for e in self.entries if not any(p in present for p in e.parents)]
+
     def with_version(self, version: int) -> "PartitionMap":
         return replace(self, version=version)
 

@@ -66,6 +66,7 @@ assert 0 < PRODUCER_ID_RANDOM_BYTES <= limits.PRODUCER_ID_BYTES_MAX
 _SSSN_META_BYTES = 2 + 8
 _SUBMIT_META_BYTES = 2 + 8
 _HASH_KEY_META_BYTES = 2 + 16
+_SESSION_META_BYTES = 2 + 4
 _ORDINAL_BYTES = 4
 _SN_BYTES = 16
 
@@ -143,6 +144,8 @@ class _Record:
     submit_ms: int | None = None     # wall clock of its first send; every resend carries it
     entry: bytes | None = None       # the encoded entry, the same bytes on every resend
     attempts: int = 0
+    hash_key: int = 0                # routes it to a child once its partition is closed
+    tagged: bool = False             # its entry names its session's partition (sent to a child)
 
 
 @dataclass(slots=True, eq=False)
@@ -295,7 +298,7 @@ class Producer:
             else:
                 break
         # From here to the return: no await, so the checks above still hold.
-        return self._enqueue(session, key_bytes, data, meta_fields, size)
+        return self._enqueue(session, key_bytes, data, meta_fields, size, hash_key)
 
     async def put(self, data: bytes, partition_key: str, **kwargs) -> ProducerResult:
         """send() and wait for the record's result; raises its named error."""
@@ -368,14 +371,14 @@ class Producer:
 
     # --- queueing ---------------------------------------------------------------------
     def _enqueue(self, session: _Session, key: bytes, data: bytes, meta_fields: dict[int, bytes],
-                 size: int) -> asyncio.Future:
+                 size: int, hash_key: int = 0) -> asyncio.Future:
         errors.invariant(session.next_sssn <= limits.SSSN_MAX, f"p{session.ordinal}: SSSNs exhausted")
         loop = asyncio.get_running_loop()
         now_s = loop.time()
         window_s = (self._info.dedup_window_s - limits.DEDUP_CLOCK_SKEW_MS_MAX / 1000
                     - PRODUCER_DEDUP_WINDOW_MARGIN_S)
         record = _Record(session.ordinal, session.next_sssn, key, data, meta_fields, size, loop.create_future(),
-                         now_s, now_s + max(0.0, min(self.delivery_timeout_s, window_s)))
+                         now_s, now_s + max(0.0, min(self.delivery_timeout_s, window_s)), hash_key=hash_key)
         session.next_sssn += 1
         session.records[record.sssn] = record
         session.queue.append(record)
@@ -451,12 +454,35 @@ class Producer:
         self._refresh_wanted = False
         self._refresh_failures = 0
 
-    def _open_partition(self, ordinal: int) -> PartitionInfo | None:
+    def _partition(self, ordinal: int) -> PartitionInfo | None:
         try:
-            partition = self._info.partition(ordinal)
+            return self._info.partition(ordinal)
         except LookupError:
             return None
-        return partition if partition.state is PartitionState.OPEN else None
+
+    def _target(self, record: _Record) -> PartitionInfo | None:
+        """The open partition a record of a closed session goes to now (by its hash)."""
+        try:
+            return self._info.open_partition_for_hash(record.hash_key)
+        except LookupError:
+            return None
+
+    def _ancestor_busy(self, ordinal: int) -> bool:
+        """Some session of an ancestor partition still has records to settle: they were sent
+        first, and may route here, so this session waits (per-key order across a split)."""
+        seen: set[int] = set()
+        todo = list(p.parents) if (p := self._partition(ordinal)) is not None else []
+        while todo:
+            o = todo.pop()
+            if o in seen:
+                continue
+            seen.add(o)
+            session = self._sessions.get(o)
+            if session is not None and session.records:
+                return True
+            if (p := self._partition(o)) is not None:
+                todo.extend(p.parents)
+        return False
 
     # --- the sender ------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -534,15 +560,27 @@ class Producer:
                     f"{record.deadline_s - record.enqueued_s:.1f} s ({record.attempts} attempts)"))
             if not session.queue:
                 continue
-            partition = self._open_partition(session.ordinal)
+            partition = self._partition(session.ordinal)
             if partition is None:
-                # The map says the partition is closed (or gone). Repartitioning is a later
-                # issue: for now its records fail instead of following the hash to a child.
+                # gone from the map: closed so long ago that retention dropped it
                 self._fail_queue(session, lambda: errors.PartitionClosed(
-                    f"partition p{session.ordinal} of {self.stream!r} is closed"))
+                    f"partition p{session.ordinal} of {self.stream!r} is closed and gone"))
                 continue
             if session.inflight:
                 continue                           # its request's end wakes the sender
+            if self._ancestor_busy(session.ordinal):
+                wake_s = min(wake_s, session.queue[0].deadline_s)
+                continue                           # a settling ancestor wakes the sender
+            if partition.state is not PartitionState.OPEN:
+                # split or merged: its records go, still in its session, to the child that
+                # covers each one's hash now (the child's table knows the parent's sessions)
+                partition = self._target(session.queue[0])
+                if partition is None:
+                    self._want_refresh()
+                    session.failures += 1
+                    session.not_before_s = now_s + self._backoff_s(session.failures)
+                    wake_s = min(wake_s, session.not_before_s)
+                    continue
             errors.invariant(session.queue[0].sssn == session.hwm + 1,
                              f"p{session.ordinal}: idle session queue starts at sssn {session.queue[0].sssn}, "
                              f"hwm {session.hwm}")
@@ -584,16 +622,23 @@ class Producer:
         self._round_robin += 1
         for session in sessions[start:] + sessions[:start]:
             taken = 0
+            partition = self._partition(session.ordinal)
+            closed = partition is not None and partition.state is not PartitionState.OPEN
+            target = self._target(session.queue[0]) if closed else None
             while session.queue and len(items) < limits.PUT_RECORDS_COUNT_MAX:
                 record = session.queue[0]
                 if record.sssn > session.hwm + PRODUCER_SESSION_WINDOW_MAX \
-                        or size + record.size > limits.PUT_RECORDS_BYTES_MAX:
+                        or size + record.size + _SESSION_META_BYTES > limits.PUT_RECORDS_BYTES_MAX:
                     break
+                if closed and (self._target(record) or partition).ordinal != target.ordinal:
+                    break                          # one child per request: the run of records to it
                 session.queue.popleft()
                 session.queued_bytes -= record.size
-                size += record.size
                 if record.entry is None:
                     self._encode(record)
+                if closed and not record.tagged:
+                    self._tag(record, session.ordinal)
+                size += record.size
                 record.attempts += 1
                 items.append(record)
                 taken += 1
@@ -615,6 +660,19 @@ class Producer:
         errors.invariant(len(record.entry) - codec.ENTRY.size == record.size,
                          f"entry of {len(record.entry) - codec.ENTRY.size} bytes; counted {record.size}")
         record.data = None
+
+    def _tag(self, record: _Record, ordinal: int) -> None:
+        """Name the record's session partition in its entry (same SSSN, submit time, data)."""
+        entry = next(codec.iter_entries(record.entry, 1))
+        meta = codec.decode_meta(entry.meta) if entry.meta else {}
+        meta[codec.TAG_SESSION_ORDINAL] = ordinal.to_bytes(4, "big")
+        record.entry = codec.encode_entry(entry.key, entry.data, codec.encode_meta(meta))
+        record.tagged = True
+        grown = _SESSION_META_BYTES
+        record.size += grown
+        self._pending_bytes += grown
+        errors.invariant(len(record.entry) - codec.ENTRY.size == record.size,
+                         f"tagged entry of {len(record.entry) - codec.ENTRY.size} bytes; counted {record.size}")
 
     async def _deliver(self, owner: str, items: list[_Record], hwms: dict[int, int]) -> None:
         """One PutRecords to one owner, and what its answer means for each record."""

@@ -66,6 +66,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     from control.admin import StreamAdmin, ensure_roots
     from control.election import LeaderElection
     from control.manager import ChainManager
+    from control.repartition import Repartitioner
     from control.metastore import NodeExistsError, open_metastore
     from control.metaview import ClusterView
     from control.service import ControlService
@@ -132,15 +133,18 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         await register(path, value)
     if "control" in roles:
         manager = ChainManager(store)
+        repartitioner = Repartitioner(store)
         admin = StreamAdmin(store, view)
 
         async def elected() -> None:
             control.admin = admin
             manager.start()
+            repartitioner.start()
 
         async def deposed() -> None:
             control.admin = None
             await manager.stop()
+            await repartitioner.stop()
 
         election = LeaderElection(store, node_id, address, started_ms, elected, deposed)
         election.start()

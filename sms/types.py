@@ -131,6 +131,8 @@ class PartitionInfo:
     ingestion_owner: ChainMember | None
     learners: tuple[ChainMember, ...] = ()      # copying the tail's log before joining
     history: tuple[dict, ...] = ()              # the chain's last changes {epoch, at_ms, action, node, reason}
+    ending_sn: int | None = None                # closed: its last SN (0: it held nothing)
+    sealed: bool = False                        # its head takes no new records (closing or closed)
 
     @property
     def partition_id(self) -> str:
@@ -149,6 +151,26 @@ class StreamInfo:
     created_ms: int
     partitions: tuple[PartitionInfo, ...]
     dedup_window_s: int = 300
+    retention_s: int = 0                        # the retention in force, in seconds
+    protect_unread: bool = False                # registered consumers' unread records are kept
+    auto_split_records_per_s: int = 0           # 0: off
+    auto_split_period_s: int = 0
+    repartition: dict | None = None             # the split / merge / scale under way (or last done)
+    consumers: tuple[str, ...] = ()
+
+    def lineage(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """ordinal -> (parents, children) of every partition the map still holds."""
+        return {p.ordinal: (p.parents, p.children) for p in self.partitions}
+
+    def partitions_at(self, ts_ms: int) -> list[PartitionInfo]:
+        """The partitions that governed SN time ts_ms (their validity range holds it)."""
+        return [p for p in self.partitions
+                if p.valid_from_ms <= ts_ms and (p.valid_to_ms is None or ts_ms < p.valid_to_ms)]
+
+    def roots(self) -> list[PartitionInfo]:
+        """Partitions with no parent left in the map: where a read from the start begins."""
+        present = {p.ordinal for p in self.partitions}
+        return [p for p in self.partitions if not any(q in present for q in p.parents)]
 
     def open_partition_for_hash(self, hash_key: int) -> PartitionInfo:
         for p in self.partitions:

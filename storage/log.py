@@ -252,6 +252,58 @@ class LogStore:
         if plog is not None and plog.memory is not None:
             plog.memory.clear()
 
+    async def trim(self, plog: PartitionLog, before_sn: int) -> int:
+        """Delete the log's oldest whole batches whose records all precede before_sn, in
+        transactions of at most TRIM_BATCHES_PER_TXN_MAX batches, on the log's writer thread
+        (so they queue with appends instead of blocking the loop on LMDB's write lock). The
+        newest batch always stays: it carries the log's position (last SN, the batch a
+        successor's log is verified against). Returns the records deleted."""
+        deleted_records = 0
+        while True:
+            async with plog.append_lock:
+                if plog.memory is not None:
+                    victims = self._trim_memory(plog, before_sn)
+                else:
+                    victims = await asyncio.get_running_loop().run_in_executor(
+                        self.writers[plog.persistence].executor, self._trim_txn, plog, before_sn)
+                if not victims:
+                    return deleted_records
+                plog.batches -= len(victims)
+                plog.records -= sum(count for _sn, count in victims)
+                deleted_records += sum(count for _sn, count in victims)
+                nxt = self._batches_from(plog, victims[-1][0] + 1)
+                plog.first_sn = next((codec.read_header(b).first_sn for b in nxt), 0)
+            if len(victims) < limits.TRIM_BATCHES_PER_TXN_MAX:
+                return deleted_records
+
+    def _trim_memory(self, plog: PartitionLog, before_sn: int) -> list[tuple[int, int]]:
+        victims = []
+        for first in list(plog.memory.keys()[:-1][:limits.TRIM_BATCHES_PER_TXN_MAX]):
+            header = codec.read_header(plog.memory[first])
+            if header.last_sn >= before_sn:
+                break
+            del plog.memory[first]
+            victims.append((header.last_sn, header.count))
+        return victims
+
+    def _trim_txn(self, plog: PartitionLog, before_sn: int) -> list[tuple[int, int]]:
+        """(last SN, records) of each batch deleted in one write transaction."""
+        env = self.envs[plog.persistence]
+        batches_db = self.dbs[plog.persistence][0]
+        victims = []
+        with env.begin(write=True, db=batches_db) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(plog.prefix):
+                return victims
+            while cur.key()[:4] == plog.prefix and len(victims) < limits.TRIM_BATCHES_PER_TXN_MAX:
+                header = codec.read_header(cur.value())
+                if header.last_sn >= before_sn or header.last_sn >= plog.last_sn:
+                    break
+                victims.append((header.last_sn, header.count))
+                if not cur.delete():
+                    break
+        return victims
+
     # --- append / read --------------------------------------------------------------
 
     async def append(self, plog: PartitionLog, batch: bytes) -> codec.BatchHeader:

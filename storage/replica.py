@@ -24,7 +24,7 @@ import grpc
 
 from sms import codec, limits, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
-from sms.errors import PartitionClosed, StaleEpoch, WrongOwner, invariant
+from sms.errors import PartitionClosed, PartitionSealed, StaleEpoch, WrongOwner, invariant
 from sms.metadata import ChainConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
 from storage.log import LogStore, PartitionLog
@@ -62,6 +62,8 @@ class Replica:
         # promotes a gated learner) and the handover loses nothing committed.
         self.learner_acked: dict[str, int] = {}
         self.gated: set[str] = set()
+        # retention: records below this SN are deleted here (or about to be) and never read
+        self.trimmed_before = 0
         self.apply_config(config)
 
     def apply_config(self, config: ChainConfig) -> None:
@@ -124,7 +126,7 @@ class Replica:
     def _next_first_sn(self) -> int:
         last = self.log.last_sn
         now_ms = int(time.time() * 1000)
-        ts = max(now_ms, seqno.timestamp_ms_of(last))
+        ts = max(now_ms, seqno.timestamp_ms_of(last), self.config.from_ms)
         counter = seqno.counter_of(last) + 1 if last else 1
         return seqno.make(ts, counter, self.config.ordinal)
 
@@ -144,6 +146,10 @@ class Replica:
             held = self._held(incoming)
             if held is not None:
                 return held      # a resend of a batch we already store: not stored twice
+            if self.config.sealed:
+                # checked under the sequence lock: once a sealed config is applied and the lock
+                # is free, last_sn is final (what the repartition driver waits for)
+                raise PartitionSealed(f"{self.chain_id}: sealed for a repartition; the batch was not stored")
             batch = codec.sequence(unsequenced, self._next_first_sn())
             header = await self.store.append(self.log, batch)
             self.recent.append((header.first_sn, header.last_sn, batch))
@@ -308,7 +314,8 @@ class Replica:
         return {"chain_id": self.chain_id, "epoch": self.config.epoch, "role": self.config.role_of(self.node_id),
                 "last_sn": self.log.last_sn, "committed_sn": self.log.committed_sn,
                 "batches": self.log.batches, "records": self.log.records, "verified": self.verified,
-                "gated": sorted(self.gated)}
+                "gated": sorted(self.gated), "first_sn": self.log.first_sn, "trimmed_before": self.trimmed_before,
+                "sealed": self.config.sealed and not self.sequence_lock.locked()}
 
 
 class DownstreamLink:

@@ -14,14 +14,16 @@ import asyncio
 import collections
 import logging
 import os
+import time
 
 import grpc
 
 from control.metastore import MetaStore, NoNodeError
-from sms import limits, metadata, seqno
+from sms import limits, metadata, retention, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.errors import InvariantViolation, SmsError, StaleEpoch, WrongOwner
-from sms.metadata import ChainConfig
+from sms.metadata import ChainConfig, ConsumerRecord, StreamConfig
+from sms.partition_map import PartitionMap
 from sms.proto import sms_pb2, sms_pb2_grpc
 from storage.log import LogStore
 from storage.replica import DownstreamLink, Replica, ReplicaState
@@ -50,8 +52,10 @@ class StorageNode:
         self.addresses: dict[str, str] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._retention_task: asyncio.Task | None = None
         self._cancel_watches: list = []
         self.synced = asyncio.Event()
+        self.trimmed_records = 0
 
     async def start(self) -> None:
         await self.logs.start()
@@ -59,11 +63,13 @@ class StorageNode:
             self._cancel_watches.append(self.meta.watch(path, self._changed.set))
         await self.sync()
         self._task = asyncio.get_running_loop().create_task(self._sync_loop(), name="chain-sync")
+        self._retention_task = asyncio.get_running_loop().create_task(self._retention_loop(), name="retention")
 
     async def close(self) -> None:
         for cancel in self._cancel_watches:
             cancel()
         await cancel_and_wait(self._task)
+        await cancel_and_wait(self._retention_task)
         for replica in list(self.replicas.values()):
             await replica.close()
         await self.logs.close()
@@ -157,6 +163,59 @@ class StorageNode:
                 self.dormant.pop(name, None)
                 await self.logs.drop_log(name)
         self.synced.set()
+
+    async def _retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(limits.RETENTION_CHECK_INTERVAL_S)
+            try:
+                await self.apply_retention()
+            except InvariantViolation:
+                raise
+            except Exception:   # a metadata hiccup: the next pass retries
+                raise_if_cancelling()
+                log.exception("retention pass failed")
+
+    async def _stream_retention_facts(self, stream: str):
+        entry = await self.meta.get(metadata.stream_path(stream))
+        map_entry = await self.meta.get(metadata.map_path(stream))
+        if entry is None or map_entry is None:
+            return None
+        consumers = []
+        try:
+            names = await self.meta.children(metadata.consumers_path(stream))
+        except NoNodeError:
+            names = []
+        for name in names:
+            c = await self.meta.get(metadata.consumer_path(stream, name))
+            if c is not None and c.value:
+                consumers.append(ConsumerRecord.from_bytes(c.value))
+        return StreamConfig.from_bytes(entry.value), PartitionMap.from_bytes(map_entry.value), consumers
+
+    async def apply_retention(self) -> int:
+        """Delete, on every replica here, the committed records below the partition's trim
+        point (sms/retention.py), in bounded batches; returns the records deleted."""
+        facts: dict[str, object] = {}
+        now_ms = int(time.time() * 1000)
+        deleted = 0
+        for replica in list(self.replicas.values()):
+            stream = replica.config.stream
+            if stream not in facts:
+                facts[stream] = await self._stream_retention_facts(stream)
+            if facts[stream] is None or replica.state is not ReplicaState.ACTIVE:
+                continue
+            config, pmap, consumers = facts[stream]
+            point = retention.trim_point(config, pmap, replica.config.ordinal, consumers, now_ms)
+            point = min(point, replica.committed_sn + 1)     # never what is not committed
+            if point <= replica.trimmed_before:
+                continue
+            replica.trimmed_before = point
+            if replica.log.first_sn and replica.log.first_sn < point:
+                n = await self.logs.trim(replica.log, point)
+                if n:
+                    log.info("%s: retention deleted %d records below %d", replica.chain_id, n, point)
+                deleted += n
+        self.trimmed_records += deleted
+        return deleted
 
     def _start_links(self, replica: Replica) -> None:
         for successor, learner in link_targets(replica.config, self.node_id):
@@ -306,7 +365,9 @@ class StorageService(sms_pb2_grpc.StorageServicer):
             replicas=[sms_pb2.ReplicaStatus(chain_id=s["chain_id"], epoch=s["epoch"], role=s["role"],
                                             last_sn=str(s["last_sn"]), committed_sn=str(s["committed_sn"]),
                                             batches=s["batches"], records=s["records"],
-                                            verified=s["verified"], gated_learners=s["gated"])
+                                            verified=s["verified"], gated_learners=s["gated"],
+                                            sealed=s["sealed"], first_sn=str(s["first_sn"]),
+                                            trimmed_before=str(s["trimmed_before"]))
                       for s in self.node.status()])
 
 

@@ -60,6 +60,26 @@ class ControlStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.ClusterDescription.FromString,
                 _registered_method=True)
+        self.RepartitionStream = channel.unary_unary(
+                '/sms.v1.Control/RepartitionStream',
+                request_serializer=sms_dot_proto_dot_sms__pb2.RepartitionStreamRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.StreamDescription.FromString,
+                _registered_method=True)
+        self.UpdateStream = channel.unary_unary(
+                '/sms.v1.Control/UpdateStream',
+                request_serializer=sms_dot_proto_dot_sms__pb2.UpdateStreamRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.StreamDescription.FromString,
+                _registered_method=True)
+        self.TrimStream = channel.unary_unary(
+                '/sms.v1.Control/TrimStream',
+                request_serializer=sms_dot_proto_dot_sms__pb2.TrimStreamRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                _registered_method=True)
+        self.UpdateConsumer = channel.unary_unary(
+                '/sms.v1.Control/UpdateConsumer',
+                request_serializer=sms_dot_proto_dot_sms__pb2.UpdateConsumerRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -96,6 +116,33 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RepartitionStream(self, request, context):
+        """split / merge / scale; returns once the new map is committed (the last one, for scale)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateStream(self, request, context):
+        """retention, unread-record protection, automatic splitting
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TrimStream(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateConsumer(self, request, context):
+        """register, checkpoint or remove a consumer whose unread records a protected stream keeps
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +170,26 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.DescribeCluster,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.ClusterDescription.SerializeToString,
+            ),
+            'RepartitionStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepartitionStream,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.RepartitionStreamRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.StreamDescription.SerializeToString,
+            ),
+            'UpdateStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateStream,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.UpdateStreamRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.StreamDescription.SerializeToString,
+            ),
+            'TrimStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.TrimStream,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.TrimStreamRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            ),
+            'UpdateConsumer': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateConsumer,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.UpdateConsumerRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -261,6 +328,114 @@ class Control:
             '/sms.v1.Control/DescribeCluster',
             sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
             sms_dot_proto_dot_sms__pb2.ClusterDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepartitionStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/RepartitionStream',
+            sms_dot_proto_dot_sms__pb2.RepartitionStreamRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.StreamDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/UpdateStream',
+            sms_dot_proto_dot_sms__pb2.UpdateStreamRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.StreamDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TrimStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/TrimStream',
+            sms_dot_proto_dot_sms__pb2.TrimStreamRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateConsumer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/UpdateConsumer',
+            sms_dot_proto_dot_sms__pb2.UpdateConsumerRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

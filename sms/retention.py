@@ -1,0 +1,84 @@
+"""Which records of a partition may be deleted: retention, trim requests, unread records.
+
+Pure functions, no I/O; storage nodes call `trim_point` to delete old batches of every
+replica they hold, and the control leader calls `droppable` to remove closed partitions
+(their map entries and chains) once nothing they hold is left to read.
+
+A partition's trim point is an SN: every record below it may go. It is the highest of
+- the retention cut: the lowest SN of time now - retention;
+- the stream's trim_stream(before_time) cut;
+- the partition's own trim_stream(before_sn) cut;
+and, when the stream protects unread records, no higher than any registered consumer
+allows: a consumer with a checkpoint in the partition allows up to just after it; one
+with a checkpoint in a descendant has read the partition to its end (readers go parents
+before children) and allows everything; one without either allows nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sms import seqno
+from sms.metadata import ConsumerRecord, StreamConfig
+from sms.partition_map import PartitionEntry, PartitionMap
+from sms.types import PartitionState
+
+
+def descendants(pmap: PartitionMap, ordinal: int) -> set[int]:
+    by_ordinal = {e.ordinal: e for e in pmap.entries}
+    out: set[int] = set()
+    todo = list(by_ordinal[ordinal].children) if ordinal in by_ordinal else []
+    while todo:
+        o = todo.pop()
+        if o in out:
+            continue
+        out.add(o)
+        if o in by_ordinal:
+            todo.extend(by_ordinal[o].children)
+    return out
+
+
+def requested_cut(config: StreamConfig, ordinal: int, now_ms: int) -> int:
+    """The SN below which retention and trim requests delete, before consumer protection."""
+    cut_ms = max(now_ms - config.retention_ms, config.trim_before_ms)
+    cut = seqno.lower_bound_for_time(max(0, cut_ms))
+    return max(cut, dict(config.trim_before_sns).get(ordinal, 0))
+
+
+def trim_point(config: StreamConfig, pmap: PartitionMap, ordinal: int, consumers: Iterable[ConsumerRecord],
+               now_ms: int) -> int:
+    point = requested_cut(config, ordinal, now_ms)
+    if not config.protect_unread:
+        return point
+    for consumer in consumers:
+        checkpoints = dict(consumer.checkpoints)
+        if ordinal in checkpoints:
+            allowed = min(checkpoints[ordinal], ConsumerRecord.SHARD_END_SN - 1) + 1
+        elif descendants(pmap, ordinal) & checkpoints.keys():
+            continue
+        else:
+            allowed = 0
+        point = min(point, allowed)
+    return point
+
+
+def ending_of(entry: PartitionEntry) -> int:
+    """The last SN a closed partition may hold (its boundary time when it held nothing)."""
+    if entry.ending_sn:
+        return entry.ending_sn
+    return seqno.lower_bound_for_time(max(0, (entry.valid_to_ms or 0) - 1))
+
+
+def droppable(config: StreamConfig, pmap: PartitionMap, consumers: list[ConsumerRecord], now_ms: int) -> list[int]:
+    """Closed partitions whose every record is past the trim point, oldest first; a
+    partition goes only after its parents (readers walk the lineage from the roots)."""
+    present = {e.ordinal for e in pmap.entries}
+    out: list[int] = []
+    for e in sorted(pmap.entries, key=lambda e: e.valid_from_ms):
+        if e.state is not PartitionState.CLOSED:
+            continue
+        if any(p in present and p not in out for p in e.parents):
+            continue
+        if trim_point(config, pmap, e.ordinal, consumers, now_ms) > ending_of(e):
+            out.append(e.ordinal)
+    return out
