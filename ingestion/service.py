@@ -192,6 +192,13 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         if view.config.status is not StreamStatus.ACTIVE:
             raise Unavailable(f"stream {request.stream!r} is {view.config.status.value}")
         records = parse_put_entries(request.count, request.entries, request.producer_id)
+        if request.session_ordinals:
+            if not request.producer_id or len(request.session_ordinals) != 4 * len(records):
+                raise InvalidArgument(f"session_ordinals of {len(request.session_ordinals)} bytes; expected 4 per "
+                                      "record, with a producer session")
+            for i, (_h, sub) in enumerate(records):
+                if sub.session_ordinal is None:
+                    sub.session_ordinal = _ORDINAL.unpack_from(request.session_ordinals, 4 * i)[0]
         by_partition: dict[int, list[int]] = {}
         ordinals = [0] * len(records)
         outcomes: list[Outcome | SmsError | asyncio.Future | None] = [None] * len(records)

@@ -130,7 +130,11 @@ def _describe(info) -> dict:
             "ingestion_owner": p.ingestion_owner.node_id if p.ingestion_owner else None,
             "learners": [m.node_id for m in p.learners],
             "history": list(p.history),
-        } for p in info.partitions]}
+            "ending_sn": None if p.ending_sn is None else str(p.ending_sn), "sealed": p.sealed,
+        } for p in info.partitions],
+        "retention_s": info.retention_s, "protect_unread": info.protect_unread,
+        "auto_split_records_per_s": info.auto_split_records_per_s, "repartition": info.repartition,
+        "consumers": list(info.consumers)}
 
 
 def _describe_text(d: dict) -> str:
@@ -141,6 +145,15 @@ def _describe_text(d: dict) -> str:
         chain = " -> ".join(m["node_id"] for m in p["chain"])
         lines.append(f"  {p['partition_id']} {p['state']:<6} chain {chain} (epoch {p['chain_epoch']}) "
                      f"hash [{p['hash_lo']}, {p['hash_hi']})")
+        if p.get("parents") or p.get("children"):
+            lineage = []
+            if p["parents"]:
+                lineage.append("from " + ", ".join(f"p{o:04d}" for o in p["parents"]))
+            if p["children"]:
+                lineage.append("into " + ", ".join(f"p{o:04d}" for o in p["children"]))
+            if p.get("ending_sn") is not None:
+                lineage.append(f"ending SN {p['ending_sn']}")
+            lines.append("      " + "; ".join(lineage))
         if p["learners"]:
             lines.append(f"      copying to join: {', '.join(p['learners'])}")
         for h in p["history"]:
@@ -169,6 +182,25 @@ def cmd_stream(args) -> int:
         elif args.stream_cmd == "delete":
             client.delete_stream(args.name)
             _emit(args, {"deleted": args.name}, f"deleted {args.name}")
+        elif args.stream_cmd == "repartition":
+            if args.split is not None:
+                info = client.split(args.name, args.split, args.at_hash)
+            elif args.merge is not None:
+                info = client.merge(args.name, *args.merge)
+            else:
+                info = client.scale(args.name, args.scale)
+            d = _describe(info)
+            _emit(args, d, _describe_text(d))
+        elif args.stream_cmd == "update":
+            protect = None if args.protect_unread is None else args.protect_unread == "true"
+            info = client.update_stream(args.name, retention_hours=args.retention_hours, retention_s=args.retention_s,
+                                        protect_unread=protect, auto_split_records_per_s=args.auto_split_rate,
+                                        auto_split_period_s=args.auto_split_period_s)
+            d = _describe(info)
+            _emit(args, d, _describe_text(d))
+        elif args.stream_cmd == "trim":
+            client.trim_stream(args.name, before_sn=args.before_sn, before_time_ms=args.before_time_ms)
+            _emit(args, {"trimmed": args.name}, f"trim of {args.name} requested; replicas delete in the background")
     return 0
 
 
@@ -213,10 +245,10 @@ def _record_json(r) -> dict:
 
 def cmd_read(args) -> int:
     from sms.types import parse_partition_id
+    if args.partition == "all":
+        return _read_lineage(args)
     with _client(args) as client:
-        info = client.get_stream_info(args.stream)
-        ordinals = ([p.ordinal for p in info.partitions] if args.partition == "all"
-                    else [parse_partition_id(args.partition)])
+        ordinals = [parse_partition_id(args.partition)]
         iterators = {o: client.get_iterator(args.stream, o, args.iterator_type, sequence_number=args.sequence_number,
                                             timestamp_ms=args.timestamp_ms) for o in ordinals}
         shown = 0
@@ -239,6 +271,39 @@ def cmd_read(args) -> int:
                 else:
                     iterators[o] = res.next_iterator
             if idle and not args.follow:
+                break
+    return 0
+
+
+def _read_lineage(args) -> int:
+    """Every partition of the stream, walking its lineage (parents before children)."""
+    kind = args.iterator_type.upper()
+    kwargs: dict = {"follow": args.follow}
+    skip_sn = None
+    if kind in ("AT_SEQUENCE_NUMBER", "AFTER_SEQUENCE_NUMBER"):
+        if not args.sequence_number:
+            raise errors.InvalidArgument(f"--from {kind} needs --sequence-number")
+        kwargs["sequence_number"] = args.sequence_number
+        skip_sn = args.sequence_number if kind == "AFTER_SEQUENCE_NUMBER" else None
+    elif kind == "AT_TIMESTAMP":
+        if args.timestamp_ms is None:
+            raise errors.InvalidArgument("--from AT_TIMESTAMP needs --timestamp-ms")
+        kwargs["timestamp_ms"] = args.timestamp_ms
+    elif kind in ("TRIM_HORIZON", "LATEST"):
+        kwargs["start"] = kind
+    else:
+        raise errors.InvalidIteratorType(f"iterator type {args.iterator_type!r}; expected TRIM_HORIZON, LATEST, "
+                                         "AT_SEQUENCE_NUMBER, AFTER_SEQUENCE_NUMBER or AT_TIMESTAMP")
+    shown = 0
+    with _client(args) as client:
+        for r in client.read_stream(args.stream, **kwargs):
+            if skip_sn is not None and str(r.sequence_number) == str(skip_sn):
+                continue
+            d = _record_json(r)
+            print(json.dumps(d) if args.json else
+                  f"{d['partition_id']} {d['sequence_number']} {d['partition_key']}: {d['data']}", flush=True)
+            shown += 1
+            if args.max is not None and shown >= args.max:
                 break
     return 0
 
@@ -343,6 +408,24 @@ def build_parser() -> argparse.ArgumentParser:
         s = ssub.add_parser(name, parents=[common])
         s.add_argument("name")
     ssub.add_parser("list", parents=[common])
+    r = ssub.add_parser("repartition", parents=[common], help="split, merge or scale a stream while it runs")
+    r.add_argument("name")
+    how = r.add_mutually_exclusive_group(required=True)
+    how.add_argument("--split", metavar="PARTITION", help="split this partition (e.g. p0001 or 1)")
+    how.add_argument("--merge", nargs=2, metavar="PARTITION", help="merge two adjacent partitions")
+    how.add_argument("--scale", type=int, metavar="N", help="split and merge toward N even partitions")
+    r.add_argument("--at-hash", help="split point: the first hash key of the upper child (default: the middle)")
+    u = ssub.add_parser("update", parents=[common], help="change retention, protection or auto-splitting")
+    u.add_argument("name")
+    u.add_argument("--retention-hours", type=int)
+    u.add_argument("--retention-s", type=int)
+    u.add_argument("--protect-unread", choices=["true", "false"])
+    u.add_argument("--auto-split-rate", type=int, help="records/s per partition that triggers a split (0: off)")
+    u.add_argument("--auto-split-period-s", type=int)
+    t = ssub.add_parser("trim", parents=[common], help="delete old records now")
+    t.add_argument("name")
+    t.add_argument("--before-sn", help="records of this SN's partition before it")
+    t.add_argument("--before-time-ms", type=int, help="records of every partition older than this")
     stream.set_defaults(func=cmd_stream)
 
     put = sub.add_parser("put", parents=[common], help="put records from arguments or stdin lines")

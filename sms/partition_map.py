@@ -15,6 +15,7 @@ map lives in the control role.
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass, field, replace
 
@@ -158,21 +159,37 @@ class PartitionMap:
         return self._with_changes(closed, [child])
 
     def next_scale_step(self, target: int) -> tuple | None:
-        """The next change toward `target` even ranges: ("split", ordinal, at_hash) while some
-        target boundary falls inside an open partition, then ("merge", a, b) while a
-        target range holds more than one; None once the open partitions are the target."""
+        """The next change toward `target` even ranges, or None once the open partitions
+        are exactly those ranges. Every step removes a boundary that is not a target one
+        (a merge) or adds a target one (a split), so the plan ends; and it never has more
+        than STREAM_PARTITIONS_MAX open partitions:
+        1. ("merge", a, b) of two neighbours inside one target range;
+        2. else, below the limit, ("split", ordinal, at) at the first target boundary
+           strictly inside an open partition;
+        3. else (at the limit) ("merge", a, b) of neighbours whose shared boundary is not
+           a target one, which makes room for the split."""
         if not 1 <= target <= limits.STREAM_PARTITIONS_MAX:
             raise TooManyPartitions(f"scale to {target}; expected 1..{limits.STREAM_PARTITIONS_MAX}")
         bounds = [i * HASH_SPACE // target for i in range(target)] + [HASH_SPACE]
+        wanted = set(bounds)
         opened = sorted(self.open_entries(), key=lambda e: e.hash_lo)
-        for at in bounds[1:-1]:
+
+        def range_of(hash_key: int) -> int:        # index of the target range holding hash_key
+            return bisect.bisect_right(bounds, hash_key) - 1
+
+        wrong = [(a, b) for a, b in zip(opened, opened[1:]) if b.hash_lo not in wanted]
+        for a, b in wrong:
+            if range_of(a.hash_lo) == range_of(b.hash_hi - 1):
+                return ("merge", a.ordinal, b.ordinal)
+        if len(opened) < limits.STREAM_PARTITIONS_MAX:
             for e in opened:
-                if e.hash_lo < at < e.hash_hi:
-                    return ("split", e.ordinal, at)
-        for lo, hi in zip(bounds, bounds[1:]):
-            inside = [e for e in opened if lo <= e.hash_lo and e.hash_hi <= hi]
-            if len(inside) > 1:
-                return ("merge", inside[0].ordinal, inside[1].ordinal)
+                i = bisect.bisect_right(bounds, e.hash_lo)
+                if i < len(bounds) and bounds[i] < e.hash_hi:
+                    return ("split", e.ordinal, bounds[i])
+        else:
+            if any(bisect.bisect_right(bounds, e.hash_lo) < len(bounds)
+                   and bounds[bisect.bisect_right(bounds, e.hash_lo)] < e.hash_hi for e in opened) and wrong:
+                return ("merge", wrong[0][0].ordinal, wrong[0][1].ordinal)
         return None
 
     def without(self, ordinals: set[int]) -> "PartitionMap":

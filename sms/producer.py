@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import enum
 import logging
 import os
+import struct
 import threading
 import time
 from collections import deque
@@ -66,8 +68,8 @@ assert 0 < PRODUCER_ID_RANDOM_BYTES <= limits.PRODUCER_ID_BYTES_MAX
 _SSSN_META_BYTES = 2 + 8
 _SUBMIT_META_BYTES = 2 + 8
 _HASH_KEY_META_BYTES = 2 + 16
-_SESSION_META_BYTES = 2 + 4
 _ORDINAL_BYTES = 4
+_SESSION = struct.Struct("<I")      # a record's session partition, in PutRecordsRequest.session_ordinals
 _SN_BYTES = 16
 
 
@@ -145,7 +147,6 @@ class _Record:
     entry: bytes | None = None       # the encoded entry, the same bytes on every resend
     attempts: int = 0
     hash_key: int = 0                # routes it to a child once its partition is closed
-    tagged: bool = False             # its entry names its session's partition (sent to a child)
 
 
 @dataclass(slots=True, eq=False)
@@ -249,7 +250,7 @@ class Producer:
         self._sender: asyncio.Task | None = None
         self._round_robin = 0
         self._totals = dict.fromkeys(("sent", "acked", "duplicates", "failed", "requests", "call_failures",
-                                      "retries", "missing_resends", "map_refreshes", "expired"), 0)
+                                      "retries", "missing_resends", "map_refreshes", "expired", "moved"), 0)
 
     # --- public API -------------------------------------------------------------------
     async def __aenter__(self) -> "Producer":
@@ -307,12 +308,19 @@ class Producer:
     async def flush(self) -> None:
         """Wait until every record sent before this call is settled (acked or failed),
         sending without lingering meanwhile."""
-        targets = {o: s.next_sssn - 1 for o, s in self._sessions.items() if s.hwm < s.next_sssn - 1}
-        if targets:
+        # (the futures, not SSSNs: a record not yet sent when its partition closed moves to
+        # a child's session under a new SSSN, and keeps its future)
+        pending = sorted(((r.enqueued_s, r.future) for s in self._sessions.values() for r in s.records.values()),
+                         key=lambda t: t[0])
+        if pending:
             self._flushing += 1
             self._wake()
             try:
-                while any(self._sessions[o].hwm < t for o, t in targets.items()):
+                i = 0
+                while i < len(pending):
+                    if pending[i][1].done():
+                        i += 1
+                        continue
                     await self._progress.wait()
             finally:
                 self._flushing -= 1
@@ -395,13 +403,7 @@ class Producer:
         errors.invariant(session.records.pop(record.sssn, None) is record,
                          f"p{session.ordinal}: sssn {record.sssn} settled twice or never sent")
         self._pending_bytes -= record.size
-        if record.sssn == session.hwm + 1:
-            session.hwm += 1
-            while session.hwm + 1 in session.settled_above_hwm:
-                session.settled_above_hwm.remove(session.hwm + 1)
-                session.hwm += 1
-        else:
-            session.settled_above_hwm.add(record.sssn)
+        self._count_settled(session, record.sssn)
         if error is None:
             self._totals["acked"] += 1
             self._totals["duplicates"] += result.duplicate
@@ -548,7 +550,7 @@ class Producer:
         ready: dict[str, list[_Session]] = {}
         due: set[str] = set()
         owner_load: dict[str, tuple[int, int]] = {}
-        for session in self._sessions.values():
+        for session in list(self._sessions.values()):     # (_move_unsent may add sessions)
             if not session.queue:
                 continue
             while session.queue and session.queue[0].deadline_s <= now_s:   # deadlines rise with SSSNs
@@ -572,8 +574,13 @@ class Producer:
                 wake_s = min(wake_s, session.queue[0].deadline_s)
                 continue                           # a settling ancestor wakes the sender
             if partition.state is not PartitionState.OPEN:
-                # split or merged: its records go, still in its session, to the child that
-                # covers each one's hash now (the child's table knows the parent's sessions)
+                # split or merged: records never sent move to the session of the child that
+                # covers their hash; those sent before (maybe stored in the parent) go to that
+                # child still in their session, which the child's table knows
+                if self._move_unsent(session):
+                    wake_s = now_s                 # the children's sessions go next round
+                if not session.queue:
+                    continue
                 partition = self._target(session.queue[0])
                 if partition is None:
                     self._want_refresh()
@@ -607,12 +614,50 @@ class Producer:
                 wake_s = min(wake_s, linger_end_s)
         for owner in due:
             if owner not in self._inflight:
-                items, hwms = self._take_batch(ready[owner])
+                items, hwms = self._take_batch(ready[owner], owner)
                 self._inflight[owner] = len(items)
                 requests.create_task(self._deliver(owner, items, hwms))
         return wake_s
 
-    def _take_batch(self, sessions: list[_Session]) -> tuple[list[_Record], dict[int, int]]:
+    def _move_unsent(self, session: _Session) -> int:
+        """Move a closed partition's never-sent records to the sessions of the open
+        partitions covering them, under new SSSNs (no node ever saw the old ones), with
+        their futures and deadlines; in the old session their SSSNs count as settled."""
+        keep: deque[_Record] = deque()
+        for record in session.queue:
+            target = self._target(record) if not record.attempts else None
+            if target is None:
+                keep.append(record)
+                continue
+            session.queued_bytes -= record.size
+            errors.invariant(session.records.pop(record.sssn, None) is record,
+                             f"p{session.ordinal}: moved sssn {record.sssn} was not pending")
+            self._count_settled(session, record.sssn)
+            child = self._sessions.get(target.ordinal)
+            if child is None:
+                child = self._sessions[target.ordinal] = _Session(target.ordinal)
+            errors.invariant(child.next_sssn <= limits.SSSN_MAX, f"p{child.ordinal}: SSSNs exhausted")
+            moved = dataclasses.replace(record, ordinal=child.ordinal, sssn=child.next_sssn)
+            child.next_sssn += 1
+            child.records[moved.sssn] = moved
+            child.queue.append(moved)
+            child.queued_bytes += moved.size
+            self._totals["moved"] += 1
+        moved = len(session.queue) - len(keep)
+        session.queue = keep
+        session.space.fire()
+        return moved
+
+    def _count_settled(self, session: _Session, sssn: int) -> None:
+        if sssn == session.hwm + 1:
+            session.hwm += 1
+            while session.hwm + 1 in session.settled_above_hwm:
+                session.settled_above_hwm.remove(session.hwm + 1)
+                session.hwm += 1
+        else:
+            session.settled_above_hwm.add(sssn)
+
+    def _take_batch(self, sessions: list[_Session], owner: str = "") -> tuple[list[_Record], dict[int, int]]:
         """Records for one request, each session's in SSSN order from the front of its
         queue, within the request bounds and the owner's per-session window."""
         items: list[_Record] = []
@@ -624,20 +669,17 @@ class Producer:
             taken = 0
             partition = self._partition(session.ordinal)
             closed = partition is not None and partition.state is not PartitionState.OPEN
-            target = self._target(session.queue[0]) if closed else None
-            while session.queue and len(items) < limits.PUT_RECORDS_COUNT_MAX:
+            if closed:
+                taken, size = self._take_closed(session, owner, items, size)
+            while not closed and session.queue and len(items) < limits.PUT_RECORDS_COUNT_MAX:
                 record = session.queue[0]
                 if record.sssn > session.hwm + PRODUCER_SESSION_WINDOW_MAX \
-                        or size + record.size + _SESSION_META_BYTES > limits.PUT_RECORDS_BYTES_MAX:
+                        or size + record.size > limits.PUT_RECORDS_BYTES_MAX:
                     break
-                if closed and (self._target(record) or partition).ordinal != target.ordinal:
-                    break                          # one child per request: the run of records to it
                 session.queue.popleft()
                 session.queued_bytes -= record.size
                 if record.entry is None:
                     self._encode(record)
-                if closed and not record.tagged:
-                    self._tag(record, session.ordinal)
                 size += record.size
                 record.attempts += 1
                 items.append(record)
@@ -661,24 +703,36 @@ class Producer:
                          f"entry of {len(record.entry) - codec.ENTRY.size} bytes; counted {record.size}")
         record.data = None
 
-    def _tag(self, record: _Record, ordinal: int) -> None:
-        """Name the record's session partition in its entry (same SSSN, submit time, data)."""
-        entry = next(codec.iter_entries(record.entry, 1))
-        meta = codec.decode_meta(entry.meta) if entry.meta else {}
-        meta[codec.TAG_SESSION_ORDINAL] = ordinal.to_bytes(4, "big")
-        record.entry = codec.encode_entry(entry.key, entry.data, codec.encode_meta(meta))
-        record.tagged = True
-        grown = _SESSION_META_BYTES
-        record.size += grown
-        self._pending_bytes += grown
-        errors.invariant(len(record.entry) - codec.ENTRY.size == record.size,
-                         f"tagged entry of {len(record.entry) - codec.ENTRY.size} bytes; counted {record.size}")
+    def _take_closed(self, session: _Session, owner: str, items: list[_Record], size: int) -> tuple[int, int]:
+        """A closed partition's records (all sent before) for the children on `owner`, in
+        SSSN order (the request names their session partition); the others stay queued for the
+        next request (their children are on other owners). Returns (taken, size)."""
+        rest: deque[_Record] = deque()
+        taken = 0
+        for record in session.queue:
+            target = self._target(record)
+            address = target.ingestion_owner.address if target and target.ingestion_owner else ""
+            if (address != owner or len(items) >= limits.PUT_RECORDS_COUNT_MAX
+                    or record.sssn > session.hwm + PRODUCER_SESSION_WINDOW_MAX
+                    or size + record.size > limits.PUT_RECORDS_BYTES_MAX):
+                rest.append(record)
+                continue
+            session.queued_bytes -= record.size
+            if record.entry is None:
+                self._encode(record)
+            size += record.size
+            record.attempts += 1
+            items.append(record)
+            taken += 1
+        session.queue = rest
+        return taken, size
 
     async def _deliver(self, owner: str, items: list[_Record], hwms: dict[int, int]) -> None:
         """One PutRecords to one owner, and what its answer means for each record."""
         request = sms_pb2.PutRecordsRequest(stream=self.stream, count=len(items),
                                             entries=b"".join(r.entry for r in items),
-                                            producer_id=self.producer_id, hwm=hwms)
+                                            producer_id=self.producer_id, hwm=hwms,
+                                            session_ordinals=b"".join(_SESSION.pack(r.ordinal) for r in items))
         self._totals["requests"] += 1
         try:
             try:
@@ -760,7 +814,11 @@ class Producer:
                                                        f"{session.inflight} in flight")
             session.inflight = 0
             if again:
-                session.queue.extendleft(reversed(again))
+                if session.queue and session.queue[0].sssn < again[-1].sssn:
+                    # (a closed partition's records left queued for other owners)
+                    session.queue = deque(sorted([*again, *session.queue], key=lambda r: r.sssn))
+                else:
+                    session.queue.extendleft(reversed(again))
                 session.queued_bytes += sum(r.size for r in again)
                 session.failures += 1
                 session.not_before_s = now_s + self._backoff_s(session.failures)
