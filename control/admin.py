@@ -301,11 +301,13 @@ class StreamAdmin:
             raise InvalidArgument(f"consumer name {consumer[:80]!r}; expected [A-Za-z0-9_.-]{{1,"
                                   f"{limits.STREAM_NAME_CHARS_MAX}}}")
         path = metadata.consumer_path(stream, consumer)
+        self.view.invalidate()
         if remove:
             try:
                 await self.store.delete(path)
             except NoNodeError:
                 pass
+            self.view.invalidate()
             return
         try:
             await self.store.create(metadata.consumers_path(stream))
@@ -319,6 +321,7 @@ class StreamAdmin:
                                         "consumers; remove one first")
                 try:
                     await self.store.create(path, ConsumerRecord(consumer, tuple(sorted(checkpoints.items()))).to_bytes())
+                    self.view.invalidate()
                     return
                 except NodeExistsError:
                     continue

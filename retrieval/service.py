@@ -101,7 +101,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
     async def GetRecord(self, request, context):
         sn = seqno.parse(request.sequence_number)
         replica = await self._replica(request.stream, seqno.ordinal_of(sn))
-        if sn <= replica.committed_sn:
+        if replica.trimmed_before <= sn <= replica.committed_sn:
             slices = self.storage.logs.read(replica.log, sn, sn, 1, limits.GET_RECORDS_BYTES_MAX)
             if slices and slices[0].sn_at(slices[0].start) == sn:
                 s = slices[0]

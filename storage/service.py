@@ -166,7 +166,6 @@ class StorageNode:
 
     async def _retention_loop(self) -> None:
         while True:
-            await asyncio.sleep(limits.RETENTION_CHECK_INTERVAL_S)
             try:
                 await self.apply_retention()
             except InvariantViolation:
@@ -174,6 +173,7 @@ class StorageNode:
             except Exception:   # a metadata hiccup: the next pass retries
                 raise_if_cancelling()
                 log.exception("retention pass failed")
+            await asyncio.sleep(limits.RETENTION_CHECK_INTERVAL_S)
 
     async def _stream_retention_facts(self, stream: str):
         entry = await self.meta.get(metadata.stream_path(stream))
