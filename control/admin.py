@@ -84,6 +84,7 @@ class StreamAdmin:
         self.store = store
         self.view = view
         self.lock = asyncio.Lock()   # one admin change at a time on this control node
+        self.poke_repartitioner = lambda: None   # the leader's Repartitioner takes a request at once
 
     async def _storage_nodes(self) -> dict:
         self.view.invalidate()
@@ -218,6 +219,7 @@ class StreamAdmin:
                                      dataclasses.replace(config, repartition=request).to_bytes(), version)
             except BadVersionError:
                 raise RepartitionInProgress(f"stream {name!r} changed meanwhile; retry") from None
+        self.poke_repartitioner()
         deadline = time.monotonic() + limits.REPARTITION_WAIT_S
         while True:
             entry = await self.store.get(metadata.stream_path(name))

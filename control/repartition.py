@@ -145,6 +145,10 @@ class Repartitioner:
             self._cancel.append(self.store.watch(path, self._changed.set))
         self._task = asyncio.get_running_loop().create_task(self._run(), name="repartitioner")
 
+    def poke(self) -> None:
+        """A request was recorded (by this process's admin): take it up now."""
+        self._changed.set()
+
     async def stop(self) -> None:
         for cancel in self._cancel:
             cancel()

@@ -455,6 +455,12 @@ class Producer:
             return
         self._refresh_wanted = False
         self._refresh_failures = 0
+        # at once, before send() can queue newer records in the children's sessions: a
+        # closed partition's never-sent records go ahead of them (per-key order)
+        for session in list(self._sessions.values()):
+            partition = self._partition(session.ordinal)
+            if partition is not None and partition.state is not PartitionState.OPEN and session.queue:
+                self._move_unsent(session)
 
     def _partition(self, ordinal: int) -> PartitionInfo | None:
         try:

@@ -135,6 +135,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         manager = ChainManager(store)
         repartitioner = Repartitioner(store)
         admin = StreamAdmin(store, view)
+        admin.poke_repartitioner = repartitioner.poke
 
         async def elected() -> None:
             control.admin = admin
