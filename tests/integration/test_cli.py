@@ -194,6 +194,28 @@ def test_up_streams_put_read_status_and_sigterm(up_factory):
     assert "StreamNotFound" in missing.stderr
     assert json.loads(ok(sms_cmd(d, "stream", "list", "--json"))) == ["s1"]
 
+    # resize while it holds records: the lineage shows, and a read walks it
+    split = json.loads(ok(sms_cmd(d, "stream", "repartition", "s1", "--split", "p0000", "--json")))
+    by_pid = {p["partition_id"]: p for p in split["partitions"]}
+    assert by_pid["p0000"]["state"] == "CLOSED" and by_pid["p0000"]["children"] == [2, 3]
+    assert by_pid["p0000"]["ending_sn"] is not None and by_pid["p0002"]["parents"] == [0]
+    assert "into p0002, p0003" in ok(sms_cmd(d, "stream", "describe", "s1"))
+    ok(sms_cmd(d, "put", "s1", "d", "--key", "k", "--json"))
+    keyed = [r for r in (json.loads(line) for line in ok(sms_cmd(d, "read", "s1", "--json")).splitlines())
+             if r["partition_key"] == "k"]
+    assert [r["data"] for r in keyed] == ["a", "b", "c", "d"], "parents before children, per key in order"
+    scaled = json.loads(ok(sms_cmd(d, "stream", "repartition", "s1", "--scale", "1", "--json")))
+    opened = [p for p in scaled["partitions"] if p["state"] == "OPEN"]
+    assert len(opened) == 1 and opened[0]["hash_lo"] == "0" and opened[0]["hash_hi"] == str(1 << 128)
+    adjacent = sms_cmd(d, "stream", "repartition", "s1", "--merge", "p0000", "p0001")
+    assert adjacent.returncode == 1 and "PartitionNotOpen" in adjacent.stderr
+    updated = json.loads(ok(sms_cmd(d, "stream", "update", "s1", "--retention-s", "3600", "--protect-unread",
+                                    "true", "--json")))
+    assert updated["retention_s"] == 3600 and updated["protect_unread"] is True
+    bad = sms_cmd(d, "stream", "update", "s1", "--retention-s", "5")
+    assert bad.returncode == 1 and "InvalidStreamConfig" in bad.stderr
+    assert "trim of s1 requested" in ok(sms_cmd(d, "stream", "trim", "s1", "--before-time-ms", "1"))
+
     assert_stops_cleanly(up, signal.SIGTERM)
 
 
