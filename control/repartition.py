@@ -262,6 +262,10 @@ class Repartitioner:
             now_ms = int(time.time() * 1000)
             ops = [Set(metadata.chain_path(chains[o][0].chain_id),
                        replace(chains[o][0], sealed=True).to_bytes(), chains[o][1]) for o in unsealed]
+            # conditional on the request too: a deposed leader must not seal for a request
+            # that the new leader has ended meanwhile
+            ops.append(Set(metadata.stream_path(config.name),
+                           replace(config, repartition={**request, "sealed_ms": now_ms}).to_bytes(), version))
             ops.append(Set(metadata.CHAINS, str(now_ms).encode()))
             try:
                 await self.store.commit(ops)
@@ -272,6 +276,11 @@ class Repartitioner:
         for o in parents:
             ending = await self._drained(chains[o][0])
             if ending is None:
+                sealed_ms = request.get("sealed_ms", int(time.time() * 1000))
+                if time.time() * 1000 - sealed_ms > limits.REPARTITION_DRAIN_TIMEOUT_S * 1000:
+                    await self._finish(config, version, errors.Timeout(
+                        f"p{o:04d}'s head did not drain within {limits.REPARTITION_DRAIN_TIMEOUT_S:.0f} s (its chain "
+                        "has no live head); the partitions are unsealed"), unseal=list(chains.values()))
                 return
             endings[o] = ending
         await self._commit_step(config, version, pmap, step, chains, endings)
@@ -349,7 +358,8 @@ class Repartitioner:
                 incarnations=tuple(sorted((n, nodes[n].started_ms) for n in members)),
                 history=(ChainChange(1, now_ms, "created", members[0],
                                      f"{what}; placed on " + " -> ".join(members)),)).to_bytes()))
-        request = {**config.repartition, "steps_done": config.repartition.get("steps_done", 0) + 1}
+        request = {k: v for k, v in config.repartition.items() if k != "sealed_ms"}
+        request["steps_done"] = request.get("steps_done", 0) + 1
         recent = recent_repartitions(config, now_ms) + (now_ms,)
         new_config = replace(config, repartition=request, repartitions_ms=recent[-limits.REPARTITION_HISTORY_MAX:])
         ops.append(Set(metadata.stream_path(config.name), new_config.to_bytes(), version))

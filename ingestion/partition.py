@@ -139,7 +139,7 @@ class PartitionIngest:
             try:
                 async with rpc.aio_channel(address) as channel:
                     return await self._read_partition(sms_pb2_grpc.RetrievalStub(channel), ordinal,
-                                                      window_start_ms)
+                                                      window_start_ms, to_end=True)
             except (grpc.aio.AioRpcError, SmsError) as e:
                 raise_if_cancelling()
                 last = e
@@ -170,14 +170,19 @@ class PartitionIngest:
                 await asyncio.sleep(limits.METASTORE_POLL_INTERVAL_S)
             return await self._read_partition(retrieval, self.chain.ordinal, window_start_ms)
 
-    async def _read_partition(self, retrieval, ordinal: int, window_start_ms: int) -> list[dedup.StoredRecord]:
+    async def _read_partition(self, retrieval, ordinal: int, window_start_ms: int,
+                              to_end: bool = False) -> list[dedup.StoredRecord]:
+        """The session fields of the partition's records from window_start_ms; `to_end`: a
+        closed partition, read until the end-of-partition answer (a replica that has not
+        committed up to the ending SN yet answers empty pages: try another)."""
         it = (await retrieval.GetIterator(sms_pb2.GetIteratorRequest(
             stream=self.chain.stream, partition_id=f"p{ordinal:04d}", iterator_type="AT_TIMESTAMP",
             timestamp_ms=max(0, window_start_ms)), timeout=limits.RPC_TIMEOUT_S)).iterator
         records: list[dedup.StoredRecord] = []
         while True:
             page = await retrieval.GetNextRecords(sms_pb2.GetNextRecordsRequest(
-                iterator=it, max_records=limits.GET_RECORDS_COUNT_MAX), timeout=limits.RPC_TIMEOUT_S)
+                iterator=it, max_records=limits.GET_RECORDS_COUNT_MAX, include_trimmed=True),
+            timeout=limits.RPC_TIMEOUT_S)
             for s in page.slices:
                 header = codec.verify(s.batch)
                 for i, e in enumerate(codec.iter_entries(s.batch, header.count, codec.HEADER_BYTES)):
@@ -194,7 +199,11 @@ class PartitionIngest:
                         int.from_bytes(meta[codec.TAG_SSSN], "big"),
                         meta.get(codec.TAG_DEDUP_KEY), signature_of(e.key, e.data), sn,
                         seqno.timestamp_ms_of(sn)))
-            if not page.slices or not page.next_iterator:
+            if not page.next_iterator:
+                return records
+            if not page.slices:
+                if to_end:
+                    raise ConnectionError(f"replica of p{ordinal:04d} has not committed it to its end")
                 return records
             it = page.next_iterator
 

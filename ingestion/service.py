@@ -208,6 +208,9 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             if sub.session_ordinal is not None:
                 # a record of the producer's session with a partition since split or merged
                 session = entries.get(sub.session_ordinal)
+                if session is None and sub.session_ordinal < view.map.next_ordinal:
+                    raise InvalidArgument(f"record {i}: session partition p{sub.session_ordinal:04d} of "
+                                          f"{request.stream} no longer exists (retention dropped it)")
                 if session is None:      # newer than this node's map: it refreshes meanwhile
                     self.view.invalidate()
                     outcomes[i] = PartitionClosed(f"p{sub.session_ordinal:04d} of {request.stream} is not in "

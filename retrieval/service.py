@@ -71,9 +71,10 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         entry = await self._entry(pos.stream, pos.ordinal)
         replica = self.storage.replica(chain_id(pos.stream, pos.ordinal))
         ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
-        position = max(pos.position_sn, replica.trimmed_before)
-        if ending is None and replica.committed_sn < position and wait_s > 0:
-            await replica.wait_committed(position, wait_s)
+        position = pos.position_sn if request.include_trimmed else max(pos.position_sn, replica.trimmed_before)
+        target = position if ending is None else min(position, ending)
+        if replica.committed_sn < target and wait_s > 0:     # (a lagging replica of a closed one too)
+            await replica.wait_committed(target, wait_s)
             entry = await self._entry(pos.stream, pos.ordinal)     # it may have closed meanwhile
             ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
         committed = replica.committed_sn if ending is None else min(replica.committed_sn, ending)

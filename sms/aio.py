@@ -371,15 +371,15 @@ class Client:
         info = await self.get_stream_info(stream)
         by = {p.ordinal: p for p in info.partitions}
         starts: dict[int, tuple[str, dict]] = {}
-        if sequence_number is not None:
-            sn = seqno.parse(sequence_number)
-            ts = seqno.timestamp_ms_of(sn)
-            for p in info.partitions_at(ts) or info.roots():
+        if sequence_number is not None or timestamp_ms is not None:
+            sn = None if sequence_number is None else seqno.parse(sequence_number)
+            ts = timestamp_ms if sn is None else seqno.timestamp_ms_of(sn)
+            # the partitions valid at ts, and the roots younger than ts: those whose parents
+            # retention dropped cover the hash ranges of partitions no longer in the map
+            for p in info.partitions_at(ts) + [r for r in info.roots() if r.valid_from_ms > ts]:
                 starts[p.ordinal] = ("AT_TIMESTAMP", {"timestamp_ms": ts})
-            starts[seqno.ordinal_of(sn)] = ("AT_SEQUENCE_NUMBER", {"sequence_number": sn})
-        elif timestamp_ms is not None:
-            for p in info.partitions_at(timestamp_ms) or info.roots():
-                starts[p.ordinal] = ("AT_TIMESTAMP", {"timestamp_ms": timestamp_ms})
+            if sn is not None:
+                starts[seqno.ordinal_of(sn)] = ("AT_SEQUENCE_NUMBER", {"sequence_number": sn})
         elif start == "LATEST":
             starts = {p.ordinal: ("LATEST", {}) for p in info.partitions if p.state is PartitionState.OPEN}
         else:
@@ -395,7 +395,14 @@ class Client:
             try:
                 it = await self.get_iterator(stream, ordinal, kind, **kw)
                 while it:
-                    page = await self.get_next_records(it, max_records, wait_ms if follow else 0)
+                    try:
+                        page = await self.get_next_records(it, max_records, wait_ms if follow else 0)
+                    except errors.PartitionNotFound:
+                        # retention dropped it while we read: nothing of it is left to read
+                        current = await self.get_stream_info(stream)
+                        children = [p.ordinal for p in current.partitions if ordinal in p.parents]
+                        await queue.put(("end", ordinal, children))
+                        return
                     if page.records:
                         await queue.put(("records", ordinal, page.records))
                     it = page.next_iterator
@@ -405,9 +412,8 @@ class Client:
                         await queue.put(("end", ordinal, [parse_partition_id(c) for c in page.child_partitions]))
                         return
                 await queue.put(("idle", ordinal, None))
-            except BaseException as e:
+            except Exception as e:           # (a cancelled reader puts nothing: nobody reads)
                 await queue.put(("error", ordinal, e))
-                raise
 
         def start_partition(ordinal: int, kind: str, kw: dict) -> None:
             started.add(ordinal)
@@ -433,7 +439,7 @@ class Client:
                 if any(c not in by for c in children):
                     info = await self.get_stream_info(stream)
                     by = {p.ordinal: p for p in info.partitions}
-                    scope |= _descendants_and(by, {ordinal})
+                scope |= _descendants_and(by, set(children))
                 for c in children:
                     if c in started or c not in by:
                         continue

@@ -715,12 +715,16 @@ class Producer:
         next request (their children are on other owners). Returns (taken, size)."""
         rest: deque[_Record] = deque()
         taken = 0
+        full = False                    # once one record for `owner` does not fit, none after it goes
         for record in session.queue:
             target = self._target(record)
             address = target.ingestion_owner.address if target and target.ingestion_owner else ""
-            if (address != owner or len(items) >= limits.PUT_RECORDS_COUNT_MAX
+            if address == owner and not full and (
+                    len(items) >= limits.PUT_RECORDS_COUNT_MAX
                     or record.sssn > session.hwm + PRODUCER_SESSION_WINDOW_MAX
                     or size + record.size > limits.PUT_RECORDS_BYTES_MAX):
+                full = True
+            if address != owner or full:
                 rest.append(record)
                 continue
             session.queued_bytes -= record.size

@@ -4,7 +4,11 @@ Pure functions, no I/O; storage nodes call `trim_point` to delete old batches of
 replica they hold, and the control leader calls `droppable` to remove closed partitions
 (their map entries and chains) once nothing they hold is left to read.
 
-A partition's trim point is an SN: every record below it may go. It is the highest of
+A partition's trim point is an SN: no reader gets a record below it, and every record
+below it is deleted -- but a de-duplicating stream deletes nothing within its dedup
+window (`dedup_floor`): a retry of a younger record must still be recognised, and a new
+ingestion owner (after a failover, or a child after a split) recognises it only by
+reading it back. The trim point is the highest of
 - the retention cut: the lowest SN of time now - retention;
 - the stream's trim_stream(before_time) cut;
 - the partition's own trim_stream(before_sn) cut;
@@ -18,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sms import seqno
+from sms import limits, seqno
 from sms.metadata import ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionEntry, PartitionMap
-from sms.types import PartitionState
+from sms.types import IngestionPolicy, PartitionState
 
 
 def descendants(pmap: PartitionMap, ordinal: int) -> set[int]:
@@ -43,6 +47,14 @@ def requested_cut(config: StreamConfig, ordinal: int, now_ms: int) -> int:
     cut_ms = max(now_ms - config.retention_ms, config.trim_before_ms)
     cut = seqno.lower_bound_for_time(max(0, cut_ms))
     return max(cut, dict(config.trim_before_sns).get(ordinal, 0))
+
+
+def dedup_floor(config: StreamConfig, now_ms: int) -> int:
+    """The lowest SN a de-duplicating stream must keep stored (hidden from readers once
+    below the trim point): a retry of any younger record may still arrive."""
+    if config.ingestion_policy is not IngestionPolicy.AT_LEAST_ONCE_NO_DUP:
+        return seqno.SN_MAX
+    return seqno.lower_bound_for_time(max(0, now_ms - config.dedup_window_ms - limits.DEDUP_CLOCK_SKEW_MS_MAX))
 
 
 def trim_point(config: StreamConfig, pmap: PartitionMap, ordinal: int, consumers: Iterable[ConsumerRecord],
@@ -70,7 +82,7 @@ def ending_of(entry: PartitionEntry) -> int:
 
 
 def droppable(config: StreamConfig, pmap: PartitionMap, consumers: list[ConsumerRecord], now_ms: int) -> list[int]:
-    """Closed partitions whose every record is past the trim point, oldest first; a
+    """Closed partitions whose every record is past the trim point and the dedup floor, oldest first; a
     partition goes only after its parents (readers walk the lineage from the roots)."""
     present = {e.ordinal for e in pmap.entries}
     out: list[int] = []
@@ -79,6 +91,6 @@ def droppable(config: StreamConfig, pmap: PartitionMap, consumers: list[Consumer
             continue
         if any(p in present and p not in out for p in e.parents):
             continue
-        if trim_point(config, pmap, e.ordinal, consumers, now_ms) > ending_of(e):
+        if min(trim_point(config, pmap, e.ordinal, consumers, now_ms), dedup_floor(config, now_ms)) > ending_of(e):
             out.append(e.ordinal)
     return out

@@ -206,11 +206,13 @@ class StorageNode:
             config, pmap, consumers = facts[stream]
             point = retention.trim_point(config, pmap, replica.config.ordinal, consumers, now_ms)
             point = min(point, replica.committed_sn + 1)     # never what is not committed
-            if point <= replica.trimmed_before:
-                continue
-            replica.trimmed_before = point
-            if replica.log.first_sn and replica.log.first_sn < point:
-                n = await self.logs.trim(replica.log, point)
+            replica.trimmed_before = max(replica.trimmed_before, point)    # readers never see below
+            delete = min(point, retention.dedup_floor(config, now_ms))
+            for link in list(replica.links.values()):
+                # nor the batch a successor or learner ends with: its next hello verifies it
+                delete = min(delete, link.acked_sn)
+            if replica.log.first_sn and replica.log.first_sn < delete:
+                n = await self.logs.trim(replica.log, delete)
                 if n:
                     log.info("%s: retention deleted %d records below %d", replica.chain_id, n, point)
                 deleted += n

@@ -7,7 +7,8 @@ every replica of a chain, through each node's own NodeStatus (`first_sn`,
 `trimmed_before`, `records`) and through reads served by each replica: retention by
 age, `trim_stream` by time and by SN, unread-record protection for registered
 consumers, and the drop of a closed partition that retention emptied (its map entry
-and chain go; its children become the roots). Nothing sleeps and hopes: conditions
+and chain go; its children become the roots), and a de-duplicating stream, which hides
+trimmed records at once but deletes them only after its dedup window. Nothing sleeps and hopes: conditions
 are polled with `wait_until`; the only fixed windows observe that something does NOT
 happen for a few retention intervals.
 """
@@ -30,6 +31,10 @@ pytestmark = pytest.mark.integration
 LOW_HASH = 0                    # in the lower half of the hash space: p0 of a 2-partition stream
 HIGH_HASH = HASH_SPACE - 1      # in the upper half: p1
 RETENTION_PASS_S = limits.RETENTION_CHECK_INTERVAL_S
+# A de-duplicating stream keeps its dedup window stored (hidden from readers once trimmed):
+# these tests watch deletion happen, so their streams do not de-duplicate; the last test
+# checks the de-duplicating case.
+NO_DEDUP = "at_least_once_dup_permitted"
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -123,7 +128,7 @@ def wait_for_later_ms(sn: int) -> None:
 
 def test_retention_deletes_old_records_on_every_replica(client, unique_stream):
     retention_s = 10
-    client.create_stream(unique_stream, partitions=1, replication_factor=3)
+    client.create_stream(unique_stream, partitions=1, replication_factor=3, ingestion_policy=NO_DEDUP)
     old = [sn for i in range(3) for sn in put(client, unique_stream, f"old{i}", 20)]
     fresh: list[int] = []
     last_write = [0.0]
@@ -174,7 +179,7 @@ def test_retention_deletes_old_records_on_every_replica(client, unique_stream):
 
 @pytest.mark.parametrize("persistence", ["disk", "disk_async", "memory"])
 def test_trim_before_time_deletes_on_every_replica(client, unique_stream, persistence):
-    client.create_stream(unique_stream, partitions=2, replication_factor=3, persistence=persistence)
+    client.create_stream(unique_stream, partitions=2, replication_factor=3, ingestion_policy=NO_DEDUP, persistence=persistence)
     before = {0: put(client, unique_stream, "a0", 10, LOW_HASH), 1: put(client, unique_stream, "a1", 10, HIGH_HASH)}
     wait_for_later_ms(max(before[0] + before[1]))
     cut_ms = max(seqno.timestamp_ms_of(sn) for sns in before.values() for sn in sns) + 1
@@ -200,7 +205,7 @@ def test_trim_before_time_deletes_on_every_replica(client, unique_stream, persis
 
 
 def test_trim_before_sn_deletes_its_partition_on_every_replica(client, unique_stream):
-    client.create_stream(unique_stream, partitions=2, replication_factor=3)
+    client.create_stream(unique_stream, partitions=2, replication_factor=3, ingestion_policy=NO_DEDUP)
     a = put(client, unique_stream, "a", 4, LOW_HASH)
     b = put(client, unique_stream, "b", 6, LOW_HASH)
     c = put(client, unique_stream, "c", 3, LOW_HASH)
@@ -229,7 +234,7 @@ def test_trim_before_sn_deletes_its_partition_on_every_replica(client, unique_st
 
 
 def test_get_record_does_not_return_a_record_below_the_trim_point(client, unique_stream):
-    client.create_stream(unique_stream, partitions=1, replication_factor=3)
+    client.create_stream(unique_stream, partitions=1, replication_factor=3, ingestion_policy=NO_DEDUP)
     b = put(client, unique_stream, "b", 6)
     c = put(client, unique_stream, "c", 2)
     client.trim_stream(unique_stream, before_sn=b[3])
@@ -242,7 +247,7 @@ def test_get_record_does_not_return_a_record_below_the_trim_point(client, unique
 
 
 def test_trim_requests_are_checked(client, unique_stream):
-    client.create_stream(unique_stream, partitions=1, replication_factor=3)
+    client.create_stream(unique_stream, partitions=1, replication_factor=3, ingestion_policy=NO_DEDUP)
     sns = put(client, unique_stream, "r", 3)
     with pytest.raises(errors.InvalidArgument):
         client.trim_stream(unique_stream)                                  # neither a time nor an SN
@@ -261,7 +266,7 @@ def test_trim_requests_are_checked(client, unique_stream):
 # --- unread records -------------------------------------------------------------------------
 
 def test_protect_unread_keeps_what_a_consumer_has_not_read(client, unique_stream):
-    client.create_stream(unique_stream, partitions=2, replication_factor=3)
+    client.create_stream(unique_stream, partitions=2, replication_factor=3, ingestion_policy=NO_DEDUP)
     info = client.update_stream(unique_stream, protect_unread=True)
     assert info.protect_unread
     client.register_consumer(unique_stream, "reader")
@@ -317,7 +322,7 @@ def test_protect_unread_keeps_what_a_consumer_has_not_read(client, unique_stream
 
 
 def test_registered_consumer_shows_at_once(client, unique_stream):
-    client.create_stream(unique_stream, partitions=1, replication_factor=3)
+    client.create_stream(unique_stream, partitions=1, replication_factor=3, ingestion_policy=NO_DEDUP)
     client.get_stream_info(unique_stream)                # the control node's view of the stream is fresh
     started = time.monotonic()
     client.register_consumer(unique_stream, "eager")
@@ -328,7 +333,7 @@ def test_registered_consumer_shows_at_once(client, unique_stream):
 
 
 def test_protect_unread_can_be_switched_off(client, unique_stream):
-    client.create_stream(unique_stream, partitions=1, replication_factor=3)
+    client.create_stream(unique_stream, partitions=1, replication_factor=3, ingestion_policy=NO_DEDUP)
     client.update_stream(unique_stream, protect_unread=True)
     client.register_consumer(unique_stream, "idle")
     a = put(client, unique_stream, "a", 3)
@@ -349,7 +354,7 @@ def test_protect_unread_can_be_switched_off(client, unique_stream):
 
 def _split_with_records(client, stream: str):
     """A 1-partition stream split in two, with records before and after the split."""
-    client.create_stream(stream, partitions=1, replication_factor=3)
+    client.create_stream(stream, partitions=1, replication_factor=3, ingestion_policy=NO_DEDUP)
     before = put(client, stream, "before", 8) + put(client, stream, "before2", 8)
     info = client.split(stream, 0)
     parent = info.partition(0)
@@ -397,6 +402,14 @@ def test_closed_partition_is_dropped_once_retention_empties_it(client, unique_st
     assert sorted(streamed) == sorted(children[1] + children[2])
     more = put(client, unique_stream, "after-drop", 4, HIGH_HASH)
     assert sorted(r.sn for r in client.read_stream(unique_stream)) == sorted(children[1] + children[2] + more)
+    # from a time or an SN before the split: the dropped parent's children are read too
+    # (they are roots now, younger than the start)
+    everything = sorted(children[1] + children[2] + more)
+    before_split = parent.valid_to_ms - 1
+    assert sorted(r.sn for r in client.read_stream(unique_stream, timestamp_ms=before_split)) == everything
+    first_p1 = min(children[1])
+    assert sorted(r.sn for r in client.read_stream(unique_stream, sequence_number=first_p1)) == \
+        [sn for sn in everything if seqno.ordinal_of(sn) != 1 or sn >= first_p1]
 
 
 def test_closed_partition_with_unread_records_stays_until_read_to_its_end(client, unique_stream):
@@ -432,7 +445,7 @@ def test_closed_partition_with_unread_records_stays_until_read_to_its_end(client
 
 
 def test_closed_partitions_without_records_and_merged_parents_are_dropped(client, unique_stream):
-    client.create_stream(unique_stream, partitions=2, replication_factor=3)
+    client.create_stream(unique_stream, partitions=2, replication_factor=3, ingestion_policy=NO_DEDUP)
     # p0 closes before it holds any record (ending SN 0); p1 holds records when it is merged
     info = client.split(unique_stream, 0)
     empty = info.partition(0)
@@ -460,7 +473,7 @@ def test_closed_partitions_without_records_and_merged_parents_are_dropped(client
 # --- updating the retention ------------------------------------------------------------------
 
 def test_update_retention_while_running_and_bad_values(client, unique_stream):
-    info = client.create_stream(unique_stream, partitions=1, replication_factor=3, retention_hours=2)
+    info = client.create_stream(unique_stream, partitions=1, replication_factor=3, ingestion_policy=NO_DEDUP, retention_hours=2)
     assert (info.retention_hours, info.retention_s) == (2, 7200)
     sns = put(client, unique_stream, "r", 5)
 
@@ -484,3 +497,23 @@ def test_update_retention_while_running_and_bad_values(client, unique_stream):
     # other settings are untouched by a retention change, and nothing young was deleted
     assert not info.protect_unread and info.partitions[0].state is PartitionState.OPEN
     assert_every_replica_serves(client, unique_stream, 0, sns)
+
+
+def test_a_deduplicating_stream_hides_trimmed_records_at_once_and_keeps_them_for_retries(client, unique_stream):
+    """Trimmed records of an at_least_once_no_dup stream leave every reader at once, but stay
+    stored through the dedup window: a producer's retry of one whose ack was lost is still
+    answered as a duplicate by a child partition's owner, which rebuilds its table from them."""
+    client.create_stream(unique_stream, partitions=1, replication_factor=3)
+    with client.producer(unique_stream, "retrying-producer") as producer:
+        first = producer.put(b"kept for dedup", "k")
+    later = put(client, unique_stream, "later", 3)
+    client.trim_stream(unique_stream, before_sn=later[0])
+    wait_until(lambda: all_replicas(client, unique_stream, 0, lambda s: int(s.trimmed_before) >= later[0]),
+               10, "every replica to hide the trimmed record")
+    assert [r.sn for r in client.read_stream(unique_stream)] == later
+    for node in client.describe_cluster().nodes:
+        if "storage" in node.roles:
+            status = replica_status(node.address, f"{unique_stream}:0")
+            assert int(status.first_sn) <= first.sn, f"{node.node_id} deleted a record inside the dedup window"
+    with pytest.raises(errors.RecordNotFound):
+        client.get_record(unique_stream, first.sn)

@@ -38,7 +38,7 @@ SHARD_END = ConsumerRecord.SHARD_END_SN
 
 def config(**changes) -> StreamConfig:
     base = StreamConfig(name="s", partitions=1, replication_factor=3, persistence=Persistence.DISK,
-                        ingestion_policy=IngestionPolicy.AT_LEAST_ONCE_NO_DUP, retention_hours=24,
+                        ingestion_policy=IngestionPolicy.AT_LEAST_ONCE_DUP_PERMITTED, retention_hours=24,
                         created_ms=NOW_MS - 100 * HOUR_MS)
     return replace(base, **changes)
 
@@ -566,3 +566,14 @@ def test_read_slices_are_unaffected_by_records_of_deleted_batches(tmp_path):
             assert got == expected_records(LAYOUT[3:])[:2]
 
     asyncio.run(scenario())
+
+
+def test_a_deduplicating_stream_drops_nothing_inside_its_dedup_window():
+    dedup = config(ingestion_policy=IngestionPolicy.AT_LEAST_ONCE_NO_DUP, retention_s=10, dedup_window_ms=60_000)
+    floor = retention.dedup_floor(dedup, NOW_MS)
+    assert floor == seqno.lower_bound_for_time(NOW_MS - 60_000 - limits.DEDUP_CLOCK_SKEW_MS_MAX)
+    assert retention.dedup_floor(config(), NOW_MS) == seqno.SN_MAX       # no table: nothing to keep
+    pmap = PartitionMap.even(1, NOW_MS - HOUR_MS).split(0, None, NOW_MS - 30_000, sn(NOW_MS - 31_000))
+    assert retention.trim_point(dedup, pmap, 0, [], NOW_MS) > sn(NOW_MS - 31_000)   # hidden from readers
+    assert retention.droppable(dedup, pmap, [], NOW_MS) == []                      # but kept stored
+    assert retention.droppable(dedup, pmap, [], NOW_MS + 60_000) == [0]
