@@ -9,14 +9,14 @@ up:              ## run a local cluster in the foreground (Ctrl-C stops it)
 	@scripts/bootstrap.sh
 	.venv/bin/sms up
 
-test:            ## install test dependencies (pip, and Debian's zookeeper) and run the whole suite
+test:            ## install test dependencies (pip with PySpark, Debian's zookeeper and a JRE) and run the whole suite
 	@scripts/system-deps.sh
-	@scripts/bootstrap.sh test
+	@scripts/bootstrap.sh test,spark
 	.venv/bin/python -m pytest -q
 
 test-fast:       ## the suite without tests marked slow
 	@scripts/system-deps.sh
-	@scripts/bootstrap.sh test
+	@scripts/bootstrap.sh test,spark
 	.venv/bin/python -m pytest -q -m "not slow"
 
 proto:           ## regenerate sms/proto/*_pb2*.py

@@ -308,6 +308,50 @@ def _read_lineage(args) -> int:
     return 0
 
 
+# --- stage graphs (sps/) ------------------------------------------------------------------
+
+def _metastore(args) -> str:
+    if args.metastore:
+        return args.metastore
+    path = os.path.join(args.data_dir, "cluster.json")
+    try:
+        with open(path) as f:
+            return json.load(f)["metastore"]
+    except (OSError, ValueError, KeyError):
+        raise SystemExit(f"error: no metadata store: pass --metastore (zk://... or embedded:///...) or run "
+                         f"`sms up` (looked for {path})") from None
+
+
+def cmd_graph(args) -> int:
+    import asyncio
+
+    from sps import commands
+    from sps.graph import load_graph
+    graph = load_graph(args.graph)
+    if args.graph_cmd == "apply":
+        done = asyncio.run(commands.apply_graph(_address(args), _metastore(args), graph))
+        _emit(args, done, f"streams created: {', '.join(done['streams_created']) or '(none)'}; "
+                          f"stages registered: {', '.join(done['stages_registered'])}")
+    elif args.graph_cmd == "run":
+        if args.stage not in graph.stages:
+            raise errors.InvalidArgument(f"no stage {args.stage!r} in {args.graph}; it has "
+                                         + ", ".join(sorted(graph.stages)))
+        done = asyncio.run(commands.run_stage(_address(args), _metastore(args), graph.stages[args.stage],
+                                              args.worker_id, args.master))
+        _emit(args, done, f"worker {done['worker']} stopped: {done['processed']} records processed")
+    else:
+        rows = asyncio.run(commands.graph_status(_address(args), _metastore(args), graph))
+        lines = []
+        for st in rows:
+            lines.append(f"stage {st['stage']}: {len(st['workers'])} workers ({', '.join(st['workers']) or 'none'})")
+            for p in st["partitions"]:
+                lag = "?" if p["lag_ms"] is None else f"{p['lag_ms']} ms"
+                lines.append(f"  {p['partition']:<24} owner {p['owner'] or '-':<20} checkpoint {p['checkpoint']:<40} "
+                             f"records {p['records']:<8} lag {lag}")
+        _emit(args, rows, "\n".join(lines))
+    return 0
+
+
 # --- demo ------------------------------------------------------------------------------
 
 def cmd_demo(args) -> int:
@@ -444,6 +488,20 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument("--max", type=int)
     read.add_argument("--follow", action="store_true", help="keep tailing")
     read.set_defaults(func=cmd_read)
+
+    graph = sub.add_parser("graph", help="stream-processing stage graphs (YAML)")
+    gsub = graph.add_subparsers(dest="graph_cmd", required=True)
+    for name, text in (("apply", "create the graph's streams and register its stages"),
+                       ("run", "run one worker of a stage"),
+                       ("status", "owner, checkpoint and lag of each stage's partitions")):
+        g = gsub.add_parser(name, parents=[common], help=text)
+        g.add_argument("graph", help="the graph's YAML file")
+        g.add_argument("--metastore", help="zk://... or embedded:///... (default: DIR/cluster.json of `sms up`)")
+        if name == "run":
+            g.add_argument("--stage", required=True)
+            g.add_argument("--worker-id", help="default: HOST-PID")
+            g.add_argument("--master", default="local[2]", help="Spark master URL (default local[2])")
+    graph.set_defaults(func=cmd_graph)
 
     status = sub.add_parser("status", parents=[common], help="nodes, chains, roles, process ids")
     status.set_defaults(func=cmd_status)

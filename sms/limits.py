@@ -135,3 +135,17 @@ LEARNERS_PER_NODE_MAX = 8                      # chains one node copies at a tim
 DORMANT_LOG_KEEP_S = 120.0                     # a removed replica's log is kept so long for a rejoin
 CONTROL_ELECTION_RETRY_S = 0.2                 # a standby control node retries the leader entry
 CLIENT_LEADER_WAIT_S = 4 * METASTORE_SESSION_TTL_S   # admin calls wait so long for a new control leader
+
+# --- stream processing (sps/) ---------------------------------------------------------
+SPS_FAILOVER_S_DEFAULT = 10.0                  # a lease not renewed for so long is taken
+SPS_FAILOVER_S_MIN = 1.0
+SPS_LEASES_TAKEN_PER_ROUND_MAX = 4             # claims of one worker in one balancing round
+SPS_CHECKPOINT_RECORDS_DEFAULT = 1000          # a checkpoint every N records ...
+SPS_CHECKPOINT_INTERVAL_S_DEFAULT = 5.0        # ... or T seconds, whichever comes first
+SPS_CHECKPOINT_INTERVAL_S_MAX = 30.0           # well inside the dedup window: replays are recognised
+SPS_OUTPUTS_PER_BATCH_MAX = 1 << 16            # output records of one batch (SSSN = batch << 16 | index)
+SPS_BATCH_RECORDS_MAX = 10_000                 # input records of one batch
+SPS_PARTITION_REFRESH_S = 10.0                 # workers re-read the input partitions this often
+SPS_OUTPUT_RETRY_DEADLINE_S = 60.0             # a batch's outputs must be acknowledged within this
+STAGES_PER_GRAPH_MAX = 64
+assert SPS_CHECKPOINT_INTERVAL_S_MAX * 1000 < DEDUP_WINDOW_MS_MIN

@@ -1,1 +1,1 @@
-"""PySpark integration (a later issue)."""
+"""PySpark integration: stages run on Spark DataFrames; Structured Streaming source and sink."""

@@ -1,1 +1,1 @@
-"""Stream processing workers (a later issue)."""
+"""SPS: stream processing by peer workers (lease table, stages, graphs, output without duplicates)."""

@@ -1,0 +1,239 @@
+"""Stages and stage graphs: what a YAML graph file says, checked before anything runs.
+
+    streams:
+      clicks:  {partitions: 4, replication_factor: 2}
+      parsed:  {partitions: 4, persistence: memory}       # ephemeral
+      counts:  {partitions: 2}
+    stages:
+      parse:
+        inputs: [clicks]
+        operation: examples.clickstream:parse           # module:function, assumed idempotent
+        engine: spark                                   # spark (DataFrame -> DataFrame) or python
+        outputs: [{stream: parsed, key: user}]          # or  sink: module:function
+        recovery: checkpoint                            # or best_effort
+        checkpoint_records: 1000
+        checkpoint_interval_s: 5
+        failover_s: 10
+      count:
+        inputs: [parsed]
+        operation: examples.clickstream:count_per_minute
+        outputs: [{stream: counts, key: user}]
+
+A stage reads its input streams, applies its operation to each batch of records and
+writes the result to its output streams (the `key` column of a result row is its
+partition key) or hands it to a sink callable. A stage whose input is another stage's
+output depends on it; the graph must be a DAG (a cycle is refused, named). Every error
+is a named `InvalidGraph` with the place it was found.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import asdict, dataclass, field
+
+from sms import limits
+from sms.errors import InvalidArgument
+from sms.metadata import validate_stream_name
+
+RECOVERY_POLICIES = ("checkpoint", "best_effort")
+ENGINES = ("spark", "python")
+
+
+class InvalidGraph(InvalidArgument):
+    """A graph file or stage spec that cannot run: the message names where and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    stream: str
+    key: str = "partition_key"        # the result column (spark) or dict key (python) used as partition key
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpec:
+    name: str
+    inputs: tuple[str, ...]
+    operation: str                     # "module:function"
+    engine: str = "spark"
+    outputs: tuple[Output, ...] = ()
+    sink: str = ""                     # "module:function", instead of outputs
+    recovery: str = "checkpoint"
+    checkpoint_records: int = limits.SPS_CHECKPOINT_RECORDS_DEFAULT
+    checkpoint_interval_s: float = limits.SPS_CHECKPOINT_INTERVAL_S_DEFAULT
+    failover_s: float = limits.SPS_FAILOVER_S_DEFAULT
+
+    def to_bytes(self) -> bytes:
+        d = asdict(self)
+        d["outputs"] = [asdict(o) for o in self.outputs]
+        return json.dumps(d).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "StageSpec":
+        d = json.loads(raw)
+        d["inputs"] = tuple(d["inputs"])
+        d["outputs"] = tuple(Output(**o) for o in d["outputs"])
+        return cls(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    name: str
+    partitions: int = 1
+    replication_factor: int = 1
+    persistence: str = "disk"
+
+
+@dataclass(frozen=True, slots=True)
+class Graph:
+    streams: dict[str, StreamSpec] = field(default_factory=dict)
+    stages: dict[str, StageSpec] = field(default_factory=dict)
+
+    def order(self) -> list[str]:
+        """Stage names, producers before consumers."""
+        return topological_order(self.stages)
+
+
+def resolve(ref: str, where: str):
+    """The callable named by "module:function"; InvalidGraph if it cannot be imported."""
+    module, _, func = ref.partition(":")
+    if not module or not func:
+        raise InvalidGraph(f"{where}: {ref!r}; expected module:function")
+    try:
+        obj = getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as e:
+        raise InvalidGraph(f"{where}: cannot load {ref!r}: {e}") from None
+    if not callable(obj):
+        raise InvalidGraph(f"{where}: {ref!r} is not callable")
+    return obj
+
+
+def _number(d: dict, key: str, default, lo, hi, where: str):
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise InvalidGraph(f"{where}: {key} {value!r}; expected {lo}..{hi}")
+    return value
+
+
+def parse_stage(name: str, d: dict, known_streams: set[str] | None = None) -> StageSpec:
+    where = f"stage {name!r}"
+    if not isinstance(d, dict):
+        raise InvalidGraph(f"{where}: expected a mapping")
+    try:
+        validate_stream_name(name)
+    except InvalidArgument:
+        raise InvalidGraph(f"{where}: a stage name is 1..{limits.STREAM_NAME_CHARS_MAX} of [A-Za-z0-9_.-]") from None
+    unknown = set(d) - {"inputs", "operation", "engine", "outputs", "sink", "recovery", "checkpoint_records",
+                        "checkpoint_interval_s", "failover_s"}
+    if unknown:
+        raise InvalidGraph(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    inputs = d.get("inputs")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not inputs or not all(isinstance(s, str) for s in inputs):
+        raise InvalidGraph(f"{where}: inputs must name one or more streams")
+    operation = d.get("operation")
+    if not isinstance(operation, str) or ":" not in operation:
+        raise InvalidGraph(f"{where}: operation must be module:function")
+    engine = d.get("engine", "spark")
+    if engine not in ENGINES:
+        raise InvalidGraph(f"{where}: engine {engine!r}; expected one of {', '.join(ENGINES)}")
+    outputs = []
+    for i, o in enumerate(d.get("outputs") or []):
+        if isinstance(o, str):
+            o = {"stream": o}
+        if not isinstance(o, dict) or not isinstance(o.get("stream"), str) or set(o) - {"stream", "key"}:
+            raise InvalidGraph(f"{where}: output {i}: expected {{stream: NAME, key: COLUMN}}")
+        outputs.append(Output(o["stream"], o.get("key", "partition_key")))
+    sink = d.get("sink", "")
+    if bool(outputs) == bool(sink):
+        raise InvalidGraph(f"{where}: needs outputs or a sink (exactly one of them)")
+    if sink and (not isinstance(sink, str) or ":" not in sink):
+        raise InvalidGraph(f"{where}: sink must be module:function")
+    recovery = d.get("recovery", "checkpoint")
+    if recovery not in RECOVERY_POLICIES:
+        raise InvalidGraph(f"{where}: recovery {recovery!r}; expected one of {', '.join(RECOVERY_POLICIES)}")
+    for s in list(inputs) + [o.stream for o in outputs]:
+        try:
+            validate_stream_name(s)
+        except InvalidArgument as e:
+            raise InvalidGraph(f"{where}: {e.message}") from None
+        if known_streams is not None and s not in known_streams:
+            raise InvalidGraph(f"{where}: stream {s!r} is not declared under streams")
+    return StageSpec(
+        name=name, inputs=tuple(inputs), operation=operation, engine=engine, outputs=tuple(outputs), sink=sink,
+        recovery=recovery,
+        checkpoint_records=int(_number(d, "checkpoint_records", limits.SPS_CHECKPOINT_RECORDS_DEFAULT, 1,
+                                       limits.SPS_BATCH_RECORDS_MAX, where)),
+        checkpoint_interval_s=float(_number(d, "checkpoint_interval_s", limits.SPS_CHECKPOINT_INTERVAL_S_DEFAULT,
+                                            0.05, limits.SPS_CHECKPOINT_INTERVAL_S_MAX, where)),
+        failover_s=float(_number(d, "failover_s", limits.SPS_FAILOVER_S_DEFAULT, limits.SPS_FAILOVER_S_MIN,
+                                 3600, where)))
+
+
+def topological_order(stages: dict[str, StageSpec]) -> list[str]:
+    """Stages in dependency order (a stage after the stages writing its inputs); a cycle
+    raises InvalidGraph naming it, e.g. "a -> b -> a"."""
+    writers: dict[str, list[str]] = {}
+    for s in stages.values():
+        for o in s.outputs:
+            writers.setdefault(o.stream, []).append(s.name)
+    deps = {name: sorted({w for i in s.inputs for w in writers.get(i, [])}) for name, s in stages.items()}
+    order: list[str] = []
+    state: dict[str, int] = {}          # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(name: str) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = path[path.index(name):] + [name]
+            raise InvalidGraph("the stage graph has a cycle: " + " -> ".join(cycle))
+        state[name] = 1
+        path.append(name)
+        for d in deps[name]:
+            visit(d)
+        path.pop()
+        state[name] = 2
+        order.append(name)
+
+    for name in sorted(stages):
+        visit(name)
+    return order
+
+
+def parse_graph(doc: dict) -> Graph:
+    if not isinstance(doc, dict) or set(doc) - {"streams", "stages"}:
+        raise InvalidGraph("a graph has `streams` and `stages` only")
+    streams: dict[str, StreamSpec] = {}
+    for name, d in (doc.get("streams") or {}).items():
+        d = d or {}
+        where = f"stream {name!r}"
+        try:
+            validate_stream_name(name)
+        except InvalidArgument as e:
+            raise InvalidGraph(f"{where}: {e.message}") from None
+        if not isinstance(d, dict) or set(d) - {"partitions", "replication_factor", "persistence"}:
+            raise InvalidGraph(f"{where}: expected {{partitions, replication_factor, persistence}}")
+        streams[name] = StreamSpec(
+            name, int(_number(d, "partitions", 1, 1, limits.STREAM_PARTITIONS_MAX, where)),
+            int(_number(d, "replication_factor", 1, 1, limits.REPLICATION_FACTOR_MAX, where)),
+            d.get("persistence", "disk"))
+    stages_doc = doc.get("stages") or {}
+    if not isinstance(stages_doc, dict) or not stages_doc:
+        raise InvalidGraph("a graph needs at least one stage")
+    if len(stages_doc) > limits.STAGES_PER_GRAPH_MAX:
+        raise InvalidGraph(f"{len(stages_doc)} stages; at most {limits.STAGES_PER_GRAPH_MAX}")
+    stages = {name: parse_stage(name, d, set(streams)) for name, d in stages_doc.items()}
+    topological_order(stages)
+    return Graph(streams, stages)
+
+
+def load_graph(path: str) -> Graph:
+    import yaml
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        raise InvalidGraph(f"{path}: {e}") from None
+    return parse_graph(doc)

@@ -1,0 +1,324 @@
+"""An SPS worker: one process running one stage, a peer of the stage's other workers.
+
+Each round (a third of the stage's failover time, and whenever a partition ends) the
+worker registers itself (an ephemeral entry, so peers see it die), makes sure the lease
+table has an entry per input partition (from `get_stream_info`: at start, at the end of
+a partition, and every SPS_PARTITION_REFRESH_S), and claims, takes, renews and releases
+leases (`sps/leases.py`). A claimed partition gets a processing task:
+
+    read a batch (up to checkpoint_records records or checkpoint_interval_s seconds)
+    -> write the lease: checkpoint = the previous batch's end, pending_end = this batch's end
+    -> apply the stage's operation (on Spark, or plain Python)
+    -> write the outputs (sps/output.py: SSSNs from the batch's input position) and wait for them
+    -> next batch (the next lease write checkpoints this one)
+
+A worker that takes the lease over first replays exactly the pending batch, so its
+outputs are the same records under the same SSSNs, which ingestion answers as duplicates:
+each output lands once (`checkpoint` recovery). Every lease write is conditional on the
+version this worker last saw: when one fails (a peer took the lease: this worker was
+paused past the failover time, or lost its registration) the partition's task stops at
+once, before it writes the batch's outputs. At a closed partition's end the lease gets
+SHARD_END and the children become claimable. `best_effort` starts at LATEST and writes no
+progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+
+from control.metastore import MetaStore, NodeExistsError, NoNodeError, open_metastore
+from sms import aio, errors, limits
+from sms.aiotools import cancel_and_wait, raise_if_cancelling
+from sms.types import PartitionState, Record
+from sps.graph import StageSpec, resolve
+from sps.leases import (LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, LeaseTable, plan_takes,
+                        stage_path, workers_path)
+from sps.output import OutputWriter, base_sssn
+
+log = logging.getLogger(__name__)
+
+
+class PythonEngine:
+    """Runs an operation on plain Python: records (dicts) in, result rows (dicts) out."""
+
+    name = "python"
+
+    def apply(self, operation, records: list[Record]) -> list[dict]:
+        rows = [{"partition_key": r.partition_key, "data": r.data, "sequence_number": r.sequence_number,
+                 "arrival_time_ms": r.arrival_time_ms, "partition_id": r.partition_id} for r in records]
+        return list(operation(rows))
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class Owned:
+    lease: Lease
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    task: asyncio.Task | None = None
+    last_write: float = field(default_factory=time.monotonic)
+    stopping: bool = False            # release at the next batch boundary
+    records: int = 0
+
+
+class Worker:
+    def __init__(self, address: str, store: MetaStore, stage: StageSpec, worker_id: str | None = None,
+                 engine=None):
+        self.address = address
+        self.store = store
+        self.stage = stage
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.engine = engine or PythonEngine()
+        self.operation = resolve(stage.operation, f"stage {stage.name!r} operation")
+        self.sink = resolve(stage.sink, f"stage {stage.name!r} sink") if stage.sink else None
+        self.table = LeaseTable(store, stage.name)
+        self.clock = ExpiryClock(stage.failover_s)
+        self.owned: dict[str, Owned] = {}
+        self.client: aio.Client | None = None
+        self._wake = asyncio.Event()
+        self._refresh_at = 0.0
+        self.outputs: dict[str, OutputWriter] = {}
+        self.processed = 0
+        self.lost = 0
+
+    # --- the round ----------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        self.client = aio.Client(self.address)
+        try:
+            await self._register()
+            self.store.on_session_lost(lambda: asyncio.get_running_loop().create_task(self._register()))
+            interval = self.stage.failover_s / 3
+            while not stop.is_set():
+                try:
+                    await self.round()
+                except LeaseLost:
+                    pass
+                except (errors.SmsError, ConnectionError) as e:
+                    raise_if_cancelling()
+                    log.info("%s: round failed, retrying: %s", self.worker_id, e)
+                self._wake.clear()
+                waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
+                await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+                for w in waiters:
+                    w.cancel()
+            await self.release_all()
+        finally:
+            for owned in list(self.owned.values()):
+                await cancel_and_wait(owned.task)
+            await self.client.close()
+            self.engine.close()
+
+    async def _register(self) -> None:
+        path = f"{workers_path(self.stage.name)}/{self.worker_id}"
+        try:
+            await self.store.create(path, str(os.getpid()).encode(), ephemeral=True)
+        except NodeExistsError:
+            pass
+
+    async def _workers(self) -> list[str]:
+        try:
+            return await self.store.children(workers_path(self.stage.name))
+        except NoNodeError:
+            return []
+
+    async def refresh_partitions(self) -> None:
+        """An entry per input partition in the lease table (existing ones are kept)."""
+        start = TRIM_HORIZON if self.stage.recovery == "checkpoint" else LATEST
+        for stream in self.stage.inputs:
+            info = await self.client.get_stream_info(stream)
+            for p in info.partitions:
+                # a best-effort stage does not read closed partitions' pasts
+                first = start if p.state is PartitionState.OPEN or start == TRIM_HORIZON else SHARD_END
+                await self.table.ensure(stream, p.ordinal, tuple(p.parents), first)
+        self._refresh_at = time.monotonic() + limits.SPS_PARTITION_REFRESH_S
+
+    async def round(self) -> None:
+        if time.monotonic() >= self._refresh_at:
+            await self.refresh_partitions()
+        leases = await self.table.all()
+        for lease in leases.values():
+            self.clock.observe(lease)
+        for key, owned in list(self.owned.items()):
+            if owned.task is not None and owned.task.done():
+                self._forget(key)
+        claims, releases = plan_takes(leases, self.worker_id, await self._workers(), self.clock)
+        for lease in claims:
+            try:
+                mine = await self.table.claim(lease, self.worker_id)
+            except LeaseLost:
+                continue
+            log.info("%s: claimed %s at %s (from %s)", self.worker_id, lease.key, mine.checkpoint,
+                     lease.owner or "nobody")
+            owned = self.owned[mine.key] = Owned(mine)
+            owned.task = asyncio.get_running_loop().create_task(self._process(owned), name=f"sps-{mine.key}")
+        for lease in releases:
+            owned = self.owned.get(lease.key)
+            if owned is not None:
+                owned.stopping = True        # the task checkpoints and releases at its next batch boundary
+        for key, owned in list(self.owned.items()):
+            if time.monotonic() - owned.last_write >= self.stage.failover_s / 3:
+                try:
+                    async with owned.lock:
+                        owned.lease = await self.table.renew(owned.lease)
+                        owned.last_write = time.monotonic()
+                except LeaseLost:
+                    self.lost += 1
+                    log.warning("%s: lost %s to a peer; stopped processing it", self.worker_id, key)
+                    await cancel_and_wait(owned.task)
+                    self._forget(key)
+
+    def _forget(self, key: str) -> None:
+        self.owned.pop(key, None)
+
+    async def release_all(self) -> None:
+        for owned in list(self.owned.values()):
+            owned.stopping = True
+        for owned in list(self.owned.values()):
+            if owned.task is not None:
+                try:
+                    await asyncio.wait_for(asyncio.shield(owned.task), self.stage.checkpoint_interval_s * 2 + 5)
+                except (asyncio.TimeoutError, Exception):   # noqa: BLE001 (stopping: its lease expires)
+                    pass
+
+    # --- one partition -------------------------------------------------------------------
+    async def _write_lease(self, owned: Owned, checkpoint: str, pending_end: str = "", records: int = 0) -> None:
+        async with owned.lock:
+            owned.lease = await self.table.checkpoint(owned.lease, checkpoint, pending_end, records)
+            owned.last_write = time.monotonic()
+
+    def _writer(self, lease: Lease) -> OutputWriter:
+        if lease.key not in self.outputs:
+            pid = f"sps:{self.stage.name}:{lease.key}".encode()[:limits.PRODUCER_ID_BYTES_MAX]
+            self.outputs[lease.key] = OutputWriter(self.client, pid)
+        return self.outputs[lease.key]
+
+    async def _process(self, owned: Owned) -> None:
+        lease = owned.lease
+        try:
+            await self._process_lease(owned)
+        except LeaseLost:
+            self.lost += 1
+            log.warning("%s: lost %s to a peer; stopped processing it", self.worker_id, lease.key)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s: processing %s failed; releasing it", self.worker_id, lease.key)
+            try:
+                async with owned.lock:
+                    owned.lease = await self.table.release(owned.lease)
+            except (LeaseLost, errors.SmsError):
+                pass
+        finally:
+            self._forget(lease.key)
+            self._wake.set()
+
+    async def _process_lease(self, owned: Owned) -> None:
+        lease = owned.lease
+        stream, ordinal = lease.stream, lease.ordinal
+        checkpointing = self.stage.recovery == "checkpoint"
+        done = lease.checkpoint
+        if done == SHARD_END:
+            return
+        if done in (TRIM_HORIZON, LATEST):
+            iterator = await self.client.get_iterator(stream, ordinal, done)
+        else:
+            iterator = await self.client.get_iterator(stream, ordinal, "AFTER_SEQUENCE_NUMBER", sequence_number=done)
+        replay_end = int(lease.pending_end) if checkpointing and lease.pending_end else None
+        writer = self._writer(lease)
+        while True:
+            if owned.stopping:
+                if checkpointing and done != owned.lease.checkpoint:
+                    await self._write_lease(owned, done)
+                async with owned.lock:
+                    owned.lease = await self.table.release(owned.lease)
+                return
+            batch, iterator, ended = await self._read_batch(stream, ordinal, iterator, replay_end)
+            replay_end = None
+            if batch:
+                end = str(batch[-1].sn)
+                if checkpointing:
+                    await self._write_lease(owned, done, pending_end=end)   # fenced here if we lost it
+                rows = await asyncio.to_thread(self.engine.apply, self.operation, batch)
+                await self._emit(writer, rows, batch[0].sn)
+                done = end
+                owned.records += len(batch)
+                self.processed += len(batch)
+            if ended:
+                await self._write_lease(owned, SHARD_END, records=len(batch))
+                self._refresh_at = 0.0               # its children appear in the table next round
+                self._wake.set()
+                return
+            if not batch and checkpointing and done != owned.lease.checkpoint:
+                await self._write_lease(owned, done)
+
+    async def _read_batch(self, stream: str, ordinal: int, iterator: str, replay_end: int | None
+                          ) -> tuple[list[Record], str | None, bool]:
+        """Records up to checkpoint_records or checkpoint_interval_s (a replayed batch: exactly
+        up to replay_end); (records, next iterator, the partition ended)."""
+        batch: list[Record] = []
+        deadline = time.monotonic() + self.stage.checkpoint_interval_s
+        want = self.stage.checkpoint_records if replay_end is None else limits.SPS_BATCH_RECORDS_MAX
+        while len(batch) < want:
+            left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+            page = await self.client.get_next_records(
+                iterator, max_records=min(want - len(batch), limits.GET_RECORDS_COUNT_MAX),
+                wait_ms=min(left_ms, 1000) if not batch or replay_end is not None else 0)
+            records = page.records
+            if replay_end is not None and records and records[-1].sn >= replay_end:
+                batch.extend(r for r in records if r.sn <= replay_end)
+                iterator = await self.client.get_iterator(stream, ordinal, "AFTER_SEQUENCE_NUMBER",
+                                                          sequence_number=replay_end)
+                return batch, iterator, False
+            batch.extend(records)
+            if page.next_iterator is None:
+                return batch, None, True
+            iterator = page.next_iterator
+            if replay_end is not None:
+                continue                 # the replayed batch ends exactly where the first one did
+            if not records or time.monotonic() >= deadline:
+                break
+        return batch, iterator, False
+
+    async def _emit(self, writer: OutputWriter, rows: list[dict], first_sn: int) -> None:
+        if self.sink is not None:
+            await asyncio.to_thread(self.sink, rows)
+            return
+        out: list[tuple[str, str, bytes]] = []
+        for o in self.stage.outputs:
+            for row in rows:
+                key, data = row.get(o.key), row.get("data")
+                if key is None or data is None:
+                    raise errors.InvalidArgument(f"stage {self.stage.name!r}: a result row needs {o.key!r} and "
+                                                 f"'data'; got {sorted(row)}")
+                data = data.encode() if isinstance(data, str) else bytes(data)
+                out.append((o.stream, str(key), data))
+        out.sort(key=lambda t: (t[0], t[1], t[2]))        # deterministic: a replay gets the same SSSNs
+        if out:
+            await writer.write(out, base_sssn(first_sn))
+
+
+async def register_stage(store: MetaStore, stage: StageSpec) -> None:
+    path = stage_path(stage.name)
+    entry = await store.get(path)
+    if entry is None:
+        await store.create(path, stage.to_bytes())
+    else:
+        await store.set(path, stage.to_bytes())
+
+
+async def run_worker(address: str, metastore: str, stage: StageSpec, worker_id: str | None = None,
+                     engine=None, stop: asyncio.Event | None = None) -> Worker:
+    store = open_metastore(metastore)
+    await store.start()
+    try:
+        worker = Worker(address, store, stage, worker_id, engine)
+        await worker.run(stop or asyncio.Event())
+        return worker
+    finally:
+        await store.close()
