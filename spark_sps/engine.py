@@ -45,6 +45,7 @@ class SparkEngine:
         self.app_name = app_name
         self._spark = None
         self._lock = threading.Lock()        # batches of several partitions run in threads
+        self._closed = False
 
     @property
     def spark(self):
@@ -66,10 +67,14 @@ class SparkEngine:
 
     def apply(self, operation, records: list[Record]) -> list[dict]:
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the Spark engine is closed (the worker is stopping)")
             result = operation(self.dataframe(records))
             return [row.asDict() for row in result.collect()]
 
     def close(self) -> None:
-        if self._spark is not None:
-            self._spark.stop()
-            self._spark = None
+        with self._lock:                     # after a batch in progress
+            self._closed = True
+            if self._spark is not None:
+                self._spark.stop()
+                self._spark = None

@@ -4,9 +4,9 @@ Each (stage, input stream, input partition) writes with its own fixed producer i
 outputs of one batch get SSSNs derived from the batch's position in its input partition
 (`base_sssn(first input SN)` + index), so the worker that replays a batch after a
 failover sends the same records under the same SSSNs, and ingestion answers them as
-duplicates. Every record also carries a dedup key (producer id + SSSN), which holds even
-when the output partition was split between the first send and the replay (a child's
-table knows its parents' dedup keys).
+duplicates. The session partition of each record is the output partition that covered
+its key at the batch's input time (from the map's validity ranges), so the replay uses
+the same session even if the output stream was split in between.
 
 `write` returns once every record is acknowledged (or answered as a duplicate), re-routing
 on a changed map, or raises the first non-retriable error.
@@ -38,60 +38,73 @@ class OutputWriter:
         self.written = 0
         self.duplicates = 0
 
-    async def write(self, records: list[tuple[str, str, bytes]], first_sssn: int) -> None:
-        """records: (stream, partition key, data); record i gets SSSN first_sssn + i."""
+    async def write(self, records: list[tuple[str, str, bytes]], first_sssn: int, at_ms: int) -> None:
+        """records: (stream, partition key, data); record i gets SSSN first_sssn + i. Each
+        goes in its session with the output partition that covered its key at `at_ms` (the
+        batch's input time), so a replay picks the same session even if the output stream
+        was split since: ingestion routes it to the open child, in that session."""
         if len(records) > limits.SPS_OUTPUTS_PER_BATCH_MAX:
             raise errors.LimitExceeded(f"{len(records)} outputs of one batch; at most {limits.SPS_OUTPUTS_PER_BATCH_MAX}")
         by_stream: dict[str, list[tuple[int, str, bytes]]] = {}
         for i, (stream, key, data) in enumerate(records):
             hashing.validate_partition_key(key)
             by_stream.setdefault(stream, []).append((first_sssn + i, key, data))
-        await asyncio.gather(*(self._write_stream(stream, items) for stream, items in by_stream.items()))
+        await asyncio.gather(*(self._write_stream(stream, items, at_ms) for stream, items in by_stream.items()))
 
-    async def _write_stream(self, stream: str, items: list[tuple[int, str, bytes]]) -> None:
+    async def _write_stream(self, stream: str, items: list[tuple[int, str, bytes]], at_ms: int) -> None:
+        """Per session (output partition), at most PUT_RECORDS_COUNT_MAX records are
+        outstanding at a time, lowest SSSNs first, and the HWM rises as they are
+        acknowledged: the partition's dedup table never holds more than its bound."""
         now_ms = int(time.time() * 1000)
         info = await self.client.get_stream_info(stream, refresh=False)
-        pending = []          # [sssn, key, data, hash, session ordinal, entry]
+        governing = info.partitions_at(at_ms)
+        by_session: dict[int, list] = {}   # session partition -> [sssn, key, data, hash, session, entry], by SSSN
         for sssn, key, data in items:
             h = hashing.hash_key_of(key)
-            session = info.open_partition_for_hash(h).ordinal
+            session = next((p.ordinal for p in governing if p.hash_lo <= h < p.hash_hi), None)
+            if session is None:           # before the stream, or retention dropped that partition
+                session = info.open_partition_for_hash(h).ordinal
             meta = codec.encode_meta({codec.TAG_SSSN: sssn.to_bytes(8, "big"),
-                                      codec.TAG_SUBMIT_MS: now_ms.to_bytes(8, "big"),
-                                      codec.TAG_DEDUP_KEY: self.producer_id + sssn.to_bytes(8, "big")})
-            pending.append([sssn, key, data, h, session, codec.encode_entry(key.encode(), data, meta)])
-        done = list(pending)
+                                      codec.TAG_SUBMIT_MS: now_ms.to_bytes(8, "big")})
+            by_session.setdefault(session, []).append([sssn, key, data, h, session,
+                                                       codec.encode_entry(key.encode(), data, meta)])
         deadline = time.monotonic() + limits.SPS_OUTPUT_RETRY_DEADLINE_S
-        attempt = 0
-        while pending:
+        failures = 0
+        while any(by_session.values()):
             groups: dict[str, list] = {}
-            for p in pending:
-                try:
-                    target = info.open_partition_for_hash(p[3])
-                except LookupError:
-                    target = None
-                owner = target.ingestion_owner.address if target and target.ingestion_owner else ""
-                groups.setdefault(owner, []).append(p)
-            retry: list = []
-            refresh = False
-            for owner, group in groups.items():
-                for start in range(0, len(group), limits.PUT_RECORDS_COUNT_MAX):
-                    chunk = group[start:start + limits.PUT_RECORDS_COUNT_MAX]
-                    again, stale = await self._send(stream, owner, chunk)
-                    retry += again
-                    refresh |= stale
-            pending = sorted(retry, key=lambda p: p[0])
-            if not pending:
-                break
-            attempt += 1
+            for pending in by_session.values():
+                for p in pending[:limits.PUT_RECORDS_COUNT_MAX]:
+                    try:
+                        target = info.open_partition_for_hash(p[3])
+                    except LookupError:
+                        target = None
+                    owner = target.ingestion_owner.address if target and target.ingestion_owner else ""
+                    groups.setdefault(owner, []).append(p)
+            sends = [self._send(stream, owner, group[start:start + limits.PUT_RECORDS_COUNT_MAX])
+                     for owner, group in groups.items()
+                     for start in range(0, len(group), limits.PUT_RECORDS_COUNT_MAX)]
+            results = await asyncio.gather(*sends)
+            retry = {id(p) for again, _stale in results for p in again}
+            refresh = any(stale for _again, stale in results)
+            for session, pending in by_session.items():
+                sent = pending[:limits.PUT_RECORDS_COUNT_MAX]
+                left = [p for p in sent if id(p) in retry] + pending[limits.PUT_RECORDS_COUNT_MAX:]
+                acked = [p[0] for p in sent if id(p) not in retry]
+                if acked:
+                    # every SSSN below the lowest one still to send is acknowledged
+                    top = left[0][0] - 1 if left else max(acked)
+                    self.hwm[(stream, session)] = max(self.hwm.get((stream, session), -1), top)
+                by_session[session] = left
+            if not retry:
+                failures = 0
+                continue
+            failures += 1
             if time.monotonic() > deadline:
-                raise errors.Timeout(f"{len(pending)} outputs to {stream!r} not acknowledged in "
+                raise errors.Timeout(f"{len(retry)} outputs to {stream!r} not acknowledged in "
                                      f"{limits.SPS_OUTPUT_RETRY_DEADLINE_S:.0f} s")
-            await asyncio.sleep(min(0.05 * attempt, 1.0))
-            if refresh or attempt % 4 == 0:
+            await asyncio.sleep(min(0.05 * failures, 1.0))
+            if refresh or failures % 4 == 0:
                 info = await self.client.get_stream_info(stream)
-        # all acknowledged: the producer holds an ack for every SSSN up to each session's top
-        for sssn, _key, _data, _h, session, _entry in done:
-            self.hwm[(stream, session)] = max(self.hwm.get((stream, session), -1), sssn)
 
     async def _send(self, stream: str, owner: str, chunk: list) -> tuple[list, bool]:
         if not owner:

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 from control.metastore import MetaStore, NodeExistsError, NoNodeError, open_metastore
-from sms import aio, errors, limits
+from sms import aio, errors, limits, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.types import PartitionState, Record
 from sps.graph import StageSpec, resolve
@@ -300,7 +300,7 @@ class Worker:
                 out.append((o.stream, str(key), data))
         out.sort(key=lambda t: (t[0], t[1], t[2]))        # deterministic: a replay gets the same SSSNs
         if out:
-            await writer.write(out, base_sssn(first_sn))
+            await writer.write(out, base_sssn(first_sn), seqno.timestamp_ms_of(first_sn))
 
 
 async def register_stage(store: MetaStore, stage: StageSpec) -> None:
