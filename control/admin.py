@@ -209,16 +209,18 @@ class StreamAdmin:
         and wait until it is done; raises the error that ended it, if any."""
         async with self.lock:
             config, version = await self._stream_entry(name)
-            map_entry = await self.store.get(metadata.map_path(name))
-            pmap = PartitionMap.from_bytes(map_entry.value, version=map_entry.version)
-            steps = repartition.check_request(config, pmap, request, int(time.time() * 1000))
-            if steps == 0:
-                return                       # scale to the partitions it has: nothing to do
-            try:
-                await self.store.set(metadata.stream_path(name),
-                                     dataclasses.replace(config, repartition=request).to_bytes(), version)
-            except BadVersionError:
-                raise RepartitionInProgress(f"stream {name!r} changed meanwhile; retry") from None
+            known = config.repartition or {}
+            if known.get("id") != request["id"]:     # (the same id: a retry of a request recorded)
+                map_entry = await self.store.get(metadata.map_path(name))
+                pmap = PartitionMap.from_bytes(map_entry.value, version=map_entry.version)
+                steps = repartition.check_request(config, pmap, request, int(time.time() * 1000))
+                if steps == 0:
+                    return                       # scale to the partitions it has: nothing to do
+                try:
+                    await self.store.set(metadata.stream_path(name),
+                                         dataclasses.replace(config, repartition=request).to_bytes(), version)
+                except BadVersionError:
+                    raise RepartitionInProgress(f"stream {name!r} changed meanwhile; retry") from None
         self.poke_repartitioner()
         deadline = time.monotonic() + limits.REPARTITION_WAIT_S
         while True:

@@ -79,6 +79,10 @@ class ControlService(sms_pb2_grpc.ControlServicer):
             req = repartition.new_request("scale", target=request.target_partitions)
         else:
             raise InvalidArgument(f"repartition op {op[:32]!r}; expected split, merge or scale")
+        if request.request_id:
+            if len(request.request_id) > 64:
+                raise InvalidArgument("request_id of more than 64 characters")
+            req["id"] = request.request_id
         await admin.repartition_stream(request.name, req)
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 

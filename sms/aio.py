@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 import struct
 from collections.abc import Iterable
 
@@ -155,7 +156,8 @@ class Client:
         ordinals = [p if isinstance(p, int) else parse_partition_id(p) for p in partitions]
         req = sms_pb2.RepartitionStreamRequest(name=name, op=op, partitions=ordinals,
                                                at_hash="" if at_hash is None else str(at_hash),
-                                               target_partitions=target_partitions)
+                                               target_partitions=target_partitions,
+                                               request_id=secrets.token_hex(8))   # one id for every retry
         pb = await self._admin_call("RepartitionStream", req, timeout_s=limits.REPARTITION_WAIT_S + self.timeout_s)
         info = convert.stream_from_pb(pb)
         self._streams[name] = info

@@ -31,10 +31,13 @@ def base_sssn(first_input_sn: int) -> int:
 
 
 class OutputWriter:
-    def __init__(self, client, producer_id: bytes):
+    def __init__(self, client, producer_id: bytes, floor_hwm: int = -1):
         self.client = client
         self.producer_id = producer_id
-        self.hwm: dict[tuple[str, int], int] = {}      # (stream, session partition) -> acked high-water mark
+        # (stream, session partition) -> acked high-water mark; `floor_hwm`: every SSSN up to
+        # it is settled already (a sink writing micro-batch b knows batches before b are)
+        self.floor_hwm = floor_hwm
+        self.hwm: dict[tuple[str, int], int] = {}
         self.written = 0
         self.duplicates = 0
 
@@ -93,7 +96,7 @@ class OutputWriter:
                 if acked:
                     # every SSSN below the lowest one still to send is acknowledged
                     top = left[0][0] - 1 if left else max(acked)
-                    self.hwm[(stream, session)] = max(self.hwm.get((stream, session), -1), top)
+                    self.hwm[(stream, session)] = max(self.hwm.get((stream, session), self.floor_hwm), top)
                 by_session[session] = left
             if not retry:
                 failures = 0
@@ -110,7 +113,7 @@ class OutputWriter:
         if not owner:
             return chunk, True
         sessions = sorted({p[4] for p in chunk})
-        hwm = {s: self.hwm.get((stream, s), -1) for s in sessions}
+        hwm = {s: self.hwm.get((stream, s), self.floor_hwm) for s in sessions}
         for p in chunk:        # an HWM stays below every record it is sent with
             hwm[p[4]] = min(hwm[p[4]], p[0] - 1)
         req = sms_pb2.PutRecordsRequest(stream=stream, count=len(chunk), entries=b"".join(p[5] for p in chunk),

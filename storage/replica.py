@@ -278,8 +278,12 @@ class Replica:
                 if remaining <= 0:
                     return False
                 try:
-                    await asyncio.wait_for(self.progress.wait(), remaining)
-                except asyncio.TimeoutError:
+                    # asyncio.timeout, not wait_for: wait_for runs the wait in another task,
+                    # and a cancel landing at its timeout (Python 3.11) left that task holding
+                    # the condition's lock for ever -- the replica's close() then hung
+                    async with asyncio.timeout(remaining):
+                        await self.progress.wait()
+                except TimeoutError:
                     return self.log.committed_sn >= sn
             return self.log.committed_sn >= sn
 
@@ -396,8 +400,9 @@ class DownstreamLink:
                 while r.state is ReplicaState.ACTIVE:
                     async with r.progress:
                         try:
-                            await asyncio.wait_for(r.progress.wait_for(ready), 1.0)
-                        except asyncio.TimeoutError:
+                            async with asyncio.timeout(1.0):     # (not wait_for: see wait_committed)
+                                await r.progress.wait_for(ready)
+                        except TimeoutError:
                             continue
                     if reader.done():
                         reader.result()

@@ -15,7 +15,7 @@ from tests.zkserver import skip_reason, zk_available
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CASES = [(kind, backend) for backend in trials.BACKENDS for kind in trials.KINDS
-         if not (kind == "expire_session" and backend != "zk")]
+         if not (kind in trials.ZK_ONLY and backend != "zk")]
 
 
 @pytest.mark.parametrize("kind,backend", CASES, ids=[f"{b}-{k}" for k, b in CASES])

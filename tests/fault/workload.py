@@ -8,7 +8,10 @@ the pytest thread stays free to kill, pause and restart nodes meanwhile. It runs
   partition keys, paced by an optional rate and by a bound on un-settled records; each
   submission, ack (partition, SN, duplicate flag) and final error goes to the history;
 - M consumers, each with its own client, tailing every partition of the stream from
-  TRIM_HORIZON with get_next_records and recording every record seen. They ride out
+  TRIM_HORIZON with get_next_records and recording every record seen. They follow the
+  stream's lineage across repartitions: they start at the roots of the map (partitions
+  with no parent left in it), and a partition read to its end (closed: no next
+  iterator) starts the tailing of each child it names, once per consumer. They ride out
   node failures: a failed call is retried with the same iterator (the client tries
   other replicas), the client is replaced after repeated failures, and a lost iterator
   (expired, invalid) is replaced by one AFTER_SEQUENCE_NUMBER the last SN seen.
@@ -17,7 +20,9 @@ the pytest thread stays free to kill, pause and restart nodes meanwhile. It runs
 record to be acked or to fail for good (what is still open then is recorded as
 "Unsettled", an indeterminate record), gives consumers until the deadline to reach
 the last acked SN of each partition, then stops them. `read_back` reads the whole
-stream back for `check()`. Tests use it as a context manager, so a failing test still
+stream back for `check()`: every partition the map holds, closed ones to their end;
+`read_lineage` reads it once more through `client.read_stream` (parents before
+children) for a cross-check. Tests use it as a context manager, so a failing test still
 stops the load before its cluster goes away.
 """
 
@@ -36,6 +41,7 @@ from collections.abc import Callable, Iterable
 import sms
 import sms.aio
 from sms import errors, limits
+from sms.types import PartitionState, parse_partition_id
 from tests.fault.history import TRIM_HORIZON, History, Observation, ReadRecord
 
 log = logging.getLogger(__name__)
@@ -161,7 +167,9 @@ class Workload:
         self.name = name
         self.seed = seed
         self._run_tag = uuid.uuid4().hex[:8]       # producer ids differ between workloads and runs
-        self.partitions: list[int] = []
+        self.partitions: list[int] = []           # the map's ordinals at start()
+        self.roots: list[int] = []                # ... of which consumers start at these
+        self.followed: dict[str, set[int]] = {}   # consumer -> partitions it tails (or tailed)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = threading.Event()
@@ -270,7 +278,10 @@ class Workload:
         self._consumer_tasks: list[asyncio.Task] = []
         client = self._new_client()
         try:
-            self.partitions = await self._partition_ordinals(client)
+            infos = await self._partition_infos(client)
+            present = {p.ordinal for p in infos}
+            self.partitions = sorted(present)
+            self.roots = sorted(p.ordinal for p in infos if not any(q in present for q in p.parents))
             async with asyncio.TaskGroup() as tasks:
                 self._producer_tasks = [tasks.create_task(self._produce(i, client), name=f"producer-{i}")
                                         for i in range(self.producers)]
@@ -285,11 +296,11 @@ class Workload:
             self._started.set()
             await client.close()
 
-    async def _partition_ordinals(self, client) -> list[int]:
+    async def _partition_infos(self, client) -> list:
         deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S
         while True:
             try:
-                return sorted(p.ordinal for p in await client.partitions(self.stream))
+                return list(await client.partitions(self.stream))
             except errors.SmsError as e:
                 if not e.retriable or asyncio.get_running_loop().time() > deadline:
                     raise
@@ -421,16 +432,24 @@ class Workload:
 
     async def _consume(self, index: int) -> None:
         reader = _Reader(self._new_client)
+        consumer = self._consumer_name(index)
+        followed = self.followed.setdefault(consumer, set())
         try:
             async with asyncio.TaskGroup() as tails:
-                for partition in self.partitions:
-                    tails.create_task(self._tail(self._consumer_name(index), reader, partition))
+                def follow(partition: int) -> None:
+                    if partition not in followed:
+                        followed.add(partition)
+                        tails.create_task(self._tail(consumer, reader, partition, follow),
+                                          name=f"{consumer}-p{partition}")
+                for partition in self.roots:
+                    follow(partition)
         finally:
             await reader.close()
 
-    async def _tail(self, consumer: str, reader: _Reader, partition: int) -> None:
+    async def _tail(self, consumer: str, reader: _Reader, partition: int,
+                    follow: Callable[[int], None] | None = None) -> None:
         """Read one partition from TRIM_HORIZON for ever (until cancelled), or to its end
-        if it is closed."""
+        if it is closed; then `follow` each child it names."""
         self.history.record_consumer_start(consumer, self.stream, partition, TRIM_HORIZON)
         iterator: str | None = None
         last_sn: int | None = None
@@ -471,10 +490,13 @@ class Workload:
                     for r in page.records)
                 last_sn = page.records[-1].sn
                 self._positions[(consumer, partition)] = last_sn
-            if page.next_iterator is None:
-                return                              # a closed partition, read to its end
+            if page.next_iterator is None:          # a closed partition, read to its end
+                if follow is not None:
+                    for child in page.child_partitions:
+                        follow(parse_partition_id(child))
+                return
             iterator = page.next_iterator
-            if not page.records and self.consumer_wait_ms == 0:
+            if not page.records:                    # caught up (or a closed partition's replica lags)
                 await asyncio.sleep(CATCH_UP_POLL_S)
 
 
@@ -491,20 +513,44 @@ def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
 # --- the read-back ------------------------------------------------------------------------------
 def read_back(client: sms.Client, stream: str, *, history: History | None = None,
               timeout_s: float = 30.0) -> list[ReadRecord]:
-    """Every record of every partition of `stream`, from TRIM_HORIZON until a read comes
-    back empty, as (partition, SN, partition key, payload id) in read order. Retriable
-    errors are retried until the deadline. With `history`, the whole stream is read again
-    (until the deadline) until it holds every record the history says was acked, since a
-    replica may serve reads a moment behind the tail's commit; what is missing then is
-    for the checker to report."""
+    """Every record of every partition the map of `stream` holds, open or closed, from
+    TRIM_HORIZON, as (partition, SN, partition key, payload id) in read order: an open
+    partition until a read comes back empty, a closed one to its end (no next iterator:
+    a replica that is still behind the ending SN answers short pages meanwhile).
+    Retriable errors are retried until the deadline. With `history`, the whole stream is
+    read again (until the deadline) until it holds every record the history says was
+    acked, since a replica may serve reads a moment behind the tail's commit; what is
+    missing then is for the checker to report."""
     deadline = time.monotonic() + timeout_s
     expected = history.acked_payloads(stream) if history is not None else frozenset()
-    ordinals = _retry(lambda: sorted(p.ordinal for p in client.partitions(stream)), deadline)
     while True:
-        rows = [r for o in ordinals for r in _read_partition(client, stream, o, deadline)]
+        infos = _retry(lambda: list(client.partitions(stream)), deadline)
+        rows = [r for p in sorted(infos, key=lambda p: p.ordinal)
+                for r in _read_partition(client, stream, p.ordinal, deadline,
+                                         closed=p.state is PartitionState.CLOSED)]
         if expected <= {r.payload for r in rows} or time.monotonic() > deadline:
             return rows
         time.sleep(READ_BACK_POLL_S)
+
+
+def read_lineage(client: sms.Client, stream: str, *, timeout_s: float = 30.0) -> list[ReadRecord]:
+    """The whole stream once through `read_stream` (which walks the lineage: a
+    partition's records only after all of its parents'), in the order it yields them. A
+    retriable failure starts the read again, until the deadline. (It iterates the
+    asyncio client's read_stream in one call on the sync client's loop, as SyncProducer
+    does: the sync client's generator costs a loop round trip per record.)"""
+    async def read_once() -> list[ReadRecord]:
+        return [ReadRecord(r.partition_ordinal, r.sn, r.partition_key, payload_id_of(r.data))
+                async for r in client._aio.read_stream(stream, max_records=limits.GET_RECORDS_COUNT_MAX, wait_ms=0)]
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client._run(asyncio.wait_for(read_once(), max(1.0, deadline - time.monotonic())))
+        except errors.SmsError as e:
+            if not e.retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(READ_BACK_POLL_S)
 
 
 def _retry(call: Callable, deadline: float):
@@ -517,7 +563,10 @@ def _retry(call: Callable, deadline: float):
             time.sleep(READ_BACKOFF_S)
 
 
-def _read_partition(client: sms.Client, stream: str, ordinal: int, deadline: float) -> list[ReadRecord]:
+def _read_partition(client: sms.Client, stream: str, ordinal: int, deadline: float, *,
+                    closed: bool = False) -> list[ReadRecord]:
+    """One partition from TRIM_HORIZON: an open one until a read comes back empty, a
+    closed one until the read with no next iterator (or the deadline: then what was read)."""
     rows: list[ReadRecord] = []
     iterator: str | None = None
     for _ in range(READ_BACK_CALLS_MAX):
@@ -533,7 +582,11 @@ def _read_partition(client: sms.Client, stream: str, ordinal: int, deadline: flo
             iterator = None
             continue
         rows.extend(ReadRecord(ordinal, r.sn, r.partition_key, payload_id_of(r.data)) for r in page.records)
-        if not page.records or page.next_iterator is None:
-            return rows
+        if page.next_iterator is None:
+            return rows                             # closed, read to its end
+        if not page.records:
+            if not closed or time.monotonic() > deadline:
+                return rows
+            time.sleep(READ_BACK_POLL_S)            # a replica of a closed partition still catching up
         iterator = page.next_iterator
     raise AssertionError(f"{stream} p{ordinal}: not caught up after {READ_BACK_CALLS_MAX} reads")
