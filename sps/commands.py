@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import time
 
@@ -46,6 +47,9 @@ async def apply_graph(address: str, metastore: str, graph: Graph) -> dict:
 
 
 async def run_stage(address: str, metastore: str, stage: StageSpec, worker_id: str | None, master: str) -> dict:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("py4j", "grpc"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     engine = None
     if stage.engine == "spark":
         from spark_sps.engine import SparkEngine

@@ -37,6 +37,7 @@ from sms.errors import InvalidArgument
 from sms.metadata import validate_stream_name
 
 RECOVERY_POLICIES = ("checkpoint", "best_effort")
+PERSISTENCE = ("disk", "disk_async", "memory")
 ENGINES = ("spark", "python")
 
 
@@ -101,17 +102,19 @@ def resolve(ref: str, where: str):
         raise InvalidGraph(f"{where}: {ref!r}; expected module:function")
     try:
         obj = getattr(importlib.import_module(module), func)
-    except (ImportError, AttributeError) as e:
-        raise InvalidGraph(f"{where}: cannot load {ref!r}: {e}") from None
+    except Exception as e:          # ImportError, AttributeError, or whatever the module raises
+        raise InvalidGraph(f"{where}: cannot load {ref!r}: {type(e).__name__}: {e}") from None
     if not callable(obj):
         raise InvalidGraph(f"{where}: {ref!r} is not callable")
     return obj
 
 
-def _number(d: dict, key: str, default, lo, hi, where: str):
+def _number(d: dict, key: str, default, lo, hi, where: str, integer: bool = False):
     value = d.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
         raise InvalidGraph(f"{where}: {key} {value!r}; expected {lo}..{hi}")
+    if integer and value != int(value):
+        raise InvalidGraph(f"{where}: {key} {value!r}; expected a whole number")
     return value
 
 
@@ -130,7 +133,7 @@ def parse_stage(name: str, d: dict, known_streams: set[str] | None = None) -> St
     inputs = d.get("inputs")
     if isinstance(inputs, str):
         inputs = [inputs]
-    if not inputs or not all(isinstance(s, str) for s in inputs):
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(s, str) for s in inputs):
         raise InvalidGraph(f"{where}: inputs must name one or more streams")
     operation = d.get("operation")
     if not isinstance(operation, str) or ":" not in operation:
@@ -139,7 +142,12 @@ def parse_stage(name: str, d: dict, known_streams: set[str] | None = None) -> St
     if engine not in ENGINES:
         raise InvalidGraph(f"{where}: engine {engine!r}; expected one of {', '.join(ENGINES)}")
     outputs = []
-    for i, o in enumerate(d.get("outputs") or []):
+    raw_outputs = d.get("outputs") or []
+    if isinstance(raw_outputs, (str, dict)):
+        raw_outputs = [raw_outputs]
+    if not isinstance(raw_outputs, list):
+        raise InvalidGraph(f"{where}: outputs must be a list of {{stream: NAME, key: COLUMN}}")
+    for i, o in enumerate(raw_outputs):
         if isinstance(o, str):
             o = {"stream": o}
         if not isinstance(o, dict) or not isinstance(o.get("stream"), str) or set(o) - {"stream", "key"}:
@@ -164,7 +172,7 @@ def parse_stage(name: str, d: dict, known_streams: set[str] | None = None) -> St
         name=name, inputs=tuple(inputs), operation=operation, engine=engine, outputs=tuple(outputs), sink=sink,
         recovery=recovery,
         checkpoint_records=int(_number(d, "checkpoint_records", limits.SPS_CHECKPOINT_RECORDS_DEFAULT, 1,
-                                       limits.SPS_BATCH_RECORDS_MAX, where)),
+                                       limits.SPS_BATCH_RECORDS_MAX, where, integer=True)),
         checkpoint_interval_s=float(_number(d, "checkpoint_interval_s", limits.SPS_CHECKPOINT_INTERVAL_S_DEFAULT,
                                             0.05, limits.SPS_CHECKPOINT_INTERVAL_S_MAX, where)),
         failover_s=float(_number(d, "failover_s", limits.SPS_FAILOVER_S_DEFAULT, limits.SPS_FAILOVER_S_MIN,
@@ -188,7 +196,8 @@ def topological_order(stages: dict[str, StageSpec]) -> list[str]:
             return
         if state.get(name) == 1:
             cycle = path[path.index(name):] + [name]
-            raise InvalidGraph("the stage graph has a cycle: " + " -> ".join(cycle))
+            # (the walk follows inputs back to their writers: name it in the data's direction)
+            raise InvalidGraph("the stage graph has a cycle: " + " -> ".join(reversed(cycle)))
         state[name] = 1
         path.append(name)
         for d in deps[name]:
@@ -206,7 +215,10 @@ def parse_graph(doc: dict) -> Graph:
     if not isinstance(doc, dict) or set(doc) - {"streams", "stages"}:
         raise InvalidGraph("a graph has `streams` and `stages` only")
     streams: dict[str, StreamSpec] = {}
-    for name, d in (doc.get("streams") or {}).items():
+    streams_doc = doc.get("streams") or {}
+    if not isinstance(streams_doc, dict):
+        raise InvalidGraph("`streams` must map stream names to {partitions, replication_factor, persistence}")
+    for name, d in streams_doc.items():
         d = d or {}
         where = f"stream {name!r}"
         try:
@@ -215,10 +227,13 @@ def parse_graph(doc: dict) -> Graph:
             raise InvalidGraph(f"{where}: {e.message}") from None
         if not isinstance(d, dict) or set(d) - {"partitions", "replication_factor", "persistence"}:
             raise InvalidGraph(f"{where}: expected {{partitions, replication_factor, persistence}}")
+        persistence = d.get("persistence", "disk")
+        if persistence not in PERSISTENCE:
+            raise InvalidGraph(f"{where}: persistence {persistence!r}; expected one of {', '.join(PERSISTENCE)}")
         streams[name] = StreamSpec(
-            name, int(_number(d, "partitions", 1, 1, limits.STREAM_PARTITIONS_MAX, where)),
-            int(_number(d, "replication_factor", 1, 1, limits.REPLICATION_FACTOR_MAX, where)),
-            d.get("persistence", "disk"))
+            name, int(_number(d, "partitions", 1, 1, limits.STREAM_PARTITIONS_MAX, where, integer=True)),
+            int(_number(d, "replication_factor", 1, 1, limits.REPLICATION_FACTOR_MAX, where, integer=True)),
+            persistence)
     stages_doc = doc.get("stages") or {}
     if not isinstance(stages_doc, dict) or not stages_doc:
         raise InvalidGraph("a graph needs at least one stage")
@@ -232,8 +247,8 @@ def parse_graph(doc: dict) -> Graph:
 def load_graph(path: str) -> Graph:
     import yaml
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as e:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise InvalidGraph(f"{path}: {e}") from None
     return parse_graph(doc)

@@ -189,12 +189,16 @@ def plan_takes(leases: dict[str, Lease], me: str, workers: list[str], clock: Exp
     processed only after its parents). With n active leases and w live workers, each
     worker should hold n // w or one more:
     - it claims free or expired leases (or ones whose owner is no longer registered) up to
-      ceil(n / w);
+      ceil(n / w), where w leaves out a registered worker all of whose leases expired;
     - if none is free and it holds fewer than n // w, it takes one from the busiest peer,
       when that peer holds at least two more than it does;
     - above ceil(n / w) it releases the extra ones (a newcomer then claims them)."""
     active = {k: lease for k, lease in leases.items() if not lease.done and _parents_done(lease, leases)}
-    live = sorted(set(workers) | {me})
+    # a registered worker all of whose leases expired has stopped working (its rounds fail
+    # while its metadata session lives): it does not count, so its leases are shared out
+    stalled = {lease.owner for lease in active.values() if lease.owner and clock.expired(lease)} - \
+        {lease.owner for lease in active.values() if lease.owner and not clock.expired(lease)}
+    live = sorted((set(workers) - stalled) | {me})
     n, w = len(active), len(live)
     share, floor = -(-n // w), n // w
     mine = [lease for lease in active.values() if lease.owner == me]

@@ -231,10 +231,11 @@ class Worker:
             iterator = await self.client.get_iterator(stream, ordinal, "AFTER_SEQUENCE_NUMBER", sequence_number=done)
         replay_end = int(lease.pending_end) if checkpointing and lease.pending_end else None
         writer = self._writer(lease)
+        unrecorded = 0           # records done since the last lease write counted them
         while True:
             if owned.stopping:
                 if checkpointing and done != owned.lease.checkpoint:
-                    await self._write_lease(owned, done)
+                    await self._write_lease(owned, done, records=unrecorded)
                 async with owned.lock:
                     owned.lease = await self.table.release(owned.lease)
                 return
@@ -243,19 +244,22 @@ class Worker:
             if batch:
                 end = str(batch[-1].sn)
                 if checkpointing:
-                    await self._write_lease(owned, done, pending_end=end)   # fenced here if we lost it
+                    await self._write_lease(owned, done, pending_end=end, records=unrecorded)   # fenced here
+                    unrecorded = 0
                 rows = await asyncio.to_thread(self.engine.apply, self.operation, batch)
                 await self._emit(writer, rows, batch[0].sn)
                 done = end
                 owned.records += len(batch)
+                unrecorded += len(batch)
                 self.processed += len(batch)
             if ended:
-                await self._write_lease(owned, SHARD_END, records=len(batch))
+                await self._write_lease(owned, SHARD_END, records=unrecorded)
                 self._refresh_at = 0.0               # its children appear in the table next round
                 self._wake.set()
                 return
             if not batch and checkpointing and done != owned.lease.checkpoint:
-                await self._write_lease(owned, done)
+                await self._write_lease(owned, done, records=unrecorded)
+                unrecorded = 0
 
     async def _read_batch(self, stream: str, ordinal: int, iterator: str, replay_end: int | None
                           ) -> tuple[list[Record], str | None, bool]:
@@ -289,7 +293,7 @@ class Worker:
         if self.sink is not None:
             await asyncio.to_thread(self.sink, rows)
             return
-        out: list[tuple[str, str, bytes]] = []
+        out: list = []
         for o in self.stage.outputs:
             for row in rows:
                 key, data = row.get(o.key), row.get("data")
@@ -297,8 +301,17 @@ class Worker:
                     raise errors.InvalidArgument(f"stage {self.stage.name!r}: a result row needs {o.key!r} and "
                                                  f"'data'; got {sorted(row)}")
                 data = data.encode() if isinstance(data, str) else bytes(data)
-                out.append((o.stream, str(key), data))
-        out.sort(key=lambda t: (t[0], t[1], t[2]))        # deterministic: a replay gets the same SSSNs
+                sn = row.get("sequence_number")
+                out.append((o.stream, str(key), data, int(sn) if sn is not None else -1))
+        # the same order on a replay (it gets the same SSSNs), and per key the input's order:
+        # a Python operation's output order is deterministic, so a stable sort by stream and key
+        # keeps it; a Spark result's row order is not, so its rows are ordered by their input
+        # SN when the result keeps the sequence_number column, else by data
+        if self.engine.name == "python":
+            out.sort(key=lambda t: (t[0], t[1]))
+        else:
+            out.sort(key=lambda t: (t[0], t[1], t[3], t[2]))
+        out = [t[:3] for t in out]
         if out:
             await writer.write(out, base_sssn(first_sn), seqno.timestamp_ms_of(first_sn))
 
