@@ -347,7 +347,7 @@ def cmd_graph(args) -> int:
             for p in st["partitions"]:
                 lag = "?" if p["lag_ms"] is None else f"{p['lag_ms']} ms"
                 lines.append(f"  {p['partition']:<24} owner {p['owner'] or '-':<20} checkpoint {p['checkpoint']:<40} "
-                             f"records {p['records']:<8} lag {lag}")
+                             f"records {p['records']:<8} {p['records_per_s']:>8}/s lag {lag}")
         _emit(args, rows, "\n".join(lines))
     return 0
 

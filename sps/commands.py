@@ -85,6 +85,7 @@ async def graph_status(address: str, metastore: str, graph: Graph) -> list[dict]
                 for lease in sorted((await table.all()).values(), key=lambda lease: (lease.stream, lease.ordinal)):
                     rows.append({"partition": f"{lease.stream}/p{lease.ordinal:04d}", "owner": lease.owner or None,
                                  "checkpoint": lease.checkpoint, "records": lease.records,
+                                 "records_per_s": round(lease.rate, 1),
                                  "lag_ms": await _lag_ms(client, lease)})
                 out.append({"stage": name, "workers": workers, "partitions": rows})
     finally:

@@ -65,6 +65,7 @@ class Owned:
     last_write: float = field(default_factory=time.monotonic)
     stopping: bool = False            # release at the next batch boundary
     records: int = 0
+    rate_since: float = field(default_factory=time.monotonic)
 
 
 class Worker:
@@ -189,8 +190,16 @@ class Worker:
     # --- one partition -------------------------------------------------------------------
     async def _write_lease(self, owned: Owned, checkpoint: str, pending_end: str = "", records: int = 0) -> None:
         async with owned.lock:
-            owned.lease = await self.table.checkpoint(owned.lease, checkpoint, pending_end, records)
-            owned.last_write = time.monotonic()
+            now = time.monotonic()
+            # the partition's workload: records/s since the last progress write (an EMA)
+            elapsed = now - owned.rate_since
+            rate = owned.lease.rate
+            if records and elapsed > 0:
+                rate = records / elapsed if not rate else 0.5 * rate + 0.5 * records / elapsed
+            owned.lease = await self.table.checkpoint(owned.lease, checkpoint, pending_end, records, rate)
+            owned.last_write = now
+            if records:
+                owned.rate_since = now
 
     def _writer(self, lease: Lease) -> OutputWriter:
         if lease.key not in self.outputs:
