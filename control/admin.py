@@ -15,11 +15,10 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections import Counter
 
 import grpc
 
-from control import placement, repartition
+from control import placement, reads, repartition
 from control.metastore import BadVersionError, Create, MetaStore, NodeExistsError, NoNodeError, Set
 from control.metaview import ClusterView
 from sms import errors, limits, metadata, rpc, seqno
@@ -90,20 +89,6 @@ class StreamAdmin:
         self.view.invalidate()
         return {n: info for n, info in (await self.view.nodes()).items() if "storage" in info.roles}
 
-    async def _load(self) -> tuple[Counter, Counter]:
-        replicas, heads = Counter(), Counter()
-        try:
-            names = await self.store.children(metadata.CHAINS)
-        except NoNodeError:
-            names = []
-        for name in names:
-            entry = await self.store.get(metadata.chain_path(name))
-            if entry is not None:
-                chain = ChainConfig.from_bytes(entry.value)
-                replicas.update(chain.members)
-                heads[chain.head] += 1
-        return replicas, heads
-
     async def create_stream(self, config: StreamConfig) -> None:
         async with self.lock:
             if await self.store.get(metadata.stream_path(config.name)) is not None:
@@ -112,7 +97,7 @@ class StreamAdmin:
             if config.replication_factor > len(nodes):
                 raise NotEnoughNodes(f"replication factor {config.replication_factor} needs that many storage "
                                      f"nodes; {len(nodes)} are live")
-            replicas, heads = await self._load()
+            replicas, heads = await reads.chain_load(self.store)
             chains = placement.place(list(nodes), config.partitions, config.replication_factor, replicas, heads)
             pmap = PartitionMap.even(config.partitions, config.created_ms)
             ops = [Create(metadata.stream_path(config.name), config.to_bytes()),

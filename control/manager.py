@@ -18,7 +18,7 @@ from collections import Counter
 
 import grpc
 
-from control import chains
+from control import chains, reads
 from control.metastore import BadVersionError, MetaStore, NoNodeError, Set
 from sms import limits, metadata, rpc
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
@@ -66,18 +66,7 @@ class ChainManager:
             self._changed.clear()
 
     async def _live_storage(self) -> dict[str, NodeInfo]:
-        try:
-            names = await self.store.children(metadata.NODES)
-        except NoNodeError:
-            return {}
-        out = {}
-        for name in names:
-            entry = await self.store.get(metadata.node_path(name))
-            if entry is not None and entry.value:
-                info = metadata.node_from_bytes(entry.value)
-                if "storage" in info.roles:
-                    out[name] = info
-        return out
+        return await reads.live_storage(self.store)
 
     async def _chains(self) -> list[tuple[ChainConfig, int]]:
         try:

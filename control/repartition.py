@@ -32,12 +32,11 @@ import asyncio
 import logging
 import secrets
 import time
-from collections import Counter
 from dataclasses import replace
 
 import grpc
 
-from control import placement
+from control import placement, reads
 from control.metastore import BadVersionError, Check, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set
 from sms import errors, limits, metadata, retention, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
@@ -287,7 +286,7 @@ class Repartitioner:
 
     async def _drained(self, chain: ChainConfig) -> int | None:
         """The head's last SN once it is sealed, idle and has committed all it holds."""
-        nodes = await self._live_storage()
+        nodes = await reads.live_storage(self.store)
         head = nodes.get(chain.head)
         if head is None:
             return None
@@ -304,43 +303,14 @@ class Repartitioner:
                 return int(r.last_sn)
         return None
 
-    async def _live_storage(self) -> dict:
-        try:
-            names = await self.store.children(metadata.NODES)
-        except NoNodeError:
-            return {}
-        out = {}
-        for name in names:
-            entry = await self.store.get(metadata.node_path(name))
-            if entry is not None and entry.value:
-                info = metadata.node_from_bytes(entry.value)
-                if "storage" in info.roles:
-                    out[name] = info
-        return out
-
-    async def _loads(self) -> tuple[Counter, Counter]:
-        replicas, heads = Counter(), Counter()
-        try:
-            names = await self.store.children(metadata.CHAINS)
-        except NoNodeError:
-            names = []
-        for name in names:
-            entry = await self.store.get(metadata.chain_path(name))
-            if entry is not None and entry.value:
-                chain = ChainConfig.from_bytes(entry.value)
-                if not chain.sealed:          # closed partitions take no writes: they weigh little
-                    replicas.update(chain.members)
-                    heads[chain.head] += 1
-        return replicas, heads
-
     async def _commit_step(self, config: StreamConfig, version: int, pmap: PartitionMap, step: tuple,
                            chains: dict[int, tuple[ChainConfig, int]], endings: dict[int, int]) -> None:
         now_ms = int(time.time() * 1000)
         boundary_ms = max([now_ms] + [seqno.timestamp_ms_of(e) + 1 for e in endings.values() if e])
         new_map = apply_step(pmap, step, boundary_ms, endings)
         children = new_map.entries[len(pmap.entries):]
-        nodes = await self._live_storage()
-        replicas, heads = await self._loads()
+        nodes = await reads.live_storage(self.store)
+        replicas, heads = await reads.chain_load(self.store, sealed=False)
         try:
             placed = placement.place(list(nodes), len(children), config.replication_factor, replicas, heads)
         except SmsError as e:
@@ -418,7 +388,7 @@ class Repartitioner:
         if map_entry is None:
             return
         pmap = PartitionMap.from_bytes(map_entry.value, version=map_entry.version)
-        nodes = await self._live_storage()
+        nodes = await reads.live_storage(self.store)
         statuses: dict[str, dict[str, int]] = {}
         now = time.monotonic()
         for e in pmap.open_entries():
