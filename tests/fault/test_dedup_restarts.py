@@ -154,7 +154,10 @@ class DedupRestartMachine(RuleBasedStateMachine):
         assert not missing & acked_before, f"{sess}: acked SSSNs {sorted(missing & acked_before)} reported missing"
         top = max(r.sssn for r in batch)
         expected = {s for s in never_sent if hwm < s < top}
-        assert expected <= missing, f"{sess}: SSSNs never sent {sorted(expected - missing)} not reported missing"
+        if any(a.ok for a in answer.acks):
+            # (a batch refused whole before the dedup table saw it -- WrongOwner from a node
+            # that just lost the partition, a table still rebuilding -- reports nothing missing)
+            assert expected <= missing, f"{sess}: SSSNs never sent {sorted(expected - missing)} not reported missing"
 
     # --- rules ------------------------------------------------------------------------------
     @rule(sess=st.sampled_from(SESSIONS), n=st.integers(1, 4))
