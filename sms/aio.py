@@ -394,18 +394,33 @@ class Client:
         tasks: dict[int, asyncio.Task] = {}
 
         async def read_partition(ordinal: int, kind: str, kw: dict) -> None:
+            last_sn = None           # after a retriable failure the read resumes after it
+            failures = 0
             try:
                 it = await self.get_iterator(stream, ordinal, kind, **kw)
                 while it:
                     try:
                         page = await self.get_next_records(it, max_records, wait_ms if follow else 0)
+                        failures = 0
                     except errors.PartitionNotFound:
                         # retention dropped it while we read: nothing of it is left to read
                         current = await self.get_stream_info(stream)
                         children = [p.ordinal for p in current.partitions if ordinal in p.parents]
                         await queue.put(("end", ordinal, children))
                         return
+                    except errors.SmsError as e:
+                        if not e.retriable or failures >= limits.READ_STREAM_RETRIES_MAX:
+                            raise
+                        failures += 1          # (a replica restarting, a connection reset)
+                        await asyncio.sleep(min(_REDIRECT_BACKOFF_S * 2 ** failures, 2.0))
+                        if last_sn is None:
+                            it = await self.get_iterator(stream, ordinal, kind, **kw)
+                        else:
+                            it = await self.get_iterator(stream, ordinal, "AFTER_SEQUENCE_NUMBER",
+                                                         sequence_number=last_sn)
+                        continue
                     if page.records:
+                        last_sn = page.records[-1].sn
                         await queue.put(("records", ordinal, page.records))
                     it = page.next_iterator
                     if it and not page.records and not follow and page.millis_behind_latest == 0:

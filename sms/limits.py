@@ -79,6 +79,7 @@ LINK_RETRY_INTERVAL_S = 0.2                    # a broken chain link reconnects 
 CLIENT_REDIRECT_RETRIES_MAX = 8                # re-routes of one put before giving up
 CLIENT_UNAVAILABLE_RETRIES_MAX = 20
 READ_STREAM_PAGES_QUEUED_MAX = 16             # read_stream: pages fetched ahead of the caller
+READ_STREAM_RETRIES_MAX = 10                  # read_stream: retriable failures in a row of one partition's read
 
 # --- de-duplication (ingestion/dedup.py) ---------------------------------------------
 DEDUP_WINDOW_MS_DEFAULT = 5 * 60 * 1000        # a stream's dedup window unless configured

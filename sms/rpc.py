@@ -35,6 +35,11 @@ SERVER_OPTIONS = [
     ("grpc.max_send_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
     ("grpc.max_receive_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    # accept the clients' keepalive pings (every 10 s, also between calls): by default a
+    # server takes pings more often than every 5 minutes without data as abuse and
+    # answers GOAWAY "too_many_pings", which fails the long polls in flight
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
     ("grpc.so_reuseport", 0),
 ]
 
