@@ -53,6 +53,26 @@ class Outcome:
     duplicate: bool = False
 
 
+class Results:
+    """The outcomes of one request's records in one partition (an `Outcome` or a named
+    error each), with one future that resolves once every one of them is known."""
+
+    __slots__ = ("values", "pending", "future")
+
+    def __init__(self, count: int):
+        self.values: list[Outcome | SmsError | None] = [None] * count
+        self.pending = count
+        self.future: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def set(self, index: int, value: "Outcome | SmsError") -> None:
+        if self.values[index] is not None:
+            return
+        self.values[index] = value
+        self.pending -= 1
+        if self.pending == 0 and not self.future.done():
+            self.future.set_result(None)
+
+
 def stored_entry(s: Submission) -> bytes:
     fields = {}
     if s.producer_id:
@@ -87,7 +107,7 @@ class PartitionIngest:
         self.policy = config.ingestion_policy
         self.table = dedup.DedupTable(chain.chain_id, window_ms=config.dedup_window_ms, policy=self.policy)
         self.ready = asyncio.Event()
-        self.tickets: dict[int, tuple[asyncio.Future, Submission]] = {}
+        self.tickets: dict[int, tuple[Results, int, Submission]] = {}   # QUEUED records
         self.task: asyncio.Task | None = None
         self.rebuilt_records = 0
 
@@ -97,9 +117,8 @@ class PartitionIngest:
     async def close(self) -> None:
         await cancel_and_wait(self.task)
         await self.writer.close()
-        for fut, _s in self.tickets.values():
-            if not fut.done():
-                fut.set_exception(Unavailable(f"{self.chain.chain_id}: ingestion closed"))
+        for results, i, _s in self.tickets.values():
+            results.set(i, Unavailable(f"{self.chain.chain_id}: ingestion closed"))
         self.tickets.clear()
 
     # --- rebuild ------------------------------------------------------------------------
@@ -208,72 +227,74 @@ class PartitionIngest:
             it = page.next_iterator
 
     # --- submissions ---------------------------------------------------------------------
-    def submit(self, subs: list[Submission], now_ms: int) -> tuple[list[asyncio.Future | SmsError], set[int]]:
-        """One future (or named error) per submission, and the SSSNs reported missing."""
-        loop = asyncio.get_running_loop()
+    def submit(self, subs: list[Submission], now_ms: int) -> tuple["Results", set[int]]:
+        """The outcomes of the submissions (`Results`: one future for all of them) and
+        the SSSNs reported missing. The records to write leave as one writer chunk."""
+        results = Results(len(subs))
         if self.writer.queued_records + len(subs) > limits.INGEST_PENDING_RECORDS_MAX:
             error = Throttled(f"{self.chain.chain_id}: {self.writer.queued_records} records already queued")
-            return [error] * len(subs), set()
-        out: list[asyncio.Future | SmsError] = []
+            for i in range(len(subs)):
+                results.set(i, error)
+            return results, set()
         missing: set[int] = set()
-        writes: list[tuple[asyncio.Future, Submission, bool]] = []
-        for s in subs:
-            fut = loop.create_future()
-            if not s.producer_id or not self.table.deduplicating:
-                writes.append((fut, s, False))
-                out.append(fut)
+        writes: list[tuple[Results, int, Submission, bool]] = []
+        deduplicating = self.table.deduplicating
+        for i, s in enumerate(subs):
+            if not s.producer_id or not deduplicating:
+                writes.append((results, i, s, False))
                 continue
             try:
                 decision = self.table.submit(self._key(s), s.sssn, s.hwm, s.submit_ms,
                                              signature_of(s.key.encode(), s.data), s.dedup_key, now_ms)
             except SmsError as e:
-                out.append(e)
+                results.set(i, e)
                 continue
             if s.session_ordinal is None:
                 # (an inherited session's SSSNs are spread over the parent's children: the
                 # ones this child never saw are not missing)
                 missing.update(decision.missing)
             if decision.kind is dedup.DecisionKind.WRITE:
-                writes.append((fut, s, True))
+                writes.append((results, i, s, True))
             elif decision.kind is dedup.DecisionKind.DUPLICATE:
-                fut.set_result(Outcome(decision.sn or 0, duplicate=True))
+                results.set(i, Outcome(decision.sn or 0, duplicate=True))
             else:
-                self.tickets[decision.ticket] = (fut, s)
-            out.append(fut)
+                self.tickets[decision.ticket] = (results, i, s)
         self._write(writes)
         missing.difference_update(s.sssn for s in subs)   # arrived later in this same request
-        return out, missing
+        return results, missing
 
-    def _write(self, writes: list[tuple[asyncio.Future, Submission, bool]]) -> None:
+    def _write(self, writes: list[tuple["Results", int, Submission, bool]]) -> None:
         if not writes:
             return
         try:
-            inner = self.writer.submit([stored_entry(s) for _f, s, _t in writes])
+            chunk = self.writer.submit([stored_entry(s) for _r, _i, s, _t in writes])
         except SmsError as e:     # writer closed or full: these writes did not happen
-            for outer, s, tracked in writes:
+            for results, i, s, tracked in writes:
                 if tracked:
                     self._apply(self.table.failed(self._key(s), s.sssn))
-                if not outer.done():
-                    outer.set_exception(e)
+                results.set(i, e)
             return
-        for (outer, s, tracked), fut in zip(writes, inner):
-            fut.add_done_callback(lambda f, outer=outer, s=s, tracked=tracked: self._written(f, outer, s, tracked))
-            if self.policy is IngestionPolicy.BEST_EFFORT and not outer.done():
-                outer.set_result(Outcome(0))
+        if self.policy is IngestionPolicy.BEST_EFFORT:
+            for results, i, _s, _t in writes:
+                results.set(i, Outcome(0))
+        chunk.add_done_callback(lambda f: self._written(f, writes))
 
-    def _written(self, fut: asyncio.Future, outer: asyncio.Future, s: Submission, tracked: bool) -> None:
-        error = fut.exception()
+    def _written(self, chunk: asyncio.Future, writes: list[tuple["Results", int, Submission, bool]]) -> None:
+        error = Unavailable(f"{self.chain.chain_id}: write cancelled") if chunk.cancelled() else chunk.exception()
         if error is None:
-            sn = fut.result()
-            if tracked:
-                self._apply(self.table.committed(self._key(s), s.sssn, sn))
-            if not outer.done():
-                outer.set_result(Outcome(sn))
+            sn = chunk.result()
+            resolutions: list[dedup.Resolution] = []
+            for results, i, s, tracked in writes:
+                if tracked:
+                    resolutions.extend(self.table.committed(self._key(s), s.sssn, sn))
+                results.set(i, Outcome(sn))
+                sn += seqno.COUNTER_UNIT
+            self._apply(resolutions)
         else:
-            if tracked:
-                self._apply(self.table.failed(self._key(s), s.sssn))
-            if not outer.done():
-                outer.set_exception(error)
+            for results, i, s, tracked in writes:
+                if tracked:
+                    self._apply(self.table.failed(self._key(s), s.sssn))
+                results.set(i, error)
 
     def _key(self, s: Submission) -> bytes:
         return session_key(s.producer_id, self.chain.ordinal if s.session_ordinal is None else s.session_ordinal)
@@ -281,12 +302,11 @@ class PartitionIngest:
     def _apply(self, resolutions: list[dedup.Resolution]) -> None:
         writes = []
         for r in resolutions:
-            fut, s = self.tickets.pop(r.ticket)
+            results, i, s = self.tickets.pop(r.ticket)
             if r.kind is dedup.DecisionKind.DUPLICATE:
-                if not fut.done():
-                    fut.set_result(Outcome(r.sn or 0, duplicate=True))
+                results.set(i, Outcome(r.sn or 0, duplicate=True))
             else:
-                writes.append((fut, s, True))
+                writes.append((results, i, s, True))
         self._write(writes)
 
     def prune(self, now_ms: int) -> None:

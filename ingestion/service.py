@@ -17,7 +17,7 @@ import struct
 import time
 
 from control.metaview import ClusterView
-from ingestion.partition import Outcome, PartitionIngest, Submission
+from ingestion.partition import Outcome, PartitionIngest, Results, Submission
 from ingestion.writer import PartitionWriter
 from sms import codec, hashing, limits, seqno
 from sms.aiotools import cancel_and_wait
@@ -48,23 +48,44 @@ def parse_put_entries(count: int, blob: bytes, producer_id: bytes) -> list[tuple
     if len(blob) > limits.PUT_RECORDS_BYTES_MAX + count * (codec.ENTRY.size + per_record_meta_max):
         raise RequestTooLarge(f"request of {len(blob)} bytes; at most {limits.PUT_RECORDS_BYTES_MAX}")
     out, total = [], 0
-    for i, e in enumerate(codec.iter_entries(blob, count)):
-        if len(e.data) > limits.RECORD_DATA_BYTES_MAX:
-            raise RecordTooLarge(f"record {i}: {len(e.data)} bytes of data; at most {limits.RECORD_DATA_BYTES_MAX}")
+    n, offset = len(blob), 0
+    unpack, head = codec.ENTRY.unpack_from, codec.ENTRY.size
+    key_min, key_max = limits.PARTITION_KEY_CHARS_MIN, limits.PARTITION_KEY_CHARS_MAX
+    hash_of = hashing.hash_key_of_bytes
+    for i in range(count):     # one pass, no per-record object but the Submission
+        if offset + head > n:
+            raise InvalidArgument("record entries truncated")
+        data_len, key_len, meta_len = unpack(blob, offset)
+        k = offset + head
+        m = k + key_len
+        d = m + meta_len
+        offset = d + data_len
+        if offset > n:
+            raise InvalidArgument("record entries truncated")
+        if data_len > limits.RECORD_DATA_BYTES_MAX:
+            raise RecordTooLarge(f"record {i}: {data_len} bytes of data; at most {limits.RECORD_DATA_BYTES_MAX}")
+        raw_key = blob[k:m]
         try:
-            key = e.key.decode("utf-8")
+            key = raw_key.decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidArgument(f"record {i}: partition key is not UTF-8") from None
-        hashing.validate_partition_key(key)
-        total += len(e.data) + len(e.key)
-        meta = codec.decode_meta(e.meta) if e.meta else {}
+        if not key_min <= len(key) <= key_max:
+            hashing.validate_partition_key(key)
+        data = blob[d:offset]
+        total += data_len + key_len
+        if not meta_len:
+            if producer_id:
+                raise InvalidArgument(f"record {i}: a producer session needs an SSSN and a submit time per record")
+            out.append((hash_of(raw_key), Submission(key, data, producer_id, 0, 0, None, -1, None)))
+            continue
+        meta = codec.decode_meta(blob[m:d])
         if codec.TAG_EXPLICIT_HASH_KEY in meta:
             raw = meta[codec.TAG_EXPLICIT_HASH_KEY]
             if len(raw) != 16:
                 raise InvalidArgument(f"record {i}: explicit hash key of {len(raw)} bytes; expected 16")
             hash_key = int.from_bytes(raw, "big")
         else:
-            hash_key = hashing.hash_key_of(key)
+            hash_key = hash_of(raw_key)
         sssn = submit_ms = 0
         dedup_key = meta.get(codec.TAG_DEDUP_KEY)
         if producer_id:
@@ -80,8 +101,9 @@ def parse_put_entries(count: int, blob: bytes, producer_id: bytes) -> list[tuple
             if not producer_id or len(raw) != 4:
                 raise InvalidArgument(f"record {i}: a session partition is 4 bytes and needs a producer session")
             session_ordinal = int.from_bytes(raw, "big")
-        out.append((hash_key, Submission(key, e.data, producer_id, sssn, submit_ms, dedup_key, -1,
-                                         session_ordinal)))
+        out.append((hash_key, Submission(key, data, producer_id, sssn, submit_ms, dedup_key, -1, session_ordinal)))
+    if offset != n:
+        raise InvalidArgument(f"{n - offset} trailing bytes after {count} record entries")
     if total > limits.PUT_RECORDS_BYTES_MAX:
         raise RequestTooLarge(f"request of {total} bytes of keys and data; at most {limits.PUT_RECORDS_BYTES_MAX}")
     return out
@@ -201,7 +223,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                     sub.session_ordinal = _ORDINAL.unpack_from(request.session_ordinals, 4 * i)[0]
         by_partition: dict[int, list[int]] = {}
         ordinals = [0] * len(records)
-        outcomes: list[Outcome | SmsError | asyncio.Future | None] = [None] * len(records)
+        outcomes: list[Outcome | SmsError | None] = [None] * len(records)
         entries = {e.ordinal: e for e in view.map.entries}
         for i, (hash_key, sub) in enumerate(records):
             entry = view.map.open_for_hash(hash_key)
@@ -227,6 +249,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             sub.hwm = request.hwm.get(entry.ordinal if sub.session_ordinal is None else sub.session_ordinal, -1)
             by_partition.setdefault(entry.ordinal, []).append(i)
         missing_out = []
+        submitted: list[tuple[list[int], Results]] = []
         for ordinal, indexes in by_partition.items():
             chain = view.chains.get(ordinal)
             try:
@@ -245,27 +268,31 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                         await asyncio.wait_for(part.ready.wait(), limits.APPEND_TIMEOUT_S)
                     except asyncio.TimeoutError:
                         raise Unavailable(f"{chain.chain_id}: de-duplication table still rebuilding") from None
-                futures, missing = part.submit([records[i][1] for i in indexes], int(time.time() * 1000))
-                for i, f in zip(indexes, futures):
-                    outcomes[i] = f
+                results, missing = part.submit([records[i][1] for i in indexes], int(time.time() * 1000))
+                submitted.append((indexes, results))
                 if missing:
                     missing_out.append(sms_pb2.MissingSssns(ordinal=ordinal, sssns=sorted(missing)))
             except SmsError as e:
                 for i in indexes:
                     outcomes[i] = e
-        pending = [o for o in outcomes if isinstance(o, asyncio.Future)]
+        pending = [r.future for _i, r in submitted if not r.future.done()]
         if pending:
             # never cancel them: the dedup table needs every write's outcome
             await asyncio.wait(pending, timeout=limits.APPEND_TIMEOUT_S)
+        late = Unavailable("commit not confirmed in time; retry with the same SSSN")
+        for indexes, results in submitted:
+            for i, value in zip(indexes, results.values):
+                outcomes[i] = late if value is None else value
         sns, errors_out, duplicates = [], [], []
+        to_bytes = seqno.to_bytes
         for i, o in enumerate(outcomes):
-            if isinstance(o, asyncio.Future):
-                if not o.done():
-                    o = Unavailable("commit not confirmed in time; retry with the same SSSN")
-                elif o.exception() is not None:
-                    o = o.exception()
-                else:
-                    o = o.result()
+            if type(o) is Outcome:
+                sns.append(to_bytes(o.sn))
+                if o.sn:
+                    ordinals[i] = seqno.ordinal_of(o.sn)     # a duplicate may live in a parent
+                if o.duplicate:
+                    duplicates.append(i)
+                continue
             if isinstance(o, Outcome):
                 sns.append(seqno.to_bytes(o.sn))
                 if o.sn:

@@ -1,10 +1,12 @@
 """Per-partition group commit: records queue up, leave as one batch, ack after commit.
 
 A `PartitionWriter` owns the Append stream from this ingestion node to the partition's
-chain head. Records accepted by PutRecords wait in a bounded queue; whenever the
-in-flight window has room, everything queued (up to the batch limits) leaves as one
-batch. When the head's ack says the batch is committed, each record's future resolves
-with its SN (first SN + index).
+chain head. Records accepted by PutRecords wait in a bounded queue as *chunks* (the
+records of one request for this partition, kept together); whenever the in-flight window
+has room, everything queued (up to the batch limits, whole chunks) leaves as one batch.
+When the head's ack says the batch is committed, each chunk's one future resolves with
+the SN of its first record; the chunk's record i has SN first + i * 2^32. No per-record
+future or callback: the unit of work is the batch.
 
 Every batch carries an origin: this writer's random id and the batch's sequence here.
 When the stream breaks, the batches in flight are neither failed nor forgotten: the
@@ -44,10 +46,12 @@ class PartitionWriter:
         self.resolve = resolve                # () -> the head's current (address, chain epoch)
         self.head_address = ""
         self.origin_id = random.getrandbits(63) | 1
-        self.queue: collections.deque = collections.deque()     # (entry bytes, future)
+        self.queue: collections.deque = collections.deque()     # (entries, bytes, future) per chunk
         self.queued_records = 0
-        # origin seq -> (batch bytes, futures), in send order; kept across broken streams
-        self.inflight: collections.OrderedDict[int, tuple[bytes, list[asyncio.Future]]] = collections.OrderedDict()
+        # origin seq -> (batch bytes, [(records, future)] per chunk), in send order; kept
+        # across broken streams
+        self.inflight: collections.OrderedDict[int, tuple[bytes, list[tuple[int, asyncio.Future]]]] = \
+            collections.OrderedDict()
         self.origin_seqs = itertools.count(1)
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
@@ -61,40 +65,47 @@ class PartitionWriter:
         self.closed = True
         await cancel_and_wait(self.task)
         error = errors.Unavailable(f"{self.chain_id}: writer closed; outcome unknown")
-        for _batch, futures in self.inflight.values():
-            _fail(futures, error)
+        for _batch, chunks in self.inflight.values():
+            _fail([fut for _n, fut in chunks], error)
         self.inflight.clear()
-        _fail([fut for _entry, fut in self.queue], errors.PartitionClosed(f"{self.chain_id}: writer closed"))
+        _fail([fut for _e, _b, fut in self.queue], errors.PartitionClosed(f"{self.chain_id}: writer closed"))
         self.queue.clear()
+        self.queued_records = 0
 
-    def submit(self, entries: list[bytes]) -> list[asyncio.Future]:
-        """Queue encoded entries; their futures resolve to SNs. Throttled when full."""
+    def submit(self, entries: list[bytes]) -> asyncio.Future:
+        """Queue encoded entries as one chunk, stored contiguously in one batch. The
+        future resolves to the SN of the first (entry i: first + i * 2^32). Throttled when
+        the queue is full."""
         if self.closed:
             raise errors.PartitionClosed(f"{self.chain_id}: writer closed")
         if self.queued_records + len(entries) > limits.INGEST_PENDING_RECORDS_MAX:
             raise errors.Throttled(f"{self.chain_id}: {self.queued_records} records already queued")
-        loop = asyncio.get_running_loop()
-        futures = []
-        for entry in entries:
-            fut = loop.create_future()
-            self.queue.append((entry, fut))
-            futures.append(fut)
+        size = sum(map(len, entries))
+        errors.invariant(0 < len(entries) <= limits.BATCH_RECORDS_MAX
+                         and size <= limits.BATCH_BYTES_MAX - codec.HEADER_BYTES,
+                         f"{self.chain_id}: a chunk of {len(entries)} records, {size} bytes, exceeds a batch")
+        fut = asyncio.get_running_loop().create_future()
+        self.queue.append((entries, size, fut))
         self.queued_records += len(entries)
         self.wake.set()
-        return futures
+        return fut
 
-    def _take_batch(self) -> tuple[list[bytes], list[asyncio.Future]]:
-        entries, futures, size = [], [], codec.HEADER_BYTES
-        while self.queue and len(entries) < limits.BATCH_RECORDS_MAX:
-            entry, fut = self.queue[0]
-            if entries and size + len(entry) > limits.BATCH_BYTES_MAX:
+    def _take_batch(self) -> tuple[list[bytes], list[tuple[int, asyncio.Future]]]:
+        """Whole chunks from the queue's front, as many as the batch limits allow."""
+        entries: list[bytes] = []
+        chunks: list[tuple[int, asyncio.Future]] = []
+        size = codec.HEADER_BYTES
+        while self.queue:
+            chunk, chunk_size, fut = self.queue[0]
+            if chunks and (len(entries) + len(chunk) > limits.BATCH_RECORDS_MAX
+                           or size + chunk_size > limits.BATCH_BYTES_MAX):
                 break
             self.queue.popleft()
-            entries.append(entry)
-            futures.append(fut)
-            size += len(entry)
-        self.queued_records = len(self.queue)
-        return entries, futures
+            entries.extend(chunk)
+            chunks.append((len(chunk), fut))
+            size += chunk_size
+        self.queued_records -= len(entries)
+        return entries, chunks
 
     def statistics(self) -> dict:
         return {"queued_records": self.queued_records, "inflight_batches": len(self.inflight),
@@ -131,12 +142,12 @@ class PartitionWriter:
                         waiter = asyncio.ensure_future(self.wake.wait())
                         await asyncio.wait({waiter, acks}, return_when=asyncio.FIRST_COMPLETED)
                         waiter.cancel()
-                    entries, futures = self._take_batch()
+                    entries, chunks = self._take_batch()
                     if not entries:
                         continue
                     seq = next(self.origin_seqs)
                     batch = codec.build_batch(entries, origin_id=self.origin_id, origin_seq=seq)
-                    self.inflight[seq] = (batch, futures)
+                    self.inflight[seq] = (batch, chunks)
                     await call.write(self._request(seq, batch))
             finally:
                 acks.cancel()
@@ -152,19 +163,22 @@ class PartitionWriter:
             entry = self.inflight.pop(ack.batch_id, None)
             if entry is None:
                 continue     # an ack of a batch resent twice: the first ack settled it
-            _batch, futures = entry
+            _batch, chunks = entry
+            futures = [fut for _n, fut in chunks]
             if ack.error_name == "PartitionSealed":
                 # not stored, and never will be here: the producer re-routes to a child
                 _fail(futures, errors.PartitionClosed(ack.error_message))
             elif ack.error_name:
                 _fail(futures, errors.from_name(ack.error_name, ack.error_message))
             else:
-                first = seqno.from_bytes(ack.first_sn)
-                errors.invariant(ack.count == len(futures), f"{self.chain_id}: ack of {ack.count} records "
-                                                            f"for a batch of {len(futures)}")
-                for i, fut in enumerate(futures):
+                sn = seqno.from_bytes(ack.first_sn)
+                total = sum(n for n, _fut in chunks)
+                errors.invariant(ack.count == total, f"{self.chain_id}: ack of {ack.count} records "
+                                                     f"for a batch of {total}")
+                for n, fut in chunks:
                     if not fut.done():
-                        fut.set_result(first + i * seqno.COUNTER_UNIT)
+                        fut.set_result(sn)
+                    sn += n * seqno.COUNTER_UNIT
             self.wake.set()
 
 

@@ -11,6 +11,7 @@ node fails, another member of the chain is tried.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import random
 import secrets
 import struct
@@ -18,7 +19,7 @@ from collections.abc import Iterable
 
 import grpc
 
-from sms import codec, convert, errors, limits, rpc, seqno
+from sms import codec, convert, errors, hashing, limits, rpc, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.records import prepare_record
 from sms.tokens import peek
@@ -32,6 +33,47 @@ _REDIRECT_BACKOFF_S = 0.05
 def _encode_put(partition_key: str, data: bytes, explicit_hash_key: int | str | None) -> tuple[bytes, int]:
     r = prepare_record(partition_key, data, explicit_hash_key)
     return codec.encode_entry(r.key, r.data, codec.encode_meta(r.meta) if r.meta else b""), r.hash_key
+
+
+def _encode_puts(records: Iterable) -> list[tuple[bytes, int]]:
+    """(entry, hash key) per record. The common shape, a (str key, bytes data) pair, takes
+    a lean path; anything else goes through `prepare_record`, which names what is wrong."""
+    out = []
+    pack, hash_of = codec.ENTRY.pack, hashing.hash_key_of_bytes
+    key_min, key_max, data_max = limits.PARTITION_KEY_CHARS_MIN, limits.PARTITION_KEY_CHARS_MAX, \
+        limits.RECORD_DATA_BYTES_MAX
+    for r in records:
+        if type(r) is tuple and len(r) == 2:
+            key, data = r
+            if type(key) is str and type(data) is bytes and key_min <= len(key) <= key_max \
+                    and len(data) <= data_max:
+                kb = key.encode("utf-8")
+                out.append((pack(len(data), len(kb), 0) + kb + data, hash_of(kb)))
+                continue
+        out.append(_encode_put(*_normalise(r)))
+    return out
+
+
+class _Routes:
+    """The open partitions of one stream map, sorted by hash range, for bisect."""
+
+    __slots__ = ("info", "los", "partitions")
+
+    def __init__(self, info: StreamInfo):
+        self.info = info
+        opened = sorted((p for p in info.partitions if p.state is PartitionState.OPEN), key=lambda p: p.hash_lo)
+        self.los = [p.hash_lo for p in opened]
+        self.partitions = opened
+
+    def owner_of(self, hash_key: int) -> str:
+        """The ingestion owner's address of the open partition covering the hash ("" if none)."""
+        i = bisect.bisect_right(self.los, hash_key) - 1
+        if i < 0:
+            return ""
+        p = self.partitions[i]
+        if not p.hash_lo <= hash_key < p.hash_hi:
+            return ""
+        return p.ingestion_owner.address if p.ingestion_owner else ""
 
 
 def _normalise(record) -> tuple[str, bytes, int | str | None]:
@@ -61,6 +103,7 @@ class Client:
         self.timeout_s = timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[str, StreamInfo] = {}
+        self._routes: dict[str, _Routes] = {}
         self._cluster: ClusterInfo | None = None
         self._read_member: dict[tuple[str, int], int] = {}
 
@@ -238,7 +281,7 @@ class Client:
     async def put_records(self, stream: str, records: Iterable) -> PutRecordsResult:
         """Store 1..500 records; one result per record, in order. A failed record does
         not fail the others; routing errors are retried transparently."""
-        encoded = [_encode_put(*_normalise(r)) for r in records]
+        encoded = _encode_puts(records)
         if not 1 <= len(encoded) <= limits.PUT_RECORDS_COUNT_MAX:
             raise errors.RequestTooLarge(f"{len(encoded)} records; expected 1..{limits.PUT_RECORDS_COUNT_MAX}")
         total = sum(len(e) - codec.ENTRY.size for e, _ in encoded)
@@ -249,14 +292,18 @@ class Client:
         todo = list(range(len(encoded)))
         info = await self.get_stream_info(stream, refresh=stream not in self._streams)
         for attempt in range(limits.CLIENT_REDIRECT_RETRIES_MAX + 1):
+            routes = self._routes.get(stream)
+            if routes is None or routes.info is not info:
+                routes = self._routes[stream] = _Routes(info)
             groups: dict[str, list[int]] = {}
+            owner_of = routes.owner_of
             for i in todo:
-                try:
-                    partition = info.open_partition_for_hash(encoded[i][1])
-                except LookupError:
-                    partition = None
-                owner = partition.ingestion_owner.address if partition and partition.ingestion_owner else ""
-                groups.setdefault(owner, []).append(i)
+                owner = owner_of(encoded[i][1])
+                group = groups.get(owner)
+                if group is None:
+                    groups[owner] = [i]
+                else:
+                    group.append(i)
             outcomes = await asyncio.gather(*(self._put_group(stream, address, idx, encoded)
                                               for address, idx in groups.items()))
             retry = []
@@ -289,14 +336,15 @@ class Client:
             return [(i, PutRecordResult(error_name=e.name, error_message=e.message)) for i in indexes]
         failed = {e.index: e for e in resp.errors}
         out = []
+        ordinals = [o for (o,) in _ORDINAL.iter_unpack(resp.ordinals)]
+        sns = resp.sequence_numbers
+        from_bytes = int.from_bytes
         for j, i in enumerate(indexes):
-            ordinal = _ORDINAL.unpack_from(resp.ordinals, 4 * j)[0]
             if j in failed:
-                out.append((i, PutRecordResult(partition_ordinal=ordinal, error_name=failed[j].name,
+                out.append((i, PutRecordResult(partition_ordinal=ordinals[j], error_name=failed[j].name,
                                                error_message=failed[j].message)))
             else:
-                sn = seqno.from_bytes(resp.sequence_numbers[16 * j:16 * j + 16])
-                out.append((i, PutRecordResult(sn=sn, partition_ordinal=ordinal)))
+                out.append((i, PutRecordResult(from_bytes(sns[16 * j:16 * j + 16], "big"), ordinals[j])))
         return out
 
     # --- reads ----------------------------------------------------------------------------

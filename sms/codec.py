@@ -105,6 +105,21 @@ def iter_entries(buf: bytes | memoryview, count: int, offset: int = 0) -> Iterat
         raise InvalidArgument(f"{n - offset} trailing bytes after {count} record entries")
 
 
+def check_framing(buf: bytes | memoryview, count: int, offset: int = 0) -> None:
+    """`count` entries fill `buf` from `offset` exactly; InvalidArgument otherwise. The
+    lengths only: no per-record object."""
+    n = len(buf)
+    unpack, size = ENTRY.unpack_from, ENTRY.size
+    for _ in range(count):
+        if offset + size > n:
+            raise InvalidArgument("record entries truncated")
+        data_len, key_len, meta_len = unpack(buf, offset)
+        offset += size + key_len + meta_len + data_len
+    if offset != n:
+        raise InvalidArgument("record entries truncated" if offset > n else
+                              f"{n - offset} trailing bytes after {count} record entries")
+
+
 def _checksum(count: int, first_sn_raw: bytes, origin_id: int, origin_seq: int, body: bytes | memoryview) -> int:
     h = xxhash.xxh3_64()
     h.update(_CHECKED.pack(count, first_sn_raw, origin_id, origin_seq))
@@ -166,8 +181,7 @@ def sequence(batch: bytes, first_sn: int) -> bytes:
     number (head only: downstream replicas trust the checksum the head sealed)."""
     header = verify(batch)
     try:
-        for _ in iter_entries(memoryview(batch), header.count, HEADER_BYTES):
-            pass
+        check_framing(batch, header.count, HEADER_BYTES)
     except InvalidArgument as e:
         raise CorruptBatch(f"unsequenced batch: {e.message}") from None
     return seal(header.count, first_sn, memoryview(batch)[HEADER_BYTES:], header.origin_id, header.origin_seq)

@@ -27,8 +27,24 @@ def validate_partition_key(key: object) -> str:
     return key
 
 
+_hash_cache: dict[bytes, int] = {}
+
+
+def hash_key_of_bytes(key: bytes) -> int:
+    """The hash key of a partition key given as UTF-8 bytes. Keys repeat (users, devices,
+    sessions), so the last `HASH_CACHE_KEYS_MAX` distinct ones are remembered: a cache
+    hit is a dict lookup instead of an MD5 and an int conversion."""
+    h = _hash_cache.get(key)
+    if h is None:
+        h = int.from_bytes(hashlib.md5(key).digest(), "big")
+        if len(_hash_cache) >= limits.HASH_CACHE_KEYS_MAX:
+            _hash_cache.clear()
+        _hash_cache[key] = h
+    return h
+
+
 def hash_key_of(partition_key: str) -> int:
-    return int.from_bytes(hashlib.md5(partition_key.encode("utf-8")).digest(), "big")
+    return hash_key_of_bytes(partition_key.encode("utf-8"))
 
 
 def parse_explicit_hash_key(value: str | int) -> int:
