@@ -53,7 +53,7 @@ from typing import NamedTuple
 
 from sortedcontainers import SortedDict
 
-from sms.errors import invariant
+from sms.errors import SmsError, invariant
 from sms.types import IngestionPolicy
 
 # Limits and errors are defined in sms/; re-exported here for the table's callers.
@@ -133,6 +133,7 @@ class StoredRecord(NamedTuple):
 
 
 _WRITE_UNTRACKED = Decision(DecisionKind.WRITE)
+_WRITE_TRACKED = Decision(DecisionKind.WRITE)
 
 
 # --- entries ----------------------------------------------------------------------------
@@ -313,6 +314,114 @@ class DedupTable:
             self._queued += 1
         self._count(kind)
         return Decision(kind, sn, ticket, self._missing(session, hwm, sssn))
+
+    def submit_run(self, producer_id: bytes, hwm: int, now_ms: int,
+                   records: list[tuple[int, int, bytes, bytes | None]]) -> list["Decision | SmsError"]:
+        """`submit` for each (sssn, submit_ms, signature, dedup_key) of one session with one
+        HWM, in order, with the same decisions and the same table afterwards. The common
+        run (fresh SSSNs rising above everything the session holds, no dedup keys, room for
+        all) is decided once for the run; any other run, or a record that would raise a
+        named error, goes through `submit` one record at a time; a record's named error is
+        returned in its place (and changed nothing). Only the first decision carries the
+        missing SSSNs below the run; a gap inside the run comes with the record after it:
+        together, the SSSNs that `submit` would have reported."""
+        fast = self._fresh_run(producer_id, hwm, now_ms, records)
+        if fast is None:
+            out: list[Decision | SmsError] = []
+            for sssn, submit_ms, signature, dedup_key in records:
+                try:
+                    out.append(self.submit(producer_id, sssn, hwm, submit_ms, signature, dedup_key, now_ms))
+                except SmsError as e:
+                    out.append(e)
+            return out
+        session, hwm, prunable = fast
+        expires_ms = max(max(r[1] for r in records), now_ms) + self.window_ms
+        if session is None:
+            session = self._sessions[producer_id] = _Session(producer_id, expires_ms)
+        session.expires_ms = max(session.expires_ms, expires_ms)
+        entries = session.entries
+        if prunable and entries.bisect_right(hwm) == len(prunable):
+            del entries.keys()[:len(prunable)]     # every entry up to the HWM: one slice
+            self._entries -= len(prunable)
+        else:
+            for pruned in prunable:
+                self._drop_entry(session, pruned)
+        session.pruned_hwm = hwm
+        out: list[Decision | SmsError] = []
+        window_ms = self.window_ms
+        pending = EntryState.PENDING
+        prev = None
+        for sssn, submit_ms, signature, _key in records:
+            if prev is None:
+                missing = self._missing(session, hwm, sssn)
+            elif sssn == prev + 1:
+                missing = ()
+            else:
+                missing = tuple(range(prev + 1, min(sssn, prev + 1 + DEDUP_MISSING_SSSNS_MAX)))
+            prev = sssn
+            entry = _Entry(producer_id, sssn, signature, None, max(submit_ms, now_ms) + window_ms, pending)
+            entries[sssn] = entry
+            out.append(Decision(DecisionKind.WRITE, missing=missing) if missing else _WRITE_TRACKED)
+        self._entries += len(records)
+        self._pending += len(records)
+        self._writes_total += len(records)
+        return out
+
+    def _fresh_run(self, producer_id: bytes, hwm: int, now_ms: int, records):
+        """(session, effective HWM, prunable entries) when `submit_run` may decide the run
+        at once; None when it must go record by record."""
+        if not self.deduplicating or not records or hwm < HWM_NONE:
+            return None
+        session = self._sessions.get(producer_id)
+        if session is not None:
+            hwm = max(hwm, session.pruned_hwm)
+        first = records[0][0]
+        if first <= hwm or (session is not None and session.entries and session.entries.keys()[-1] >= first):
+            return None
+        last = hwm
+        stale_ms = now_ms - self.window_ms
+        ahead_ms = now_ms + DEDUP_CLOCK_SKEW_MS_MAX
+        for sssn, submit_ms, signature, dedup_key in records:
+            if (sssn <= last or sssn > SSSN_MAX or dedup_key is not None or not stale_ms <= submit_ms <= ahead_ms
+                    or not 0 < len(signature) <= DEDUP_SIGNATURE_BYTES_MAX):
+                return None
+            last = sssn
+        if not 0 < len(producer_id) <= SESSION_KEY_BYTES_MAX:
+            return None
+        prunable = self._prunable(session, hwm)
+        if session is None:
+            if len(self._sessions) >= self.sessions_max or len(records) > self.entries_per_session_max:
+                return None
+        elif len(session.entries) - len(prunable) + len(records) > self.entries_per_session_max:
+            return None
+        return session, hwm, prunable
+
+    def committed_run(self, producer_id: bytes, outcomes: list[tuple[int, int]]) -> list[Resolution]:
+        """`committed` for each (sssn, sn) of one session, in order: the entries without
+        waiters settle here at once; the others go through `committed`."""
+        if not self.deduplicating:
+            return []
+        session = self._sessions.get(producer_id)
+        if session is None:
+            invariant(False, f"{self.name}: outcomes for {_pid(producer_id)}, which has no session")
+        out: list[Resolution] = []
+        entries = session.entries
+        pruned_hwm = session.pruned_hwm
+        pending, committed = EntryState.PENDING, EntryState.COMMITTED
+        settled = 0
+        for sssn, sn in outcomes:
+            entry = entries.get(sssn)
+            if entry is None or entry.state is not pending or entry.waiters or sn < 0:
+                out.extend(self.committed(producer_id, sssn, sn))
+                continue
+            entry.state = committed
+            entry.sn = sn
+            settled += 1
+            if sssn <= pruned_hwm:
+                del entries[sssn]
+                self._entries -= 1
+        self._pending -= settled
+        return out
 
     def _key_holder(self, dedup_key: bytes | None, now_ms: int) -> _Entry | None:
         """The entry that wrote (or is writing) this dedup key within the window."""

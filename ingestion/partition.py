@@ -239,26 +239,36 @@ class PartitionIngest:
         missing: set[int] = set()
         writes: list[tuple[Results, int, Submission, bool]] = []
         deduplicating = self.table.deduplicating
-        for i, s in enumerate(subs):
+        n, i = len(subs), 0
+        while i < n:
+            s = subs[i]
             if not s.producer_id or not deduplicating:
                 writes.append((results, i, s, False))
+                i += 1
                 continue
-            try:
-                decision = self.table.submit(self._key(s), s.sssn, s.hwm, s.submit_ms,
-                                             signature_of(s.key.encode(), s.data), s.dedup_key, now_ms)
-            except SmsError as e:
-                results.set(i, e)
-                continue
-            if s.session_ordinal is None:
-                # (an inherited session's SSSNs are spread over the parent's children: the
-                # ones this child never saw are not missing)
-                missing.update(decision.missing)
-            if decision.kind is dedup.DecisionKind.WRITE:
-                writes.append((results, i, s, True))
-            elif decision.kind is dedup.DecisionKind.DUPLICATE:
-                results.set(i, Outcome(decision.sn or 0, duplicate=True))
-            else:
-                self.tickets[decision.ticket] = (results, i, s)
+            # a run of one session with one HWM (a request's records usually are one)
+            j = i + 1
+            while j < n and subs[j].producer_id == s.producer_id and subs[j].hwm == s.hwm \
+                    and subs[j].session_ordinal == s.session_ordinal:
+                j += 1
+            decisions = self.table.submit_run(
+                self._key(s), s.hwm, now_ms,
+                [(r.sssn, r.submit_ms, signature_of(r.key.encode(), r.data), r.dedup_key) for r in subs[i:j]])
+            for k, decision in enumerate(decisions, i):
+                if isinstance(decision, SmsError):
+                    results.set(k, decision)
+                    continue
+                if s.session_ordinal is None and decision.missing:
+                    # (an inherited session's SSSNs are spread over the parent's children: the
+                    # ones this child never saw are not missing)
+                    missing.update(decision.missing)
+                if decision.kind is dedup.DecisionKind.WRITE:
+                    writes.append((results, k, subs[k], True))
+                elif decision.kind is dedup.DecisionKind.DUPLICATE:
+                    results.set(k, Outcome(decision.sn or 0, duplicate=True))
+                else:
+                    self.tickets[decision.ticket] = (results, k, subs[k])
+            i = j
         self._write(writes)
         missing.difference_update(s.sssn for s in subs)   # arrived later in this same request
         return results, missing
@@ -284,11 +294,19 @@ class PartitionIngest:
         if error is None:
             sn = chunk.result()
             resolutions: list[dedup.Resolution] = []
+            run_key, run = None, []          # (sssn, sn) of consecutive records of one session
             for results, i, s, tracked in writes:
                 if tracked:
-                    resolutions.extend(self.table.committed(self._key(s), s.sssn, sn))
+                    key = self._key(s)
+                    if key != run_key and run:
+                        resolutions.extend(self.table.committed_run(run_key, run))
+                        run = []
+                    run_key = key
+                    run.append((s.sssn, sn))
                 results.set(i, Outcome(sn))
                 sn += seqno.COUNTER_UNIT
+            if run:
+                resolutions.extend(self.table.committed_run(run_key, run))
             self._apply(resolutions)
         else:
             for results, i, s, tracked in writes:

@@ -11,7 +11,6 @@ node fails, another member of the chain is tried.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import random
 import secrets
 import struct
@@ -24,7 +23,7 @@ from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.records import prepare_record
 from sms.tokens import peek
 from sms.types import (ClusterInfo, GetRecordsResult, IteratorType, PartitionInfo, PartitionState, PutRecordResult,
-                       PutRecordsResult, Record, StreamInfo, parse_partition_id)
+                       PutRecordsResult, Record, Routes, StreamInfo, parse_partition_id)
 
 _ORDINAL = struct.Struct("<I")
 _REDIRECT_BACKOFF_S = 0.05
@@ -54,28 +53,6 @@ def _encode_puts(records: Iterable) -> list[tuple[bytes, int]]:
     return out
 
 
-class _Routes:
-    """The open partitions of one stream map, sorted by hash range, for bisect."""
-
-    __slots__ = ("info", "los", "partitions")
-
-    def __init__(self, info: StreamInfo):
-        self.info = info
-        opened = sorted((p for p in info.partitions if p.state is PartitionState.OPEN), key=lambda p: p.hash_lo)
-        self.los = [p.hash_lo for p in opened]
-        self.partitions = opened
-
-    def owner_of(self, hash_key: int) -> str:
-        """The ingestion owner's address of the open partition covering the hash ("" if none)."""
-        i = bisect.bisect_right(self.los, hash_key) - 1
-        if i < 0:
-            return ""
-        p = self.partitions[i]
-        if not p.hash_lo <= hash_key < p.hash_hi:
-            return ""
-        return p.ingestion_owner.address if p.ingestion_owner else ""
-
-
 def _normalise(record) -> tuple[str, bytes, int | str | None]:
     if isinstance(record, dict):
         return record["partition_key"], record["data"], record.get("explicit_hash_key")
@@ -103,7 +80,7 @@ class Client:
         self.timeout_s = timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[str, StreamInfo] = {}
-        self._routes: dict[str, _Routes] = {}
+        self._routes: dict[str, Routes] = {}
         self._cluster: ClusterInfo | None = None
         self._read_member: dict[tuple[str, int], int] = {}
 
@@ -294,9 +271,9 @@ class Client:
         for attempt in range(limits.CLIENT_REDIRECT_RETRIES_MAX + 1):
             routes = self._routes.get(stream)
             if routes is None or routes.info is not info:
-                routes = self._routes[stream] = _Routes(info)
+                routes = self._routes[stream] = Routes(info)
             groups: dict[str, list[int]] = {}
-            owner_of = routes.owner_of
+            owner_of = routes.owner_address
             for i in todo:
                 owner = owner_of(encoded[i][1])
                 group = groups.get(owner)

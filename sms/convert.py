@@ -75,14 +75,34 @@ def cluster_from_pb(d: sms_pb2.ClusterDescription) -> ClusterInfo:
 
 
 def records_from_slice(batch: bytes, start: int, end: int, ordinal: int) -> list[Record]:
-    """Decode records [start, end) of a stored batch (client side)."""
+    """Decode records [start, end) of a stored batch (client side): one pass over the
+    framing, one tuple per record."""
     header = codec.verify(batch)
-    out = []
+    end = min(end, header.count)
+    unpack, entry = codec.ENTRY.unpack_from, codec.ENTRY.size
+    n, offset = len(batch), codec.HEADER_BYTES
+    for _ in range(start):
+        data_len, key_len, meta_len = unpack(batch, offset)
+        offset += entry + key_len + meta_len + data_len
     unit = seqno.COUNTER_UNIT
-    first = header.first_sn
-    for i, e in enumerate(codec.iter_entries(batch, header.count, codec.HEADER_BYTES)):
-        if i >= end:
-            break
-        if i >= start:
-            out.append(Record(e.key.decode("utf-8"), e.data, first + i * unit, ordinal, e.meta))
+    sn = header.first_sn + start * unit
+    make = tuple.__new__
+    keys: dict[bytes, str] = {}      # keys repeat within a batch: decode each once
+    out = []
+    append = out.append
+    for sn in range(sn, sn + (end - start) * unit, unit):
+        if offset + entry > n:
+            raise codec.CorruptBatch(f"batch first_sn {header.first_sn}: entries truncated")
+        data_len, key_len, meta_len = unpack(batch, offset)
+        k = offset + entry
+        m = k + key_len
+        d = m + meta_len
+        offset = d + data_len
+        if offset > n:
+            raise codec.CorruptBatch(f"batch first_sn {header.first_sn}: entries truncated")
+        raw = batch[k:m]
+        key = keys.get(raw)
+        if key is None:
+            key = keys[raw] = raw.decode("utf-8")
+        append(make(Record, (key, batch[d:offset], sn, ordinal, batch[m:d] if meta_len else b"")))
     return out

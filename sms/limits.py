@@ -9,7 +9,6 @@ The asserts at the bottom state how the limits must relate to each other.
 RECORD_DATA_BYTES_MAX = 1024 * 1024            # data of one record
 PARTITION_KEY_CHARS_MIN = 1
 PARTITION_KEY_CHARS_MAX = 256
-SERVER_GC_THRESHOLDS = (50_000, 20, 100)       # gc.set_threshold of server processes
 HASH_CACHE_KEYS_MAX = 65_536                  # partition keys whose hash a process remembers (sms/hashing.py)
 HASH_KEY_MAX = (1 << 128) - 1                  # explicit hash keys are 0..2^128-1
 PUT_RECORDS_COUNT_MAX = 500                    # records in one PutRecords request
@@ -47,7 +46,8 @@ BATCH_RECORDS_MAX = 10_000                     # records in one chain batch
 BATCH_BYTES_MAX = 8 * 1024 * 1024              # encoded bytes of one chain batch
 INGEST_PENDING_RECORDS_MAX = 50_000            # records queued per partition before
                                                # PutRecords answers RESOURCE_EXHAUSTED
-APPEND_INFLIGHT_BATCHES_MAX = 1                # ingestion -> head batches in flight
+APPEND_INFLIGHT_BATCHES_MAX = 1                # ingestion -> head batches in flight per partition: the
+                                               # next batch fills while one commits (docs/performance.md)
 CHAIN_INFLIGHT_BATCHES_MAX = 16                # batches in flight on one chain link
 STORAGE_WRITE_QUEUE_MAX = 256                  # appends waiting for a node's writer
 STORAGE_GROUP_COMMIT_BATCHES_MAX = 64          # batches folded into one LMDB txn
@@ -62,6 +62,9 @@ LMDB_MAP_BYTES = 64 * 1024 * 1024 * 1024       # address space reserved per LMDB
 LMDB_MAX_READERS = 512
 TRIM_BATCHES_PER_TXN_MAX = 1000                # deletions per LMDB txn when trimming
 STORAGE_READ_BATCHES_MAX = 1000                # stored batches visited by one read
+
+# --- process tuning ------------------------------------------------------------------
+SERVER_GC_THRESHOLDS = (50_000, 20, 100)       # gc.set_threshold of servers (sms/server.py)
 
 # --- metadata store ------------------------------------------------------------------
 METASTORE_VALUE_BYTES_MAX = 1024 * 1024

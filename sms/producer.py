@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sms import codec, errors, limits, seqno
+from sms import codec, errors, hashing, limits
 from sms.records import prepare_record
 from sms.limits import (
     PRODUCER_DEDUP_WINDOW_MARGIN_S,
@@ -48,7 +48,7 @@ from sms.limits import (
     PRODUCER_SESSION_WINDOW_MAX,
 )
 from sms.proto import sms_pb2, sms_pb2_grpc
-from sms.types import PartitionInfo, PartitionState, StreamInfo, partition_id
+from sms.types import PartitionInfo, PartitionState, Routes, StreamInfo, partition_id
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ _HASH_KEY_META_BYTES = 2 + 16
 _ORDINAL_BYTES = 4
 _SESSION = struct.Struct("<I")      # a record's session partition, in PutRecordsRequest.session_ordinals
 _SN_BYTES = 16
+_SESSION_META = struct.Struct(">BBQBBQ")   # TAG_SSSN, 8, sssn, TAG_SUBMIT_MS, 8, submit ms (codec meta TLVs)
 
 
 HWM_NONE = -1   # no ack yet: the same sentinel as ingestion/dedup.py
@@ -207,6 +208,32 @@ def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _prepare_batch(records) -> list[tuple[bytes, bytes, int, dict[int, bytes]]]:
+    """(key bytes, data, hash key, meta fields) per record; the (str, bytes) pair takes a
+    lean path, anything else `prepare_record` (which names what is wrong)."""
+    out = []
+    key_min, key_max = limits.PARTITION_KEY_CHARS_MIN, limits.PARTITION_KEY_CHARS_MAX
+    data_max, hash_of = limits.RECORD_DATA_BYTES_MAX, hashing.hash_key_of_bytes
+    for r in records:
+        if type(r) is tuple and len(r) == 2:
+            key, data = r
+            if type(key) is str and type(data) is bytes and key_min <= len(key) <= key_max \
+                    and len(data) <= data_max:
+                kb = key.encode("utf-8")
+                out.append((kb, data, hash_of(kb), {}))
+                continue
+        if isinstance(r, dict):
+            key, data, explicit = r.get("partition_key"), r.get("data"), r.get("explicit_hash_key")
+        elif isinstance(r, (tuple, list)) and len(r) in (2, 3):
+            key, data, explicit = r[0], r[1], r[2] if len(r) == 3 else None
+        else:
+            raise errors.InvalidArgument("a record is a dict {partition_key, data[, explicit_hash_key]} "
+                                         "or a tuple (partition_key, data[, explicit_hash_key])")
+        prepared = prepare_record(key, data, explicit)
+        out.append((prepared.key, prepared.data, prepared.hash_key, dict(prepared.meta)))
+    return out
+
+
 class Producer:
     """Sends records of one stream with de-duplication (see the module docstring)."""
 
@@ -249,6 +276,8 @@ class Producer:
         self._closing: asyncio.Event | None = None   # set when the close() under way ends
         self._sender: asyncio.Task | None = None
         self._round_robin = 0
+        self._routes: Routes | None = None      # the open partitions of self._info, for bisect
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._totals = dict.fromkeys(("sent", "acked", "duplicates", "failed", "requests", "call_failures",
                                       "retries", "missing_resends", "map_refreshes", "expired", "moved"), 0)
 
@@ -271,20 +300,59 @@ class Producer:
         max_pending_bytes."""
         self._check_running()
         prepared = prepare_record(partition_key, data, explicit_hash_key)
-        data, hash_key, key_bytes = prepared.data, prepared.hash_key, prepared.key
         meta_fields = dict(prepared.meta)
         dedup_key = _dedup_key_bytes(dedup_key)
         if dedup_key is not None:
             meta_fields[codec.TAG_DEDUP_KEY] = dedup_key
+        return await self._queue_record(prepared.key, prepared.data, prepared.hash_key, meta_fields)
+
+    async def send_batch(self, records) -> list[asyncio.Future]:
+        """send() for each record of `records`, in order: (partition_key, data) pairs, or
+        (partition_key, data, explicit_hash_key) or dicts as `Client.put_records` takes
+        them. One call for many records: the usual shape skips the per-call work of send().
+        Every record is checked before any is queued: bad input raises and queues none.
+        Waits, like send(), while a partition or the producer is full."""
+        self._check_running()
+        prepared = _prepare_batch(records)
+        out = []
+        for key, data, hash_key, meta_fields in prepared:
+            fut = self._enqueue_now(key, data, hash_key, meta_fields)
+            if fut is None:
+                fut = await self._queue_record(key, data, hash_key, meta_fields)
+            out.append(fut)
+        return out
+
+    def _enqueue_now(self, key: bytes, data: bytes, hash_key: int, meta_fields: dict[int, bytes]):
+        """The record's future if it can be queued without waiting; None otherwise."""
+        info = self._info
+        if info is None or self._state is not ProducerState.RUNNING:
+            return None
+        try:
+            partition = self._routes_for(info).partition_for(hash_key)
+        except LookupError:
+            return None
+        session = self._sessions.get(partition.ordinal)
+        if session is None or len(session.records) >= self.max_pending_per_partition:
+            return None
+        size = len(key) + len(data) + _SSSN_META_BYTES + _SUBMIT_META_BYTES
+        if meta_fields:
+            size += sum(2 + len(v) for v in meta_fields.values())
+        if self._pending_bytes and self._pending_bytes + size > self.max_pending_bytes:
+            return None
+        return self._enqueue(session, key, data, meta_fields, size, hash_key)
+
+    async def _queue_record(self, key_bytes: bytes, data: bytes, hash_key: int,
+                            meta_fields: dict[int, bytes]) -> asyncio.Future:
         size = (len(key_bytes) + len(data) + _SSSN_META_BYTES + _SUBMIT_META_BYTES
                 + sum(2 + len(v) for v in meta_fields.values()))
-        errors.invariant(size <= limits.PUT_RECORDS_BYTES_MAX, f"a valid record of {size} bytes fits no request")
+        if size > limits.PUT_RECORDS_BYTES_MAX:
+            errors.invariant(False, f"a valid record of {size} bytes fits no request")
 
         while True:
             info = self._info or await self._load_map()
             self._check_running()
             try:
-                partition = info.open_partition_for_hash(hash_key)
+                partition = self._routes_for(info).partition_for(hash_key)
             except LookupError:
                 self._want_refresh()
                 raise errors.Unavailable(f"no open partition of {self.stream!r} covers hash key {hash_key} "
@@ -300,6 +368,16 @@ class Producer:
                 break
         # From here to the return: no await, so the checks above still hold.
         return self._enqueue(session, key_bytes, data, meta_fields, size, hash_key)
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    def _routes_for(self, info: StreamInfo) -> Routes:
+        routes = self._routes
+        if routes is None or routes.info is not info:
+            routes = self._routes = Routes(info)
+        return routes
 
     async def put(self, data: bytes, partition_key: str, **kwargs) -> ProducerResult:
         """send() and wait for the record's result; raises its named error."""
@@ -380,8 +458,9 @@ class Producer:
     # --- queueing ---------------------------------------------------------------------
     def _enqueue(self, session: _Session, key: bytes, data: bytes, meta_fields: dict[int, bytes],
                  size: int, hash_key: int = 0) -> asyncio.Future:
-        errors.invariant(session.next_sssn <= limits.SSSN_MAX, f"p{session.ordinal}: SSSNs exhausted")
-        loop = asyncio.get_running_loop()
+        if session.next_sssn > limits.SSSN_MAX:
+            errors.invariant(False, f"p{session.ordinal}: SSSNs exhausted")
+        loop = self._loop or self._bind_loop()
         now_s = loop.time()
         window_s = (self._info.dedup_window_s - limits.DEDUP_CLOCK_SKEW_MS_MAX / 1000
                     - PRODUCER_DEDUP_WINDOW_MARGIN_S)
@@ -400,8 +479,8 @@ class Producer:
     def _settle(self, session: _Session, record: _Record, result: ProducerResult | None = None,
                 error: BaseException | None = None) -> None:
         """The record's one outcome: its future resolves and its SSSN counts for the HWM."""
-        errors.invariant(session.records.pop(record.sssn, None) is record,
-                         f"p{session.ordinal}: sssn {record.sssn} settled twice or never sent")
+        if session.records.pop(record.sssn, None) is not record:
+            errors.invariant(False, f"p{session.ordinal}: sssn {record.sssn} settled twice or never sent")
         self._pending_bytes -= record.size
         self._count_settled(session, record.sssn)
         if error is None:
@@ -702,11 +781,12 @@ class Producer:
     def _encode(self, record: _Record) -> None:
         """First send: stamp the submit time; the entry is reused unchanged by every resend."""
         record.submit_ms = self._clock_ms()
-        meta = {codec.TAG_SSSN: record.sssn.to_bytes(8, "big"),
-                codec.TAG_SUBMIT_MS: record.submit_ms.to_bytes(8, "big"), **record.meta_fields}
-        record.entry = codec.encode_entry(record.key, record.data, codec.encode_meta(meta))
-        errors.invariant(len(record.entry) - codec.ENTRY.size == record.size,
-                         f"entry of {len(record.entry) - codec.ENTRY.size} bytes; counted {record.size}")
+        meta = _SESSION_META.pack(codec.TAG_SSSN, 8, record.sssn, codec.TAG_SUBMIT_MS, 8, record.submit_ms)
+        if record.meta_fields:
+            meta += codec.encode_meta(record.meta_fields)
+        record.entry = codec.encode_entry(record.key, record.data, meta)
+        if len(record.entry) - codec.ENTRY.size != record.size:
+            errors.invariant(False, f"entry of {len(record.entry) - codec.ENTRY.size} bytes; counted {record.size}")
         record.data = None
 
     def _take_closed(self, session: _Session, owner: str, items: list[_Record], size: int) -> tuple[int, int]:
@@ -783,6 +863,8 @@ class Producer:
         answered: dict[int, tuple[int, list[_Record]]] = {}   # ordinal -> (records in flight, to resend)
         refresh = False
         throttled: set[int] = set()                 # partitions with a record answered Throttled
+        sns, from_bytes, sessions = response.sequence_numbers, int.from_bytes, self._sessions
+        ordinals = [o for (o,) in _SESSION.iter_unpack(response.ordinals)]
         for j, record in enumerate(items):
             sent, again = answered.get(record.ordinal, (0, []))
             answered[record.ordinal] = (sent + 1, again)
@@ -796,10 +878,9 @@ class Producer:
                     continue
                 self._settle(self._sessions[record.ordinal], record, error=error)
                 continue
-            sn = seqno.from_bytes(response.sequence_numbers[_SN_BYTES * j:_SN_BYTES * (j + 1)])
-            ordinal = int.from_bytes(response.ordinals[_ORDINAL_BYTES * j:_ORDINAL_BYTES * (j + 1)], "little")
-            self._settle(self._sessions[record.ordinal], record,
-                         ProducerResult(sn or None, ordinal, record.sssn, j in duplicates))
+            sn = from_bytes(sns[_SN_BYTES * j:_SN_BYTES * (j + 1)], "big")
+            self._settle(sessions[record.ordinal], record,
+                         ProducerResult(sn or None, ordinals[j], record.sssn, j in duplicates))
         self._requeue(answered, refresh=refresh)
         for m in response.missing:
             # SSSNs below one the owner took that it does not hold: resent at once, ahead of
@@ -900,6 +981,19 @@ class SyncProducer:
 
     def put(self, data: bytes, partition_key: str, **kwargs) -> ProducerResult:
         return self.send(data, partition_key, **kwargs).result()
+
+    def send_batch(self, records) -> list[concurrent.futures.Future]:
+        """`Producer.send_batch`: one future per record, in order."""
+        return self._run(self._send_batch(list(records)))
+
+    async def _send_batch(self, records) -> list[concurrent.futures.Future]:
+        out = []
+        for future in await self._producer.send_batch(records):
+            target: concurrent.futures.Future = concurrent.futures.Future()
+            target.set_running_or_notify_cancel()
+            future.add_done_callback(lambda f, target=target: _copy_outcome(f, target))
+            out.append(target)
+        return out
 
     def flush(self) -> None:
         self._run(self._producer.flush())

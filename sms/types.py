@@ -7,8 +7,10 @@ an integer ordinal that is also the low 32 bits of every SN they assign.
 
 from __future__ import annotations
 
+import bisect
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sms import seqno
 from sms.errors import PartitionNotFound
@@ -57,8 +59,10 @@ def parse_partition_id(text: str) -> int:
     return int(body)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
+    """One record read back. A named tuple, not a dataclass: reads make millions of
+    these, and a tuple is built about four times faster than a frozen dataclass."""
+
     partition_key: str
     data: bytes
     sn: int
@@ -183,6 +187,36 @@ class StreamInfo:
             if p.ordinal == ordinal:
                 return p
         raise LookupError(ordinal)
+
+
+class Routes:
+    """The open partitions of one stream map sorted by hash range: a record's partition
+    by bisect instead of a walk over the map (the put paths look one up per record)."""
+
+    __slots__ = ("info", "los", "partitions")
+
+    def __init__(self, info: StreamInfo):
+        self.info = info
+        opened = sorted((p for p in info.partitions if p.state is PartitionState.OPEN), key=lambda p: p.hash_lo)
+        self.los = [p.hash_lo for p in opened]
+        self.partitions = opened
+
+    def partition_for(self, hash_key: int) -> PartitionInfo:
+        """The open partition covering the hash key; LookupError if none does."""
+        i = bisect.bisect_right(self.los, hash_key) - 1
+        if i >= 0:
+            p = self.partitions[i]
+            if p.hash_lo <= hash_key < p.hash_hi:
+                return p
+        raise LookupError(f"no open partition of {self.info.name} covers hash {hash_key}")
+
+    def owner_address(self, hash_key: int) -> str:
+        """The ingestion owner's address of that partition ("" if none, or no owner yet)."""
+        try:
+            p = self.partition_for(hash_key)
+        except LookupError:
+            return ""
+        return p.ingestion_owner.address if p.ingestion_owner else ""
 
 
 @dataclass(frozen=True, slots=True)
