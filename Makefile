@@ -1,5 +1,5 @@
 # The two commands of the README, and a few more.
-.PHONY: demo up test test-fast proto clean
+.PHONY: demo up test test-fast bench bench-full proto clean
 
 demo:            ## start a local 3-node cluster, put and read records, check, stop
 	@scripts/bootstrap.sh
@@ -18,6 +18,16 @@ test-fast:       ## the suite without tests marked slow
 	@scripts/system-deps.sh
 	@scripts/bootstrap.sh test,spark
 	.venv/bin/python -m pytest -q -m "not slow"
+
+bench:           ## the quick benchmark set (< 3 min): JSON on stdout and in bench/results/, charts, targets met or missed
+	@scripts/bench-deps.sh
+	@scripts/bootstrap.sh bench
+	.venv/bin/python -m bench.run --quick
+
+bench-full:      ## every sweep of issue 7 (tens of minutes)
+	@scripts/bench-deps.sh
+	@scripts/bootstrap.sh bench
+	.venv/bin/python -m bench.run --full
 
 proto:           ## regenerate sms/proto/*_pb2*.py
 	@scripts/bootstrap.sh test

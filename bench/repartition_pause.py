@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -39,7 +40,13 @@ def quantiles(values: list[float]) -> dict:
 
 async def run(args) -> dict:
     directory = tempfile.mkdtemp(prefix="sms-bench-repart-")
-    print(directory, file=sys.stderr)
+    try:
+        return await _run(args, directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def _run(args, directory: str) -> dict:
     with LocalCluster(os.path.join(directory, "cluster"), nodes=3, port=0) as cluster:
         async with aio.Client(cluster.address) as client:
             await client.create_stream("bench", partitions=args.partitions, replication_factor=args.rf)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from dataclasses import dataclass
 
@@ -74,15 +75,21 @@ class Results:
 
 
 def stored_entry(s: Submission) -> bytes:
-    fields = {}
-    if s.producer_id:
-        fields[codec.TAG_PRODUCER_ID] = s.producer_id
-        fields[codec.TAG_SSSN] = s.sssn.to_bytes(8, "big")
-        if s.dedup_key is not None:
-            fields[codec.TAG_DEDUP_KEY] = s.dedup_key
-        if s.session_ordinal is not None:
-            fields[codec.TAG_SESSION_ORDINAL] = s.session_ordinal.to_bytes(4, "big")
-    return codec.encode_entry(s.key.encode(), s.data, codec.encode_meta(fields) if fields else b"")
+    """The record as stored: key, data and the session fields a rebuild reads back (codec
+    meta TLVs, in tag order: producer id, SSSN, dedup key, session partition)."""
+    key = s.key.encode()
+    if not s.producer_id:
+        return codec.ENTRY.pack(len(s.data), len(key), 0) + key + s.data
+    meta = bytes((codec.TAG_PRODUCER_ID, len(s.producer_id))) + s.producer_id + _SSSN_TLV.pack(codec.TAG_SSSN, 8, s.sssn)
+    if s.dedup_key is not None:
+        meta += bytes((codec.TAG_DEDUP_KEY, len(s.dedup_key))) + s.dedup_key
+    if s.session_ordinal is not None:
+        meta += _ORDINAL_TLV.pack(codec.TAG_SESSION_ORDINAL, 4, s.session_ordinal)
+    return codec.ENTRY.pack(len(s.data), len(key), len(meta)) + key + meta + s.data
+
+
+_SSSN_TLV = struct.Struct(">BBQ")
+_ORDINAL_TLV = struct.Struct(">BBI")
 
 
 def session_key(producer_id: bytes, session_ordinal: int) -> bytes:

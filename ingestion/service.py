@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 _ORDINAL = struct.Struct("<I")
 
 
+_SESSION_META = struct.Struct(">BBQBBQ")   # TAG_SSSN, 8, sssn, TAG_SUBMIT_MS, 8, submit ms
+
+
 def _u64(raw: bytes, what: str, index: int) -> int:
     if len(raw) != 8:
         raise InvalidArgument(f"record {index}: {what} of {len(raw)} bytes; expected 8")
@@ -77,6 +80,12 @@ def parse_put_entries(count: int, blob: bytes, producer_id: bytes) -> list[tuple
             if producer_id:
                 raise InvalidArgument(f"record {i}: a producer session needs an SSSN and a submit time per record")
             out.append((hash_of(raw_key), Submission(key, data, producer_id, 0, 0, None, -1, None)))
+            continue
+        if meta_len == _SESSION_META.size and producer_id and blob[m] == codec.TAG_SSSN and blob[m + 1] == 8 \
+                and blob[m + 10] == codec.TAG_SUBMIT_MS and blob[m + 11] == 8:
+            # the producer's usual meta, SSSN and submit time only: no TLV walk
+            _t1, _l1, sssn, _t2, _l2, submit_ms = _SESSION_META.unpack_from(blob, m)
+            out.append((hash_of(raw_key), Submission(key, data, producer_id, sssn, submit_ms, None, -1, None)))
             continue
         meta = codec.decode_meta(blob[m:d])
         if codec.TAG_EXPLICIT_HASH_KEY in meta:

@@ -61,6 +61,12 @@ class PartitionEntry:
         )
 
 
+# id(map) -> (map, range starts, open entries): the map is frozen and slotted, so its
+# lookup index lives here; holding the map keeps its id from being reused
+_OPEN_INDEX: dict[int, tuple["PartitionMap", list[int], list[PartitionEntry]]] = {}
+_OPEN_INDEX_MAPS_MAX = 256
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionMap:
     entries: tuple[PartitionEntry, ...]
@@ -87,9 +93,19 @@ class PartitionMap:
         raise KeyError(ordinal)
 
     def open_for_hash(self, hash_key: int) -> PartitionEntry:
-        for e in self.entries:
-            if e.state is PartitionState.OPEN and e.covers(hash_key):
-                return e
+        """The open entry covering the hash key (KeyError if none): a bisect over the open
+        entries sorted by range, built once per map (ingestion looks one up per record)."""
+        index = _OPEN_INDEX.get(id(self))
+        if index is None or index[0] is not self:
+            opened = sorted(self.open_entries(), key=lambda e: e.hash_lo)
+            index = (self, [e.hash_lo for e in opened], opened)
+            if len(_OPEN_INDEX) >= _OPEN_INDEX_MAPS_MAX:
+                _OPEN_INDEX.clear()
+            _OPEN_INDEX[id(self)] = index
+        _map, los, opened = index
+        i = bisect.bisect_right(los, hash_key) - 1
+        if i >= 0 and opened[i].covers(hash_key):
+            return opened[i]
         raise KeyError(hash_key)
 
     def entries_at(self, ts_ms: int) -> list[PartitionEntry]:

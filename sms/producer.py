@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sms import codec, errors, hashing, limits
 from sms.records import prepare_record
@@ -77,8 +78,7 @@ _SESSION_META = struct.Struct(">BBQBBQ")   # TAG_SSSN, 8, sssn, TAG_SUBMIT_MS, 8
 HWM_NONE = -1   # no ack yet: the same sentinel as ingestion/dedup.py
 
 ProducerClosed = errors.ProducerClosed
-@dataclass(frozen=True, slots=True)
-class ProducerResult:
+class ProducerResult(NamedTuple):
     """A record stored once: its SN (None when the owner no longer knows it: a duplicate
     of a record below the HWM), its partition and SSSN, and whether this answer was a
     duplicate (the record had already been stored by an earlier send of it)."""

@@ -82,9 +82,9 @@ class Record(NamedTuple):
         return partition_id(self.partition_ordinal)
 
 
-@dataclass(frozen=True, slots=True)
-class PutRecordResult:
-    """One record's outcome; `error_name` is empty when it was stored."""
+class PutRecordResult(NamedTuple):
+    """One record's outcome; `error_name` is empty when it was stored. (A named tuple:
+    a put makes one per record.)"""
 
     sn: int = 0
     partition_ordinal: int = -1
