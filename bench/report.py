@@ -1,0 +1,157 @@
+"""A Markdown summary of a bench/run.py result: the targets, the reference point beside
+its baselines, the sweeps, and the failover / repartition / growth figures. The tables of
+docs/performance.md are this output.
+
+    .venv/bin/python -m bench.report [bench/results/latest.json]
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+
+
+def _get(d, *path):
+    for p in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(p)
+    return d
+
+
+def _n(x, digits: int = 0) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and digits:
+        return f"{x:,.{digits}f}"
+    return f"{round(x):,}" if isinstance(x, (int, float)) else str(x)
+
+
+def _lat(lat: dict | None) -> str:
+    if not lat or not lat.get("count"):
+        return "-"
+    return f"{lat['p50_ms']:.0f} / {lat['p99_ms']:.0f} / {lat['p999_ms']:.0f}"
+
+
+def targets(r: dict) -> list[str]:
+    out = ["| target | goal | value | met |", "|---|---|---|---|"]
+    for t in r.get("targets", []):
+        if "target" not in t:
+            continue
+        op = t.get("goal_op", ">=")
+        verdict = {True: "**met**", False: "missed", None: "n/a"}[t["met"]]
+        out.append(f"| {t['target']} | {op} {_n(t['goal'], 2) if t['goal'] < 100 else _n(t['goal'])} | "
+                   f"{'-' if t['value'] is None else (_n(t['value'], 3) if t['value'] < 100 else _n(t['value']))} "
+                   f"| {verdict} |")
+    return out
+
+
+def reference(r: dict) -> list[str]:
+    ref = _get(r, "sms", "reference") or {}
+    b = r.get("baselines") or {}
+    ingest = ref.get("ingest") or {}
+    read = ref.get("catch_up_read") or {}
+    rows = [("SMS, de-duplicating producers (the reference point)", ingest.get("records_per_s"),
+             read.get("records_per_s"), None)]
+    acks = {round(a.get("fraction_of_max", 0) * 100): a for a in ref.get("ack_latency") or []}
+    rows += [("raw LMDB, one process (sync append / cursor scan)", _get(b, "raw_lmdb", "append_records_per_s"),
+              _get(b, "raw_lmdb", "scan_records_per_s"), None),
+             ("gRPC echo of the same batches (best mode)", _get(b, "grpc_echo", "best_records_per_s"), None, None),
+             ("Redis Streams, appendfsync always (XADD pipelines / XRANGE)",
+              _get(b, "redis_streams", "ingest_records_per_s"), _get(b, "redis_streams", "read_records_per_s"),
+              _get(b, "redis_streams", "batch_ack_latency", "latency")),
+             ("NATS JetStream R1 (async publish)", _get(b, "nats_js", "r1", "ingest_records_per_s"),
+              _get(b, "nats_js", "r1", "read_records_per_s"), _get(b, "nats_js", "r1", "batch_ack_latency", "latency")),
+             ("NATS JetStream R3 (async publish)", _get(b, "nats_js", "r3", "ingest_records_per_s"),
+              _get(b, "nats_js", "r3", "read_records_per_s"), _get(b, "nats_js", "r3", "batch_ack_latency", "latency"))]
+    out = ["| system | ingest records/s | read records/s | batch ack p50 / p99 / p99.9 ms at 50% load |",
+           "|---|---|---|---|"]
+    for name, ing, rd, lat in rows:
+        if name.startswith("SMS"):
+            lat = _get(acks.get(50), "latency")
+        out.append(f"| {name} | {_n(ing)} | {_n(rd)} | {_lat(lat)} |")
+    out += ["", "| SMS offered load (of the measured max) | records/s | ack p50 / p99 / p99.9 ms (a call of 500) |",
+            "|---|---|---|"]
+    for pct, a in sorted(acks.items()):
+        out.append(f"| {pct}% | {_n(a.get('offered_records_per_s'))} | {_lat(a.get('latency'))} |")
+    e2e = ref.get("end_to_end_latency") or {}
+    if e2e:
+        out.append(f"| end to end at {round(e2e.get('fraction_of_max', 0.5) * 100)}%: put to a tailing "
+                   f"consumer's receipt | {_n(e2e.get('offered_records_per_s'))} | {_lat(e2e.get('latency'))} |")
+    return out
+
+
+def sweeps(r: dict) -> list[str]:
+    sw = _get(r, "sms", "sweeps") or {}
+    if not sw:
+        return []
+    out = ["| factor | value | ingest records/s | MB/s |", "|---|---|---|---|"]
+    for factor, points in sw.items():
+        for p in points if isinstance(points, list) else []:
+            out.append(f"| {factor} | {p.get('value')}{' (reference)' if p.get('is_reference_point') else ''} | "
+                       f"{_n(p.get('records_per_s'))} | {_n(p.get('mb_per_s'), 1)} |")
+    return out
+
+
+def extras(r: dict) -> list[str]:
+    e = r.get("extras") or {}
+    out = []
+    fp = e.get("failover_pause") or {}
+    if fp.get("kills"):
+        out += ["| killed (kill -9) | removed from chain after | write pause, affected keys p50 / max | "
+                "unaffected keys p50 / max |", "|---|---|---|---|"]
+        for k in fp["kills"]:
+            a, u = _get(k, "affected", "write_pause") or {}, _get(k, "unaffected", "write_pause") or {}
+            out.append(f"| {k['role']} | {_n(k.get('kill_to_victim_removed_s'), 2)} s | "
+                       f"{_n(a.get('p50_ms'))} / {_n(a.get('max_ms'))} ms | "
+                       f"{_n(u.get('p50_ms'))} / {_n(u.get('max_ms'))} ms |")
+        out.append(f"\nAcknowledged {_n(fp.get('records_acked'))} of {_n(fp.get('records_sent'))} sent; "
+                   f"read back: {json.dumps(fp.get('read_back'))[:200]}")
+    rp = e.get("repartition_pause") or {}
+    if rp.get("switches"):
+        out += ["", "| switch | call | affected keys p50 / max | other keys p50 / max |", "|---|---|---|---|"]
+        for s in rp["switches"]:
+            a, o = s.get("affected_keys") or {}, s.get("other_keys") or {}
+            out.append(f"| {s['op']} | {s['call_s']:.2f} s | {_n(a.get('p50_ms'))} / {_n(a.get('max_ms'))} ms | "
+                       f"{_n(o.get('p50_ms'))} / {_n(o.get('max_ms'))} ms |")
+        b = rp.get("baseline_outside_switches") or {}
+        out.append(f"| (outside any switch) | | {_n(b.get('p50_ms'))} / {_n(b.get('max_ms'))} ms | |")
+    g = e.get("growth") or {}
+    rows = []
+    for sweep in ("partitions", "producers", "stored_data"):
+        s = g.get(sweep) or {}
+        small, big = s.get("small") or {}, s.get("big") or {}
+        ri = s.get("throughput_ratio_big_to_small")
+        rm = s.get("storage_nodes_rss_ratio_big_to_small")
+        if small or big:
+            rows.append(f"| {sweep} | {_n(_get(small, 'ingest', 'records_per_s'))} -> "
+                        f"{_n(_get(big, 'ingest', 'records_per_s'))} | {ri if ri is not None else '-'} | "
+                        f"{_n(_get(small, 'memory_after', 'storage_nodes_rss_mib'))} -> "
+                        f"{_n(_get(big, 'memory_after', 'storage_nodes_rss_mib'))} MiB | {rm if rm is not None else '-'} |")
+    if rows:
+        out += ["", "| grows ten-fold | ingest records/s | ratio | storage nodes' RSS | ratio |",
+                "|---|---|---|---|---|", *rows]
+    return out
+
+
+def report(r: dict) -> str:
+    when = datetime.datetime.fromtimestamp(r.get("started_unix", 0), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    m = r.get("machine") or {}
+    head = [f"Run of {when}, `python -m bench.run --{r.get('mode')}` ({r.get('wall_s')} s): "
+            f"{m.get('cores')} cores ({m.get('cpu')}), {m.get('memory_gib')} GiB, Python {m.get('python')}, "
+            f"load average at start {m.get('load_average_at_start')}.", ""]
+    parts = [targets(r), reference(r), sweeps(r), extras(r)]
+    return "\n".join(head + [line for p in parts if p for line in p + [""]])
+
+
+def main() -> None:
+    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                              "results", "latest.json")
+    with open(path) as f:
+        print(report(json.load(f)))
+
+
+if __name__ == "__main__":
+    main()
