@@ -140,6 +140,7 @@ class Options:
     pauses: bool = True           # pause/resume (session expiry, same incarnation) faults
     chaos: float = 1.0            # multiplier of every fault weight
     promote_lag_records: int | None = None   # override limits.LEARNER_PROMOTE_LAG_RECORDS
+    append_inflight: int | None = None       # override limits.APPEND_INFLIGHT_BATCHES_MAX (writer window)
     heal: bool = True             # end with a fault-free phase that must converge
     learner_check: bool = True    # I1 for verified learners (off: let a run go on to show consequences)
     holders: str = "members"      # I2 lost: held by no "members" / no "chain" node (members + learners)
@@ -1457,11 +1458,14 @@ def patched(sim: Simulation):
     """The simulated clock for the sequencer; optional promotion lag; quiet product logs."""
     saved_time = replica_module.time
     saved_lag = limits.LEARNER_PROMOTE_LAG_RECORDS
+    saved_window = limits.APPEND_INFLIGHT_BATCHES_MAX
     loggers = [logging.getLogger(n) for n in ("storage.replica", "storage.log", "storage.service")]
     levels = [lg.level for lg in loggers]
     replica_module.time = types.SimpleNamespace(time=sim.clock, monotonic=_time.monotonic)
     if sim.options.promote_lag_records is not None:
         limits.LEARNER_PROMOTE_LAG_RECORDS = sim.options.promote_lag_records
+    if sim.options.append_inflight is not None:
+        limits.APPEND_INFLIGHT_BATCHES_MAX = sim.options.append_inflight
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
@@ -1469,6 +1473,7 @@ def patched(sim: Simulation):
     finally:
         replica_module.time = saved_time
         limits.LEARNER_PROMOTE_LAG_RECORDS = saved_lag
+        limits.APPEND_INFLIGHT_BATCHES_MAX = saved_window
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
 
