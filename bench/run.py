@@ -95,7 +95,7 @@ MODES: dict[str, dict] = {
         "redis_streams": {"records": 200_000, "latency_duration_s": 5.0},
         "nats_js": {"records": 200_000, "latency_duration_s": 5.0},
         "extras": {"failover_pause": {},
-                   "repartition_pause": {"keys": 200, "interval_ms": 50.0, "partitions": 2, "rf": 2,
+                   "repartition_pause": {"keys": 200, "interval_ms": 100.0, "partitions": 2, "rf": 2,
                                          "warmup_s": 2.0, "settle_s": 2.0},
                    "growth": {}},
     },

@@ -6,6 +6,7 @@ Only this module, the gRPC services and the client's transport touch `_pb2` obje
 from __future__ import annotations
 
 import json
+import struct
 
 from sms import codec, seqno
 from sms.proto import sms_pb2
@@ -87,22 +88,22 @@ def records_from_slice(batch: bytes, start: int, end: int, ordinal: int) -> list
     unit = seqno.COUNTER_UNIT
     sn = header.first_sn + start * unit
     make = tuple.__new__
-    keys: dict[bytes, str] = {}      # keys repeat within a batch: decode each once
     out = []
     append = out.append
-    for sn in range(sn, sn + (end - start) * unit, unit):
-        if offset + entry > n:
-            raise codec.CorruptBatch(f"batch first_sn {header.first_sn}: entries truncated")
-        data_len, key_len, meta_len = unpack(batch, offset)
-        k = offset + entry
-        m = k + key_len
-        d = m + meta_len
-        offset = d + data_len
-        if offset > n:
-            raise codec.CorruptBatch(f"batch first_sn {header.first_sn}: entries truncated")
-        raw = batch[k:m]
-        key = keys.get(raw)
-        if key is None:
-            key = keys[raw] = raw.decode("utf-8")
-        append(make(Record, (key, batch[d:offset], sn, ordinal, batch[m:d] if meta_len else b"")))
+    try:
+        for sn in range(sn, sn + (end - start) * unit, unit):
+            data_len, key_len, meta_len = unpack(batch, offset)
+            k = offset + entry
+            m = k + key_len
+            d = m + meta_len
+            offset = d + data_len
+            append(make(Record, (batch[k:m].decode(), batch[d:offset], sn, ordinal,
+                                 batch[m:d] if meta_len else b"")))
+    except (struct.error, UnicodeDecodeError) as e:
+        offset = n + 1
+        detail = str(e)
+    else:
+        detail = "entries run past the batch"
+    if offset > n:       # (the checksum held: a writer bug, not a bit flip)
+        raise codec.CorruptBatch(f"batch first_sn {header.first_sn}: {detail}")
     return out
