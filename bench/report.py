@@ -107,11 +107,16 @@ def extras(r: dict) -> list[str]:
             out.append(f"| {k['role']} | {_n(k.get('kill_to_victim_removed_s'), 2)} s | "
                        f"{_n(a.get('p50_ms'))} / {_n(a.get('max_ms'))} ms | "
                        f"{_n(u.get('p50_ms'))} / {_n(u.get('max_ms'))} ms |")
-        out.append(f"\nAcknowledged {_n(fp.get('records_acked'))} of {_n(fp.get('records_sent'))} sent; "
-                   f"read back: {json.dumps(fp.get('read_back'))[:200]}")
+        rb = fp.get("read_back") or {}
+        out.append(f"\nFailover (4 storage nodes, RF 3, {_n(fp.get('offered_records_per_s'))} records/s offered): "
+                   f"{_n(fp.get('records_acked'))} of {_n(fp.get('records_sent'))} records acknowledged; read back, "
+                   f"{_n(rb.get('acked_lost'))} acknowledged records lost and {_n(rb.get('duplicated_records'))} "
+                   f"duplicated.")
     rp = e.get("repartition_pause") or {}
     if rp.get("switches"):
-        out += ["", "| switch | call | affected keys p50 / max | other keys p50 / max |", "|---|---|---|---|"]
+        out += ["", f"Repartition ({_n(rp.get('offered_records_per_s'))} records/s offered, one de-duplicating "
+                    "producer; the longest ack latency per key of records sent during each switch):", "",
+                "| switch | call | affected keys p50 / max | other keys p50 / max |", "|---|---|---|---|"]
         for s in rp["switches"]:
             a, o = s.get("affected_keys") or {}, s.get("other_keys") or {}
             out.append(f"| {s['op']} | {s['call_s']:.2f} s | {_n(a.get('p50_ms'))} / {_n(a.get('max_ms'))} ms | "
@@ -131,7 +136,8 @@ def extras(r: dict) -> list[str]:
                         f"{_n(_get(small, 'memory_after', 'storage_nodes_rss_mib'))} -> "
                         f"{_n(_get(big, 'memory_after', 'storage_nodes_rss_mib'))} MiB | {rm if rm is not None else '-'} |")
     if rows:
-        out += ["", "| grows ten-fold | ingest records/s | ratio | storage nodes' RSS | ratio |",
+        out += ["", "Growth (each factor ten-fold at the same load; RSS summed over the storage nodes):", "",
+                "| grows ten-fold | ingest records/s | ratio | storage nodes' RSS | ratio |",
                 "|---|---|---|---|---|", *rows]
     return out
 
