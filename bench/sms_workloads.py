@@ -45,9 +45,9 @@ async def create(client: aio.Client, stream: str, partitions: int, replication: 
             "ingestion_policy": POLICY[dedup], "create_s": round(time.perf_counter() - t0, 2)}
 
 
-async def _send_group(producer, group: list[tuple[str, bytes]]) -> list[asyncio.Future]:
+async def _send_group(producer, group: list[tuple[str, bytes]]) -> asyncio.Future:
     """One batch of (partition key, data) records into a de-duplicating producer
-    (Producer.send_batch): a future per record."""
+    (Producer.send_batch): one future of the batch's outcomes, a result or error per record."""
     return await producer.send_batch(group)
 
 
@@ -102,8 +102,8 @@ async def ingest(client: aio.Client, stream: str, records: int, size: int, batch
             pending: collections.deque = collections.deque()
 
             async def settle_oldest() -> None:
-                t, futs = pending.popleft()
-                tally.settle(await asyncio.gather(*futs, return_exceptions=True))
+                t, fut = pending.popleft()
+                tally.settle(await fut)
                 group_latency.append(time.perf_counter() - t)
 
             for group in common.batches(mine, batch):
@@ -134,7 +134,7 @@ async def ingest(client: aio.Client, stream: str, records: int, size: int, batch
     secs = time.perf_counter() - t0
     return {"records": len(recs), "size": size, "batch": batch, "producers": len(slices), "dedup": dedup,
             "in_flight_per_producer": in_flight,
-            "path": "client.producer().send_batch(batch), futures gathered per batch" if dedup
+            "path": "client.producer().send_batch(batch), one future per batch" if dedup
                     else "client.put_records(batch)",
             "seconds": round(secs, 3), "records_per_s": round(tally.acked / secs),
             "mb_per_s": round(tally.acked * size / secs / 1e6, 2), **tally.as_dict(),
@@ -165,7 +165,7 @@ class _BatchSender:
             group = stamp(group)
         if self.dedup:
             producer = self.producers[n % len(self.producers)]
-            results = await asyncio.gather(*(await _send_group(producer, group)), return_exceptions=True)
+            results = await (await _send_group(producer, group))
             if not self.tally.settle(results):
                 raise next(r for r in results if isinstance(r, BaseException))
         else:

@@ -131,6 +131,47 @@ class _Pulse:
             self._event = None
 
 
+class _BatchOutcome:
+    """The outcomes of one send_batch() call, and the one future that carries them."""
+
+    __slots__ = ("values", "pending", "future")
+
+    def __init__(self, count: int, loop: asyncio.AbstractEventLoop):
+        self.values: list = [None] * count
+        self.pending = count
+        self.future: asyncio.Future = loop.create_future()
+
+    def settle(self, index: int, value) -> None:
+        if self.values[index] is not None:
+            return
+        self.values[index] = value
+        self.pending -= 1
+        if self.pending == 0 and not self.future.done():
+            self.future.set_result(self.values)
+
+
+class _Slot:
+    """A record's place in its send_batch() outcome: what the producer needs of a future."""
+
+    __slots__ = ("batch", "index")
+
+    def __init__(self, batch: _BatchOutcome, index: int):
+        self.batch = batch
+        self.index = index
+
+    def done(self) -> bool:
+        return self.batch.values[self.index] is not None
+
+    def cancelled(self) -> bool:
+        return False      # (a caller that cancels the batch's future stops waiting; the outcome is still kept)
+
+    def set_result(self, result: "ProducerResult") -> None:
+        self.batch.settle(self.index, result)
+
+    def set_exception(self, error: BaseException) -> None:
+        self.batch.settle(self.index, error)
+
+
 @dataclass(slots=True, eq=False)
 class _Record:
     """One record from send() until its future is settled."""
@@ -141,7 +182,7 @@ class _Record:
     data: bytes | None               # dropped once `entry` is encoded
     meta_fields: dict[int, bytes]    # dedup key, explicit hash key; SSSN and submit time added at first send
     size: int                        # key + meta + data bytes, as a request counts them
-    future: asyncio.Future
+    future: "asyncio.Future | _Slot"  # send(): its own future; send_batch(): its slot in the batch's
     enqueued_s: float                # loop time of send()
     deadline_s: float                # loop time after which it fails with Timeout (unless in flight)
     submit_ms: int | None = None     # wall clock of its first send; every resend carries it
@@ -306,23 +347,28 @@ class Producer:
             meta_fields[codec.TAG_DEDUP_KEY] = dedup_key
         return await self._queue_record(prepared.key, prepared.data, prepared.hash_key, meta_fields)
 
-    async def send_batch(self, records) -> list[asyncio.Future]:
+    async def send_batch(self, records) -> asyncio.Future:
         """send() for each record of `records`, in order: (partition_key, data) pairs, or
         (partition_key, data, explicit_hash_key) or dicts as `Client.put_records` takes
-        them. One call for many records: the usual shape skips the per-call work of send().
-        Every record is checked before any is queued: bad input raises and queues none.
-        Waits, like send(), while a partition or the producer is full."""
+        them. Returns ONE future for the batch, resolving once every record is settled to a
+        list with, per record in order, its `ProducerResult` or its named error (an
+        `SmsError`, like `asyncio.gather(..., return_exceptions=True)`). No future per
+        record: the batch is the unit of work. Every record is checked before any is queued:
+        bad input raises and queues none. Waits, like send(), while a partition or the
+        producer is full."""
         self._check_running()
         prepared = _prepare_batch(records)
-        out = []
-        for key, data, hash_key, meta_fields in prepared:
-            fut = self._enqueue_now(key, data, hash_key, meta_fields)
-            if fut is None:
-                fut = await self._queue_record(key, data, hash_key, meta_fields)
-            out.append(fut)
-        return out
+        batch = _BatchOutcome(len(prepared), self._loop or self._bind_loop())
+        for index, (key, data, hash_key, meta_fields) in enumerate(prepared):
+            slot = _Slot(batch, index)
+            if self._enqueue_now(key, data, hash_key, meta_fields, slot) is None:
+                await self._queue_record(key, data, hash_key, meta_fields, slot)
+        if not prepared:
+            batch.future.set_result([])
+        return batch.future
 
-    def _enqueue_now(self, key: bytes, data: bytes, hash_key: int, meta_fields: dict[int, bytes]):
+    def _enqueue_now(self, key: bytes, data: bytes, hash_key: int, meta_fields: dict[int, bytes],
+                     outcome: "_Slot | None" = None):
         """The record's future if it can be queued without waiting; None otherwise."""
         info = self._info
         if info is None or self._state is not ProducerState.RUNNING:
@@ -339,10 +385,10 @@ class Producer:
             size += sum(2 + len(v) for v in meta_fields.values())
         if self._pending_bytes and self._pending_bytes + size > self.max_pending_bytes:
             return None
-        return self._enqueue(session, key, data, meta_fields, size, hash_key)
+        return self._enqueue(session, key, data, meta_fields, size, hash_key, outcome)
 
     async def _queue_record(self, key_bytes: bytes, data: bytes, hash_key: int,
-                            meta_fields: dict[int, bytes]) -> asyncio.Future:
+                            meta_fields: dict[int, bytes], outcome: "_Slot | None" = None):
         size = (len(key_bytes) + len(data) + _SSSN_META_BYTES + _SUBMIT_META_BYTES
                 + sum(2 + len(v) for v in meta_fields.values()))
         if size > limits.PUT_RECORDS_BYTES_MAX:
@@ -367,7 +413,7 @@ class Producer:
             else:
                 break
         # From here to the return: no await, so the checks above still hold.
-        return self._enqueue(session, key_bytes, data, meta_fields, size, hash_key)
+        return self._enqueue(session, key_bytes, data, meta_fields, size, hash_key, outcome)
 
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         self._loop = asyncio.get_running_loop()
@@ -457,15 +503,16 @@ class Producer:
 
     # --- queueing ---------------------------------------------------------------------
     def _enqueue(self, session: _Session, key: bytes, data: bytes, meta_fields: dict[int, bytes],
-                 size: int, hash_key: int = 0) -> asyncio.Future:
+                 size: int, hash_key: int = 0, outcome: "_Slot | None" = None):
         if session.next_sssn > limits.SSSN_MAX:
             errors.invariant(False, f"p{session.ordinal}: SSSNs exhausted")
         loop = self._loop or self._bind_loop()
         now_s = loop.time()
         window_s = (self._info.dedup_window_s - limits.DEDUP_CLOCK_SKEW_MS_MAX / 1000
                     - PRODUCER_DEDUP_WINDOW_MARGIN_S)
-        record = _Record(session.ordinal, session.next_sssn, key, data, meta_fields, size, loop.create_future(),
-                         now_s, now_s + max(0.0, min(self.delivery_timeout_s, window_s)), hash_key=hash_key)
+        record = _Record(session.ordinal, session.next_sssn, key, data, meta_fields, size,
+                         outcome or loop.create_future(), now_s,
+                         now_s + max(0.0, min(self.delivery_timeout_s, window_s)), hash_key=hash_key)
         session.next_sssn += 1
         session.records[record.sssn] = record
         session.queue.append(record)
@@ -982,17 +1029,15 @@ class SyncProducer:
     def put(self, data: bytes, partition_key: str, **kwargs) -> ProducerResult:
         return self.send(data, partition_key, **kwargs).result()
 
-    def send_batch(self, records) -> list[concurrent.futures.Future]:
-        """`Producer.send_batch`: one future per record, in order."""
+    def send_batch(self, records) -> concurrent.futures.Future:
+        """`Producer.send_batch`: one future of the list of outcomes, in order."""
         return self._run(self._send_batch(list(records)))
 
-    async def _send_batch(self, records) -> list[concurrent.futures.Future]:
-        out = []
-        for future in await self._producer.send_batch(records):
-            target: concurrent.futures.Future = concurrent.futures.Future()
-            target.set_running_or_notify_cancel()
-            future.add_done_callback(lambda f, target=target: _copy_outcome(f, target))
-            out.append(target)
+    async def _send_batch(self, records) -> concurrent.futures.Future:
+        future = await self._producer.send_batch(records)
+        out: concurrent.futures.Future = concurrent.futures.Future()
+        out.set_running_or_notify_cancel()
+        future.add_done_callback(lambda f: _copy_outcome(f, out))
         return out
 
     def flush(self) -> None:
