@@ -19,13 +19,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from bench.common import dig  # noqa: E402
 
-def _get(d, *path):
-    for p in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(p)
-    return d
+
+_get = dig
 
 
 def _baseline_rates(result: dict) -> list[tuple[str, float, str]]:

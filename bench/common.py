@@ -257,3 +257,12 @@ def run_in_tempdir(prefix: str, body, args) -> tuple[dict, float]:
         return asyncio.run(body(args, directory)), round(time.perf_counter() - t0, 1)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def dig(d, *path):
+    """d[path[0]][path[1]]..., or None where a level is missing or not a dict."""
+    for p in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(p)
+    return d

@@ -12,13 +12,10 @@ import json
 import os
 import sys
 
+from bench.common import dig
 
-def _get(d, *path):
-    for p in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(p)
-    return d
+
+_get = dig
 
 
 def _n(x, digits: int = 0) -> str:

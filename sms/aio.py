@@ -18,9 +18,9 @@ from collections.abc import Iterable
 
 import grpc
 
-from sms import codec, convert, errors, hashing, limits, rpc, seqno
+from sms import codec, convert, errors, limits, rpc, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
-from sms.records import prepare_record
+from sms.records import prepare_records
 from sms.tokens import peek
 from sms.types import (ClusterInfo, GetRecordsResult, IteratorType, PartitionInfo, PartitionState, PutRecordResult,
                        PutRecordsResult, Record, Routes, StreamInfo, parse_partition_id)
@@ -29,37 +29,14 @@ _ORDINAL = struct.Struct("<I")
 _REDIRECT_BACKOFF_S = 0.05
 
 
-def _encode_put(partition_key: str, data: bytes, explicit_hash_key: int | str | None) -> tuple[bytes, int]:
-    r = prepare_record(partition_key, data, explicit_hash_key)
-    return codec.encode_entry(r.key, r.data, codec.encode_meta(r.meta) if r.meta else b""), r.hash_key
-
-
 def _encode_puts(records: Iterable) -> list[tuple[bytes, int]]:
-    """(entry, hash key) per record. The common shape, a (str key, bytes data) pair, takes
-    a lean path; anything else goes through `prepare_record`, which names what is wrong."""
+    """(entry, hash key) per record, or the named error of the first bad one."""
+    pack, encode_meta = codec.ENTRY.pack, codec.encode_meta
     out = []
-    pack, hash_of = codec.ENTRY.pack, hashing.hash_key_of_bytes
-    key_min, key_max, data_max = limits.PARTITION_KEY_CHARS_MIN, limits.PARTITION_KEY_CHARS_MAX, \
-        limits.RECORD_DATA_BYTES_MAX
-    for r in records:
-        if type(r) is tuple and len(r) == 2:
-            key, data = r
-            if type(key) is str and type(data) is bytes and key_min <= len(key) <= key_max \
-                    and len(data) <= data_max:
-                kb = key.encode("utf-8")
-                out.append((pack(len(data), len(kb), 0) + kb + data, hash_of(kb)))
-                continue
-        out.append(_encode_put(*_normalise(r)))
+    for key, data, hash_key, meta in prepare_records(records):
+        m = encode_meta(meta) if meta else b""
+        out.append((pack(len(data), len(key), len(m)) + key + m + data, hash_key))
     return out
-
-
-def _normalise(record) -> tuple[str, bytes, int | str | None]:
-    if isinstance(record, dict):
-        return record["partition_key"], record["data"], record.get("explicit_hash_key")
-    if isinstance(record, (tuple, list)) and len(record) in (2, 3):
-        return record[0], record[1], record[2] if len(record) == 3 else None
-    raise errors.InvalidArgument("a record is a dict {partition_key, data[, explicit_hash_key]} "
-                                 "or a tuple (partition_key, data[, explicit_hash_key])")
 
 
 def _descendants_and(by: dict, ordinals: set[int]) -> set[int]:

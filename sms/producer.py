@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from sms import codec, errors, hashing, limits
-from sms.records import prepare_record
+from sms import codec, errors, limits
+from sms.records import prepare_record, prepare_records
 from sms.limits import (
     PRODUCER_DEDUP_WINDOW_MARGIN_S,
     PRODUCER_DELIVERY_TIMEOUT_S,
@@ -249,32 +249,6 @@ def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _prepare_batch(records) -> list[tuple[bytes, bytes, int, dict[int, bytes]]]:
-    """(key bytes, data, hash key, meta fields) per record; the (str, bytes) pair takes a
-    lean path, anything else `prepare_record` (which names what is wrong)."""
-    out = []
-    key_min, key_max = limits.PARTITION_KEY_CHARS_MIN, limits.PARTITION_KEY_CHARS_MAX
-    data_max, hash_of = limits.RECORD_DATA_BYTES_MAX, hashing.hash_key_of_bytes
-    for r in records:
-        if type(r) is tuple and len(r) == 2:
-            key, data = r
-            if type(key) is str and type(data) is bytes and key_min <= len(key) <= key_max \
-                    and len(data) <= data_max:
-                kb = key.encode("utf-8")
-                out.append((kb, data, hash_of(kb), {}))
-                continue
-        if isinstance(r, dict):
-            key, data, explicit = r.get("partition_key"), r.get("data"), r.get("explicit_hash_key")
-        elif isinstance(r, (tuple, list)) and len(r) in (2, 3):
-            key, data, explicit = r[0], r[1], r[2] if len(r) == 3 else None
-        else:
-            raise errors.InvalidArgument("a record is a dict {partition_key, data[, explicit_hash_key]} "
-                                         "or a tuple (partition_key, data[, explicit_hash_key])")
-        prepared = prepare_record(key, data, explicit)
-        out.append((prepared.key, prepared.data, prepared.hash_key, dict(prepared.meta)))
-    return out
-
-
 class Producer:
     """Sends records of one stream with de-duplication (see the module docstring)."""
 
@@ -357,7 +331,7 @@ class Producer:
         bad input raises and queues none. Waits, like send(), while a partition or the
         producer is full."""
         self._check_running()
-        prepared = _prepare_batch(records)
+        prepared = prepare_records(records)
         batch = _BatchOutcome(len(prepared), self._loop or self._bind_loop())
         for index, (key, data, hash_key, meta_fields) in enumerate(prepared):
             slot = _Slot(batch, index)
