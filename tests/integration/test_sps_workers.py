@@ -55,6 +55,7 @@ import yaml
 
 import sms
 from control.metastore import NoNodeError, open_metastore
+from sms import limits
 from sms.hashing import hash_key_of
 from sms.types import PartitionState, Record
 from sps.leases import SHARD_END, TRIM_HORIZON, Lease, lease_key, leases_path, workers_path
@@ -681,7 +682,9 @@ def test_paused_worker_cannot_write_after_its_lease_moved(client, sps_stage, tmp
 
     resumed_at = time.monotonic()
     setup.workers.signal("slow", signal.SIGCONT)
-    wait_until(lambda: ("slow", key) in lost_lines(setup.workers.log("slow")), 30,
+    # (its first act may be an output call on a connection that died during the pause, which
+    # fails only at the call's timeout: the bound must exceed PUT_TIMEOUT_S)
+    wait_until(lambda: ("slow", key) in lost_lines(setup.workers.log("slow")), limits.PUT_TIMEOUT_S + 30,
                f"the resumed worker to log that it lost {key}")
     # it stays up, registers again, and writes nothing to the lease table for a few rounds
     setup.watch.until(lambda s: "slow" in s.workers, 30, "the resumed worker to register again")
