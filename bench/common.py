@@ -266,3 +266,18 @@ def dig(d, *path):
             return None
         d = d.get(p)
     return d
+
+
+def mode_options(parser, args, by_mode: dict[str, dict]):
+    """The options of a bench's run(args): the parser's defaults, under what `args` gives
+    (a Namespace, a dict or None), then the mode's values ("smoke" / "quick" / "full", from
+    args.smoke and args.quick) for what is still unset."""
+    given = {} if args is None else dict(args) if isinstance(args, dict) else vars(args)
+    out = parser.parse_args([])
+    for k, v in given.items():
+        setattr(out, k, v)
+    mode = "smoke" if out.smoke else "quick" if out.quick else "full"
+    for k, v in by_mode[mode].items():
+        if getattr(out, k, None) is None:
+            setattr(out, k, v)
+    return out

@@ -393,21 +393,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _defaults(args) -> argparse.Namespace:
-    """Every option's default under what `args` gives (a Namespace, a dict or None), then
-    the mode's (smoke / quick / full) for what is still unset."""
-    given = {} if args is None else dict(args) if isinstance(args, dict) else vars(args)
-    args = build_parser().parse_args([])
-    for k, v in given.items():
-        setattr(args, k, v)
-    if args.smoke:
-        d = dict(keys=10, interval_ms=100.0, partitions=2, warmup_s=1.5, keep_s=4.0, window_s=2.0, settle_s=0.0)
-    elif args.quick:
-        d = dict(keys=100, interval_ms=100.0, partitions=4, warmup_s=3.0, keep_s=6.0, window_s=3.0, settle_s=0.0)
-    else:
-        d = dict(keys=100, interval_ms=100.0, partitions=4, warmup_s=4.0, keep_s=10.0, window_s=5.0, settle_s=2.0)
-    for k, v in d.items():
-        if getattr(args, k, None) is None:
-            setattr(args, k, v)
+    """The options: parser defaults, under what `args` gives, then the mode's values."""
+    args = common.mode_options(build_parser(), args, {
+        "smoke": dict(keys=10, interval_ms=100.0, partitions=2, warmup_s=1.5, keep_s=4.0, window_s=2.0, settle_s=0.0),
+        "quick": dict(keys=100, interval_ms=100.0, partitions=4, warmup_s=3.0, keep_s=6.0, window_s=3.0, settle_s=0.0),
+        "full": dict(keys=100, interval_ms=100.0, partitions=4, warmup_s=4.0, keep_s=10.0, window_s=5.0, settle_s=2.0),
+    })
     return args
 
 

@@ -324,21 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _defaults(args) -> argparse.Namespace:
-    """Every option's default under what `args` gives (a Namespace, a dict or None), then
-    the mode's (smoke / quick / full) for what is still unset."""
-    given = {} if args is None else dict(args) if isinstance(args, dict) else vars(args)
-    args = build_parser().parse_args([])
-    for k, v in given.items():
-        setattr(args, k, v)
-    if args.smoke:
-        d = dict(records_partitions=4_000, records_producers=2_000, stored_small=2_000, measure_records=2_000)
-    elif args.quick:
-        d = dict(records_partitions=30_000, records_producers=16_000, stored_small=10_000, measure_records=15_000)
-    else:
-        d = dict(records_partitions=200_000, records_producers=80_000, stored_small=100_000, measure_records=50_000)
-    for k, v in d.items():
-        if getattr(args, k, None) is None:
-            setattr(args, k, v)
+    """The options: parser defaults, under what `args` gives, then the mode's values."""
+    args = common.mode_options(build_parser(), args, {
+        "smoke": dict(records_partitions=4_000, records_producers=2_000, stored_small=2_000, measure_records=2_000),
+        "quick": dict(records_partitions=30_000, records_producers=16_000, stored_small=10_000, measure_records=15_000),
+        "full": dict(records_partitions=200_000, records_producers=80_000, stored_small=100_000, measure_records=50_000),
+    })
     if isinstance(args.sweeps, str):
         args.sweeps = [s.strip() for s in args.sweeps.split(",") if s.strip()]
     return args
