@@ -13,6 +13,10 @@ test:            ## install test dependencies (pip with PySpark, Debian's zookee
 	@scripts/system-deps.sh
 	@scripts/bootstrap.sh test,spark
 	.venv/bin/python -m pytest -q
+	@echo "== again on the pure-Python wire codec (SMS_PURE_PYTHON=1): unit tests and two integration modules"
+	SMS_PURE_PYTHON=1 .venv/bin/python -m pytest -q tests/unit tests/integration/test_headers.py tests/integration/test_dedup.py
+	@echo "== the install without a compiler"
+	scripts/check-no-compiler.sh
 
 test-fast:       ## the suite without tests marked slow
 	@scripts/system-deps.sh

@@ -9,7 +9,7 @@ binds it to PutRecords: it calls `submit` per record, writes the records answere
 through its `PartitionWriter`, reports each write's outcome with `committed` / `failed`
 and resolves the tickets those return, calls `prune` every `DEDUP_PRUNE_INTERVAL_MS`, and
 feeds `rebuild` the dedup window read back from storage (the session fields travel with
-every record as codec meta TAG_PRODUCER_ID / TAG_SSSN / TAG_DEDUP_KEY) before it accepts
+every record as wire meta TAG_PRODUCER_ID / TAG_SSSN / TAG_DEDUP_KEY) before it accepts
 writes for a partition it starts or takes over.
 
 The session fields of a submission:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from dataclasses import dataclass
 
@@ -22,7 +21,7 @@ import grpc
 
 from ingestion import dedup
 from ingestion.writer import PartitionWriter
-from sms import codec, hashing, limits, rpc, seqno
+from sms import limits, rpc, seqno, wire
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.errors import SmsError, Throttled, Unavailable
 from sms.metadata import ChainConfig, StreamConfig
@@ -38,7 +37,7 @@ REBUILD_TIMEOUT_S = 30.0      # a partition answers Unavailable until its table 
 class Submission:
     """One validated record of a PutRecords request, bound for this partition."""
 
-    key: str
+    key: bytes                  # partition key, valid UTF-8
     data: bytes
     producer_id: bytes          # b"": no session
     sssn: int
@@ -46,6 +45,8 @@ class Submission:
     dedup_key: bytes | None
     hwm: int
     session_ordinal: int | None = None   # set: the session is with this ancestor partition
+    headers: bytes = b""        # its header TLVs (sms/wire.py), stored as they came
+    signature: bytes = b""      # wire.signature of key, data and headers: a retry must match it
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,33 +75,11 @@ class Results:
             self.future.set_result(None)
 
 
-def stored_entry(s: Submission) -> bytes:
-    """The record as stored: key, data and the session fields a rebuild reads back (codec
-    meta TLVs, in tag order: producer id, SSSN, dedup key, session partition)."""
-    key = s.key.encode()
-    if not s.producer_id:
-        return codec.ENTRY.pack(len(s.data), len(key), 0) + key + s.data
-    meta = bytes((codec.TAG_PRODUCER_ID, len(s.producer_id))) + s.producer_id + _SSSN_TLV.pack(codec.TAG_SSSN, 8, s.sssn)
-    if s.dedup_key is not None:
-        meta += bytes((codec.TAG_DEDUP_KEY, len(s.dedup_key))) + s.dedup_key
-    if s.session_ordinal is not None:
-        meta += _ORDINAL_TLV.pack(codec.TAG_SESSION_ORDINAL, 4, s.session_ordinal)
-    return codec.ENTRY.pack(len(s.data), len(key), len(meta)) + key + meta + s.data
-
-
-_SSSN_TLV = struct.Struct(">BBQ")
-_ORDINAL_TLV = struct.Struct(">BBI")
-
-
 def session_key(producer_id: bytes, session_ordinal: int) -> bytes:
     """The dedup table's name for a session: (producer, partition). A child partition's
     table also holds its ancestors' sessions, so a retry of a record that a parent stored
     is recognised in the child."""
     return producer_id + session_ordinal.to_bytes(4, "big")
-
-
-def signature_of(key: bytes, data: bytes) -> bytes:
-    return hashing.signature(len(key).to_bytes(2, "little") + key + data)
 
 
 class PartitionIngest:
@@ -210,21 +189,12 @@ class PartitionIngest:
                 iterator=it, max_records=limits.GET_RECORDS_COUNT_MAX, include_trimmed=True),
             timeout=limits.RPC_TIMEOUT_S)
             for s in page.slices:
-                header = codec.verify(s.batch)
-                for i, e in enumerate(codec.iter_entries(s.batch, header.count, codec.HEADER_BYTES)):
-                    if i < s.start or i >= s.end or not e.meta:
-                        continue
-                    meta = codec.decode_meta(e.meta)
-                    if codec.TAG_PRODUCER_ID not in meta:
-                        continue
-                    sn = header.first_sn + i * seqno.COUNTER_UNIT
-                    session = meta.get(codec.TAG_SESSION_ORDINAL)
-                    session_ordinal = int.from_bytes(session, "big") if session else ordinal
+                first_sn = wire.read_header(s.batch).first_sn
+                for f in wire.session_fields(s.batch, s.start, s.end):
+                    sn = first_sn + f.index * seqno.COUNTER_UNIT
                     records.append(dedup.StoredRecord(
-                        session_key(meta[codec.TAG_PRODUCER_ID], session_ordinal),
-                        int.from_bytes(meta[codec.TAG_SSSN], "big"),
-                        meta.get(codec.TAG_DEDUP_KEY), signature_of(e.key, e.data), sn,
-                        seqno.timestamp_ms_of(sn)))
+                        session_key(f.producer_id, ordinal if f.session_ordinal is None else f.session_ordinal),
+                        f.sssn, f.dedup_key, f.signature, sn, seqno.timestamp_ms_of(sn)))
             if not page.next_iterator:
                 return records
             if not page.slices:
@@ -260,7 +230,7 @@ class PartitionIngest:
                 j += 1
             decisions = self.table.submit_run(
                 self._key(s), s.hwm, now_ms,
-                [(r.sssn, r.submit_ms, signature_of(r.key.encode(), r.data), r.dedup_key) for r in subs[i:j]])
+                [(r.sssn, r.submit_ms, r.signature, r.dedup_key) for r in subs[i:j]])
             for k, decision in enumerate(decisions, i):
                 if isinstance(decision, SmsError):
                     results.set(k, decision)
@@ -284,7 +254,7 @@ class PartitionIngest:
         if not writes:
             return
         try:
-            chunk = self.writer.submit([stored_entry(s) for _r, _i, s, _t in writes])
+            chunk = self.writer.submit(wire.stored_entries([w[2] for w in writes]), len(writes))
         except SmsError as e:     # writer closed or full: these writes did not happen
             for results, i, s, tracked in writes:
                 if tracked:

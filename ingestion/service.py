@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 
 from control.metaview import ClusterView
 from ingestion.partition import Outcome, PartitionIngest, Results, Submission
 from ingestion.writer import PartitionWriter
-from sms import codec, hashing, limits, seqno
+from sms import wire, hashing, limits, seqno
 from sms.aiotools import cancel_and_wait
 from sms.errors import (InvalidArgument, PartitionClosed, RecordTooLarge, RequestTooLarge, SmsError, StreamNotFound,
                         Unavailable, WrongOwner)
@@ -29,93 +28,13 @@ from sms.rpc import rpc_errors
 from sms.types import PartitionState, StreamStatus
 
 log = logging.getLogger(__name__)
-_ORDINAL = struct.Struct("<I")
-
-
-_SESSION_META = struct.Struct(">BBQBBQ")   # TAG_SSSN, 8, sssn, TAG_SUBMIT_MS, 8, submit ms
-
-
-def _u64(raw: bytes, what: str, index: int) -> int:
-    if len(raw) != 8:
-        raise InvalidArgument(f"record {index}: {what} of {len(raw)} bytes; expected 8")
-    return int.from_bytes(raw, "big")
 
 
 def parse_put_entries(count: int, blob: bytes, producer_id: bytes) -> list[tuple[int, Submission]]:
     """(hash key, submission) per record, or a named error for the whole request."""
-    if not 1 <= count <= limits.PUT_RECORDS_COUNT_MAX:
-        raise RequestTooLarge(f"{count} records; expected 1..{limits.PUT_RECORDS_COUNT_MAX}")
-    if len(producer_id) > limits.PRODUCER_ID_BYTES_MAX:
-        raise InvalidArgument(f"producer id of {len(producer_id)} bytes; at most {limits.PRODUCER_ID_BYTES_MAX}")
-    per_record_meta_max = 2 * 5 + 16 + 8 + 8 + limits.DEDUP_KEY_BYTES_MAX
-    if len(blob) > limits.PUT_RECORDS_BYTES_MAX + count * (codec.ENTRY.size + per_record_meta_max):
-        raise RequestTooLarge(f"request of {len(blob)} bytes; at most {limits.PUT_RECORDS_BYTES_MAX}")
-    out, total = [], 0
-    n, offset = len(blob), 0
-    unpack, head = codec.ENTRY.unpack_from, codec.ENTRY.size
-    key_min, key_max = limits.PARTITION_KEY_CHARS_MIN, limits.PARTITION_KEY_CHARS_MAX
-    hash_of = hashing.hash_key_of_bytes
-    for i in range(count):     # one pass, no per-record object but the Submission
-        if offset + head > n:
-            raise InvalidArgument("record entries truncated")
-        data_len, key_len, meta_len = unpack(blob, offset)
-        k = offset + head
-        m = k + key_len
-        d = m + meta_len
-        offset = d + data_len
-        if offset > n:
-            raise InvalidArgument("record entries truncated")
-        if data_len > limits.RECORD_DATA_BYTES_MAX:
-            raise RecordTooLarge(f"record {i}: {data_len} bytes of data; at most {limits.RECORD_DATA_BYTES_MAX}")
-        raw_key = blob[k:m]
-        try:
-            key = raw_key.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidArgument(f"record {i}: partition key is not UTF-8") from None
-        if not key_min <= len(key) <= key_max:
-            hashing.validate_partition_key(key)
-        data = blob[d:offset]
-        total += data_len + key_len
-        if not meta_len:
-            if producer_id:
-                raise InvalidArgument(f"record {i}: a producer session needs an SSSN and a submit time per record")
-            out.append((hash_of(raw_key), Submission(key, data, producer_id, 0, 0, None, -1, None)))
-            continue
-        if meta_len == _SESSION_META.size and producer_id and blob[m] == codec.TAG_SSSN and blob[m + 1] == 8 \
-                and blob[m + 10] == codec.TAG_SUBMIT_MS and blob[m + 11] == 8:
-            # the producer's usual meta, SSSN and submit time only: no TLV walk
-            _t1, _l1, sssn, _t2, _l2, submit_ms = _SESSION_META.unpack_from(blob, m)
-            out.append((hash_of(raw_key), Submission(key, data, producer_id, sssn, submit_ms, None, -1, None)))
-            continue
-        meta = codec.decode_meta(blob[m:d])
-        if codec.TAG_EXPLICIT_HASH_KEY in meta:
-            raw = meta[codec.TAG_EXPLICIT_HASH_KEY]
-            if len(raw) != 16:
-                raise InvalidArgument(f"record {i}: explicit hash key of {len(raw)} bytes; expected 16")
-            hash_key = int.from_bytes(raw, "big")
-        else:
-            hash_key = hash_of(raw_key)
-        sssn = submit_ms = 0
-        dedup_key = meta.get(codec.TAG_DEDUP_KEY)
-        if producer_id:
-            if codec.TAG_SSSN not in meta or codec.TAG_SUBMIT_MS not in meta:
-                raise InvalidArgument(f"record {i}: a producer session needs an SSSN and a submit time per record")
-            sssn = _u64(meta[codec.TAG_SSSN], "SSSN", i)
-            submit_ms = _u64(meta[codec.TAG_SUBMIT_MS], "submit time", i)
-        elif dedup_key is not None:
-            raise InvalidArgument(f"record {i}: a dedup key needs a producer session (producer_id)")
-        session_ordinal = None
-        if codec.TAG_SESSION_ORDINAL in meta:
-            raw = meta[codec.TAG_SESSION_ORDINAL]
-            if not producer_id or len(raw) != 4:
-                raise InvalidArgument(f"record {i}: a session partition is 4 bytes and needs a producer session")
-            session_ordinal = int.from_bytes(raw, "big")
-        out.append((hash_key, Submission(key, data, producer_id, sssn, submit_ms, dedup_key, -1, session_ordinal)))
-    if offset != n:
-        raise InvalidArgument(f"{n - offset} trailing bytes after {count} record entries")
-    if total > limits.PUT_RECORDS_BYTES_MAX:
-        raise RequestTooLarge(f"request of {total} bytes of keys and data; at most {limits.PUT_RECORDS_BYTES_MAX}")
-    return out
+    return [(e.hash_key, Submission(e.key, e.data, producer_id, e.sssn, e.submit_ms, e.dedup_key, -1,
+                                    e.session_ordinal, e.headers, e.signature))
+            for e in wire.parse_put(count, blob, producer_id)]
 
 
 class IngestionService(sms_pb2_grpc.IngestionServicer):
@@ -224,12 +143,12 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             raise Unavailable(f"stream {request.stream!r} is {view.config.status.value}")
         records = parse_put_entries(request.count, request.entries, request.producer_id)
         if request.session_ordinals:
-            if not request.producer_id or len(request.session_ordinals) != 4 * len(records):
+            if not request.producer_id or len(request.session_ordinals) != wire.ORDINAL.size * len(records):
                 raise InvalidArgument(f"session_ordinals of {len(request.session_ordinals)} bytes; expected 4 per "
                                       "record, with a producer session")
-            for i, (_h, sub) in enumerate(records):
+            for (_h, sub), session_ordinal in zip(records, wire.decode_ordinals(request.session_ordinals)):
                 if sub.session_ordinal is None:
-                    sub.session_ordinal = _ORDINAL.unpack_from(request.session_ordinals, 4 * i)[0]
+                    sub.session_ordinal = session_ordinal
         by_partition: dict[int, list[int]] = {}
         ordinals = [0] * len(records)
         outcomes: list[Outcome | SmsError | None] = [None] * len(records)
@@ -293,27 +212,20 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             for i, value in zip(indexes, results.values):
                 outcomes[i] = late if value is None else value
         sns, errors_out, duplicates = [], [], []
-        to_bytes = seqno.to_bytes
         for i, o in enumerate(outcomes):
-            if type(o) is Outcome:
-                sns.append(to_bytes(o.sn))
-                if o.sn:
-                    ordinals[i] = seqno.ordinal_of(o.sn)     # a duplicate may live in a parent
-                if o.duplicate:
-                    duplicates.append(i)
-                continue
             if isinstance(o, Outcome):
-                sns.append(seqno.to_bytes(o.sn))
+                sns.append(o.sn)
                 if o.sn:
                     ordinals[i] = seqno.ordinal_of(o.sn)     # a duplicate may live in a parent
                 if o.duplicate:
                     duplicates.append(i)
             else:
                 err = o if isinstance(o, SmsError) else Unavailable(str(o))
-                sns.append(seqno.to_bytes(0))
+                sns.append(0)
                 errors_out.append(sms_pb2.RecordError(index=i, name=err.name, message=err.message))
+        sn_bytes, ordinal_bytes = wire.encode_put_results(sns, ordinals)
         return sms_pb2.PutRecordsResponse(
-            sequence_numbers=b"".join(sns), ordinals=b"".join(_ORDINAL.pack(o) for o in ordinals),
+            sequence_numbers=sn_bytes, ordinals=ordinal_bytes,
             errors=errors_out, duplicates=duplicates, missing=missing_out, map_version=view.map.version)
 
     @rpc_errors

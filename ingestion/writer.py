@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from sms import codec, errors, limits, rpc, seqno
+from sms import wire, errors, limits, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.proto import sms_pb2, sms_pb2_grpc
 
@@ -46,7 +46,7 @@ class PartitionWriter:
         self.resolve = resolve                # () -> the head's current (address, chain epoch)
         self.head_address = ""
         self.origin_id = random.getrandbits(63) | 1
-        self.queue: collections.deque = collections.deque()     # (entries, bytes, future) per chunk
+        self.queue: collections.deque = collections.deque()     # (entries, count, future) per chunk
         self.queued_records = 0
         # origin seq -> (batch bytes, [(records, future)] per chunk), in send order; kept
         # across broken streams
@@ -72,40 +72,40 @@ class PartitionWriter:
         self.queue.clear()
         self.queued_records = 0
 
-    def submit(self, entries: list[bytes]) -> asyncio.Future:
-        """Queue encoded entries as one chunk, stored contiguously in one batch. The
-        future resolves to the SN of the first (entry i: first + i * 2^32). Throttled when
-        the queue is full."""
+    def submit(self, entries: bytes, count: int) -> asyncio.Future:
+        """Queue `count` stored entries (sms/wire.py, back to back) as one chunk, stored
+        contiguously in one batch. The future resolves to the SN of the first (entry i:
+        first + i * 2^32). Throttled when the queue is full."""
         if self.closed:
             raise errors.PartitionClosed(f"{self.chain_id}: writer closed")
-        if self.queued_records + len(entries) > limits.INGEST_PENDING_RECORDS_MAX:
+        if self.queued_records + count > limits.INGEST_PENDING_RECORDS_MAX:
             raise errors.Throttled(f"{self.chain_id}: {self.queued_records} records already queued")
-        size = sum(map(len, entries))
-        errors.invariant(0 < len(entries) <= limits.BATCH_RECORDS_MAX
-                         and size <= limits.BATCH_BYTES_MAX - codec.HEADER_BYTES,
-                         f"{self.chain_id}: a chunk of {len(entries)} records, {size} bytes, exceeds a batch")
+        errors.invariant(0 < count <= limits.BATCH_RECORDS_MAX
+                         and len(entries) <= limits.BATCH_BYTES_MAX - wire.HEADER_BYTES,
+                         f"{self.chain_id}: a chunk of {count} records, {len(entries)} bytes, exceeds a batch")
         fut = asyncio.get_running_loop().create_future()
-        self.queue.append((entries, size, fut))
-        self.queued_records += len(entries)
+        self.queue.append((entries, count, fut))
+        self.queued_records += count
         self.wake.set()
         return fut
 
-    def _take_batch(self) -> tuple[list[bytes], list[tuple[int, asyncio.Future]]]:
-        """Whole chunks from the queue's front, as many as the batch limits allow."""
-        entries: list[bytes] = []
+    def _take_batch(self) -> tuple[list[bytes], int, list[tuple[int, asyncio.Future]]]:
+        """Whole chunks from the queue's front, as many as the batch limits allow:
+        (their entries, their record count, (count, future) per chunk)."""
+        bodies: list[bytes] = []
         chunks: list[tuple[int, asyncio.Future]] = []
-        size = codec.HEADER_BYTES
+        size, records = wire.HEADER_BYTES, 0
         while self.queue:
-            chunk, chunk_size, fut = self.queue[0]
-            if chunks and (len(entries) + len(chunk) > limits.BATCH_RECORDS_MAX
-                           or size + chunk_size > limits.BATCH_BYTES_MAX):
+            body, count, fut = self.queue[0]
+            if chunks and (records + count > limits.BATCH_RECORDS_MAX or size + len(body) > limits.BATCH_BYTES_MAX):
                 break
             self.queue.popleft()
-            entries.extend(chunk)
-            chunks.append((len(chunk), fut))
-            size += chunk_size
-        self.queued_records -= len(entries)
-        return entries, chunks
+            bodies.append(body)
+            chunks.append((count, fut))
+            size += len(body)
+            records += count
+        self.queued_records -= records
+        return bodies, records, chunks
 
     def statistics(self) -> dict:
         return {"queued_records": self.queued_records, "inflight_batches": len(self.inflight),
@@ -142,11 +142,11 @@ class PartitionWriter:
                         waiter = asyncio.ensure_future(self.wake.wait())
                         await asyncio.wait({waiter, acks}, return_when=asyncio.FIRST_COMPLETED)
                         waiter.cancel()
-                    entries, chunks = self._take_batch()
-                    if not entries:
+                    bodies, count, chunks = self._take_batch()
+                    if not count:
                         continue
                     seq = next(self.origin_seqs)
-                    batch = codec.build_batch(entries, origin_id=self.origin_id, origin_seq=seq)
+                    batch = wire.seal(count, 0, b"".join(bodies), self.origin_id, seq)
                     self.inflight[seq] = (batch, chunks)
                     await call.write(self._request(seq, batch))
             finally:

@@ -22,13 +22,15 @@ if [ ! -x .venv/bin/python ]; then
     fi
   fi
 fi
-stamp=".venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)-${extras:-base}"
+# (the compiled wire codec is part of the install: a change to its source reinstalls too)
+stamp=".venv/.installed-$(cat pyproject.toml setup.py sms/_wire.c | sha1sum | cut -c1-12)-${extras:-base}"
 if [ ! -f "$stamp" ]; then
   echo "bootstrap: installing into .venv (${extras:-base}) ..." >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' >&2 || true
   spec="."; [ -n "$extras" ] && spec=".[$extras]"
   .venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec" 2>&1 | grep -v '^WARNING: Location' >&2 || true
   .venv/bin/python -c 'import grpc, lmdb, xxhash, sms.cli' || { echo "bootstrap: install failed" >&2; exit 1; }
+  .venv/bin/python -c 'import sms.wire as w; print(f"bootstrap: wire codec: {w.IMPLEMENTATION}")' >&2
   rm -f .venv/.installed-*-"${extras:-base}"
   touch "$stamp"
 fi

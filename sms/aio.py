@@ -13,30 +13,24 @@ from __future__ import annotations
 import asyncio
 import random
 import secrets
-import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import grpc
 
-from sms import codec, convert, errors, limits, rpc, seqno
+from sms import wire, convert, errors, limits, rpc, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
-from sms.records import prepare_records
+from sms.records import encode_put
 from sms.tokens import peek
 from sms.types import (ClusterInfo, GetRecordsResult, IteratorType, PartitionInfo, PartitionState, PutRecordResult,
                        PutRecordsResult, Record, Routes, StreamInfo, parse_partition_id)
 
-_ORDINAL = struct.Struct("<I")
 _REDIRECT_BACKOFF_S = 0.05
 
 
 def _encode_puts(records: Iterable) -> list[tuple[bytes, int]]:
     """(entry, hash key) per record, or the named error of the first bad one."""
-    pack, encode_meta = codec.ENTRY.pack, codec.encode_meta
-    out = []
-    for key, data, hash_key, meta in prepare_records(records):
-        m = encode_meta(meta) if meta else b""
-        out.append((pack(len(data), len(key), len(m)) + key + m + data, hash_key))
-    return out
+    entries, hashes = wire.encode_puts(records, encode_put)
+    return list(zip(entries, hashes))
 
 
 def _descendants_and(by: dict, ordinals: set[int]) -> set[int]:
@@ -225,9 +219,12 @@ class Client:
 
     # --- writes -------------------------------------------------------------------------
     async def put_record(self, stream: str, data: bytes, partition_key: str, *,
-                         explicit_hash_key: int | str | None = None) -> PutRecordResult:
-        """Store one record; returns its result or raises its named error."""
-        result = (await self.put_records(stream, [(partition_key, data, explicit_hash_key)])).records[0]
+                         explicit_hash_key: int | str | None = None,
+                         headers: Mapping[str, bytes | str] | None = None) -> PutRecordResult:
+        """Store one record (with optional headers: name -> bytes, read back as
+        `Record.headers`); returns its result or raises its named error."""
+        record = (partition_key, data, explicit_hash_key, headers) if headers else (partition_key, data, explicit_hash_key)
+        result = (await self.put_records(stream, [record])).records[0]
         if not result.ok:
             raise errors.from_name(result.error_name, result.error_message)
         return result
@@ -238,7 +235,7 @@ class Client:
         encoded = _encode_puts(records)
         if not 1 <= len(encoded) <= limits.PUT_RECORDS_COUNT_MAX:
             raise errors.RequestTooLarge(f"{len(encoded)} records; expected 1..{limits.PUT_RECORDS_COUNT_MAX}")
-        total = sum(len(e) - codec.ENTRY.size for e, _ in encoded)
+        total = sum(len(e) - wire.ENTRY.size for e, _ in encoded)
         if total > limits.PUT_RECORDS_BYTES_MAX:
             raise errors.RequestTooLarge(f"request of {total} bytes of keys and data; "
                                          f"at most {limits.PUT_RECORDS_BYTES_MAX}")
@@ -290,15 +287,13 @@ class Client:
             return [(i, PutRecordResult(error_name=e.name, error_message=e.message)) for i in indexes]
         failed = {e.index: e for e in resp.errors}
         out = []
-        ordinals = [o for (o,) in _ORDINAL.iter_unpack(resp.ordinals)]
-        sns = resp.sequence_numbers
-        from_bytes = int.from_bytes
+        sns, ordinals = wire.decode_put_results(resp.sequence_numbers, resp.ordinals, len(indexes))
         for j, i in enumerate(indexes):
             if j in failed:
                 out.append((i, PutRecordResult(partition_ordinal=ordinals[j], error_name=failed[j].name,
                                                error_message=failed[j].message)))
             else:
-                out.append((i, PutRecordResult(from_bytes(sns[16 * j:16 * j + 16], "big"), ordinals[j])))
+                out.append((i, PutRecordResult(sns[j], ordinals[j])))
         return out
 
     # --- reads ----------------------------------------------------------------------------

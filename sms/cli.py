@@ -223,8 +223,10 @@ def cmd_put(args) -> int:
                                if r.ok else {"error": r.error_name, "message": r.error_message})
             batch.clear()
 
+        headers = _parse_headers(args.header)
         for line in lines:
-            batch.append((args.key or uuid.uuid4().hex, line.encode()))
+            key = args.key or uuid.uuid4().hex
+            batch.append((key, line.encode(), None, headers) if headers else (key, line.encode()))
             if len(batch) == limits.PUT_RECORDS_COUNT_MAX:
                 flush()
         flush()
@@ -234,13 +236,42 @@ def cmd_put(args) -> int:
     return 1 if failed else 0
 
 
-def _record_json(r) -> dict:
+def _parse_headers(specs: list[str] | None) -> dict[str, bytes]:
+    """--header NAME=VALUE options as a record's headers (checked again by the client)."""
+    out: dict[str, bytes] = {}
+    for spec in specs or ():
+        name, sep, value = spec.partition("=")
+        if not sep or not name:
+            raise errors.InvalidRecordHeader(f"--header {spec!r}; expected NAME=VALUE")
+        if name in out:
+            raise errors.InvalidRecordHeader(f"--header {name!r} given twice")
+        out[name] = value.encode()
+    return out
+
+
+def _text(raw: bytes) -> str:
     try:
-        data = r.data.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
-        data = r.data.hex()
-    return {"partition_id": r.partition_id, "sequence_number": r.sequence_number, "partition_key": r.partition_key,
-            "arrival_time_ms": r.arrival_time_ms, "data": data}
+        return raw.hex()
+
+
+def _record_json(r) -> dict:
+    out = {"partition_id": r.partition_id, "sequence_number": r.sequence_number, "partition_key": r.partition_key,
+           "arrival_time_ms": r.arrival_time_ms, "data": _text(r.data)}
+    headers = r.headers
+    if headers:
+        out["headers"] = {name: _text(value) for name, value in headers.items()}
+    return out
+
+
+def _print_record(args, r) -> None:
+    d = _record_json(r)
+    if args.json:
+        print(json.dumps(d), flush=True)
+        return
+    headers = " [" + ", ".join(f"{k}={v}" for k, v in d["headers"].items()) + "]" if "headers" in d else ""
+    print(f"{d['partition_id']} {d['sequence_number']} {d['partition_key']}{headers}: {d['data']}", flush=True)
 
 
 def cmd_read(args) -> int:
@@ -261,9 +292,7 @@ def cmd_read(args) -> int:
                     break
                 res = client.get_next_records(it, max_records=want, wait_ms=200 if args.follow else 0)
                 for r in res.records:
-                    d = _record_json(r)
-                    print(json.dumps(d) if args.json else
-                          f"{d['partition_id']} {d['sequence_number']} {d['partition_key']}: {d['data']}", flush=True)
+                    _print_record(args, r)
                 shown += len(res.records)
                 idle = idle and not res.records
                 if res.next_iterator is None:
@@ -299,9 +328,7 @@ def _read_lineage(args) -> int:
         for r in client.read_stream(args.stream, **kwargs):
             if skip_sn is not None and str(r.sequence_number) == str(skip_sn):
                 continue
-            d = _record_json(r)
-            print(json.dumps(d) if args.json else
-                  f"{d['partition_id']} {d['sequence_number']} {d['partition_key']}: {d['data']}", flush=True)
+            _print_record(args, r)
             shown += 1
             if args.max is not None and shown >= args.max:
                 break
@@ -476,6 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     put.add_argument("stream")
     put.add_argument("data", nargs="*")
     put.add_argument("--key", help="partition key (default: a random key per record)")
+    put.add_argument("--header", action="append", metavar="NAME=VALUE",
+                     help="a header every record carries (repeatable; read back by `sms read`)")
     put.set_defaults(func=cmd_put)
 
     read = sub.add_parser("read", parents=[common], help="read records")

@@ -53,8 +53,9 @@ class Client:
     def get_stream_info(self, name, *, refresh=True):
         return self._run(self._aio.get_stream_info(name, refresh=refresh))
 
-    def put_record(self, stream, data, partition_key, *, explicit_hash_key=None):
-        return self._run(self._aio.put_record(stream, data, partition_key, explicit_hash_key=explicit_hash_key))
+    def put_record(self, stream, data, partition_key, *, explicit_hash_key=None, headers=None):
+        return self._run(self._aio.put_record(stream, data, partition_key, explicit_hash_key=explicit_hash_key,
+                                              headers=headers))
 
     def put_records(self, stream, records):
         return self._run(self._aio.put_records(stream, records))

@@ -6,9 +6,8 @@ Only this module, the gRPC services and the client's transport touch `_pb2` obje
 from __future__ import annotations
 
 import json
-import struct
 
-from sms import codec, seqno
+from sms import wire, seqno
 from sms.proto import sms_pb2
 from sms.types import (ChainMember, ClusterInfo, IngestionPolicy, NodeInfo, PartitionInfo, PartitionState,
                        Persistence, Record, StreamInfo, StreamStatus)
@@ -76,34 +75,5 @@ def cluster_from_pb(d: sms_pb2.ClusterDescription) -> ClusterInfo:
 
 
 def records_from_slice(batch: bytes, start: int, end: int, ordinal: int) -> list[Record]:
-    """Decode records [start, end) of a stored batch (client side): one pass over the
-    framing, one tuple per record."""
-    header = codec.verify(batch)
-    end = min(end, header.count)
-    unpack, entry = codec.ENTRY.unpack_from, codec.ENTRY.size
-    n, offset = len(batch), codec.HEADER_BYTES
-    for _ in range(start):
-        data_len, key_len, meta_len = unpack(batch, offset)
-        offset += entry + key_len + meta_len + data_len
-    unit = seqno.COUNTER_UNIT
-    sn = header.first_sn + start * unit
-    make = tuple.__new__
-    out = []
-    append = out.append
-    try:
-        for sn in range(sn, sn + (end - start) * unit, unit):
-            data_len, key_len, meta_len = unpack(batch, offset)
-            k = offset + entry
-            m = k + key_len
-            d = m + meta_len
-            offset = d + data_len
-            append(make(Record, (batch[k:m].decode(), batch[d:offset], sn, ordinal,
-                                 batch[m:d] if meta_len else b"")))
-    except (struct.error, UnicodeDecodeError) as e:
-        offset = n + 1
-        detail = str(e)
-    else:
-        detail = "entries run past the batch"
-    if offset > n:       # (the checksum held: a writer bug, not a bit flip)
-        raise codec.CorruptBatch(f"batch first_sn {header.first_sn}: {detail}")
-    return out
+    """Decode records [start, end) of a stored batch (client side), by `wire.decode_records`."""
+    return wire.decode_records(batch, start, end, ordinal)

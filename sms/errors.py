@@ -87,6 +87,10 @@ class RequestTooLarge(InvalidArgument):
     pass
 
 
+class InvalidRecordHeader(InvalidArgument):
+    """A record header whose name, value, count or total size breaks its limits."""
+
+
 class InvalidSequenceNumber(InvalidArgument):
     pass
 

@@ -12,7 +12,10 @@ PARTITION_KEY_CHARS_MAX = 256
 HASH_CACHE_KEYS_MAX = 65_536                  # partition keys whose hash a process remembers (sms/hashing.py)
 HASH_KEY_MAX = (1 << 128) - 1                  # explicit hash keys are 0..2^128-1
 PUT_RECORDS_COUNT_MAX = 500                    # records in one PutRecords request
-PUT_RECORDS_BYTES_MAX = 5 * 1024 * 1024        # data + keys in one PutRecords request
+PUT_RECORDS_BYTES_MAX = 5 * 1024 * 1024        # data + keys + headers in one PutRecords request
+RECORD_HEADERS_MAX = 16                        # named attributes (headers) of one record
+RECORD_HEADER_NAME_BYTES_MAX = 64              # a header's name: 1..64 bytes of UTF-8
+RECORD_HEADERS_BYTES_MAX = 4096                # names + values of one record's headers
 STREAM_NAME_CHARS_MAX = 128
 STREAM_PARTITIONS_MAX = 1024                   # open partitions of one stream, at creation and after
 REPARTITIONS_PER_DAY_MAX = 100                 # splits + merges of one stream in a rolling day
@@ -106,8 +109,9 @@ DEDUP_PRUNE_INTERVAL_MS = 1_000                # the service calls prune() this 
 assert DEDUP_CLOCK_SKEW_MS_MAX < DEDUP_WINDOW_MS_MIN <= DEDUP_WINDOW_MS_DEFAULT <= DEDUP_WINDOW_MS_MAX
 assert DEDUP_PRUNE_INTERVAL_MS < DEDUP_WINDOW_MS_MIN
 assert PUT_TIMEOUT_S * 1000 < DEDUP_WINDOW_MS_MIN   # a client's retries fall inside the window
-assert DEDUP_KEY_BYTES_MAX < 256 and PRODUCER_ID_BYTES_MAX < 256   # one codec meta value each
+assert DEDUP_KEY_BYTES_MAX < 256 and PRODUCER_ID_BYTES_MAX < 256   # one wire meta value each
 assert PUT_RECORDS_COUNT_MAX <= DEDUP_ENTRIES_PER_SESSION_MAX
+assert RECORD_HEADER_NAME_BYTES_MAX < 256 and RECORD_HEADERS_BYTES_MAX < 65_536 - 1   # sms/wire.py's TLV lengths
 
 # --- producers (sms/producer.py) ----------------------------------------------------
 PRODUCER_LINGER_MS = 5                              # wait for more records this long

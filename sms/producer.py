@@ -25,7 +25,6 @@ import dataclasses
 import enum
 import logging
 import os
-import struct
 import threading
 import time
 from collections import deque
@@ -33,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from sms import codec, errors, limits
+from sms import wire, errors, limits
 from sms.records import prepare_record, prepare_records
 from sms.limits import (
     PRODUCER_DEDUP_WINDOW_MARGIN_S,
@@ -69,10 +68,6 @@ assert 0 < PRODUCER_ID_RANDOM_BYTES <= limits.PRODUCER_ID_BYTES_MAX
 _SSSN_META_BYTES = 2 + 8
 _SUBMIT_META_BYTES = 2 + 8
 _HASH_KEY_META_BYTES = 2 + 16
-_ORDINAL_BYTES = 4
-_SESSION = struct.Struct("<I")      # a record's session partition, in PutRecordsRequest.session_ordinals
-_SN_BYTES = 16
-_SESSION_META = struct.Struct(">BBQBBQ")   # TAG_SSSN, 8, sssn, TAG_SUBMIT_MS, 8, submit ms (codec meta TLVs)
 
 
 HWM_NONE = -1   # no ack yet: the same sentinel as ingestion/dedup.py
@@ -180,7 +175,8 @@ class _Record:
     sssn: int
     key: bytes                       # partition key, UTF-8
     data: bytes | None               # dropped once `entry` is encoded
-    meta_fields: dict[int, bytes]    # dedup key, explicit hash key; SSSN and submit time added at first send
+    extra: bytes                     # wire meta TLVs: explicit hash key, dedup key, headers (SSSN and
+                                     # submit time are added at first send)
     size: int                        # key + meta + data bytes, as a request counts them
     future: "asyncio.Future | _Slot"  # send(): its own future; send_batch(): its slot in the batch's
     enqueued_s: float                # loop time of send()
@@ -308,18 +304,18 @@ class Producer:
         return self._state
 
     async def send(self, data: bytes, partition_key: str, *, explicit_hash_key: int | str | None = None,
-                   dedup_key: bytes | str | None = None) -> asyncio.Future:
+                   dedup_key: bytes | str | None = None, headers=None) -> asyncio.Future:
         """Queue one record and return a future of its `ProducerResult` (or its named
         error). Bad input raises at once and queues nothing; waits only while the record's
         partition has max_pending_per_partition un-settled records, or all partitions
         max_pending_bytes."""
         self._check_running()
-        prepared = prepare_record(partition_key, data, explicit_hash_key)
-        meta_fields = dict(prepared.meta)
+        prepared = prepare_record(partition_key, data, explicit_hash_key, headers)
+        extra = prepared.extra
         dedup_key = _dedup_key_bytes(dedup_key)
         if dedup_key is not None:
-            meta_fields[codec.TAG_DEDUP_KEY] = dedup_key
-        return await self._queue_record(prepared.key, prepared.data, prepared.hash_key, meta_fields)
+            extra += bytes((wire.TAG_DEDUP_KEY, len(dedup_key))) + dedup_key
+        return await self._queue_record(prepared.key, prepared.data, prepared.hash_key, extra)
 
     async def send_batch(self, records) -> asyncio.Future:
         """send() for each record of `records`, in order: (partition_key, data) pairs, or
@@ -333,15 +329,15 @@ class Producer:
         self._check_running()
         prepared = prepare_records(records)
         batch = _BatchOutcome(len(prepared), self._loop or self._bind_loop())
-        for index, (key, data, hash_key, meta_fields) in enumerate(prepared):
+        for index, (key, data, hash_key, extra) in enumerate(prepared):
             slot = _Slot(batch, index)
-            if self._enqueue_now(key, data, hash_key, meta_fields, slot) is None:
-                await self._queue_record(key, data, hash_key, meta_fields, slot)
+            if self._enqueue_now(key, data, hash_key, extra, slot) is None:
+                await self._queue_record(key, data, hash_key, extra, slot)
         if not prepared:
             batch.future.set_result([])
         return batch.future
 
-    def _enqueue_now(self, key: bytes, data: bytes, hash_key: int, meta_fields: dict[int, bytes],
+    def _enqueue_now(self, key: bytes, data: bytes, hash_key: int, extra: bytes,
                      outcome: "_Slot | None" = None):
         """The record's future if it can be queued without waiting; None otherwise."""
         info = self._info
@@ -354,17 +350,14 @@ class Producer:
         session = self._sessions.get(partition.ordinal)
         if session is None or len(session.records) >= self.max_pending_per_partition:
             return None
-        size = len(key) + len(data) + _SSSN_META_BYTES + _SUBMIT_META_BYTES
-        if meta_fields:
-            size += sum(2 + len(v) for v in meta_fields.values())
+        size = len(key) + len(data) + _SSSN_META_BYTES + _SUBMIT_META_BYTES + len(extra)
         if self._pending_bytes and self._pending_bytes + size > self.max_pending_bytes:
             return None
-        return self._enqueue(session, key, data, meta_fields, size, hash_key, outcome)
+        return self._enqueue(session, key, data, extra, size, hash_key, outcome)
 
     async def _queue_record(self, key_bytes: bytes, data: bytes, hash_key: int,
-                            meta_fields: dict[int, bytes], outcome: "_Slot | None" = None):
-        size = (len(key_bytes) + len(data) + _SSSN_META_BYTES + _SUBMIT_META_BYTES
-                + sum(2 + len(v) for v in meta_fields.values()))
+                            extra: bytes, outcome: "_Slot | None" = None):
+        size = len(key_bytes) + len(data) + _SSSN_META_BYTES + _SUBMIT_META_BYTES + len(extra)
         if size > limits.PUT_RECORDS_BYTES_MAX:
             errors.invariant(False, f"a valid record of {size} bytes fits no request")
 
@@ -387,7 +380,7 @@ class Producer:
             else:
                 break
         # From here to the return: no await, so the checks above still hold.
-        return self._enqueue(session, key_bytes, data, meta_fields, size, hash_key, outcome)
+        return self._enqueue(session, key_bytes, data, extra, size, hash_key, outcome)
 
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         self._loop = asyncio.get_running_loop()
@@ -476,7 +469,7 @@ class Producer:
             raise errors.InternalError(f"producer of {self.stream!r} failed: {self._broken!r}") from self._broken
 
     # --- queueing ---------------------------------------------------------------------
-    def _enqueue(self, session: _Session, key: bytes, data: bytes, meta_fields: dict[int, bytes],
+    def _enqueue(self, session: _Session, key: bytes, data: bytes, extra: bytes,
                  size: int, hash_key: int = 0, outcome: "_Slot | None" = None):
         if session.next_sssn > limits.SSSN_MAX:
             errors.invariant(False, f"p{session.ordinal}: SSSNs exhausted")
@@ -484,7 +477,7 @@ class Producer:
         now_s = loop.time()
         window_s = (self._info.dedup_window_s - limits.DEDUP_CLOCK_SKEW_MS_MAX / 1000
                     - PRODUCER_DEDUP_WINDOW_MARGIN_S)
-        record = _Record(session.ordinal, session.next_sssn, key, data, meta_fields, size,
+        record = _Record(session.ordinal, session.next_sssn, key, data, extra, size,
                          outcome or loop.create_future(), now_s,
                          now_s + max(0.0, min(self.delivery_timeout_s, window_s)), hash_key=hash_key)
         session.next_sssn += 1
@@ -802,12 +795,10 @@ class Producer:
     def _encode(self, record: _Record) -> None:
         """First send: stamp the submit time; the entry is reused unchanged by every resend."""
         record.submit_ms = self._clock_ms()
-        meta = _SESSION_META.pack(codec.TAG_SSSN, 8, record.sssn, codec.TAG_SUBMIT_MS, 8, record.submit_ms)
-        if record.meta_fields:
-            meta += codec.encode_meta(record.meta_fields)
-        record.entry = codec.encode_entry(record.key, record.data, meta)
-        if len(record.entry) - codec.ENTRY.size != record.size:
-            errors.invariant(False, f"entry of {len(record.entry) - codec.ENTRY.size} bytes; counted {record.size}")
+        record.entry = wire.encode_session_entry(record.key, record.data, record.sssn, record.submit_ms,
+                                                 record.extra)
+        if len(record.entry) - wire.ENTRY.size != record.size:
+            errors.invariant(False, f"entry of {len(record.entry) - wire.ENTRY.size} bytes; counted {record.size}")
         record.data = None
 
     def _take_closed(self, session: _Session, owner: str, items: list[_Record], size: int) -> tuple[int, int]:
@@ -843,7 +834,7 @@ class Producer:
         request = sms_pb2.PutRecordsRequest(stream=self.stream, count=len(items),
                                             entries=b"".join(r.entry for r in items),
                                             producer_id=self.producer_id, hwm=hwms,
-                                            session_ordinals=b"".join(_SESSION.pack(r.ordinal) for r in items))
+                                            session_ordinals=wire.encode_session_ordinals(r.ordinal for r in items))
         self._totals["requests"] += 1
         try:
             try:
@@ -884,8 +875,8 @@ class Producer:
         answered: dict[int, tuple[int, list[_Record]]] = {}   # ordinal -> (records in flight, to resend)
         refresh = False
         throttled: set[int] = set()                 # partitions with a record answered Throttled
-        sns, from_bytes, sessions = response.sequence_numbers, int.from_bytes, self._sessions
-        ordinals = [o for (o,) in _SESSION.iter_unpack(response.ordinals)]
+        sessions = self._sessions
+        sns, ordinals = wire.decode_put_results(response.sequence_numbers, response.ordinals, len(items))
         for j, record in enumerate(items):
             sent, again = answered.get(record.ordinal, (0, []))
             answered[record.ordinal] = (sent + 1, again)
@@ -899,7 +890,7 @@ class Producer:
                     continue
                 self._settle(self._sessions[record.ordinal], record, error=error)
                 continue
-            sn = from_bytes(sns[_SN_BYTES * j:_SN_BYTES * (j + 1)], "big")
+            sn = sns[j]
             self._settle(sessions[record.ordinal], record,
                          ProducerResult(sn or None, ordinals[j], record.sssn, j in duplicates))
         self._requeue(answered, refresh=refresh)
@@ -946,7 +937,7 @@ class Producer:
 
 def _check_response(response, n: int) -> str:
     """Why an answer to n records cannot be read; empty when it can."""
-    if len(response.sequence_numbers) != _SN_BYTES * n or len(response.ordinals) != _ORDINAL_BYTES * n:
+    if len(response.sequence_numbers) != wire.SN_BYTES * n or len(response.ordinals) != wire.ORDINAL.size * n:
         return (f"PutRecords answer with {len(response.sequence_numbers)} bytes of SNs and "
                 f"{len(response.ordinals)} of ordinals for {n} records")
     bad = [e.index for e in response.errors if e.index >= n] + [i for i in response.duplicates if i >= n]
@@ -989,12 +980,12 @@ class SyncProducer:
         return self._producer.producer_id
 
     def send(self, data: bytes, partition_key: str, *, explicit_hash_key: int | str | None = None,
-             dedup_key: bytes | str | None = None) -> concurrent.futures.Future:
-        return self._run(self._send(data, partition_key, explicit_hash_key, dedup_key))
+             dedup_key: bytes | str | None = None, headers=None) -> concurrent.futures.Future:
+        return self._run(self._send(data, partition_key, explicit_hash_key, dedup_key, headers))
 
-    async def _send(self, data, partition_key, explicit_hash_key, dedup_key) -> concurrent.futures.Future:
+    async def _send(self, data, partition_key, explicit_hash_key, dedup_key, headers) -> concurrent.futures.Future:
         future = await self._producer.send(data, partition_key, explicit_hash_key=explicit_hash_key,
-                                           dedup_key=dedup_key)
+                                           dedup_key=dedup_key, headers=headers)
         out: concurrent.futures.Future = concurrent.futures.Future()
         out.set_running_or_notify_cancel()         # a sent record cannot be called back
         future.add_done_callback(lambda f: _copy_outcome(f, out))

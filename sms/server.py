@@ -20,7 +20,7 @@ import time
 
 import grpc
 
-from sms import limits, metadata, rpc
+from sms import limits, metadata, rpc, wire
 from sms.errors import InvalidArgument
 from sms.types import NodeInfo
 
@@ -165,7 +165,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
 
     store.on_session_lost(reregister)
     _write_session_file(session_file, store)
-    log.info("node %s serving %s on %s", node_id, ",".join(roles), address)
+    log.info("node %s serving %s on %s (wire codec: %s)", node_id, ",".join(roles), address, wire.IMPLEMENTATION)
     if ready_file:
         tmp = ready_file + ".tmp"
         with open(tmp, "w") as f:

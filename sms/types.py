@@ -78,6 +78,14 @@ class Record(NamedTuple):
         return seqno.timestamp_ms_of(self.sn)
 
     @property
+    def headers(self) -> dict[str, bytes]:
+        """The record's headers (name -> value), as its producer gave them; {} if none."""
+        if not self.meta:
+            return {}
+        from sms import wire     # (sms.wire imports this module)
+        return wire.decode_headers(self.meta)
+
+    @property
     def partition_id(self) -> str:
         return partition_id(self.partition_ordinal)
 

@@ -36,7 +36,8 @@ from pyspark.sql.datasource import (DataSource, DataSourceStreamReader, DataSour
 from sms import limits
 from sms.types import PartitionState
 
-SCHEMA = "partition_key string, data binary, sequence_number string, arrival_time timestamp, partition_id string"
+SCHEMA = ("partition_key string, data binary, sequence_number string, arrival_time timestamp, partition_id string, "
+          "headers map<string, binary>")
 END = "END"
 BATCH_SSSN_SHIFT = 24                 # rows of one Spark partition in one micro-batch: < 2^24
 
@@ -164,7 +165,7 @@ class SmsStreamReader(DataSourceStreamReader):
                         return
                     yield (r.partition_key, bytes(r.data), r.sequence_number,
                            datetime.datetime.fromtimestamp(r.arrival_time_ms / 1000, tz=datetime.timezone.utc),
-                           r.partition_id)
+                           r.partition_id, r.headers)
                     if r.sn == partition.upto_sn:
                         return
                 it = page.next_iterator

@@ -15,13 +15,11 @@ on a changed map, or raises the first non-retriable error.
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 
-from sms import codec, errors, hashing, limits, seqno
+from sms import wire, errors, hashing, limits, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 
-_ORDINAL = struct.Struct("<I")
 
 
 def base_sssn(first_input_sn: int) -> int:
@@ -67,10 +65,8 @@ class OutputWriter:
             session = next((p.ordinal for p in governing if p.hash_lo <= h < p.hash_hi), None)
             if session is None:           # before the stream, or retention dropped that partition
                 session = info.open_partition_for_hash(h).ordinal
-            meta = codec.encode_meta({codec.TAG_SSSN: sssn.to_bytes(8, "big"),
-                                      codec.TAG_SUBMIT_MS: now_ms.to_bytes(8, "big")})
             by_session.setdefault(session, []).append([sssn, key, data, h, session,
-                                                       codec.encode_entry(key.encode(), data, meta)])
+                                                       wire.encode_session_entry(key.encode(), data, sssn, now_ms)])
         deadline = time.monotonic() + limits.SPS_OUTPUT_RETRY_DEADLINE_S
         failures = 0
         while any(by_session.values()):
@@ -118,7 +114,7 @@ class OutputWriter:
             hwm[p[4]] = min(hwm[p[4]], p[0] - 1)
         req = sms_pb2.PutRecordsRequest(stream=stream, count=len(chunk), entries=b"".join(p[5] for p in chunk),
                                         producer_id=self.producer_id, hwm=hwm,
-                                        session_ordinals=b"".join(_ORDINAL.pack(p[4]) for p in chunk))
+                                        session_ordinals=wire.encode_session_ordinals(p[4] for p in chunk))
         try:
             resp = await self.client._call(owner, sms_pb2_grpc.IngestionStub, "PutRecords", req,
                                            timeout_s=limits.PUT_TIMEOUT_S)

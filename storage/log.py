@@ -4,7 +4,7 @@ A node keeps two LMDB environments, one per durable persistence policy: `disk`
 (`sync=True`: every commit is fsynced) and `disk_async` (written per batch, flushed by
 the OS, so it survives a process crash but not a power cut). `memory` logs live in a
 sorted dict and vanish with the process. Each stored value is one whole batch
-(sms/codec.py) keyed by (local partition id, first SN), so an append is one put and a
+(sms/wire.py) keyed by (local partition id, first SN), so an append is one put and a
 read is a cursor walk over whole batches.
 
 Writes go through one `GroupCommitWriter` per environment: appends from every partition
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import lmdb
 from sortedcontainers import SortedDict
 
-from sms import codec, limits, seqno
+from sms import wire, limits, seqno
 from sms.aiotools import cancel_and_wait
 from sms.errors import invariant
 from sms.types import Persistence
@@ -210,11 +210,11 @@ class LogStore:
             cur = txn.cursor(db=batches)
             if cur.set_range(plog.prefix):
                 if cur.key()[:4] == plog.prefix:
-                    plog.first_sn = codec.read_header(cur.value()).first_sn
+                    plog.first_sn = wire.read_header(cur.value()).first_sn
             count_batches = count_records = 0
             if cur.set_range(plog.prefix):
                 while cur.key()[:4] == plog.prefix:
-                    header = codec.read_header(cur.value())
+                    header = wire.read_header(cur.value())
                     count_batches += 1
                     count_records += header.count
                     plog.last_sn = header.last_sn
@@ -272,14 +272,14 @@ class LogStore:
                 plog.records -= sum(count for _sn, count in victims)
                 deleted_records += sum(count for _sn, count in victims)
                 nxt = self._batches_from(plog, victims[-1][0] + 1)
-                plog.first_sn = next((codec.read_header(b).first_sn for b in nxt), 0)
+                plog.first_sn = next((wire.read_header(b).first_sn for b in nxt), 0)
             if len(victims) < limits.TRIM_BATCHES_PER_TXN_MAX:
                 return deleted_records
 
     def _trim_memory(self, plog: PartitionLog, before_sn: int) -> list[tuple[int, int]]:
         victims = []
         for first in list(plog.memory.keys()[:-1][:limits.TRIM_BATCHES_PER_TXN_MAX]):
-            header = codec.read_header(plog.memory[first])
+            header = wire.read_header(plog.memory[first])
             if header.last_sn >= before_sn:
                 break
             del plog.memory[first]
@@ -296,7 +296,7 @@ class LogStore:
             if not cur.set_range(plog.prefix):
                 return victims
             while cur.key()[:4] == plog.prefix and len(victims) < limits.TRIM_BATCHES_PER_TXN_MAX:
-                header = codec.read_header(cur.value())
+                header = wire.read_header(cur.value())
                 if header.last_sn >= before_sn or header.last_sn >= plog.last_sn:
                     break
                 victims.append((header.last_sn, header.count))
@@ -306,7 +306,7 @@ class LogStore:
 
     # --- append / read --------------------------------------------------------------
 
-    async def append(self, plog: PartitionLog, batch: bytes) -> codec.BatchHeader:
+    async def append(self, plog: PartitionLog, batch: bytes) -> wire.BatchHeader:
         """Persist one sequenced batch after the log's last SN (prefix rule).
 
         Appends to one log are serialised: the prefix check and the state update must not
@@ -316,10 +316,10 @@ class LogStore:
         Cancelling the caller (its stream broke) does not cancel the append: once submitted
         the batch is committed by the writer thread anyway, so the log's state must follow,
         or the head would later sequence new records under SNs the log already holds."""
-        header = codec.verify(batch)
+        header = wire.verify(batch)
         return await asyncio.shield(self._append(plog, header, batch))
 
-    async def _append(self, plog: PartitionLog, header: codec.BatchHeader, batch: bytes) -> codec.BatchHeader:
+    async def _append(self, plog: PartitionLog, header: wire.BatchHeader, batch: bytes) -> wire.BatchHeader:
         async with plog.append_lock:
             invariant(header.first_sn > plog.last_sn,
                       f"{plog.name}: append first_sn {header.first_sn} <= last_sn {plog.last_sn}")
@@ -348,11 +348,11 @@ class LogStore:
         out: list[ReadSlice] = []
         records = size = 0
         for batch in self._batches_from(plog, from_sn):
-            if codec.read_header(batch).first_sn > upto_sn:
+            if wire.read_header(batch).first_sn > upto_sn:
                 break
-            header = codec.verify(batch)
-            start = codec.index_at_or_after(header, from_sn)
-            end = codec.index_at_or_after(header, upto_sn + 1)
+            header = wire.verify(batch)
+            start = wire.index_at_or_after(header, from_sn)
+            end = wire.index_at_or_after(header, upto_sn + 1)
             end = min(end, start + (max_records - records))
             if end > start:
                 out.append(ReadSlice(batch, start, end, header.first_sn))

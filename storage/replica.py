@@ -22,7 +22,7 @@ import time
 
 import grpc
 
-from sms import codec, limits, rpc, seqno
+from sms import wire, limits, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.errors import PartitionClosed, PartitionSealed, StaleEpoch, WrongOwner, invariant
 from sms.metadata import ChainConfig
@@ -130,7 +130,7 @@ class Replica:
         counter = seqno.counter_of(last) + 1 if last else 1
         return seqno.make(ts, counter, self.config.ordinal)
 
-    async def append_as_head(self, epoch: int, unsequenced: bytes) -> codec.BatchHeader:
+    async def append_as_head(self, epoch: int, unsequenced: bytes) -> wire.BatchHeader:
         """Sequence and persist a batch from ingestion; returns its header."""
         self.check_active()
         self.check_epoch(epoch)
@@ -140,9 +140,9 @@ class Replica:
         # batch stored but missing from `recent` and `origins`
         return await asyncio.shield(self._sequence_and_store(unsequenced))
 
-    async def _sequence_and_store(self, unsequenced: bytes) -> codec.BatchHeader:
+    async def _sequence_and_store(self, unsequenced: bytes) -> wire.BatchHeader:
         async with self.sequence_lock:
-            incoming = codec.read_header(unsequenced)
+            incoming = wire.read_header(unsequenced)
             held = self._held(incoming)
             if held is not None:
                 return held      # a resend of a batch we already store: not stored twice
@@ -150,7 +150,7 @@ class Replica:
                 # checked under the sequence lock: once a sealed config is applied and the lock
                 # is free, last_sn is final (what the repartition driver waits for)
                 raise PartitionSealed(f"{self.chain_id}: sealed for a repartition; the batch was not stored")
-            batch = codec.sequence(unsequenced, self._next_first_sn())
+            batch = wire.sequence(unsequenced, self._next_first_sn())
             header = await self.store.append(self.log, batch)
             self.recent.append((header.first_sn, header.last_sn, batch))
             self._remember(header)
@@ -159,16 +159,16 @@ class Replica:
         await self.notify()
         return header
 
-    def _held(self, incoming: codec.BatchHeader) -> codec.BatchHeader | None:
+    def _held(self, incoming: wire.BatchHeader) -> wire.BatchHeader | None:
         if incoming.origin_id == 0:
             return None
         if self.origins is None:
             self.origins = collections.OrderedDict()
             for stored in self.store.last_batches(self.log, limits.HEAD_ORIGIN_BATCHES_MAX * 4):
-                self._remember(codec.read_header(stored))
+                self._remember(wire.read_header(stored))
         return self.origins.get(incoming.origin_id, {}).get(incoming.origin_seq)
 
-    def _remember(self, header: codec.BatchHeader) -> None:
+    def _remember(self, header: wire.BatchHeader) -> None:
         if header.origin_id == 0 or self.origins is None:
             return
         seen = self.origins.get(header.origin_id)
@@ -189,14 +189,14 @@ class Replica:
         self.check_active()
         if generation is not None and generation != self.generation:
             raise StaleEpoch(f"{self.chain_id}: the log on {self.node_id} was wiped after this stream began")
-        header = codec.verify(batch)
+        header = wire.verify(batch)
         await asyncio.shield(self._store_successor(header, batch, predecessor_committed))   # as append_as_head
 
-    async def _store_successor(self, header: codec.BatchHeader, batch: bytes, predecessor_committed: int) -> None:
+    async def _store_successor(self, header: wire.BatchHeader, batch: bytes, predecessor_committed: int) -> None:
         async with self.sequence_lock:     # a resend on a new stream waits for a shielded append in progress
             await self._store_successor_locked(header, batch, predecessor_committed)
 
-    async def _store_successor_locked(self, header: codec.BatchHeader, batch: bytes,
+    async def _store_successor_locked(self, header: wire.BatchHeader, batch: bytes,
                                       predecessor_committed: int) -> None:
         if header.last_sn <= self.log.last_sn:
             return  # resent after a reconnect: we hold it already
@@ -212,19 +212,19 @@ class Replica:
                 self.store.set_committed(self.log, adopted)
         await self.notify()
 
-    def last_header(self) -> codec.BatchHeader | None:
+    def last_header(self) -> wire.BatchHeader | None:
         """The header of the last stored batch (what a predecessor verifies at hello)."""
         if self.recent:
-            return codec.read_header(self.recent[-1][2])
+            return wire.read_header(self.recent[-1][2])
         last = self.store.last_batches(self.log, 1)
-        return codec.read_header(last[0]) if last else None
+        return wire.read_header(last[0]) if last else None
 
     def holds_batch(self, first_sn: int, last_sn: int, checksum: int) -> bool:
         """True when this log stores exactly that batch (same bounds and checksum)."""
         if not first_sn or last_sn > self.log.last_sn:
             return False
         for batch in self.store.read_batches_from(self.log, first_sn, 1):
-            header = codec.read_header(batch)
+            header = wire.read_header(batch)
             return header.first_sn == first_sn and header.last_sn == last_sn and header.checksum == checksum
         return False
 
@@ -416,7 +416,7 @@ class DownstreamLink:
                         await call.write(sms_pb2.ReplicateRequest(
                             chain_id=r.chain_id, epoch=epoch, batch=batch,
                             committed_sn=seqno.to_bytes(r.committed_sn)))
-                        sent_sn = codec.read_header(batch).last_sn
+                        sent_sn = wire.read_header(batch).last_sn
                         inflight.append(sent_sn)
             finally:
                 reader.cancel()

@@ -9,7 +9,7 @@ bytes in, bytes out, no .proto. Service `smsbench.Echo`, four methods:
   as SMS replies to a put with a small ack.
 
 The client (grpc.aio, this process) sends the sealed batches of `batch` records of `size`
-bytes that codec.build_batch makes (the same bytes a storage node stores and replicates),
+bytes that wire.build_batch makes (the same bytes a storage node stores and replicates),
 cycling through them, each mode for about `duration_s`:
 
 * unary with 1 and with 16 calls in flight (calls/s, records/s, call latency);

@@ -4,10 +4,10 @@ Four figures, all over the same `records` records of `size` bytes (common.record
 
 * append_records_per_s: each record its own key (16-byte big-endian counter), put with
   append=True, `batch` records per write transaction, env opened sync=True. The value is
-  the record's packed entry (codec.encode_entry: entry header + key + data), so the bytes
+  the record's packed entry (wire.encode_entry: entry header + key + data), so the bytes
   written equal the body of the batch SMS stores. This is the figure ingest is compared with.
 * append_batch_value_records_per_s: the same records, each batch stored as ONE value: the
-  sequenced batch bytes codec.build_batch makes (header + entries), which is what an SMS
+  sequenced batch bytes wire.build_batch makes (header + entries), which is what an SMS
   storage node stores. Extra information: it shows how much batching as one value buys.
 * scan_records_per_s: one read transaction, a cursor over every per-record key.
 * scan_buffers_records_per_s: the same with env.begin(buffers=True) (no copies).
@@ -29,20 +29,20 @@ import time
 import lmdb
 
 from bench import common
-from sms import codec, seqno
+from sms import wire, seqno
 
 
 def packed_batches(records: int, size: int, batch: int) -> tuple[list[list[bytes]], list[bytes]]:
     """The packed entries of each batch and each batch sealed as SMS seals it (sequenced,
     first SN stamped, checksum over the entries), from common.records()."""
     recs = common.records(records, size)
-    entries = [codec.encode_entry(key.encode("utf-8"), data) for key, data in recs]
+    entries = [wire.encode_entry(key.encode("utf-8"), data) for key, data in recs]
     grouped = common.batches(entries, batch)
     now_ms = int(time.time() * 1000)
     sealed = []
     counter = 0
     for b in grouped:
-        sealed.append(codec.build_batch(b, first_sn=seqno.make(now_ms, counter, 0)))
+        sealed.append(wire.build_batch(b, first_sn=seqno.make(now_ms, counter, 0)))
         counter += len(b)
     return grouped, sealed
 

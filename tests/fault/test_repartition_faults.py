@@ -33,7 +33,7 @@ import time
 import pytest
 
 import sms.aio
-from sms import codec, hashing, seqno
+from sms import wire, hashing, seqno
 from sms.metadata import ChainConfig
 from sms.producer import Producer
 from sms.proto import sms_pb2
@@ -149,7 +149,7 @@ class _MergingOwners:
                 errors=[sms_pb2.RecordError(index=i, name="PartitionClosed", message="sealed for a merge")
                         for i in range(n)], map_version=self.version)
         sns = []
-        for entry in codec.iter_entries(request.entries, n):
+        for entry in wire.iter_entries(request.entries, n):
             self.stored.append(entry.data)
             sns.append(seqno.make(int(time.time() * 1000), len(self.stored), 2))
         return sms_pb2.PutRecordsResponse(sequence_numbers=b"".join(seqno.to_bytes(sn) for sn in sns),

@@ -7,7 +7,7 @@ head) of its partition, as `client.get_stream_info` names it, and answers per re
 (SN, duplicate flag, error name) plus the SSSNs the node reported missing. It does not
 use `sms/producer.py` on purpose: the tests check the server's side of the protocol,
 so nothing between them and the wire may fix anything up. `stored_session_records`
-reads the session fields back from stored records (codec meta TAG_PRODUCER_ID /
+reads the session fields back from stored records (wire meta TAG_PRODUCER_ID /
 TAG_SSSN / TAG_DEDUP_KEY).
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from sms import codec, errors, hashing, limits, rpc, seqno
+from sms import wire, errors, hashing, limits, rpc, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import Record, StreamInfo
 
@@ -88,10 +88,10 @@ class StoredSession:
 def encode(s: Submit, *, fields: Mapping[int, bytes] | None = None) -> bytes:
     """The wire entry of a session record; `fields` replaces the meta TLVs (bad input)."""
     if fields is None:
-        fields = {codec.TAG_SSSN: s.sssn.to_bytes(8, "big"), codec.TAG_SUBMIT_MS: s.submit_ms.to_bytes(8, "big")}
+        fields = {wire.TAG_SSSN: s.sssn.to_bytes(8, "big"), wire.TAG_SUBMIT_MS: s.submit_ms.to_bytes(8, "big")}
         if s.dedup_key is not None:
-            fields = {**fields, codec.TAG_DEDUP_KEY: s.dedup_key}
-    return codec.encode_entry(s.key.encode("utf-8"), s.data, codec.encode_meta(dict(fields)))
+            fields = {**fields, wire.TAG_DEDUP_KEY: s.dedup_key}
+    return wire.encode_entry(s.key.encode("utf-8"), s.data, wire.encode_meta(dict(fields)))
 
 
 class Channels:
@@ -260,10 +260,10 @@ def stored_session_records(records: Iterable[Record]) -> list[StoredSession]:
     for r in records:
         if not r.meta:
             continue
-        meta = codec.decode_meta(r.meta)
-        if codec.TAG_PRODUCER_ID not in meta:
+        meta = wire.decode_meta(r.meta)
+        if wire.TAG_PRODUCER_ID not in meta:
             continue
-        assert codec.TAG_SSSN in meta, f"record {r.sn} has a producer id but no SSSN"
-        out.append(StoredSession(meta[codec.TAG_PRODUCER_ID], int.from_bytes(meta[codec.TAG_SSSN], "big"),
-                                 meta.get(codec.TAG_DEDUP_KEY), r.sn, r.partition_key, r.data))
+        assert wire.TAG_SSSN in meta, f"record {r.sn} has a producer id but no SSSN"
+        out.append(StoredSession(meta[wire.TAG_PRODUCER_ID], int.from_bytes(meta[wire.TAG_SSSN], "big"),
+                                 meta.get(wire.TAG_DEDUP_KEY), r.sn, r.partition_key, r.data))
     return out

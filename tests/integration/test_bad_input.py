@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from control.metastore import open_metastore
-from sms import codec, errors, hashing, limits, metadata, seqno
+from sms import wire, errors, hashing, limits, metadata, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import ERROR_KEY
 from sms.tokens import Position, TokenCodec
@@ -229,7 +229,13 @@ def test_tampered_iterator_name_bytes(client, target, canary, tamper):
 # --- raw gRPC: the server's own validation -------------------------------------------------
 
 def _entry(key: str | bytes = "key", data: bytes = b"data", meta: bytes = b"") -> bytes:
-    return codec.encode_entry(key.encode() if isinstance(key, str) else key, data, meta)
+    return wire.encode_entry(key.encode() if isinstance(key, str) else key, data, meta)
+
+
+def _header(name: bytes, value: bytes) -> bytes:
+    """One header TLV as a producer could send it, valid or not (sms/wire.py)."""
+    body = bytes((len(name),)) + name + value
+    return bytes((wire.TAG_HEADER,)) + len(body).to_bytes(2, "big") + body
 
 
 def _put(count: int, entries: bytes, stream: str | None = None):
@@ -269,9 +275,23 @@ RAW_CASES = {
     "PutRecords oversize record": (_put(1, _entry(data=b"x" * (limits.RECORD_DATA_BYTES_MAX + 1))),
                                    errors.RecordTooLarge),
     "PutRecords over 5 MiB": (_put(6, _entry(data=b"x" * 1_000_000) * 6), errors.RequestTooLarge),
-    "PutRecords hash key of 3 bytes": (_put(1, _entry(meta=codec.encode_meta(
-        {codec.TAG_EXPLICIT_HASH_KEY: b"abc"}))), errors.InvalidArgument),
+    "PutRecords hash key of 3 bytes": (_put(1, _entry(meta=wire.encode_meta(
+        {wire.TAG_EXPLICIT_HASH_KEY: b"abc"}))), errors.InvalidArgument),
     "PutRecords truncated meta": (_put(1, _entry(meta=b"\x01\x10abc")), errors.InvalidArgument),
+    "PutRecords header name not UTF-8": (_put(1, _entry(meta=_header(b"\xff\xfe", b"v"))),
+                                         errors.InvalidRecordHeader),
+    "PutRecords header name empty": (_put(1, _entry(meta=_header(b"", b"v"))), errors.InvalidRecordHeader),
+    "PutRecords header name of 65 bytes": (_put(1, _entry(meta=_header(b"n" * 65, b"v"))),
+                                           errors.InvalidRecordHeader),
+    "PutRecords header name longer than the header": (_put(1, _entry(meta=b"\x80\x00\x02\x09a")),
+                                                      errors.InvalidRecordHeader),
+    "PutRecords header repeated": (_put(1, _entry(meta=_header(b"a", b"1") + _header(b"a", b"2"))),
+                                   errors.InvalidRecordHeader),
+    "PutRecords 17 headers": (_put(1, _entry(meta=b"".join(_header(b"h%d" % i, b"") for i in range(17)))),
+                              errors.InvalidRecordHeader),
+    "PutRecords headers over 4 KiB": (_put(1, _entry(meta=_header(b"big", b"x" * 4096))),
+                                      errors.InvalidRecordHeader),
+    "PutRecords header TLV truncated": (_put(1, _entry(meta=b"\x80\x00")), errors.InvalidArgument),
     "PutRecords missing stream": (_put(1, _entry(), MISSING), errors.StreamNotFound),
     "PutRecords bad stream name": (_put(1, _entry(), "a/b"), errors.InvalidStreamName),
     "GetNextRecords max_records 0": (_next(0), errors.InvalidArgument),
@@ -336,15 +356,15 @@ def _corrupt_checksum(batch: bytes) -> bytes:
 
 
 def _bad_header(batch: bytes) -> bytes:
-    return bytes([codec.BATCH_VERSION + 1]) + batch[1:]   # a version this build does not know
+    return bytes([wire.BATCH_VERSION + 1]) + batch[1:]   # a version this build does not know
 
 
 APPEND_CASES = {
-    "checksum does not hold": _corrupt_checksum(codec.build_batch([_entry("k", b"good data")])),
-    "unknown batch version": _bad_header(codec.build_batch([_entry("k", b"good data")])),
+    "checksum does not hold": _corrupt_checksum(wire.build_batch([_entry("k", b"good data")])),
+    "unknown batch version": _bad_header(wire.build_batch([_entry("k", b"good data")])),
     "shorter than a header": b"short",
     # stored, it would make every later read of the partition fail to decode
-    "entries do not parse": codec.build_batch([b"\x00\x01not an entry"]),
+    "entries do not parse": wire.build_batch([b"\x00\x01not an entry"]),
 }
 
 
@@ -363,7 +383,7 @@ def test_head_rejects_a_bad_append_batch(client, canary, batch):
 
 def test_append_to_a_chain_not_held_or_of_another_epoch(client, target, canary, stubs):
     before = snapshot(client, target)
-    good = codec.build_batch([_entry()])
+    good = wire.build_batch([_entry()])
     assert _append(stubs["storage"], f"{MISSING}:0", good).error_name == "WrongOwner"
     assert _append(stubs["storage"], f"{target}:0", good, epoch=7).error_name == "StaleEpoch"
     assert snapshot(client, target) == before

@@ -26,7 +26,7 @@ import threading
 import pytest
 
 import sms
-from sms import codec, errors, limits, metadata
+from sms import wire, errors, limits, metadata
 from tests.conftest import read_partition, stream_name, wait_until
 from tests.integration.session_wire import (Answer, Channels, RawSession, StoredSession, Submit, cumulative_hwm,
                                             encode, key_for_ordinal, now_ms, send_entries,
@@ -304,13 +304,13 @@ def _empty_key(s: RawSession):
 
 def _no_sssn_meta(s: RawSession):
     good, bad = records([1, 2])
-    entries = [encode(good), encode(bad, fields={codec.TAG_SUBMIT_MS: bad.submit_ms.to_bytes(8, "big")})]
+    entries = [encode(good), encode(bad, fields={wire.TAG_SUBMIT_MS: bad.submit_ms.to_bytes(8, "big")})]
     return send_entries(s.channels, s.owner(0), s.stream, s.producer_id, entries)
 
 
 def _sssn_of_4_bytes(s: RawSession):
     r = records([1])[0]
-    fields = {codec.TAG_SSSN: (1).to_bytes(4, "big"), codec.TAG_SUBMIT_MS: r.submit_ms.to_bytes(8, "big")}
+    fields = {wire.TAG_SSSN: (1).to_bytes(4, "big"), wire.TAG_SUBMIT_MS: r.submit_ms.to_bytes(8, "big")}
     return send_entries(s.channels, s.owner(0), s.stream, s.producer_id, [encode(r, fields=fields)])
 
 

@@ -26,7 +26,7 @@ import pytest
 
 import sms
 import sms.aio
-from sms import codec, convert, errors, limits, seqno
+from sms import wire, convert, errors, limits, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import Persistence, Record
 from storage.log import LogStore
@@ -163,9 +163,9 @@ async def _stored_batches(node_dir: str, chain_id: str) -> tuple[int, list[bytes
             slices = store.read(plog, next_sn, plog.last_sn, BIG, BIG)
             assert slices, f"{chain_id}: nothing readable from {next_sn} up to last SN {plog.last_sn}"
             for s in slices:
-                assert (s.start, s.end) == (0, codec.read_header(s.batch).count), "a stored batch read in part"
+                assert (s.start, s.end) == (0, wire.read_header(s.batch).count), "a stored batch read in part"
                 batches.append(s.batch)
-            next_sn = codec.read_header(slices[-1].batch).last_sn + 1
+            next_sn = wire.read_header(slices[-1].batch).last_sn + 1
         return plog.last_sn, batches
     finally:
         await store.close()
@@ -199,7 +199,7 @@ def test_every_replica_holds_the_same_batches(make_cluster):
             assert last_sn == head_last_sn, f"{chain_id}: {node_id} last SN {last_sn}, head {head_last_sn}"
             assert batches == head_batches, f"{chain_id}: {node_id} stores other batches than the head"
         for batch in head_batches:
-            header = codec.read_header(batch)
+            header = wire.read_header(batch)
             for r in convert.records_from_slice(batch, 0, header.count, partition.ordinal):
                 stored_records[r.sn] = r.data
     assert stored_records == written

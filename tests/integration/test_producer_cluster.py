@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import pytest
 
-from sms import codec
+from sms import wire
 from tests.conftest import read_stream, stream_name, wait_until
 
 pytestmark = pytest.mark.integration
@@ -26,8 +26,8 @@ def stored_by_session(client, stream: str) -> dict[tuple[bytes, int], list[tuple
     records = read_stream(client, stream)
     for ordinal in sorted(records):
         for r in records[ordinal]:
-            meta = codec.decode_meta(r.meta)
-            out[(meta[codec.TAG_PRODUCER_ID], ordinal)].append((int.from_bytes(meta[codec.TAG_SSSN], "big"), r.sn))
+            meta = wire.decode_meta(r.meta)
+            out[(meta[wire.TAG_PRODUCER_ID], ordinal)].append((int.from_bytes(meta[wire.TAG_SSSN], "big"), r.sn))
     return out
 
 

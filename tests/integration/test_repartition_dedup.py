@@ -5,7 +5,7 @@ the producer's records of P that may be stored in P go, still in their session w
 to the child that now covers each one's hash. A request names each record's session
 partition, either per request (`PutRecordsRequest.session_ordinals`, 4 bytes
 little-endian per record: what `sms/producer.py` sends) or in the entry's meta
-(`codec.TAG_SESSION_ORDINAL`, 4 bytes big-endian); the HWM map is keyed by P. A record
+(`wire.TAG_SESSION_ORDINAL`, 4 bytes big-endian); the HWM map is keyed by P. A record
 that names neither is in the session with the partition it routes to now. A child's
 dedup table is seeded with its ancestors' records of the dedup window, so:
 
@@ -39,7 +39,7 @@ import grpc
 import pytest
 
 import sms
-from sms import codec, errors, hashing, limits, metadata, rpc, seqno
+from sms import wire, errors, hashing, limits, metadata, rpc, seqno
 from sms.launcher import LocalCluster
 from sms.proto import sms_pb2
 from sms.types import PartitionState, Record, StreamInfo
@@ -60,7 +60,7 @@ LOAD_RATE_MIN = 2 * AUTO_SPLIT_RATE   # the load must be well above it (a few hu
 _ORDINAL = struct.Struct("<I")
 
 # How a record names its session partition on the wire.
-META_TAG = "meta_tag"                   # codec.TAG_SESSION_ORDINAL in the entry
+META_TAG = "meta_tag"                   # wire.TAG_SESSION_ORDINAL in the entry
 REQUEST_FIELD = "session_ordinals"      # PutRecordsRequest.session_ordinals
 
 
@@ -69,11 +69,11 @@ REQUEST_FIELD = "session_ordinals"      # PutRecordsRequest.session_ordinals
 def entry(s: Submit, *, tag: int | None = None, raw_tag: bytes | None = None) -> bytes:
     """The wire entry of a session record; `tag` names its session partition in the meta
     (4 bytes big-endian), `raw_tag` puts those bytes there instead (bad input)."""
-    fields = {codec.TAG_SSSN: s.sssn.to_bytes(8, "big"), codec.TAG_SUBMIT_MS: s.submit_ms.to_bytes(8, "big")}
+    fields = {wire.TAG_SSSN: s.sssn.to_bytes(8, "big"), wire.TAG_SUBMIT_MS: s.submit_ms.to_bytes(8, "big")}
     if raw_tag is not None:
-        fields[codec.TAG_SESSION_ORDINAL] = raw_tag
+        fields[wire.TAG_SESSION_ORDINAL] = raw_tag
     elif tag is not None:
-        fields[codec.TAG_SESSION_ORDINAL] = tag.to_bytes(4, "big")
+        fields[wire.TAG_SESSION_ORDINAL] = tag.to_bytes(4, "big")
     return encode(s, fields=fields)
 
 
@@ -181,8 +181,8 @@ def copies(records: Sequence[Record], s: Submit) -> list[tuple[int, int, int | N
 
 
 def session_ordinal_of(record: Record) -> int | None:
-    meta = codec.decode_meta(record.meta) if record.meta else {}
-    raw = meta.get(codec.TAG_SESSION_ORDINAL)
+    meta = wire.decode_meta(record.meta) if record.meta else {}
+    raw = meta.get(wire.TAG_SESSION_ORDINAL)
     return None if raw is None else int.from_bytes(raw, "big")
 
 
@@ -567,7 +567,7 @@ def test_bad_session_partitions_are_invalid_argument_and_store_nothing(client, u
     hi_key = key_in(HALF, 2 * HALF, "hi")
     good = Submit(0, hi_key, b"a well-formed record", now_ms())
     bad = Submit(1, hi_key, b"in a session whose partition does not cover its key", now_ms())
-    no_session = codec.encode_entry(bad.key.encode(), bad.data, b"")
+    no_session = wire.encode_entry(bad.key.encode(), bad.data, b"")
 
     cases: dict[str, tuple[bytes, list[bytes], Mapping[int, int], object]] = {
         # what: (producer id, entries, HWM, session_ordinals)
@@ -577,8 +577,8 @@ def test_bad_session_partitions_are_invalid_argument_and_store_nothing(client, u
         "meta tag of 3 bytes": (A, [entry(good), entry(bad, raw_tag=b"\x00\x00\x00")], {hi: -1}, None),
         "meta tag of 5 bytes": (A, [entry(bad, raw_tag=b"\x00\x00\x00\x00\x00")], {0: -1}, None),
         "empty meta tag": (A, [entry(bad, raw_tag=b"")], {0: -1}, None),
-        "meta tag without a producer session": (b"", [codec.encode_entry(bad.key.encode(), bad.data, codec.encode_meta(
-            {codec.TAG_SESSION_ORDINAL: (0).to_bytes(4, "big")}))], {}, None),
+        "meta tag without a producer session": (b"", [wire.encode_entry(bad.key.encode(), bad.data, wire.encode_meta(
+            {wire.TAG_SESSION_ORDINAL: (0).to_bytes(4, "big")}))], {}, None),
         "request field of 4 bytes for 2 records": (A, [entry(good), entry(bad)], {0: -1}, _ORDINAL.pack(0)),
         "request field of 3 bytes": (A, [entry(bad)], {0: -1}, b"\x00\x00\x00"),
         "request field without a producer session": (b"", [no_session], {}, [0]),

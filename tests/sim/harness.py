@@ -26,7 +26,7 @@ What a step can be (each enabled event has a weight; the seed picks one):
   handler, which must be harmless, and is processed by the same code path the service
   would use). A broken stream is reconnected with a new hello.
 * an ingestion writer (mirror of ingestion/writer.py `PartitionWriter` and the service's
-  `Append` handler): batches built with `codec.build_batch` and an origin (id, seq), sent
+  `Append` handler): batches built with `wire.build_batch` and an origin (id, seq), sent
   over an append stream to the head it resolved (`append_as_head(epoch, batch)`), at most
   APPEND_INFLIGHT_BATCHES_MAX in flight; acked, in request order, once the head replica's
   committed_sn reaches the batch's last SN; on StaleEpoch/PartitionClosed or a broken
@@ -98,7 +98,7 @@ from sortedcontainers import SortedDict, SortedList
 
 import storage.replica as replica_module
 from control import chains
-from sms import codec, limits, seqno
+from sms import wire, limits, seqno
 from sms.errors import InvariantViolation, PartitionClosed, SmsError, StaleEpoch, WrongOwner
 from sms.metadata import ChainConfig
 from sms.types import Persistence
@@ -202,7 +202,7 @@ class SimLogStore(LogStore):
         self.envs, self.dbs, self.writers, self.logs = {}, {}, {}, {}
         self.watermarks: dict[str, int] = {}
 
-    async def append(self, plog: PartitionLog, batch: bytes) -> codec.BatchHeader:
+    async def append(self, plog: PartitionLog, batch: bytes) -> wire.BatchHeader:
         watermark = plog.committed_sn
         header = await super().append(plog, batch)
         if self.logs.get(plog.name) is plog:
@@ -227,7 +227,7 @@ def recovered_log(name: str, image: DiskImage) -> PartitionLog:
     plog = PartitionLog(name, Persistence.MEMORY, 0)
     for first, batch in image.batches:
         plog.memory[first] = batch
-        header = codec.read_header(batch)
+        header = wire.read_header(batch)
         if not plog.first_sn:
             plog.first_sn = header.first_sn
         plog.last_sn = header.last_sn
@@ -277,7 +277,7 @@ class Down:
         if self.verified:
             return f"verified(e{self.epoch})"
         if self.batch:
-            h = codec.read_header(self.batch)
+            h = wire.read_header(self.batch)
             return (f"batch(e{self.epoch} {sn_range(h.first_sn, h.last_sn)} o{h.origin_seq} "
                     f"c={fmt_sn(self.committed_sn)})")
         return f"empty(e{self.epoch})"
@@ -744,7 +744,7 @@ class Simulation:
         sent = []
         for batch in r.batches_after(link.sent_sn, room):
             link.session.down.append(Down(epoch=r.config.epoch, batch=batch, committed_sn=r.committed_sn))
-            h = codec.read_header(batch)
+            h = wire.read_header(batch)
             link.sent_sn = h.last_sn
             link.inflight.append(link.sent_sn)
             sent.append(f"{fmt_sn(h.first_sn)}/o{h.origin_seq}")
@@ -943,8 +943,8 @@ class Simulation:
         seq = self.next_seq
         self.next_seq += 1
         count = self.rng.choice((1, 1, 2, 3))
-        entries = [codec.encode_entry(f"k{seq}".encode(), f"v{seq}.{i}".encode()) for i in range(count)]
-        self.inflight[seq] = codec.build_batch(entries, origin_id=self.origin_id, origin_seq=seq)
+        entries = [wire.encode_entry(f"k{seq}".encode(), f"v{seq}.{i}".encode()) for i in range(count)]
+        self.inflight[seq] = wire.build_batch(entries, origin_id=self.origin_id, origin_seq=seq)
         self.writer.queue.append(seq)
         self.log(f"writer sends o{seq} ({count} records) on w{self.writer.sid}")
 
@@ -1280,7 +1280,7 @@ class Simulation:
     def _scan_list(self, info: LogInfo, batches, owner: str) -> None:
         start = len(info.headers)
         for batch in batches:
-            h = codec.read_header(batch)
+            h = wire.read_header(batch)
             if info.headers and h.first_sn <= info.headers[-1][1]:
                 self.fail(f"I5 {owner}: batch {sn_range(h.first_sn, h.last_sn)} after "
                           f"{fmt_sn(info.headers[-1][1])}")

@@ -9,7 +9,7 @@ import sys
 import grpc
 import pytest
 
-import sms.codec  # noqa: F401  (defines CorruptBatch, a registered subclass)
+import sms.wire  # noqa: F401  (defines CorruptBatch, a registered subclass)
 from sms import errors, rpc
 
 
@@ -99,7 +99,7 @@ def test_refresh_map_errors_are_retriable():
     (errors.Throttled, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.Timeout, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (sms.codec.CorruptBatch, grpc.StatusCode.INTERNAL),
+    (sms.wire.CorruptBatch, grpc.StatusCode.INTERNAL),
 ])
 def test_status_codes(cls, code):
     assert cls.code == code

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sms import codec, limits, seqno
+from sms import wire, limits, seqno
 from sms.errors import InvariantViolation
 from sms.types import Persistence
 from storage.log import LogStore, PartitionLog, ReadSlice
@@ -28,9 +28,9 @@ BYTES_MAX = 1 << 30
 
 
 def make_batch(counter: int, count: int, *, tag: str = "log", ordinal: int = 0, ts_ms: int = TS_MS) -> bytes:
-    entries = [codec.encode_entry(f"key-{counter + i}".encode(), f"{tag}|{counter + i}".encode())
+    entries = [wire.encode_entry(f"key-{counter + i}".encode(), f"{tag}|{counter + i}".encode())
                for i in range(count)]
-    return codec.sequence(codec.build_batch(entries), seqno.make(ts_ms, counter, ordinal))
+    return wire.sequence(wire.build_batch(entries), seqno.make(ts_ms, counter, ordinal))
 
 
 def sn_of(counter: int, *, ordinal: int = 0, ts_ms: int = TS_MS) -> int:
@@ -41,9 +41,9 @@ def records_of(slices: Iterable[ReadSlice]) -> list[tuple[int, bytes]]:
     """(SN, data) of every record the slices cover, in order."""
     out = []
     for s in slices:
-        entries = list(codec.batch_entries(s.batch))
+        entries = list(wire.batch_entries(s.batch))
         assert 0 <= s.start < s.end <= len(entries)
-        assert codec.verify(s.batch).first_sn == s.first_sn
+        assert wire.verify(s.batch).first_sn == s.first_sn
         out.extend((s.sn_at(i), entries[i].data) for i in range(s.start, s.end))
     return out
 
@@ -289,7 +289,7 @@ def test_unsequenced_batch_is_refused(tmp_path, persistence):
         async with running_store(tmp_path) as store:
             plog = store.open_log("s:0", persistence)
             with pytest.raises(InvariantViolation):
-                await store.append(plog, codec.build_batch([codec.encode_entry(b"k", b"v")]))
+                await store.append(plog, wire.build_batch([wire.encode_entry(b"k", b"v")]))
             assert plog.batches == 0
 
     asyncio.run(scenario())
@@ -303,10 +303,10 @@ def test_corrupted_batch_is_refused_and_nothing_changes(tmp_path, persistence):
             await fill(store, plog, [(1, 2)])
             before = (plog.last_sn, plog.first_sn, plog.batches, plog.records, read_all(store, plog))
             good = make_batch(3, 4)
-            for offset in (0, 5, 10, 30, codec.HEADER_BYTES, len(good) // 2, len(good) - 1):
+            for offset in (0, 5, 10, 30, wire.HEADER_BYTES, len(good) // 2, len(good) - 1):
                 damaged = bytearray(good)
                 damaged[offset] ^= 0x40
-                with pytest.raises(codec.CorruptBatch):
+                with pytest.raises(wire.CorruptBatch):
                     await store.append(plog, bytes(damaged))
             assert (plog.last_sn, plog.first_sn, plog.batches, plog.records, read_all(store, plog)) == before
         if persistence is not Persistence.MEMORY:
@@ -334,7 +334,7 @@ def test_batch_damaged_on_disk_is_detected_on_read(tmp_path, persistence):
             assert records_of(store.read(plog, 0, seqno.SN_MAX, 4, BYTES_MAX)) == expected_records(LAYOUT)[:4]
             assert records_of(store.read(plog, sn_of(12), seqno.SN_MAX, 1000, BYTES_MAX)) == \
                 expected_records(LAYOUT)[6:]
-            with pytest.raises(codec.CorruptBatch):
+            with pytest.raises(wire.CorruptBatch):
                 store.read(plog, 0, seqno.SN_MAX, 1000, BYTES_MAX)
 
     asyncio.run(scenario())

@@ -30,7 +30,7 @@ import sms.client
 import sms.producer as producer_module
 from ingestion.dedup import (DedupKeyTooLarge, DedupTable, DecisionKind, InvalidDedupKey, InvalidProducerId,
                              SessionConflict, StaleSubmission, TableFull)
-from sms import codec, errors, hashing, limits, seqno
+from sms import wire, errors, hashing, limits, seqno
 from sms.proto import sms_pb2
 from sms.producer import (PRODUCER_DEDUP_WINDOW_MARGIN_S, PRODUCER_DELIVERY_TIMEOUT_S, PRODUCER_LINGER_MS,
                           PRODUCER_PENDING_PER_PARTITION_MAX, PRODUCER_SESSION_WINDOW_MAX, Producer,
@@ -160,15 +160,15 @@ class FakeCluster:
         self.requests.append(request)
         pid = request.producer_id
         now_ms = int(time.time() * 1000)
-        entries = list(codec.iter_entries(request.entries, request.count))
+        entries = list(wire.iter_entries(request.entries, request.count))
         self.check_request(pid, request, entries)
         sns, ordinals, errs, duplicates = [], [], [], []
         missing: dict[int, list[int]] = defaultdict(list)
         for j, e in enumerate(entries):
-            meta = codec.decode_meta(e.meta)
-            sssn = int.from_bytes(meta[codec.TAG_SSSN], "big")
-            submit_ms = int.from_bytes(meta[codec.TAG_SUBMIT_MS], "big")
-            raw_hash = meta.get(codec.TAG_EXPLICIT_HASH_KEY)
+            meta = wire.decode_meta(e.meta)
+            sssn = int.from_bytes(meta[wire.TAG_SSSN], "big")
+            submit_ms = int.from_bytes(meta[wire.TAG_SUBMIT_MS], "big")
+            raw_hash = meta.get(wire.TAG_EXPLICIT_HASH_KEY)
             hash_key = int.from_bytes(raw_hash, "big") if raw_hash else hashing.hash_key_of(e.key.decode())
             ordinal = hash_key * self.partitions // hashing.HASH_SPACE
             hwm = request.hwm.get(ordinal, -1)
@@ -188,7 +188,7 @@ class FakeCluster:
                 table = self.tables[ordinal]
                 try:
                     decision = table.submit(pid, sssn, hwm, submit_ms, hashing.signature(e.key + e.data),
-                                            meta.get(codec.TAG_DEDUP_KEY), now_ms)
+                                            meta.get(wire.TAG_DEDUP_KEY), now_ms)
                 except errors.SmsError as exc:
                     error = exc
                 else:
@@ -220,11 +220,11 @@ class FakeCluster:
     def check_request(self, pid: bytes, request, entries) -> None:
         by_ordinal: dict[int, list[int]] = defaultdict(list)
         for e in entries:
-            meta = codec.decode_meta(e.meta)
-            raw_hash = meta.get(codec.TAG_EXPLICIT_HASH_KEY)
+            meta = wire.decode_meta(e.meta)
+            raw_hash = meta.get(wire.TAG_EXPLICIT_HASH_KEY)
             hash_key = int.from_bytes(raw_hash, "big") if raw_hash else hashing.hash_key_of(e.key.decode())
             by_ordinal[hash_key * self.partitions // hashing.HASH_SPACE].append(
-                int.from_bytes(meta[codec.TAG_SSSN], "big"))
+                int.from_bytes(meta[wire.TAG_SSSN], "big"))
         for ordinal, sssns in by_ordinal.items():
             if ordinal not in request.hwm:
                 self.violations.append(f"p{ordinal}: request without its HWM")
@@ -242,11 +242,11 @@ class FakeCluster:
     def deliver(self, request, response) -> None:
         """Note the outcomes the producer now holds: acks and non-retriable errors."""
         retriable = {e.index for e in response.errors if errors.registry().get(e.name, errors.InternalError).retriable}
-        for j, e in enumerate(codec.iter_entries(request.entries, request.count)):
+        for j, e in enumerate(wire.iter_entries(request.entries, request.count)):
             if j not in retriable:
                 ordinal = int.from_bytes(response.ordinals[4 * j:4 * j + 4], "little")
                 self.told[(request.producer_id, ordinal)].add(
-                    int.from_bytes(codec.decode_meta(e.meta)[codec.TAG_SSSN], "big"))
+                    int.from_bytes(wire.decode_meta(e.meta)[wire.TAG_SSSN], "big"))
 
     def stored_sssns(self, ordinal: int, pid: bytes = b"p-1") -> list[int]:
         return [s for p, s, _ in self.stored[ordinal] if p == pid]
@@ -318,14 +318,14 @@ def test_each_entry_carries_sssn_submit_time_and_optional_keys():
         after_ms = int(time.time() * 1000)
         assert {r.producer_id for r in cluster.requests} == {b"orders-7"}
         metas = [r.meta for r in cluster.received]
-        assert [int.from_bytes(m[codec.TAG_SSSN], "big") for m in metas] == [0, 1, 2]
-        assert all(len(m[codec.TAG_SSSN]) == 8 and len(m[codec.TAG_SUBMIT_MS]) == 8 for m in metas)
-        assert all(before_ms <= int.from_bytes(m[codec.TAG_SUBMIT_MS], "big") <= after_ms for m in metas)
-        assert codec.TAG_DEDUP_KEY not in metas[0] and codec.TAG_EXPLICIT_HASH_KEY not in metas[0]
-        assert metas[1][codec.TAG_DEDUP_KEY] == b"order-42"
-        assert metas[2][codec.TAG_DEDUP_KEY] == b"\x00\x01"
-        assert metas[2][codec.TAG_EXPLICIT_HASH_KEY] == (5).to_bytes(16, "big")
-        assert codec.TAG_PRODUCER_ID not in metas[0]          # the request names the producer once
+        assert [int.from_bytes(m[wire.TAG_SSSN], "big") for m in metas] == [0, 1, 2]
+        assert all(len(m[wire.TAG_SSSN]) == 8 and len(m[wire.TAG_SUBMIT_MS]) == 8 for m in metas)
+        assert all(before_ms <= int.from_bytes(m[wire.TAG_SUBMIT_MS], "big") <= after_ms for m in metas)
+        assert wire.TAG_DEDUP_KEY not in metas[0] and wire.TAG_EXPLICIT_HASH_KEY not in metas[0]
+        assert metas[1][wire.TAG_DEDUP_KEY] == b"order-42"
+        assert metas[2][wire.TAG_DEDUP_KEY] == b"\x00\x01"
+        assert metas[2][wire.TAG_EXPLICIT_HASH_KEY] == (5).to_bytes(16, "big")
+        assert wire.TAG_PRODUCER_ID not in metas[0]          # the request names the producer once
         assert [dict(r.hwm) for r in cluster.requests] == [{0: -1}, {0: 0}, {0: 1}]
     run(scenario)
 
@@ -634,7 +634,7 @@ def test_a_request_holds_at_most_put_records_bytes_max():
                 await producer.send(big, "k")
             await producer.flush()
         assert [r.count for r in cluster.requests] == [4, 2]
-        assert all(len(r.entries) - r.count * codec.ENTRY.size <= limits.PUT_RECORDS_BYTES_MAX
+        assert all(len(r.entries) - r.count * wire.ENTRY.size <= limits.PUT_RECORDS_BYTES_MAX
                    for r in cluster.requests)
     run(scenario)
 

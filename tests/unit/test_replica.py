@@ -14,7 +14,7 @@ import types
 import pytest
 
 import storage.replica as replica_module
-from sms import codec, seqno
+from sms import wire, seqno
 from sms.errors import InvariantViolation, PartitionClosed, StaleEpoch, WrongOwner
 from sms.metadata import ChainConfig
 from sms.types import Persistence
@@ -32,7 +32,7 @@ def chain(*members: str, epoch: int = EPOCH) -> ChainConfig:
 
 
 def unsequenced(count: int, tag: str = "r") -> bytes:
-    return codec.build_batch([codec.encode_entry(f"k{i}".encode(), f"{tag}{i}".encode()) for i in range(count)])
+    return wire.build_batch([wire.encode_entry(f"k{i}".encode(), f"{tag}{i}".encode()) for i in range(count)])
 
 
 @contextlib.asynccontextmanager
@@ -191,7 +191,7 @@ def test_closed_replica_refuses_appends_and_releases_waiters(tmp_path):
             with pytest.raises(PartitionClosed):
                 await r.append_as_head(EPOCH, unsequenced(1))
             with pytest.raises(PartitionClosed):
-                await r.append_as_successor(codec.sequence(unsequenced(1), header.last_sn + seqno.COUNTER_UNIT))
+                await r.append_as_successor(wire.sequence(unsequenced(1), header.last_sn + seqno.COUNTER_UNIT))
 
     asyncio.run(scenario())
 
@@ -202,7 +202,7 @@ def test_head_refuses_a_corrupted_unsequenced_batch(tmp_path):
             r = replica_on(store, "n1", chain("n1"))
             damaged = bytearray(unsequenced(2))
             damaged[-1] ^= 0x01
-            with pytest.raises(codec.CorruptBatch):
+            with pytest.raises(wire.CorruptBatch):
                 await r.append_as_head(EPOCH, bytes(damaged))
             assert r.log.batches == 0
 
@@ -254,12 +254,12 @@ def test_successor_stores_batches_and_skips_ones_it_holds(tmp_path):
             for batch in batches[:2]:
                 await tail.append_as_successor(batch)
             state = (tail.last_sn, tail.log.batches, tail.log.records, tail.committed_sn)
-            assert state == (codec.read_header(batches[1]).last_sn, 2, 3, codec.read_header(batches[1]).last_sn)
+            assert state == (wire.read_header(batches[1]).last_sn, 2, 3, wire.read_header(batches[1]).last_sn)
             for batch in batches[:2]:                       # resent after a reconnect
                 await tail.append_as_successor(batch)
             assert (tail.last_sn, tail.log.batches, tail.log.records, tail.committed_sn) == state
             await tail.append_as_successor(batches[2])
-            assert tail.last_sn == codec.read_header(batches[2]).last_sn
+            assert tail.last_sn == wire.read_header(batches[2]).last_sn
             assert tail.committed_sn == tail.last_sn
             assert await tail.wait_committed(tail.last_sn, timeout_s=WAIT_S)
             assert tail.batches_after(0, 10) == batches
@@ -273,7 +273,7 @@ def test_middle_successor_does_not_commit_on_its_own(tmp_path):
             batches = await _head_batches(head_store, [2])
             middle = replica_on(store, "n2", chain("n1", "n2", "n3"))
             await middle.append_as_successor(batches[0])
-            assert middle.last_sn == codec.read_header(batches[0]).last_sn
+            assert middle.last_sn == wire.read_header(batches[0]).last_sn
             assert middle.committed_sn == 0
 
     asyncio.run(scenario())
@@ -284,8 +284,8 @@ def test_successor_refuses_an_overlapping_batch(tmp_path):
         async with running_store(tmp_path) as store:
             tail = replica_on(store, "n2", chain("n1", "n2"))
             first = seqno.make(1_000, 1, ORDINAL)
-            await tail.append_as_successor(codec.sequence(unsequenced(3), first))          # counters 1..3
-            overlapping = codec.sequence(unsequenced(3), first + 2 * seqno.COUNTER_UNIT)   # counters 3..5
+            await tail.append_as_successor(wire.sequence(unsequenced(3), first))          # counters 1..3
+            overlapping = wire.sequence(unsequenced(3), first + 2 * seqno.COUNTER_UNIT)   # counters 3..5
             with pytest.raises(InvariantViolation):
                 await tail.append_as_successor(overlapping)
             assert tail.log.batches == 1
@@ -297,9 +297,9 @@ def test_successor_refuses_a_corrupted_batch(tmp_path):
     async def scenario():
         async with running_store(tmp_path) as store:
             tail = replica_on(store, "n2", chain("n1", "n2"))
-            damaged = bytearray(codec.sequence(unsequenced(2), seqno.make(1_000, 1, ORDINAL)))
+            damaged = bytearray(wire.sequence(unsequenced(2), seqno.make(1_000, 1, ORDINAL)))
             damaged[-1] ^= 0x01
-            with pytest.raises(codec.CorruptBatch):
+            with pytest.raises(wire.CorruptBatch):
                 await tail.append_as_successor(bytes(damaged))
             assert tail.log.batches == 0
 
@@ -315,7 +315,7 @@ def test_batches_after_reads_from_the_log_when_recent_is_empty(tmp_path):
             fresh = Replica("n1", chain("n1"), store, r.log)          # a restarted replica: no recent
             from_log = fresh.batches_after(headers[0].last_sn, 10)
             assert from_recent == from_log
-            assert [codec.read_header(b).first_sn for b in from_log] == [h.first_sn for h in headers[1:]]
+            assert [wire.read_header(b).first_sn for b in from_log] == [h.first_sn for h in headers[1:]]
             assert len(fresh.batches_after(0, 2)) == 2
             assert fresh.batches_after(headers[-1].last_sn, 10) == []
 

@@ -1,0 +1,1113 @@
+/* sms._wire: the compiled implementation of sms/wire.py's hot functions.
+ *
+ * Each function here does what its namesake in sms/wire.py's pure-Python reference
+ * does, with the same bytes, decisions and named errors (same class, same message):
+ * tests/unit/test_wire_differential.py holds both to that. The Python module owns the
+ * formats (see its docstring); this file only walks them without a Python object per
+ * field. Per-batch work (checksums, the batch header) stays in Python: `verify` is
+ * passed in by `configure` and called once per batch.
+ *
+ * MD5 (RFC 1321) is written out below: it routes partition keys to the hash space, as
+ * in Kinesis. xxh3 comes from the vendored xxhash.h (BSD-2, sms/_native/), the same
+ * version as the `xxhash` package, so signatures match the reference bit for bit.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include "_native/xxhash.h"
+
+/* ---- configuration: classes and limits handed over by sms/wire.py -------------------- */
+
+static PyObject *RecordType, *PutEntryType, *SessionFieldsType;
+static PyObject *ErrInvalidArgument, *ErrInvalidPartitionKey, *ErrInvalidRecordHeader, *ErrRecordTooLarge,
+    *ErrRequestTooLarge, *ErrCorruptBatch, *VerifyFn;
+static long long RECORD_DATA_BYTES_MAX, PARTITION_KEY_CHARS_MIN, PARTITION_KEY_CHARS_MAX, PUT_RECORDS_COUNT_MAX,
+    PUT_RECORDS_BYTES_MAX, PRODUCER_ID_BYTES_MAX, DEDUP_KEY_BYTES_MAX, RECORD_HEADERS_MAX,
+    RECORD_HEADER_NAME_BYTES_MAX, RECORD_HEADERS_BYTES_MAX;
+static int configured = 0;
+
+#define ENTRY_BYTES 8
+#define HEADER_BYTES 48
+#define TAG_EXPLICIT_HASH_KEY 1
+#define TAG_PRODUCER_ID 2
+#define TAG_SSSN 3
+#define TAG_DEDUP_KEY 4
+#define TAG_SUBMIT_MS 5
+#define TAG_SESSION_ORDINAL 6
+#define LONG_TAG_MIN 0x80
+#define TAG_HEADER 0x80
+
+static int
+limit_of(PyObject *limits, const char *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttrString(limits, name);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyObject *
+configure(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"Record", "PutEntry", "SessionFields", "InvalidArgument", "InvalidPartitionKey",
+                            "InvalidRecordHeader", "RecordTooLarge", "RequestTooLarge", "CorruptBatch", "verify",
+                            "limits", NULL};
+    PyObject *rec, *put, *sess, *ia, *ipk, *irh, *rtl, *rqtl, *cb, *verify, *limits;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOOOOOO", names, &rec, &put, &sess, &ia, &ipk, &irh,
+                                     &rtl, &rqtl, &cb, &verify, &limits))
+        return NULL;
+    if (!PyType_Check(rec) || !PyType_IsSubtype((PyTypeObject *)rec, &PyTuple_Type) || !PyType_Check(put) ||
+        !PyType_IsSubtype((PyTypeObject *)put, &PyTuple_Type) || !PyType_Check(sess) ||
+        !PyType_IsSubtype((PyTypeObject *)sess, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "Record, PutEntry and SessionFields must be tuple types");
+        return NULL;
+    }
+    if (limit_of(limits, "RECORD_DATA_BYTES_MAX", &RECORD_DATA_BYTES_MAX) ||
+        limit_of(limits, "PARTITION_KEY_CHARS_MIN", &PARTITION_KEY_CHARS_MIN) ||
+        limit_of(limits, "PARTITION_KEY_CHARS_MAX", &PARTITION_KEY_CHARS_MAX) ||
+        limit_of(limits, "PUT_RECORDS_COUNT_MAX", &PUT_RECORDS_COUNT_MAX) ||
+        limit_of(limits, "PUT_RECORDS_BYTES_MAX", &PUT_RECORDS_BYTES_MAX) ||
+        limit_of(limits, "PRODUCER_ID_BYTES_MAX", &PRODUCER_ID_BYTES_MAX) ||
+        limit_of(limits, "DEDUP_KEY_BYTES_MAX", &DEDUP_KEY_BYTES_MAX) ||
+        limit_of(limits, "RECORD_HEADERS_MAX", &RECORD_HEADERS_MAX) ||
+        limit_of(limits, "RECORD_HEADER_NAME_BYTES_MAX", &RECORD_HEADER_NAME_BYTES_MAX) ||
+        limit_of(limits, "RECORD_HEADERS_BYTES_MAX", &RECORD_HEADERS_BYTES_MAX))
+        return NULL;
+    PyObject **slots[] = {&RecordType, &PutEntryType, &SessionFieldsType, &ErrInvalidArgument,
+                          &ErrInvalidPartitionKey, &ErrInvalidRecordHeader, &ErrRecordTooLarge, &ErrRequestTooLarge,
+                          &ErrCorruptBatch, &VerifyFn};
+    PyObject *values[] = {rec, put, sess, ia, ipk, irh, rtl, rqtl, cb, verify};
+    for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
+        Py_INCREF(values[i]);
+        Py_XSETREF(*slots[i], values[i]);
+    }
+    configured = 1;
+    Py_RETURN_NONE;
+}
+
+static int
+check_configured(void)
+{
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "sms._wire is not configured (import sms.wire)");
+        return -1;
+    }
+    return 0;
+}
+
+/* Raise cls(message) where message is PyUnicode_FromFormatV(fmt, ...). Returns NULL. */
+static PyObject *
+raise_named(PyObject *cls, const char *fmt, ...)
+{
+    va_list vargs;
+    va_start(vargs, fmt);
+    PyObject *msg = PyUnicode_FromFormatV(fmt, vargs);
+    va_end(vargs);
+    if (msg == NULL)
+        return NULL;
+    PyObject *exc = PyObject_CallOneArg(cls, msg);
+    Py_DECREF(msg);
+    if (exc != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+/* ---- little helpers over bytes ---------------------------------------------------- */
+
+static inline uint32_t
+le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static inline uint16_t
+le16(const unsigned char *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static inline uint64_t
+be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static inline uint32_t
+be32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+static inline void
+put_le32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8); p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
+}
+
+static inline void
+put_le16(unsigned char *p, uint16_t v)
+{
+    p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8);
+}
+
+static inline void
+put_be64(unsigned char *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--) { p[i] = (unsigned char)v; v >>= 8; }
+}
+
+static inline void
+put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16); p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static inline PyObject *
+int_from_be128(const unsigned char *p)
+{
+    return _PyLong_FromByteArray(p, 16, 0, 0);
+}
+
+/* A growable output buffer. */
+typedef struct {
+    unsigned char *p;
+    size_t len, cap;
+} Buf;
+
+static int
+buf_reserve(Buf *b, size_t more)
+{
+    if (b->len + more <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more)
+        cap *= 2;
+    unsigned char *p = PyMem_Realloc(b->p, cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+/* ---- MD5 (RFC 1321) ---------------------------------------------------------------- */
+
+static const uint32_t MD5_K[64] = {
+    0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, 0xf57c0faf, 0x4787c62a, 0xa8304613, 0xfd469501,
+    0x698098d8, 0x8b44f7af, 0xffff5bb1, 0x895cd7be, 0x6b901122, 0xfd987193, 0xa679438e, 0x49b40821,
+    0xf61e2562, 0xc040b340, 0x265e5a51, 0xe9b6c7aa, 0xd62f105d, 0x02441453, 0xd8a1e681, 0xe7d3fbc8,
+    0x21e1cde6, 0xc33707d6, 0xf4d50d87, 0x455a14ed, 0xa9e3e905, 0xfcefa3f8, 0x676f02d9, 0x8d2a4c8a,
+    0xfffa3942, 0x8771f681, 0x6d9d6122, 0xfde5380c, 0xa4beea44, 0x4bdecfa9, 0xf6bb4b60, 0xbebfbc70,
+    0x289b7ec6, 0xeaa127fa, 0xd4ef3085, 0x04881d05, 0xd9d4d039, 0xe6db99e5, 0x1fa27cf8, 0xc4ac5665,
+    0xf4292244, 0x432aff97, 0xab9423a7, 0xfc93a039, 0x655b59c3, 0x8f0ccc92, 0xffeff47d, 0x85845dd1,
+    0x6fa87e4f, 0xfe2ce6e0, 0xa3014314, 0x4e0811a1, 0xf7537e82, 0xbd3af235, 0x2ad7d2bb, 0xeb86d391};
+static const unsigned char MD5_R[64] = {7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22,
+                                        5, 9,  14, 20, 5, 9,  14, 20, 5, 9,  14, 20, 5, 9,  14, 20,
+                                        4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23,
+                                        6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21};
+
+static void
+md5_block(uint32_t h[4], const unsigned char *block)
+{
+    uint32_t w[16];
+    for (int i = 0; i < 16; i++)
+        w[i] = le32(block + 4 * i);
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3];
+    for (int i = 0; i < 64; i++) {
+        uint32_t f;
+        int g;
+        if (i < 16) { f = (b & c) | (~b & d); g = i; }
+        else if (i < 32) { f = (d & b) | (~d & c); g = (5 * i + 1) & 15; }
+        else if (i < 48) { f = b ^ c ^ d; g = (3 * i + 5) & 15; }
+        else { f = c ^ (b | ~d); g = (7 * i) & 15; }
+        uint32_t t = d;
+        d = c;
+        c = b;
+        uint32_t x = a + f + MD5_K[i] + w[g];
+        b = b + ((x << MD5_R[i]) | (x >> (32 - MD5_R[i])));
+        a = t;
+    }
+    h[0] += a; h[1] += b; h[2] += c; h[3] += d;
+}
+
+static void
+md5(const unsigned char *msg, size_t len, unsigned char out[16])
+{
+    uint32_t h[4] = {0x67452301, 0xefcdab89, 0x98badcfe, 0x10325476};
+    size_t i = 0;
+    for (; i + 64 <= len; i += 64)
+        md5_block(h, msg + i);
+    unsigned char tail[128];
+    size_t rest = len - i;
+    memcpy(tail, msg + i, rest);
+    tail[rest] = 0x80;
+    size_t padded = (rest + 1 + 8 <= 64) ? 64 : 128;
+    memset(tail + rest + 1, 0, padded - rest - 1);
+    uint64_t bits = (uint64_t)len * 8;
+    for (int k = 0; k < 8; k++)
+        tail[padded - 8 + k] = (unsigned char)(bits >> (8 * k));
+    md5_block(h, tail);
+    if (padded == 128)
+        md5_block(h, tail + 64);
+    for (int k = 0; k < 4; k++)
+        put_le32(out + 4 * k, h[k]);
+}
+
+static PyObject *
+hash_key_of(const unsigned char *key, size_t len)
+{
+    unsigned char digest[16];
+    md5(key, len, digest);
+    return int_from_be128(digest);
+}
+
+/* ---- signatures: xxh3-128 of <H key_len LE> key data headers ---------------------------- */
+
+static PyObject *
+signature_of(const unsigned char *key, size_t key_len, const unsigned char *data, size_t data_len,
+             const Buf *headers_parts, const unsigned char *headers, size_t headers_len)
+{
+    XXH3_state_t state;
+    unsigned char prefix[2];
+    XXH128_canonical_t canon;
+    XXH3_128bits_reset(&state);
+    put_le16(prefix, (uint16_t)key_len);
+    XXH3_128bits_update(&state, prefix, 2);
+    XXH3_128bits_update(&state, key, key_len);
+    XXH3_128bits_update(&state, data, data_len);
+    if (headers_len)
+        XXH3_128bits_update(&state, headers, headers_len);
+    (void)headers_parts;
+    XXH128_canonicalFromHash(&canon, XXH3_128bits_digest(&state));
+    return PyBytes_FromStringAndSize((const char *)canon.digest, 16);
+}
+
+static PyObject *
+w_signature(PyObject *self, PyObject *args)
+{
+    Py_buffer key, data, headers = {0};
+    if (!PyArg_ParseTuple(args, "y*y*|y*", &key, &data, &headers))
+        return NULL;
+    PyObject *out = signature_of(key.buf, key.len, data.buf, data.len, NULL, headers.buf, headers.buf ? headers.len : 0);
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&data);
+    if (headers.obj)
+        PyBuffer_Release(&headers);
+    return out;
+}
+
+static PyObject *
+w_hash_key(PyObject *self, PyObject *arg)
+{
+    Py_buffer key;
+    if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *out = hash_key_of(key.buf, key.len);
+    PyBuffer_Release(&key);
+    return out;
+}
+
+/* ---- meta TLVs ---------------------------------------------------------------------- */
+
+/* Next TLV of meta[*i..n): 1 with tag/value set, 0 at the end, -1 when truncated. */
+static inline int
+next_tlv(const unsigned char *meta, size_t n, size_t *i, int *tag, const unsigned char **value, size_t *len,
+         size_t *start)
+{
+    if (*i >= n)
+        return 0;
+    *start = *i;
+    *tag = meta[*i];
+    if (*tag >= LONG_TAG_MIN) {
+        if (*i + 3 > n)
+            return -1;
+        *len = ((size_t)meta[*i + 1] << 8) | meta[*i + 2];
+        *i += 3;
+    } else {
+        if (*i + 2 > n)
+            return -1;
+        *len = meta[*i + 1];
+        *i += 2;
+    }
+    if (*i + *len > n)
+        return -1;
+    *value = meta + *i;
+    *i += *len;
+    return 1;
+}
+
+/* The meta fields sms/wire.py names, by tag (a repeated tag: the last), and the raw
+ * header TLVs in order. */
+typedef struct {
+    const unsigned char *v[TAG_SESSION_ORDINAL + 1];
+    size_t len[TAG_SESSION_ORDINAL + 1];
+} MetaFields;
+
+/* 0, or -1 when a TLV is truncated, or -2 with MemoryError set. */
+static int
+scan_meta(const unsigned char *meta, size_t n, MetaFields *f, Buf *headers)
+{
+    memset(f, 0, sizeof(*f));
+    headers->len = 0;
+    size_t i = 0, vlen, vstart;
+    int tag, r;
+    const unsigned char *value;
+    while ((r = next_tlv(meta, n, &i, &tag, &value, &vlen, &vstart)) == 1) {
+        if (tag >= 1 && tag <= TAG_SESSION_ORDINAL) {
+            f->v[tag] = value;
+            f->len[tag] = vlen;
+        } else if (tag == TAG_HEADER) {
+            if (buf_reserve(headers, i - vstart) < 0)
+                return -2;
+            memcpy(headers->p + headers->len, meta + vstart, i - vstart);
+            headers->len += i - vstart;
+        }
+    }
+    return r;
+}
+
+static int
+valid_utf8(const unsigned char *s, size_t n, Py_ssize_t *chars)
+{
+    PyObject *u = PyUnicode_DecodeUTF8((const char *)s, (Py_ssize_t)n, "strict");
+    if (u == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    if (chars)
+        *chars = PyUnicode_GET_LENGTH(u);
+    Py_DECREF(u);
+    return 1;
+}
+
+/* Checks a record's header TLVs as wire.validate_headers does; -1 with the error set.
+ * `prefix_index` >= 0 prefixes the message with "record N: ". */
+static int
+validate_headers(const unsigned char *raw, size_t n, Py_ssize_t record)
+{
+    long long count = 0, total = 0;
+    const unsigned char *names[64];
+    size_t name_lens[64];
+    size_t i = 0;
+    while (i < n) {
+        size_t length = ((size_t)raw[i + 1] << 8) | raw[i + 2];
+        const unsigned char *value = raw + i + 3;
+        i += 3 + length;
+        if (count == RECORD_HEADERS_MAX) {
+            raise_named(ErrInvalidRecordHeader, "record %zd: more than %lld headers", record, RECORD_HEADERS_MAX);
+            return -1;
+        }
+        size_t name_len = length ? value[0] : 0;
+        long long upper = RECORD_HEADER_NAME_BYTES_MAX < (long long)length - 1 ? RECORD_HEADER_NAME_BYTES_MAX
+                                                                                : (long long)length - 1;
+        if (!(name_len > 0 && (long long)name_len <= upper)) {
+            raise_named(ErrInvalidRecordHeader, "record %zd: header %lld: name of %zu bytes in a header of %zu; "
+                        "expected 1..%lld", record, count, name_len, length, RECORD_HEADER_NAME_BYTES_MAX);
+            return -1;
+        }
+        int ok = valid_utf8(value + 1, name_len, NULL);
+        if (ok < 0)
+            return -1;
+        if (!ok) {
+            raise_named(ErrInvalidRecordHeader, "record %zd: header %lld: name is not UTF-8", record, count);
+            return -1;
+        }
+        for (long long j = 0; j < count && j < 64; j++) {
+            if (name_lens[j] == name_len && memcmp(names[j], value + 1, name_len) == 0) {
+                raise_named(ErrInvalidRecordHeader, "record %zd: header %lld: name repeated", record, count);
+                return -1;
+            }
+        }
+        if (count < 64) {
+            names[count] = value + 1;
+            name_lens[count] = name_len;
+        }
+        count++;
+        total += (long long)length - 1;
+        if (total > RECORD_HEADERS_BYTES_MAX) {
+            raise_named(ErrInvalidRecordHeader, "record %zd: headers of more than %lld bytes (names and values)",
+                        record, RECORD_HEADERS_BYTES_MAX);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- encode_puts -------------------------------------------------------------------- */
+
+static PyObject *
+w_encode_puts(PyObject *self, PyObject *args)
+{
+    PyObject *records, *fallback;
+    if (!PyArg_ParseTuple(args, "OO", &records, &fallback) || check_configured() < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(records, "records must be iterable");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *entries = PyList_New(n), *hashes = PyList_New(n);
+    if (entries == NULL || hashes == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PySequence_Fast_GET_ITEM(seq, i);
+        if (PyTuple_CheckExact(r) && PyTuple_GET_SIZE(r) == 2) {
+            PyObject *key = PyTuple_GET_ITEM(r, 0), *data = PyTuple_GET_ITEM(r, 1);
+            if (PyUnicode_CheckExact(key) && PyBytes_CheckExact(data)) {
+                Py_ssize_t chars = PyUnicode_GET_LENGTH(key), data_len = PyBytes_GET_SIZE(data), key_len;
+                if (chars >= PARTITION_KEY_CHARS_MIN && chars <= PARTITION_KEY_CHARS_MAX &&
+                    data_len <= RECORD_DATA_BYTES_MAX) {
+                    const char *kb = PyUnicode_AsUTF8AndSize(key, &key_len);
+                    if (kb == NULL) {
+                        PyErr_Clear();      /* lone surrogates: the fallback names the error */
+                    } else {
+                        PyObject *entry = PyBytes_FromStringAndSize(NULL, ENTRY_BYTES + key_len + data_len);
+                        if (entry == NULL)
+                            goto fail;
+                        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(entry);
+                        put_le32(p, (uint32_t)data_len);
+                        put_le16(p + 4, (uint16_t)key_len);
+                        put_le16(p + 6, 0);
+                        memcpy(p + ENTRY_BYTES, kb, key_len);
+                        memcpy(p + ENTRY_BYTES + key_len, PyBytes_AS_STRING(data), data_len);
+                        PyList_SET_ITEM(entries, i, entry);
+                        PyObject *h = hash_key_of((const unsigned char *)kb, key_len);
+                        if (h == NULL)
+                            goto fail;
+                        PyList_SET_ITEM(hashes, i, h);
+                        continue;
+                    }
+                }
+            }
+        }
+        PyObject *pair = PyObject_CallOneArg(fallback, r);
+        if (pair == NULL)
+            goto fail;
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            Py_DECREF(pair);
+            PyErr_SetString(PyExc_TypeError, "fallback must return (entry, hash key)");
+            goto fail;
+        }
+        PyObject *entry = PyTuple_GET_ITEM(pair, 0), *h = PyTuple_GET_ITEM(pair, 1);
+        Py_INCREF(entry);
+        Py_INCREF(h);
+        PyList_SET_ITEM(entries, i, entry);
+        PyList_SET_ITEM(hashes, i, h);
+        Py_DECREF(pair);
+    }
+    Py_DECREF(seq);
+    PyObject *out = PyTuple_Pack(2, entries, hashes);
+    Py_DECREF(entries);
+    Py_DECREF(hashes);
+    return out;
+fail:
+    Py_DECREF(seq);
+    Py_XDECREF(entries);
+    Py_XDECREF(hashes);
+    return NULL;
+}
+
+/* ---- parse_put ---------------------------------------------------------------------- */
+
+static PyObject *
+new_tuple_of(PyObject *type, Py_ssize_t n)
+{
+    return ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, n);
+}
+
+static PyObject *
+w_parse_put(PyObject *self, PyObject *args)
+{
+    Py_ssize_t count;
+    Py_buffer blob, pid;
+    if (!PyArg_ParseTuple(args, "ny*y*", &count, &blob, &pid))
+        return NULL;
+    PyObject *out = NULL;
+    Buf hdrs = {0};
+    if (check_configured() < 0)
+        goto done;
+    const unsigned char *b = blob.buf;
+    size_t n = (size_t)blob.len;
+    int session = pid.len > 0;
+    if (count < 1 || count > PUT_RECORDS_COUNT_MAX) {
+        raise_named(ErrRequestTooLarge, "%zd records; expected 1..%lld", count, PUT_RECORDS_COUNT_MAX);
+        goto done;
+    }
+    if (pid.len > PRODUCER_ID_BYTES_MAX) {
+        raise_named(ErrInvalidArgument, "producer id of %zd bytes; at most %lld", pid.len, PRODUCER_ID_BYTES_MAX);
+        goto done;
+    }
+    long long put_meta_max = 2 * 5 + 16 + 8 + 8 + 4 + DEDUP_KEY_BYTES_MAX;
+    long long headers_meta_max = RECORD_HEADERS_BYTES_MAX + RECORD_HEADERS_MAX * 4;
+    if ((long long)n > PUT_RECORDS_BYTES_MAX + count * (ENTRY_BYTES + put_meta_max + headers_meta_max)) {
+        raise_named(ErrRequestTooLarge, "request of %zu bytes; at most %lld", n, PUT_RECORDS_BYTES_MAX);
+        goto done;
+    }
+    out = PyList_New(count);
+    if (out == NULL)
+        goto done;
+    size_t offset = 0;
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (offset + ENTRY_BYTES > n) {
+            raise_named(ErrInvalidArgument, "record entries truncated");
+            goto fail;
+        }
+        size_t data_len = le32(b + offset), key_len = le16(b + offset + 4), meta_len = le16(b + offset + 6);
+        size_t k = offset + ENTRY_BYTES, m = k + key_len, d = m + meta_len;
+        offset = d + data_len;
+        if (offset > n) {
+            raise_named(ErrInvalidArgument, "record entries truncated");
+            goto fail;
+        }
+        if ((long long)data_len > RECORD_DATA_BYTES_MAX) {
+            raise_named(ErrRecordTooLarge, "record %zd: %zu bytes of data; at most %lld", i, data_len,
+                        RECORD_DATA_BYTES_MAX);
+            goto fail;
+        }
+        Py_ssize_t chars = 0;
+        int ok = valid_utf8(b + k, key_len, &chars);
+        if (ok < 0)
+            goto fail;
+        if (!ok) {
+            raise_named(ErrInvalidArgument, "record %zd: partition key is not UTF-8", i);
+            goto fail;
+        }
+        if (chars < PARTITION_KEY_CHARS_MIN || chars > PARTITION_KEY_CHARS_MAX) {
+            raise_named(ErrInvalidPartitionKey, "partition key of %zd chars; expected %lld..%lld", chars,
+                        PARTITION_KEY_CHARS_MIN, PARTITION_KEY_CHARS_MAX);
+            goto fail;
+        }
+        total += (long long)(data_len + key_len);
+        MetaFields f;
+        int r = scan_meta(b + m, meta_len, &f, &hdrs);
+        if (r == -2)
+            goto fail;
+        if (r < 0) {
+            raise_named(ErrInvalidArgument, "record meta truncated");
+            goto fail;
+        }
+        const unsigned char *explicit = f.v[TAG_EXPLICIT_HASH_KEY], *sssn_v = f.v[TAG_SSSN],
+                            *submit_v = f.v[TAG_SUBMIT_MS], *dedup_v = f.v[TAG_DEDUP_KEY],
+                            *ord_v = f.v[TAG_SESSION_ORDINAL];
+        size_t explicit_len = f.len[TAG_EXPLICIT_HASH_KEY], sssn_len = f.len[TAG_SSSN],
+               submit_len = f.len[TAG_SUBMIT_MS], dedup_len = f.len[TAG_DEDUP_KEY], ord_len = f.len[TAG_SESSION_ORDINAL];
+        PyObject *hash_key;
+        if (explicit != NULL) {
+            if (explicit_len != 16) {
+                raise_named(ErrInvalidArgument, "record %zd: explicit hash key of %zu bytes; expected 16", i,
+                            explicit_len);
+                goto fail;
+            }
+            hash_key = NULL;   /* made below, once the record is valid */
+        }
+        uint64_t sssn = 0, submit_ms = 0;
+        if (session) {
+            if (sssn_v == NULL || submit_v == NULL) {
+                raise_named(ErrInvalidArgument,
+                            "record %zd: a producer session needs an SSSN and a submit time per record", i);
+                goto fail;
+            }
+            if (sssn_len != 8) {
+                raise_named(ErrInvalidArgument, "record %zd: SSSN of %zu bytes; expected 8", i, sssn_len);
+                goto fail;
+            }
+            if (submit_len != 8) {
+                raise_named(ErrInvalidArgument, "record %zd: submit time of %zu bytes; expected 8", i, submit_len);
+                goto fail;
+            }
+            sssn = be64(sssn_v);
+            submit_ms = be64(submit_v);
+        } else if (dedup_v != NULL) {
+            raise_named(ErrInvalidArgument, "record %zd: a dedup key needs a producer session (producer_id)", i);
+            goto fail;
+        }
+        if (ord_v != NULL && (!session || ord_len != 4)) {
+            raise_named(ErrInvalidArgument, "record %zd: a session partition is 4 bytes and needs a producer session",
+                        i);
+            goto fail;
+        }
+        if (hdrs.len) {
+            if (validate_headers(hdrs.p, hdrs.len, i) < 0)
+                goto fail;
+            total += (long long)hdrs.len;
+        }
+        hash_key = explicit ? int_from_be128(explicit) : hash_key_of(b + k, key_len);
+        PyObject *entry = new_tuple_of(PutEntryType, 9);
+        if (entry == NULL || hash_key == NULL) {
+            Py_XDECREF(hash_key);
+            Py_XDECREF(entry);
+            goto fail;
+        }
+        PyList_SET_ITEM(out, i, entry);
+        PyTuple_SET_ITEM(entry, 0, hash_key);
+        PyObject *items[8] = {
+            PyBytes_FromStringAndSize((const char *)b + k, key_len),
+            PyBytes_FromStringAndSize((const char *)b + d, data_len),
+            PyLong_FromUnsignedLongLong(sssn),
+            PyLong_FromUnsignedLongLong(submit_ms),
+            dedup_v ? PyBytes_FromStringAndSize((const char *)dedup_v, dedup_len) : Py_NewRef(Py_None),
+            ord_v ? PyLong_FromUnsignedLong(be32(ord_v)) : Py_NewRef(Py_None),
+            PyBytes_FromStringAndSize((const char *)hdrs.p, hdrs.len),
+            signature_of(b + k, key_len, b + d, data_len, NULL, hdrs.p, hdrs.len),
+        };
+        int bad = 0;
+        for (int j = 0; j < 8; j++) {
+            if (items[j] == NULL)
+                bad = 1;
+            PyTuple_SET_ITEM(entry, j + 1, items[j]);
+        }
+        if (bad)
+            goto fail;
+    }
+    if (offset != n) {
+        raise_named(ErrInvalidArgument, "%zd trailing bytes after %zd record entries", (Py_ssize_t)(n - offset),
+                    count);
+        goto fail;
+    }
+    if (total > PUT_RECORDS_BYTES_MAX) {
+        raise_named(ErrRequestTooLarge, "request of %lld bytes of keys and data; at most %lld", total,
+                    PUT_RECORDS_BYTES_MAX);
+        goto fail;
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    PyMem_Free(hdrs.p);
+    PyBuffer_Release(&blob);
+    PyBuffer_Release(&pid);
+    return out;
+}
+
+/* ---- stored_entries ----------------------------------------------------------------- */
+
+static PyObject *s_key, *s_data, *s_sssn, *s_dedup_key, *s_session_ordinal, *s_headers, *s_producer_id;
+
+static int
+bytes_attr(PyObject *obj, PyObject *name, PyObject **keep, const char **p, Py_ssize_t *len, int allow_none)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    *keep = v;
+    if (allow_none && v == Py_None) {
+        *p = NULL;
+        *len = -1;
+        return 0;
+    }
+    if (!PyBytes_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%U of type %s; expected bytes", name, Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    *p = PyBytes_AS_STRING(v);
+    *len = PyBytes_GET_SIZE(v);
+    return 0;
+}
+
+static PyObject *
+w_stored_entries(PyObject *self, PyObject *records)
+{
+    PyObject *seq = PySequence_Fast(records, "records must be iterable"), *out = NULL;
+    Buf buf = {0};
+    if (seq == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *kk = NULL, *dk = NULL, *hk = NULL, *pk = NULL, *dedk = NULL, *sk = NULL, *ok = NULL;
+        const char *key, *data, *headers, *pid, *dedup = NULL;
+        Py_ssize_t key_len, data_len, headers_len, pid_len, dedup_len = -1;
+        uint64_t sssn = 0;
+        long ordinal = -1;
+        int err = bytes_attr(s, s_key, &kk, &key, &key_len, 0) || bytes_attr(s, s_data, &dk, &data, &data_len, 0) ||
+                  bytes_attr(s, s_headers, &hk, &headers, &headers_len, 0) ||
+                  bytes_attr(s, s_producer_id, &pk, &pid, &pid_len, 0);
+        if (!err && pid_len) {
+            err = bytes_attr(s, s_dedup_key, &dedk, &dedup, &dedup_len, 1);
+            if (!err) {
+                sk = PyObject_GetAttr(s, s_sssn);
+                ok = sk ? PyObject_GetAttr(s, s_session_ordinal) : NULL;
+                if (ok == NULL)
+                    err = 1;
+                else {
+                    sssn = PyLong_AsUnsignedLongLong(sk);
+                    if (ok != Py_None)
+                        ordinal = (long)PyLong_AsUnsignedLong(ok);
+                    err = PyErr_Occurred() != NULL;
+                }
+            }
+        }
+        if (!err) {
+            size_t meta = (size_t)headers_len;
+            if (pid_len)
+                meta += 2 + pid_len + 10 + (dedup ? 2 + dedup_len : 0) + (ordinal >= 0 ? 6 : 0);
+            err = buf_reserve(&buf, ENTRY_BYTES + key_len + meta + data_len) < 0;
+            if (!err) {
+                unsigned char *p = buf.p + buf.len;
+                put_le32(p, (uint32_t)data_len);
+                put_le16(p + 4, (uint16_t)key_len);
+                put_le16(p + 6, (uint16_t)meta);
+                p += ENTRY_BYTES;
+                memcpy(p, key, key_len);
+                p += key_len;
+                if (pid_len) {
+                    *p++ = TAG_PRODUCER_ID;
+                    *p++ = (unsigned char)pid_len;
+                    memcpy(p, pid, pid_len);
+                    p += pid_len;
+                    *p++ = TAG_SSSN;
+                    *p++ = 8;
+                    put_be64(p, sssn);
+                    p += 8;
+                    if (dedup) {
+                        *p++ = TAG_DEDUP_KEY;
+                        *p++ = (unsigned char)dedup_len;
+                        memcpy(p, dedup, dedup_len);
+                        p += dedup_len;
+                    }
+                    if (ordinal >= 0) {
+                        *p++ = TAG_SESSION_ORDINAL;
+                        *p++ = 4;
+                        put_be32(p, (uint32_t)ordinal);
+                        p += 4;
+                    }
+                }
+                memcpy(p, headers, headers_len);
+                p += headers_len;
+                memcpy(p, data, data_len);
+                p += data_len;
+                buf.len = (size_t)(p - buf.p);
+            }
+        }
+        Py_XDECREF(kk); Py_XDECREF(dk); Py_XDECREF(hk); Py_XDECREF(pk); Py_XDECREF(dedk); Py_XDECREF(sk);
+        Py_XDECREF(ok);
+        if (err)
+            goto done;
+    }
+    out = PyBytes_FromStringAndSize((const char *)buf.p, buf.len);
+done:
+    Py_XDECREF(seq);
+    PyMem_Free(buf.p);
+    return out;
+}
+
+/* ---- check_framing ------------------------------------------------------------------ */
+
+/* Walks `count` entries from `offset`; returns the end offset (may be > n: overran). */
+static size_t
+walk(const unsigned char *b, size_t n, size_t offset, Py_ssize_t count, int *short_header)
+{
+    *short_header = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (offset + ENTRY_BYTES > n) {
+            *short_header = 1;
+            return n + 1;
+        }
+        offset += ENTRY_BYTES + (size_t)le16(b + offset + 4) + le16(b + offset + 6) + le32(b + offset);
+    }
+    return offset;
+}
+
+static PyObject *
+w_check_framing(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t count, offset = 0;
+    if (!PyArg_ParseTuple(args, "y*n|n", &buf, &count, &offset))
+        return NULL;
+    if (check_configured() < 0) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    size_t n = (size_t)buf.len;
+    int short_header;
+    size_t end = walk(buf.buf, n, (size_t)offset, count, &short_header);
+    PyBuffer_Release(&buf);
+    if (end > n)
+        return raise_named(ErrInvalidArgument, "record entries truncated");
+    if (end != n)
+        return raise_named(ErrInvalidArgument, "%zd trailing bytes after %zd record entries", (Py_ssize_t)(n - end),
+                           count);
+    Py_RETURN_NONE;
+}
+
+/* ---- reads: decode_records and session_fields --------------------------------------- */
+
+typedef struct {
+    PyObject *header;       /* BatchHeader from wire.verify */
+    PyObject *first_sn;
+    Py_ssize_t count;
+} Verified;
+
+static int
+verified(PyObject *batch, Verified *v)
+{
+    v->header = PyObject_CallOneArg(VerifyFn, batch);
+    if (v->header == NULL)
+        return -1;
+    PyObject *count = PyObject_GetAttrString(v->header, "count");
+    v->first_sn = PyObject_GetAttrString(v->header, "first_sn");
+    if (count == NULL || v->first_sn == NULL) {
+        Py_XDECREF(count);
+        return -1;
+    }
+    v->count = PyLong_AsSsize_t(count);
+    Py_DECREF(count);
+    return 0;
+}
+
+static void
+verified_release(Verified *v)
+{
+    Py_XDECREF(v->header);
+    Py_XDECREF(v->first_sn);
+}
+
+static PyObject *
+corrupt(Verified *v, const char *what)
+{
+    return raise_named(ErrCorruptBatch, "batch first_sn %S: %s", v->first_sn, what);
+}
+
+/* SN of record i: first_sn + i * 2^32 (first_sn from the batch header, big-endian 128). */
+static PyObject *
+sn_at(const unsigned char *raw_first, Py_ssize_t i)
+{
+    unsigned char sn[16];
+    uint64_t hi = be64(raw_first), lo = be64(raw_first + 8);
+    uint64_t add = (uint64_t)i << 32;
+    uint64_t nlo = lo + add;
+    hi += (nlo < lo) + ((uint64_t)i >> 32);
+    put_be64(sn, hi);
+    put_be64(sn + 8, nlo);
+    return int_from_be128(sn);
+}
+
+static PyObject *
+w_decode_records(PyObject *self, PyObject *args)
+{
+    PyObject *batch_obj, *ordinal;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "OnnO", &batch_obj, &start, &end, &ordinal) || check_configured() < 0)
+        return NULL;
+    if (!PyBytes_Check(batch_obj)) {
+        PyErr_SetString(PyExc_TypeError, "decode_records needs bytes");
+        return NULL;
+    }
+    Verified v = {0};
+    PyObject *out = NULL;
+    if (verified(batch_obj, &v) < 0)
+        goto done;
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(batch_obj);
+    size_t n = (size_t)PyBytes_GET_SIZE(batch_obj);
+    if (end > v.count)
+        end = v.count;
+    if (start < 0)
+        start = 0;
+    if (start > end)
+        start = end;
+    size_t offset = HEADER_BYTES;
+    for (Py_ssize_t i = 0; i < start; i++) {
+        if (offset + ENTRY_BYTES > n) {
+            corrupt(&v, "entries run past the batch");
+            goto done;
+        }
+        offset += ENTRY_BYTES + (size_t)le16(b + offset + 4) + le16(b + offset + 6) + le32(b + offset);
+        if (offset > n) {
+            corrupt(&v, "entries run past the batch");
+            goto done;
+        }
+    }
+    out = PyList_New(end - start);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = start; i < end; i++) {
+        if (offset + ENTRY_BYTES > n) {
+            corrupt(&v, "entries run past the batch");
+            goto fail;
+        }
+        size_t data_len = le32(b + offset), key_len = le16(b + offset + 4), meta_len = le16(b + offset + 6);
+        size_t k = offset + ENTRY_BYTES, m = k + key_len, d = m + meta_len;
+        offset = d + data_len;
+        if (offset > n) {
+            corrupt(&v, "entries run past the batch");
+            goto fail;
+        }
+        PyObject *key = PyUnicode_DecodeUTF8((const char *)b + k, (Py_ssize_t)key_len, "strict");
+        if (key == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                PyObject *type, *value, *tb;
+                PyErr_Fetch(&type, &value, &tb);
+                PyErr_NormalizeException(&type, &value, &tb);
+                raise_named(ErrCorruptBatch, "batch first_sn %S: %S", v.first_sn, value);
+                Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+            }
+            goto fail;
+        }
+        PyObject *rec = new_tuple_of(RecordType, 5);
+        if (rec == NULL) {
+            Py_DECREF(key);
+            goto fail;
+        }
+        PyList_SET_ITEM(out, i - start, rec);
+        PyTuple_SET_ITEM(rec, 0, key);
+        PyObject *data = PyBytes_FromStringAndSize((const char *)b + d, data_len);
+        PyObject *sn = sn_at(b + 8, i);
+        PyObject *meta = PyBytes_FromStringAndSize((const char *)b + m, meta_len);
+        Py_INCREF(ordinal);
+        PyTuple_SET_ITEM(rec, 1, data);
+        PyTuple_SET_ITEM(rec, 2, sn);
+        PyTuple_SET_ITEM(rec, 3, ordinal);
+        PyTuple_SET_ITEM(rec, 4, meta);
+        if (data == NULL || sn == NULL || meta == NULL)
+            goto fail;
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    verified_release(&v);
+    return out;
+}
+
+static PyObject *
+w_session_fields(PyObject *self, PyObject *args)
+{
+    PyObject *batch_obj;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "Onn", &batch_obj, &start, &end) || check_configured() < 0)
+        return NULL;
+    if (!PyBytes_Check(batch_obj)) {
+        PyErr_SetString(PyExc_TypeError, "session_fields needs bytes");
+        return NULL;
+    }
+    Verified v = {0};
+    PyObject *out = NULL;
+    Buf hdrs = {0};
+    if (verified(batch_obj, &v) < 0)
+        goto done;
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(batch_obj);
+    size_t n = (size_t)PyBytes_GET_SIZE(batch_obj);
+    if (end > v.count)
+        end = v.count;
+    out = PyList_New(0);
+    if (out == NULL)
+        goto done;
+    size_t offset = HEADER_BYTES;
+    for (Py_ssize_t i = 0; i < v.count; i++) {
+        if (offset + ENTRY_BYTES > n) {
+            corrupt(&v, "record entries truncated");
+            goto fail;
+        }
+        size_t data_len = le32(b + offset), key_len = le16(b + offset + 4), meta_len = le16(b + offset + 6);
+        size_t k = offset + ENTRY_BYTES, m = k + key_len, d = m + meta_len;
+        offset = d + data_len;
+        if (offset > n) {
+            corrupt(&v, "record entries truncated");
+            goto fail;
+        }
+        if (i < start || i >= end || meta_len == 0)
+            continue;
+        MetaFields mf;
+        int r = scan_meta(b + m, meta_len, &mf, &hdrs);
+        if (r == -2)
+            goto fail;
+        if (r < 0) {
+            corrupt(&v, "record meta truncated");
+            goto fail;
+        }
+        const unsigned char *pid = mf.v[TAG_PRODUCER_ID], *sssn_v = mf.v[TAG_SSSN], *dedup_v = mf.v[TAG_DEDUP_KEY],
+                            *ord_v = mf.v[TAG_SESSION_ORDINAL];
+        size_t pid_len = mf.len[TAG_PRODUCER_ID], sssn_len = mf.len[TAG_SSSN], dedup_len = mf.len[TAG_DEDUP_KEY],
+               ord_len = mf.len[TAG_SESSION_ORDINAL];
+        if (pid == NULL || sssn_v == NULL || sssn_len != 8)
+            continue;
+        PyObject *f = new_tuple_of(SessionFieldsType, 6);
+        if (f == NULL)
+            goto fail;
+        int bad = PyList_Append(out, f) < 0;
+        Py_DECREF(f);
+        PyObject *items[6] = {
+            PyLong_FromSsize_t(i),
+            PyBytes_FromStringAndSize((const char *)pid, pid_len),
+            PyLong_FromUnsignedLongLong(be64(sssn_v)),
+            dedup_v ? PyBytes_FromStringAndSize((const char *)dedup_v, dedup_len) : Py_NewRef(Py_None),
+            (ord_v && ord_len == 4) ? PyLong_FromUnsignedLong(be32(ord_v)) : Py_NewRef(Py_None),
+            signature_of(b + k, key_len, b + d, data_len, NULL, hdrs.p, hdrs.len),
+        };
+        for (int j = 0; j < 6; j++) {
+            if (items[j] == NULL)
+                bad = 1;
+            PyTuple_SET_ITEM(f, j, items[j]);
+        }
+        if (bad)
+            goto fail;
+    }
+    if (offset != n) {
+        PyObject *msg = PyUnicode_FromFormat("%zd trailing bytes after %zd record entries", (Py_ssize_t)(n - offset),
+                                             v.count);
+        if (msg != NULL) {
+            raise_named(ErrCorruptBatch, "batch first_sn %S: %U", v.first_sn, msg);
+            Py_DECREF(msg);
+        }
+        goto fail;
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    PyMem_Free(hdrs.p);
+    verified_release(&v);
+    return out;
+}
+
+/* ---- the module --------------------------------------------------------------------- */
+
+static PyMethodDef methods[] = {
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
+     "Hand over the classes, error types, verify() and limits of sms.wire."},
+    {"encode_puts", w_encode_puts, METH_VARARGS, "encode_puts(records, fallback) -> (entries, hash keys)"},
+    {"parse_put", w_parse_put, METH_VARARGS, "parse_put(count, blob, producer_id) -> [PutEntry]"},
+    {"stored_entries", w_stored_entries, METH_O, "stored_entries(records) -> bytes"},
+    {"check_framing", w_check_framing, METH_VARARGS, "check_framing(buf, count, offset=0) -> None"},
+    {"decode_records", w_decode_records, METH_VARARGS, "decode_records(batch, start, end, ordinal) -> [Record]"},
+    {"session_fields", w_session_fields, METH_VARARGS, "session_fields(batch, start, end) -> [SessionFields]"},
+    {"signature", w_signature, METH_VARARGS, "signature(key, data, headers=b'') -> 16 bytes"},
+    {"hash_key", w_hash_key, METH_O, "hash_key(key bytes) -> int (MD5, big-endian)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "sms._wire",
+                                    "The compiled implementation of sms.wire's hot functions.", -1, methods};
+
+PyMODINIT_FUNC
+PyInit__wire(void)
+{
+    s_key = PyUnicode_InternFromString("key");
+    s_data = PyUnicode_InternFromString("data");
+    s_sssn = PyUnicode_InternFromString("sssn");
+    s_dedup_key = PyUnicode_InternFromString("dedup_key");
+    s_session_ordinal = PyUnicode_InternFromString("session_ordinal");
+    s_headers = PyUnicode_InternFromString("headers");
+    s_producer_id = PyUnicode_InternFromString("producer_id");
+    if (!s_producer_id || !s_key || !s_data || !s_sssn || !s_dedup_key || !s_session_ordinal || !s_headers)
+        return NULL;
+    return PyModule_Create(&module);
+}

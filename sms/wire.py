@@ -1,0 +1,671 @@
+"""The wire module: every byte format a record takes, from producer to disk and back.
+
+Records are never protobuf objects on the hot path. Every producing path (`put_records`,
+the producer, SPS output, the Spark sink), ingestion, the chain head and every reader
+pack and unpack record bytes here and nowhere else.
+
+Entry:  <I data_len> <H key_len> <H meta_len> key(utf-8) meta data
+Meta:   TLVs, <B tag> <B len> value for tags below 0x80 and <B tag> <H len, big-endian>
+        value from 0x80 up. Fields only some records carry:
+        - on the way in (a PutRecords entry): explicit hash key, SSSN and submit time
+          (with a producer session), dedup key, session partition, headers;
+        - stored: producer id, SSSN, dedup key, session partition, headers.
+Header: a record's named attribute (Kafka headers, SQS message attributes): one
+        TAG_HEADER TLV each, value <B name_len> name(utf-8) value; stored and read back
+        as they came, in order.
+Batch:  <B version> <B flags> <H reserved> <I count> <16s first_sn big-endian>
+        <Q origin_id> <Q origin_seq> <Q checksum> entries...
+The checksum is xxh3-64 over (count, first_sn, origin, entries); storage verifies it
+before it writes a batch and again when it reads one back. The origin names the
+ingestion writer that built the batch and its sequence there: a head that is sent the
+same origin again (a resend after a broken stream) recognises the batch it holds.
+
+PutRecords: `entries` is the request's entries back to back; `session_ordinals` is 4
+bytes little-endian per record; the answer's `sequence_numbers` are 16 bytes big-endian
+per record and its `ordinals` 4 bytes little-endian per record.
+
+The functions that touch every record (`encode_puts`, `parse_put`, `stored_entries`,
+`check_framing`, `decode_records`, `session_fields`, `signature`) have two
+implementations: the pure-Python reference in this module (`reference`) and a compiled
+one (`sms/_wire.c`, built by the package's own build when a compiler is there). Both
+give the same bytes, decisions and named errors, which `tests/unit/test_wire_differential.py`
+checks. The compiled one is used when it was built, unless `SMS_PURE_PYTHON=1`;
+`IMPLEMENTATION` says which is in force.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import struct
+import types
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import xxhash
+
+from sms import limits, seqno
+from sms.errors import (InternalError, InvalidArgument, InvalidPartitionKey, InvalidRecordHeader, RecordTooLarge,
+                        RequestTooLarge)
+from sms.types import Record
+
+log = logging.getLogger(__name__)
+
+ENTRY = struct.Struct("<IHH")
+HEADER = struct.Struct("<BBHI16sQQQ")
+BATCH_VERSION = 2
+HEADER_BYTES = HEADER.size
+
+TAG_EXPLICIT_HASH_KEY = 1
+TAG_PRODUCER_ID = 2
+TAG_SSSN = 3
+TAG_DEDUP_KEY = 4
+TAG_SUBMIT_MS = 5
+TAG_SESSION_ORDINAL = 6     # 4 bytes: the record belongs to the producer's session with this
+                            # (closed) ancestor partition, not with the one it is stored in
+LONG_TAG_MIN = 0x80         # tags from here carry a 2-byte length
+TAG_HEADER = 0x80           # repeatable: <B name_len> name value
+
+SN_BYTES = 16
+ORDINAL = struct.Struct("<I")
+_U64_TLV = struct.Struct(">BBQ")
+_U32_TLV = struct.Struct(">BBI")
+_LONG_TLV = struct.Struct(">BH")
+_SESSION_META = struct.Struct(">BBQBBQ")    # TAG_SSSN, 8, sssn, TAG_SUBMIT_MS, 8, submit ms
+_SIG_KEY_LEN = struct.Struct("<H")
+# the largest meta a PutRecords entry may carry besides its headers
+_PUT_META_BYTES_MAX = 2 * 5 + 16 + 8 + 8 + 4 + limits.DEDUP_KEY_BYTES_MAX
+_HEADERS_META_BYTES_MAX = limits.RECORD_HEADERS_BYTES_MAX + limits.RECORD_HEADERS_MAX * 4
+
+
+class CorruptBatch(InternalError):
+    """A stored or received batch whose checksum or framing does not hold."""
+
+
+# --- meta TLVs --------------------------------------------------------------------------
+
+def _tlv(tag: int, value: bytes) -> bytes:
+    if tag >= LONG_TAG_MIN:
+        return _LONG_TLV.pack(tag, len(value)) + value
+    return bytes((tag, len(value))) + value
+
+
+def encode_meta(fields: Mapping[int, bytes]) -> bytes:
+    out = bytearray()
+    for tag, value in fields.items():
+        assert 0 < tag < 256 and len(value) < (65_536 if tag >= LONG_TAG_MIN else 256)
+        out += _tlv(tag, value)
+    return bytes(out)
+
+
+def iter_meta(meta: bytes | memoryview) -> Iterator[tuple[int, bytes]]:
+    """(tag, value) of every TLV in order; InvalidArgument when one is truncated."""
+    i, n = 0, len(meta)
+    while i < n:
+        tag = meta[i]
+        if tag >= LONG_TAG_MIN:
+            if i + 3 > n:
+                raise InvalidArgument("record meta truncated")
+            length, i = (meta[i + 1] << 8) | meta[i + 2], i + 3
+        else:
+            if i + 2 > n:
+                raise InvalidArgument("record meta truncated")
+            length, i = meta[i + 1], i + 2
+        if i + length > n:
+            raise InvalidArgument("record meta truncated")
+        yield tag, bytes(meta[i:i + length])
+        i += length
+
+
+def decode_meta(meta: bytes | memoryview) -> dict[int, bytes]:
+    """Every TLV by tag (a repeated tag: the last); InvalidArgument when truncated."""
+    return dict(iter_meta(meta))
+
+
+# --- headers ----------------------------------------------------------------------------
+
+def encode_headers(headers: Mapping[str, bytes] | None) -> bytes:
+    """A record's headers (name -> bytes or str) as meta TLVs; InvalidRecordHeader
+    names the first broken limit."""
+    if not headers:
+        return b""
+    if not isinstance(headers, Mapping):
+        raise InvalidRecordHeader(f"headers of type {type(headers).__name__}; expected a dict of str -> bytes")
+    if len(headers) > limits.RECORD_HEADERS_MAX:
+        raise InvalidRecordHeader(f"{len(headers)} headers; at most {limits.RECORD_HEADERS_MAX}")
+    out, total = [], 0
+    for name, value in headers.items():
+        if not isinstance(name, str):
+            raise InvalidRecordHeader(f"header name of type {type(name).__name__}; expected str")
+        raw_name = name.encode("utf-8", "surrogatepass")
+        if not 0 < len(raw_name) <= limits.RECORD_HEADER_NAME_BYTES_MAX:
+            raise InvalidRecordHeader(f"header name of {len(raw_name)} bytes; expected "
+                                      f"1..{limits.RECORD_HEADER_NAME_BYTES_MAX}")
+        if isinstance(value, str):
+            value = value.encode("utf-8", "surrogatepass")
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise InvalidRecordHeader(f"header {name[:64]!r}: value of type {type(value).__name__}; "
+                                      "expected bytes or str")
+        total += len(raw_name) + len(value)
+        if total > limits.RECORD_HEADERS_BYTES_MAX:
+            raise InvalidRecordHeader(f"headers of more than {limits.RECORD_HEADERS_BYTES_MAX} bytes "
+                                      "(names and values)")
+        out.append(_tlv(TAG_HEADER, bytes((len(raw_name),)) + raw_name + bytes(value)))
+    return b"".join(out)
+
+
+def validate_headers(raw: bytes) -> None:
+    """Checks a record's TAG_HEADER TLVs (well framed already) as the ingestion node
+    does: each names 1..RECORD_HEADER_NAME_BYTES_MAX bytes of UTF-8 that no other header
+    of the record names, at most RECORD_HEADERS_MAX of them, and names and values of at
+    most RECORD_HEADERS_BYTES_MAX in all. InvalidRecordHeader names the first broken one."""
+    count = total = 0
+    seen: set[bytes] = set()
+    i, n = 0, len(raw)
+    while i < n:
+        length = (raw[i + 1] << 8) | raw[i + 2]
+        value = raw[i + 3:i + 3 + length]
+        i += 3 + length
+        if count == limits.RECORD_HEADERS_MAX:
+            raise InvalidRecordHeader(f"more than {limits.RECORD_HEADERS_MAX} headers")
+        name_len = value[0] if value else 0
+        if not 0 < name_len <= min(limits.RECORD_HEADER_NAME_BYTES_MAX, len(value) - 1):
+            raise InvalidRecordHeader(f"header {count}: name of {name_len} bytes in a header of {len(value)}; "
+                                      f"expected 1..{limits.RECORD_HEADER_NAME_BYTES_MAX}")
+        name = value[1:1 + name_len]
+        try:
+            name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidRecordHeader(f"header {count}: name is not UTF-8") from None
+        if name in seen:
+            raise InvalidRecordHeader(f"header {count}: name repeated")
+        seen.add(name)
+        count += 1
+        total += length - 1
+        if total > limits.RECORD_HEADERS_BYTES_MAX:
+            raise InvalidRecordHeader(f"headers of more than {limits.RECORD_HEADERS_BYTES_MAX} bytes "
+                                      "(names and values)")
+
+
+def decode_headers(meta: bytes | memoryview) -> dict[str, bytes]:
+    """The headers among a record's meta TLVs, name -> value, in order."""
+    out: dict[str, bytes] = {}
+    if not meta:
+        return out
+    for tag, value in iter_meta(meta):
+        if tag == TAG_HEADER and value:
+            out[value[1:1 + value[0]].decode("utf-8", "replace")] = value[1 + value[0]:]
+    return out
+
+
+def headers_of(meta: bytes | memoryview) -> bytes:
+    """The raw TAG_HEADER TLVs of a meta, in order (as stored)."""
+    if not meta:
+        return b""
+    return b"".join(_tlv(tag, value) for tag, value in iter_meta(meta) if tag == TAG_HEADER)
+
+
+# --- entries ----------------------------------------------------------------------------
+
+def encode_entry(key: bytes, data: bytes, meta: bytes = b"") -> bytes:
+    return ENTRY.pack(len(data), len(key), len(meta)) + key + meta + data
+
+
+def encode_put_entry(key: bytes, data: bytes, *, hash_key: int | None = None, sssn: int | None = None,
+                     submit_ms: int = 0, dedup_key: bytes | None = None, session_ordinal: int | None = None,
+                     headers: bytes = b"") -> bytes:
+    """One PutRecords entry: an explicit hash key, a producer session's SSSN and submit
+    time, its dedup key and session partition, and encoded headers, each when given."""
+    meta = b""
+    if sssn is not None:
+        meta = _SESSION_META.pack(TAG_SSSN, 8, sssn, TAG_SUBMIT_MS, 8, submit_ms)
+    if hash_key is not None:
+        meta += bytes((TAG_EXPLICIT_HASH_KEY, 16)) + hash_key.to_bytes(16, "big")
+    if dedup_key is not None:
+        meta += bytes((TAG_DEDUP_KEY, len(dedup_key))) + dedup_key
+    if session_ordinal is not None:
+        meta += _U32_TLV.pack(TAG_SESSION_ORDINAL, 4, session_ordinal)
+    return ENTRY.pack(len(data), len(key), len(meta) + len(headers)) + key + meta + headers + data
+
+
+def encode_session_entry(key: bytes, data: bytes, sssn: int, submit_ms: int, extra: bytes = b"") -> bytes:
+    """A PutRecords entry of a producer session: its SSSN and submit time, then `extra`
+    (already encoded TLVs: explicit hash key, dedup key, headers)."""
+    meta = _SESSION_META.pack(TAG_SSSN, 8, sssn, TAG_SUBMIT_MS, 8, submit_ms) + extra
+    return ENTRY.pack(len(data), len(key), len(meta)) + key + meta + data
+
+
+def encode_session_ordinals(ordinals) -> bytes:
+    return b"".join(ORDINAL.pack(o) for o in ordinals)
+
+
+def decode_ordinals(raw: bytes) -> list[int]:
+    return [o for (o,) in ORDINAL.iter_unpack(raw)]
+
+
+def encode_put_results(sns: list[int], ordinals: list[int]) -> tuple[bytes, bytes]:
+    """A PutRecords answer's `sequence_numbers` and `ordinals` fields."""
+    to_bytes = seqno.to_bytes
+    return b"".join(to_bytes(sn) for sn in sns), encode_session_ordinals(ordinals)
+
+
+def decode_put_results(sequence_numbers: bytes, ordinals: bytes, count: int) -> tuple[list[int], list[int]]:
+    """(SNs, partition ordinals) of a PutRecords answer; InvalidArgument when a field's
+    length does not match the request's record count."""
+    if len(sequence_numbers) != SN_BYTES * count or len(ordinals) != ORDINAL.size * count:
+        raise InvalidArgument(f"PutRecords answer of {len(sequence_numbers)} SN bytes and {len(ordinals)} "
+                              f"ordinal bytes for {count} records")
+    from_bytes = int.from_bytes
+    return ([from_bytes(sequence_numbers[i:i + SN_BYTES], "big") for i in range(0, SN_BYTES * count, SN_BYTES)],
+            decode_ordinals(ordinals))
+
+
+@dataclass(frozen=True, slots=True)
+class RawEntry:
+    """One decoded entry; views into the enclosing buffer."""
+
+    key: bytes
+    meta: bytes
+    data: bytes
+    start: int   # offset of the entry in the buffer
+    end: int
+
+
+def iter_entries(buf: bytes | memoryview, count: int, offset: int = 0) -> Iterator[RawEntry]:
+    """Walk `count` entries of `buf` from `offset`; InvalidArgument on bad framing."""
+    view = memoryview(buf)
+    n = len(view)
+    unpack = ENTRY.unpack_from
+    for _ in range(count):
+        if offset + ENTRY.size > n:
+            raise InvalidArgument("record entries truncated")
+        data_len, key_len, meta_len = unpack(view, offset)
+        k = offset + ENTRY.size
+        m = k + key_len
+        d = m + meta_len
+        end = d + data_len
+        if end > n:
+            raise InvalidArgument("record entries truncated")
+        yield RawEntry(bytes(view[k:m]), bytes(view[m:d]), bytes(view[d:end]), offset, end)
+        offset = end
+    if offset != n:
+        raise InvalidArgument(f"{n - offset} trailing bytes after {count} record entries")
+
+
+# --- batches ----------------------------------------------------------------------------
+
+def _checksum(count: int, first_sn_raw: bytes, origin_id: int, origin_seq: int, body: bytes | memoryview) -> int:
+    h = xxhash.xxh3_64()
+    h.update(_CHECKED.pack(count, first_sn_raw, origin_id, origin_seq))
+    h.update(body)
+    return h.intdigest()
+
+
+_CHECKED = struct.Struct("<I16sQQ")
+
+
+def build_batch(entries: list[bytes], first_sn: int = 0, origin_id: int = 0, origin_seq: int = 0) -> bytes:
+    """A batch of already-encoded entries (first_sn 0 means: not yet sequenced)."""
+    body = b"".join(entries)
+    return seal(len(entries), first_sn, body, origin_id, origin_seq)
+
+
+def seal(count: int, first_sn: int, body: bytes | memoryview, origin_id: int = 0, origin_seq: int = 0) -> bytes:
+    raw_sn = seqno.to_bytes(first_sn)
+    header = HEADER.pack(BATCH_VERSION, 0, 0, count, raw_sn, origin_id, origin_seq,
+                         _checksum(count, raw_sn, origin_id, origin_seq, body))
+    return header + bytes(body)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    count: int
+    first_sn: int
+    checksum: int
+    origin_id: int = 0
+    origin_seq: int = 0
+
+    @property
+    def last_sn(self) -> int:
+        return self.first_sn + (self.count - 1) * seqno.COUNTER_UNIT
+
+
+def read_header(batch: bytes | memoryview) -> BatchHeader:
+    if len(batch) < HEADER_BYTES:
+        raise CorruptBatch(f"batch of {len(batch)} bytes; shorter than its header")
+    version, flags, reserved, count, raw_sn, origin_id, origin_seq, checksum = HEADER.unpack_from(batch, 0)
+    if version != BATCH_VERSION or count == 0 or flags or reserved:
+        raise CorruptBatch(f"batch version {version} flags {flags} reserved {reserved} count {count}; "
+                           f"expected version {BATCH_VERSION}, flags 0, reserved 0, count > 0")
+    return BatchHeader(count, seqno.from_bytes(raw_sn), checksum, origin_id, origin_seq)
+
+
+def verify(batch: bytes | memoryview) -> BatchHeader:
+    """Header of a batch whose checksum holds; CorruptBatch otherwise."""
+    header = read_header(batch)
+    view = memoryview(batch)
+    raw_sn = bytes(view[8:24])
+    if _checksum(header.count, raw_sn, header.origin_id, header.origin_seq, view[HEADER_BYTES:]) != header.checksum:
+        raise CorruptBatch(f"batch first_sn {header.first_sn}: checksum mismatch")
+    return header
+
+
+def sequence(batch: bytes, first_sn: int) -> bytes:
+    """The same batch, verified and its framing walked, stamped with its first sequence
+    number (head only: downstream replicas trust the checksum the head sealed)."""
+    header = verify(batch)
+    try:
+        check_framing(batch, header.count, HEADER_BYTES)
+    except InvalidArgument as e:
+        raise CorruptBatch(f"unsequenced batch: {e.message}") from None
+    return seal(header.count, first_sn, memoryview(batch)[HEADER_BYTES:], header.origin_id, header.origin_seq)
+
+
+def index_at_or_after(header: BatchHeader, position_sn: int) -> int:
+    """Index of the first record of the batch whose SN >= position_sn (may be count)."""
+    if position_sn <= header.first_sn:
+        return 0
+    delta = position_sn - header.first_sn
+    return min(header.count, -(-delta // seqno.COUNTER_UNIT))
+
+
+def batch_entries(batch: bytes | memoryview) -> Iterator[RawEntry]:
+    header = read_header(batch)
+    return iter_entries(memoryview(batch), header.count, HEADER_BYTES)
+
+
+# --- the hot functions: the pure-Python reference ----------------------------------------
+
+class PutEntry(NamedTuple):
+    """One validated record of a PutRecords request, as ingestion needs it."""
+
+    hash_key: int               # where it routes: MD5 of the key, or its explicit hash key
+    key: bytes                  # partition key, valid UTF-8 of 1..256 characters
+    data: bytes
+    sssn: int                   # 0 without a producer session
+    submit_ms: int
+    dedup_key: bytes | None
+    session_ordinal: int | None   # the record's session is with this (ancestor) partition
+    headers: bytes              # its TAG_HEADER TLVs, validated, stored as they came
+    signature: bytes            # what a retry of the same SSSN must match (dedup)
+
+
+class SessionFields(NamedTuple):
+    """The producer-session fields of one stored record, for a dedup table rebuild."""
+
+    index: int                  # in its batch
+    producer_id: bytes
+    sssn: int
+    dedup_key: bytes | None
+    session_ordinal: int | None
+    signature: bytes
+
+
+def _hash_of(key: bytes) -> int:
+    return int.from_bytes(hashlib.md5(key).digest(), "big")
+
+
+def _signature(key: bytes, data: bytes, headers: bytes = b"") -> bytes:
+    """What identifies a record's content for de-duplication: xxh3-128 of its key
+    (length-prefixed), data and headers."""
+    h = xxhash.xxh3_128()
+    h.update(_SIG_KEY_LEN.pack(len(key)))
+    h.update(key)
+    h.update(data)
+    if headers:
+        h.update(headers)
+    return h.digest()
+
+
+def _encode_puts(records, fallback) -> tuple[list[bytes], list[int]]:
+    """(entry, hash key) per record of a put: (partition_key str, data bytes) pairs take
+    the lean path; any other shape goes through `fallback(record) -> (entry, hash key)`,
+    which validates it (named errors). The entries carry no session fields."""
+    entries, hashes = [], []
+    key_min, key_max = limits.PARTITION_KEY_CHARS_MIN, limits.PARTITION_KEY_CHARS_MAX
+    data_max, pack = limits.RECORD_DATA_BYTES_MAX, ENTRY.pack
+    for r in records:
+        if type(r) is tuple and len(r) == 2:
+            key, data = r
+            if type(key) is str and type(data) is bytes and key_min <= len(key) <= key_max \
+                    and len(data) <= data_max:
+                try:
+                    kb = key.encode("utf-8")
+                except UnicodeEncodeError:      # lone surrogates: the fallback names the error
+                    kb = None
+            else:
+                kb = None
+            if kb is not None:
+                entries.append(pack(len(data), len(kb), 0) + kb + data)
+                hashes.append(_hash_of(kb))
+                continue
+        entry, hash_key = fallback(r)
+        entries.append(entry)
+        hashes.append(hash_key)
+    return entries, hashes
+
+
+def _u64(raw: bytes, what: str, index: int) -> int:
+    if len(raw) != 8:
+        raise InvalidArgument(f"record {index}: {what} of {len(raw)} bytes; expected 8")
+    return int.from_bytes(raw, "big")
+
+
+def _parse_put(count: int, blob: bytes, producer_id: bytes) -> list[PutEntry]:
+    """The records of a PutRecords request, validated whole, or a named error for the
+    whole request (bad input changes nothing)."""
+    if not 1 <= count <= limits.PUT_RECORDS_COUNT_MAX:
+        raise RequestTooLarge(f"{count} records; expected 1..{limits.PUT_RECORDS_COUNT_MAX}")
+    if len(producer_id) > limits.PRODUCER_ID_BYTES_MAX:
+        raise InvalidArgument(f"producer id of {len(producer_id)} bytes; at most {limits.PRODUCER_ID_BYTES_MAX}")
+    if len(blob) > limits.PUT_RECORDS_BYTES_MAX + count * (ENTRY.size + _PUT_META_BYTES_MAX + _HEADERS_META_BYTES_MAX):
+        raise RequestTooLarge(f"request of {len(blob)} bytes; at most {limits.PUT_RECORDS_BYTES_MAX}")
+    out, total = [], 0
+    n, offset = len(blob), 0
+    unpack, head = ENTRY.unpack_from, ENTRY.size
+    key_min, key_max = limits.PARTITION_KEY_CHARS_MIN, limits.PARTITION_KEY_CHARS_MAX
+    for i in range(count):
+        if offset + head > n:
+            raise InvalidArgument("record entries truncated")
+        data_len, key_len, meta_len = unpack(blob, offset)
+        k = offset + head
+        m = k + key_len
+        d = m + meta_len
+        offset = d + data_len
+        if offset > n:
+            raise InvalidArgument("record entries truncated")
+        if data_len > limits.RECORD_DATA_BYTES_MAX:
+            raise RecordTooLarge(f"record {i}: {data_len} bytes of data; at most {limits.RECORD_DATA_BYTES_MAX}")
+        key = blob[k:m]
+        try:
+            chars = len(key.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidArgument(f"record {i}: partition key is not UTF-8") from None
+        if not key_min <= chars <= key_max:
+            raise InvalidPartitionKey(f"partition key of {chars} chars; expected {key_min}..{key_max}")
+        data = blob[d:offset]
+        total += data_len + key_len
+        hash_key = sssn = submit_ms = 0
+        explicit = dedup_key = session_ordinal = None
+        headers = []
+        has_sssn = has_submit = False
+        if meta_len:
+            for tag, value in iter_meta(blob[m:d]):
+                if tag == TAG_EXPLICIT_HASH_KEY:
+                    explicit = value
+                elif tag == TAG_SSSN:
+                    sssn, has_sssn = value, True
+                elif tag == TAG_SUBMIT_MS:
+                    submit_ms, has_submit = value, True
+                elif tag == TAG_DEDUP_KEY:
+                    dedup_key = value
+                elif tag == TAG_SESSION_ORDINAL:
+                    session_ordinal = value
+                elif tag == TAG_HEADER:
+                    headers.append(_tlv(tag, value))
+        if explicit is not None:
+            if len(explicit) != 16:
+                raise InvalidArgument(f"record {i}: explicit hash key of {len(explicit)} bytes; expected 16")
+            hash_key = int.from_bytes(explicit, "big")
+        else:
+            hash_key = _hash_of(key)
+        if producer_id:
+            if not (has_sssn and has_submit):
+                raise InvalidArgument(f"record {i}: a producer session needs an SSSN and a submit time per record")
+            sssn = _u64(sssn, "SSSN", i)
+            submit_ms = _u64(submit_ms, "submit time", i)
+        else:
+            sssn = submit_ms = 0
+            if dedup_key is not None:
+                raise InvalidArgument(f"record {i}: a dedup key needs a producer session (producer_id)")
+        if session_ordinal is not None:
+            if not producer_id or len(session_ordinal) != 4:
+                raise InvalidArgument(f"record {i}: a session partition is 4 bytes and needs a producer session")
+            session_ordinal = int.from_bytes(session_ordinal, "big")
+        raw_headers = b"".join(headers)
+        if raw_headers:
+            try:
+                validate_headers(raw_headers)
+            except InvalidRecordHeader as e:
+                raise InvalidRecordHeader(f"record {i}: {e.message}") from None
+            total += len(raw_headers)
+        out.append(PutEntry(hash_key, key, data, sssn, submit_ms, dedup_key, session_ordinal, raw_headers,
+                            _signature(key, data, raw_headers)))
+    if offset != n:
+        raise InvalidArgument(f"{n - offset} trailing bytes after {count} record entries")
+    if total > limits.PUT_RECORDS_BYTES_MAX:
+        raise RequestTooLarge(f"request of {total} bytes of keys and data; at most {limits.PUT_RECORDS_BYTES_MAX}")
+    return out
+
+
+def _stored_entries(records) -> bytes:
+    """The stored entries of records (each with `key`, `data`, `producer_id`, `sssn`,
+    `dedup_key`, `session_ordinal`, `headers`), back to back: key, data, and the session
+    fields a dedup rebuild reads back (TLVs in tag order: producer id, SSSN, dedup key,
+    session partition), then the headers. Without a producer id: the headers only."""
+    out = []
+    pack = ENTRY.pack
+    for s in records:
+        key, data, headers, producer_id = s.key, s.data, s.headers, s.producer_id
+        if producer_id:
+            meta = bytes((TAG_PRODUCER_ID, len(producer_id))) + producer_id + _U64_TLV.pack(TAG_SSSN, 8, s.sssn)
+            if s.dedup_key is not None:
+                meta += bytes((TAG_DEDUP_KEY, len(s.dedup_key))) + s.dedup_key
+            if s.session_ordinal is not None:
+                meta += _U32_TLV.pack(TAG_SESSION_ORDINAL, 4, s.session_ordinal)
+            meta += headers
+        else:
+            meta = headers
+        out.append(pack(len(data), len(key), len(meta)) + key + meta + data)
+    return b"".join(out)
+
+
+def _check_framing(buf: bytes | memoryview, count: int, offset: int = 0) -> None:
+    """`count` entries fill `buf` from `offset` exactly; InvalidArgument otherwise. The
+    lengths only: no per-record object."""
+    n = len(buf)
+    unpack, size = ENTRY.unpack_from, ENTRY.size
+    for _ in range(count):
+        if offset + size > n:
+            raise InvalidArgument("record entries truncated")
+        data_len, key_len, meta_len = unpack(buf, offset)
+        offset += size + key_len + meta_len + data_len
+    if offset != n:
+        raise InvalidArgument("record entries truncated" if offset > n else
+                              f"{n - offset} trailing bytes after {count} record entries")
+
+
+def _decode_records(batch: bytes, start: int, end: int, ordinal: int) -> list[Record]:
+    """Records [start, end) of a verified stored batch as `Record`s: one pass over the
+    framing. CorruptBatch when the framing runs past the batch or a key is not UTF-8."""
+    header = verify(batch)
+    end = min(end, header.count)
+    start = min(max(start, 0), end)
+    n, offset = len(batch), HEADER_BYTES
+    unpack, size = ENTRY.unpack_from, ENTRY.size
+    for _ in range(start):
+        if offset + size > n:
+            raise CorruptBatch(f"batch first_sn {header.first_sn}: entries run past the batch")
+        data_len, key_len, meta_len = unpack(batch, offset)
+        offset += size + key_len + meta_len + data_len
+        if offset > n:
+            raise CorruptBatch(f"batch first_sn {header.first_sn}: entries run past the batch")
+    unit = seqno.COUNTER_UNIT
+    out: list[Record] = []
+    make, append = tuple.__new__, out.append
+    for sn in range(header.first_sn + start * unit, header.first_sn + end * unit, unit):
+        if offset + size > n:
+            raise CorruptBatch(f"batch first_sn {header.first_sn}: entries run past the batch")
+        data_len, key_len, meta_len = unpack(batch, offset)
+        k = offset + size
+        m = k + key_len
+        d = m + meta_len
+        offset = d + data_len
+        if offset > n:       # (the checksum held: a writer bug, not a bit flip)
+            raise CorruptBatch(f"batch first_sn {header.first_sn}: entries run past the batch")
+        try:
+            key = batch[k:m].decode()
+        except UnicodeDecodeError as e:
+            raise CorruptBatch(f"batch first_sn {header.first_sn}: {e}") from None
+        append(make(Record, (key, batch[d:offset], sn, ordinal, batch[m:d])))
+    return out
+
+
+def _session_fields(batch: bytes, start: int, end: int) -> list[SessionFields]:
+    """The session fields of records [start, end) of a verified stored batch that carry a
+    producer id; CorruptBatch on bad framing or meta."""
+    header = verify(batch)
+    end = min(end, header.count)
+    out = []
+    try:
+        for i, e in enumerate(iter_entries(batch, header.count, HEADER_BYTES)):
+            if i < start or i >= end or not e.meta:
+                continue
+            meta = decode_meta(e.meta)
+            if TAG_PRODUCER_ID not in meta or len(meta.get(TAG_SSSN, b"")) != 8:
+                continue
+            session = meta.get(TAG_SESSION_ORDINAL)
+            out.append(SessionFields(i, meta[TAG_PRODUCER_ID], int.from_bytes(meta[TAG_SSSN], "big"),
+                                     meta.get(TAG_DEDUP_KEY),
+                                     int.from_bytes(session, "big") if session and len(session) == 4 else None,
+                                     _signature(e.key, e.data, headers_of(e.meta))))
+    except InvalidArgument as e:
+        raise CorruptBatch(f"batch first_sn {header.first_sn}: {e.message}") from None
+    return out
+
+
+reference = types.SimpleNamespace(
+    encode_puts=_encode_puts, parse_put=_parse_put, stored_entries=_stored_entries, check_framing=_check_framing,
+    decode_records=_decode_records, session_fields=_session_fields, signature=_signature, hash_key=_hash_of)
+
+
+# --- which implementation is in force ------------------------------------------------------
+
+def _load_compiled():
+    """The compiled implementation, configured, or None (not built, or SMS_PURE_PYTHON)."""
+    try:
+        from sms import _wire  # type: ignore[attr-defined]
+    except ImportError as e:
+        log.info("sms.wire: the compiled codec is not built (%s); using the pure-Python reference", e)
+        return None
+    _wire.configure(Record=Record, PutEntry=PutEntry, SessionFields=SessionFields, InvalidArgument=InvalidArgument,
+                    InvalidPartitionKey=InvalidPartitionKey, InvalidRecordHeader=InvalidRecordHeader,
+                    RecordTooLarge=RecordTooLarge, RequestTooLarge=RequestTooLarge, CorruptBatch=CorruptBatch,
+                    verify=verify, limits=limits)
+    return _wire
+
+
+compiled = None if os.environ.get("SMS_PURE_PYTHON", "") not in ("", "0") else _load_compiled()
+_impl = compiled or reference
+IMPLEMENTATION = "compiled" if compiled else "python"
+
+encode_puts = _impl.encode_puts
+parse_put = _impl.parse_put
+stored_entries = _impl.stored_entries
+check_framing = _impl.check_framing
+decode_records = _impl.decode_records
+session_fields = _impl.session_fields
+signature = _impl.signature
+hash_key = _impl.hash_key
