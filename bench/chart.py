@@ -29,7 +29,10 @@ def _baseline_rates(result: dict) -> list[tuple[str, float, str]]:
     b = result.get("baselines") or {}
     lines = [("raw LMDB sync append", _get(b, "raw_lmdb", "append_records_per_s"), "tab:gray"),
              ("gRPC echo (best mode)", _get(b, "grpc_echo", "best_records_per_s"), "tab:purple"),
-             ("Redis Streams (appendfsync always)", _get(b, "redis_streams", "ingest_records_per_s"), "tab:red"),
+             ("Redis Streams (appendfsync always), redis-py", _get(b, "redis_streams", "ingest_records_per_s"),
+              "tab:red"),
+             ("Redis Streams (appendfsync always), redis-benchmark",
+              _get(b, "redis_streams", "redis_benchmark", "records_per_s"), "tab:brown"),
              ("NATS JetStream R1", _get(b, "nats_js", "r1", "ingest_records_per_s"), "tab:olive"),
              ("NATS JetStream R3", _get(b, "nats_js", "r3", "ingest_records_per_s"), "tab:green")]
     return [(n, v, c) for n, v, c in lines if isinstance(v, (int, float)) and v > 0]

@@ -217,11 +217,13 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def target(name: str, value: float | None, goal: float, higher_is_better: bool = True, detail: str = "") -> dict:
-    """One target of issue 7 as met / missed with its ratio."""
+    """One target of issues 7 and 13 as met / missed with its ratio; goal_op says which way."""
+    op = ">=" if higher_is_better else "<="
     if value is None:
-        return {"target": name, "goal": goal, "value": None, "met": None, "detail": detail or "not measured"}
+        return {"target": name, "goal": goal, "goal_op": op, "value": None, "met": None,
+                "detail": detail or "not measured"}
     met = value >= goal if higher_is_better else value <= goal
-    return {"target": name, "goal": goal, "value": round(value, 3), "met": met, "detail": detail}
+    return {"target": name, "goal": goal, "goal_op": op, "value": round(value, 3), "met": met, "detail": detail}
 
 
 def peer_main(run, description: str, prefix: str) -> None:

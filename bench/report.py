@@ -1,6 +1,7 @@
-"""A Markdown summary of a bench/run.py result: the targets, the reference point beside
-its baselines, the sweeps, and the failover / repartition / growth figures. The tables of
-docs/performance.md are this output.
+"""A Markdown summary of a bench/run.py result: the targets, the reference point (and RF 1)
+beside its baselines, single put_record latency, the CPU per record of each process for
+every SMS figure, the sweeps, and the failover / repartition / growth figures. The tables
+of docs/performance.md are this output.
 
     .venv/bin/python -m bench.report [bench/results/latest.json]
 """
@@ -13,6 +14,7 @@ import os
 import sys
 
 from bench.common import dig
+from bench.cpu import CLIENT
 
 
 _get = dig
@@ -51,14 +53,17 @@ def reference(r: dict) -> list[str]:
     ingest = ref.get("ingest") or {}
     read = ref.get("catch_up_read") or {}
     rows = [("SMS, de-duplicating producers (the reference point)", ingest.get("records_per_s"),
-             read.get("records_per_s"), None)]
+             read.get("records_per_s"), None),
+            ("SMS at RF 1, otherwise the reference point", _get(r, "sms", "rf1", "records_per_s"), None, None)]
     acks = {round(a.get("fraction_of_max", 0) * 100): a for a in ref.get("ack_latency") or []}
     rows += [("raw LMDB, one process (sync append / cursor scan)", _get(b, "raw_lmdb", "append_records_per_s"),
               _get(b, "raw_lmdb", "scan_records_per_s"), None),
              ("gRPC echo of the same batches (best mode)", _get(b, "grpc_echo", "best_records_per_s"), None, None),
-             ("Redis Streams, appendfsync always (XADD pipelines / XRANGE)",
+             ("Redis Streams, appendfsync always, through redis-py (XADD pipelines / XRANGE)",
               _get(b, "redis_streams", "ingest_records_per_s"), _get(b, "redis_streams", "read_records_per_s"),
               _get(b, "redis_streams", "batch_ack_latency", "latency")),
+             ("Redis Streams, appendfsync always, through redis-benchmark (C; XADD pipelines)",
+              _get(b, "redis_streams", "redis_benchmark", "records_per_s"), None, None),
              ("NATS JetStream R1 (async publish)", _get(b, "nats_js", "r1", "ingest_records_per_s"),
               _get(b, "nats_js", "r1", "read_records_per_s"), _get(b, "nats_js", "r1", "batch_ack_latency", "latency")),
              ("NATS JetStream R3 (async publish)", _get(b, "nats_js", "r3", "ingest_records_per_s"),
@@ -66,7 +71,7 @@ def reference(r: dict) -> list[str]:
     out = ["| system | ingest records/s | read records/s | batch ack p50 / p99 / p99.9 ms at 50% load |",
            "|---|---|---|---|"]
     for name, ing, rd, lat in rows:
-        if name.startswith("SMS"):
+        if name.startswith("SMS, de-duplicating"):
             lat = _get(acks.get(50), "latency")
         out.append(f"| {name} | {_n(ing)} | {_n(rd)} | {_lat(lat)} |")
     out += ["", "| SMS offered load (of the measured max) | records/s | ack p50 / p99 / p99.9 ms (a call of 500) |",
@@ -77,6 +82,46 @@ def reference(r: dict) -> list[str]:
     if e2e:
         out.append(f"| end to end at {round(e2e.get('fraction_of_max', 0.5) * 100)}%: put to a tailing "
                    f"consumer's receipt | {_n(e2e.get('offered_records_per_s'))} | {_lat(e2e.get('latency'))} |")
+    single = _get(r, "sms", "put_record_latency") or {}
+    if single.get("latency"):
+        out.append(f"| one put_record at a time, idle cluster ({_n(single.get('calls'))} calls of one record) "
+                   f"| - | {_lat(single.get('latency'))} |")
+    return out
+
+
+def _cpu_figures(r: dict) -> list[tuple[str, dict | None]]:
+    """(name, cpu_per_record) of every SMS figure of the run."""
+    sms = r.get("sms") or {}
+    ref = sms.get("reference") or {}
+    acks = ref.get("ack_latency") if isinstance(ref.get("ack_latency"), list) else []
+    rows = [("reference ingest", _get(ref, "ingest", "cpu_per_record")),
+            ("RF 1 ingest", _get(sms, "rf1", "cpu_per_record")),
+            ("catch-up read (per record read)", _get(ref, "catch_up_read", "cpu_per_record"))]
+    rows += [(f"ack latency at {a.get('fraction_of_max', 0):.0%} load", a.get("cpu_per_record")) for a in acks]
+    rows += [("end to end (write and tail)", _get(ref, "end_to_end_latency", "cpu_per_record")),
+             ("single put_record, idle", _get(sms, "put_record_latency", "cpu_per_record"))]
+    for factor, points in (sms.get("sweeps") or {}).items():
+        rows += [(f"sweep {factor} = {p.get('value')}", p.get("cpu_per_record"))
+                 for p in points if isinstance(p, dict) and not p.get("note")]
+    return [(name, c) for name, c in rows if isinstance(c, dict) and c.get("us_per_record")]
+
+
+def cpu(r: dict) -> list[str]:
+    """CPU microseconds per record of each process, for every SMS figure, and Redis's."""
+    rows = _cpu_figures(r)
+    if not rows:
+        return []
+    procs = sorted(dict.fromkeys(p for _, c in rows for p in c["us_per_record"]), key=lambda p: p == CLIENT)
+    out = [f"| CPU us per record | records | {' | '.join(procs)} | all processes |",
+           "|---|---|" + "---|" * (len(procs) + 1)]
+    for name, c in rows:
+        cells = " | ".join(_n(c["us_per_record"].get(p), 1) for p in procs)
+        out.append(f"| {name} | {_n(c.get('records'))} | {cells} | {_n(c.get('total_us_per_record'), 1)} |")
+    rb = _get(r, "baselines", "redis_streams", "redis_benchmark", "cpu_per_record") or {}
+    if rb.get("us_per_record"):
+        parts = ", ".join(f"{p} {_n(v, 1)}" for p, v in rb["us_per_record"].items())
+        out.append(f"\nRedis Streams through redis-benchmark, CPU us per record: {parts}; "
+                   f"all processes {_n(rb.get('total_us_per_record'), 1)}.")
     return out
 
 
@@ -145,7 +190,7 @@ def report(r: dict) -> str:
     head = [f"Run of {when}, `python -m bench.run --{r.get('mode')}` ({r.get('wall_s')} s): "
             f"{m.get('cores')} cores ({m.get('cpu')}), {m.get('memory_gib')} GiB, Python {m.get('python')}, "
             f"load average at start {m.get('load_average_at_start')}.", ""]
-    parts = [targets(r), reference(r), sweeps(r), extras(r)]
+    parts = [targets(r), reference(r), cpu(r), sweeps(r), extras(r)]
     return "\n".join(head + [line for p in parts if p for line in p + [""]])
 
 

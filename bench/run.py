@@ -1,9 +1,10 @@
-"""The benchmark suite of issue 7: SMS workloads and their baselines, measured in one run.
+"""The benchmark suite of issues 7 and 13: SMS workloads and their baselines, measured in one run.
 
     .venv/bin/python -m bench.run [--quick (default) | --full | --smoke] [--out DIR] [--skip-peers]
 
 - quick (`make bench`): the reference point only (ingest, catch-up read of what it wrote,
-  ack latency at 10/50/80 % of the measured max, end-to-end latency), every baseline with
+  ack latency at 10/50/80 % of the measured max, end-to-end latency), the same ingest at
+  replication 1, single `put_record` latency on the idle cluster, every baseline with
   small record counts, and the failover / repartition / growth benches in their smallest
   variants; under 3 minutes on a 2-core machine;
 - full: the same with the big record counts, plus the ingest sweeps one factor at a time
@@ -14,7 +15,11 @@
 The reference point: 100-byte records, batches of 500, replication 3, persistence "disk",
 dedup on (ingestion policy "at_least_once_no_dup", de-duplicating producers), 4
 partitions, 8 producers. Baselines in the same run: raw LMDB, gRPC echo (limits), Redis
-Streams (appendfsync always) and NATS JetStream R1/R3 (peers; --skip-peers skips them).
+Streams (appendfsync always; through redis-py and through its own C client,
+redis-benchmark) and NATS JetStream R1/R3 (peers; --skip-peers skips them). Like is
+compared with like: RF 3 with NATS R3, RF 1 with a single Redis. Every SMS figure carries
+the CPU microseconds per record of each process (bench/cpu.py: the control process, each
+storage node and this client process, from /proc/<pid>/stat).
 
 Prints one JSON document on stdout and writes it to DIR/latest.json (default
 bench/results/), draws the charts into DIR (bench/chart.py), and ends with one line per
@@ -43,6 +48,8 @@ from bench import common
 MODES: dict[str, dict] = {
     "smoke": {
         "reference_records": 5_000,           # reference ingest; the catch-up read reads these back
+        "rf1_records": 2_000,                 # the reference ingest at replication 1
+        "put_record_calls": 20,               # single put_record calls, one at a time, idle cluster
         "sweeps": {"dedup": [True, False], "replication": [1, 3, 5], "partitions": [1, 4]},
         "sweep_records": 2_000,               # per sweep point
         "sweep_bytes_max": 20_000_000,        # per sweep point: fewer records of big sizes
@@ -53,7 +60,7 @@ MODES: dict[str, dict] = {
         "phase_timeout_s": 60,
         "raw_lmdb": {"records": 5_000},
         "grpc_echo": {"records": 5_000, "duration_s": 0.15},
-        "redis_streams": {"records": 5_000, "latency_duration_s": 0.5},
+        "redis_streams": {"records": 5_000, "latency_duration_s": 0.5, "benchmark_records": 5_000},
         "nats_js": {"records": 5_000, "latency_duration_s": 0.5},
         "extras": {"failover_pause": {"smoke": True, "heal_timeout_s": 30.0, "flush_timeout_s": 30.0},
                    "repartition_pause": {"keys": 10, "interval_ms": 100.0, "partitions": 2, "rf": 2,
@@ -62,6 +69,8 @@ MODES: dict[str, dict] = {
     },
     "quick": {
         "reference_records": 1_000_000,       # also the catch-up read: the issue's 1M records
+        "rf1_records": 500_000,
+        "put_record_calls": 300,
         "sweeps": {},
         "sweep_records": 0,
         "sweep_bytes_max": 0,
@@ -72,7 +81,7 @@ MODES: dict[str, dict] = {
         "phase_timeout_s": 90,
         "raw_lmdb": {"records": 200_000},
         "grpc_echo": {"records": 100_000, "duration_s": 0.6},
-        "redis_streams": {"records": 100_000, "latency_duration_s": 2.0},
+        "redis_streams": {"records": 100_000, "latency_duration_s": 2.0, "benchmark_records": 500_000},
         "nats_js": {"records": 50_000, "latency_duration_s": 2.0},
         "extras": {"failover_pause": {"smoke": True, "heal_timeout_s": 30.0, "flush_timeout_s": 30.0},
                    "repartition_pause": {"keys": 20, "interval_ms": 50.0, "partitions": 2, "rf": 2,
@@ -81,6 +90,8 @@ MODES: dict[str, dict] = {
     },
     "full": {
         "reference_records": 1_000_000,
+        "rf1_records": 1_000_000,
+        "put_record_calls": 1_000,
         "sweeps": {"size": [100, 1024, 10240], "replication": [1, 3, 5], "persistence": ["disk", "disk_async"],
                    "dedup": [True, False], "partitions": [1, 4, 16, 64], "producers": [1, 8, 64]},
         "sweep_records": 200_000,
@@ -92,7 +103,7 @@ MODES: dict[str, dict] = {
         "phase_timeout_s": 900,
         "raw_lmdb": {"records": 1_000_000},
         "grpc_echo": {"records": 500_000, "duration_s": 4.0},
-        "redis_streams": {"records": 200_000, "latency_duration_s": 5.0},
+        "redis_streams": {"records": 200_000, "latency_duration_s": 5.0, "benchmark_records": 1_000_000},
         "nats_js": {"records": 200_000, "latency_duration_s": 5.0},
         "extras": {"failover_pause": {},
                    "repartition_pause": {"keys": 200, "interval_ms": 100.0, "partitions": 2, "rf": 2,
@@ -103,7 +114,16 @@ MODES: dict[str, dict] = {
 
 REFERENCE = {"size": 100, "batch": 500, "replication": 3, "persistence": "disk", "dedup": True,
              "partitions": 4, "producers": 8}
+RF1 = {**REFERENCE, "replication": 1}        # compared with a single Redis
 CATCH_UP_GOAL_RECORDS = 1_000_000
+STREAM_CREATE_TIMEOUT_S = 60
+# the goals of issue 13's table
+GOAL_RAW_LMDB = 0.30                 # ingest / raw LMDB per-record sync append, at least
+GOAL_NATS_R3 = 6.0                   # ingest / NATS JetStream R3, at least
+GOAL_RF1_REDIS_BENCHMARK = 0.5       # RF 1 ingest / Redis Streams through redis-benchmark, at least
+GOAL_CATCH_UP_RECORDS_PER_S = 2_000_000    # one consumer, as Record objects, at least
+GOAL_P99_VS_NATS_R3 = 1.0            # p99 ack at 50% load / NATS R3's, at most
+GOAL_CPU_US_PER_RECORD = 10.0        # reference ingest, all processes, at most
 LATENCY_TARGET_FRACTION = 0.5
 PEERS = ("redis_streams", "nats_js")
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -153,36 +173,53 @@ def _point_name(factor: str, value) -> str:
     return f"{factor}-{v}".replace("_", "-")
 
 
-async def _ingest_point(run: Run, client, cfg: dict, stream: str, point: dict, records: int, phase: str) -> dict:
+async def _create(run: Run, client, stream: str, point: dict, phase: str) -> dict:
     from bench import sms_workloads as w
-    created = await run.acall(f"{phase}: create", w.create(client, stream, point["partitions"], point["replication"],
-                                                            point["persistence"], point["dedup"]), 60)
+    return await run.acall(f"{phase}: create", w.create(client, stream, point["partitions"], point["replication"],
+                                                         point["persistence"], point["dedup"]),
+                           STREAM_CREATE_TIMEOUT_S)
+
+
+async def _ingest_point(run: Run, client, cfg: dict, stream: str, point: dict, records: int, phase: str,
+                        meter) -> dict:
+    from bench import sms_workloads as w
+    created = await _create(run, client, stream, point, phase)
     if "error" in created:
         return {"config": point, "error": created["error"]}
     common.progress(f"{phase}: ingest {records:,} records of {point['size']} B, batches of {point['batch']}, "
                     f"{point['producers']} producers, dedup {'on' if point['dedup'] else 'off'}, "
                     f"{point['partitions']} partitions, RF {point['replication']}, {point['persistence']}")
     out = await run.acall(f"{phase}: ingest", w.ingest(client, stream, records, point["size"], point["batch"],
-                                                        point["producers"], point["dedup"], tag=phase),
+                                                        point["producers"], point["dedup"], tag=phase, meter=meter),
                           cfg["phase_timeout_s"])
     if "error" not in out:
-        common.progress(f"{phase}: {out['records_per_s']:,} records/s, {out['mb_per_s']} MB/s"
+        common.progress(f"{phase}: {out['records_per_s']:,} records/s, {out['mb_per_s']} MB/s, "
+                        f"{_cpu_text(out.get('cpu_per_record'))}"
                         + (f", {out['failed']} FAILED: {out['first_errors']}" if out["failed"] else ""))
     return {"config": point, "stream": created, **out}
 
 
-async def _reference(run: Run, client, cfg: dict) -> dict:
+def _cpu_text(c: dict | None) -> str:
+    """'CPU 41.2 us/record (client 15.1, control 0.2, n1 9.3, ...)' for a progress line."""
+    if not c or c.get("total_us_per_record") is None:
+        return "CPU per record not measured"
+    parts = ", ".join(f"{k} {v}" for k, v in c["us_per_record"].items())
+    return f"CPU {c['total_us_per_record']} us/record ({parts})"
+
+
+async def _reference(run: Run, client, cfg: dict, meter) -> dict:
     """Ingest at the reference point, read it all back, ack latency and end-to-end latency."""
     from bench import sms_workloads as w
     ref = REFERENCE
     stream = "reference"
     out: dict = {"config": ref}
-    ingest = await _ingest_point(run, client, cfg, stream, ref, cfg["reference_records"], "sms reference")
+    ingest = await _ingest_point(run, client, cfg, stream, ref, cfg["reference_records"], "sms reference", meter)
     out["ingest"] = ingest
     if "error" in ingest:
         return out
     written = ingest["acked"]
-    catch = await run.acall("sms catch-up read", w.catch_up_read(client, stream, written), cfg["phase_timeout_s"])
+    catch = await run.acall("sms catch-up read", w.catch_up_read(client, stream, written, meter=meter),
+                            cfg["phase_timeout_s"])
     if "error" not in catch and written < CATCH_UP_GOAL_RECORDS:
         catch["note"] = (f"{written:,} records instead of {CATCH_UP_GOAL_RECORDS:,} (the records the reference "
                          f"ingest wrote; this mode's time budget); --full reads 1M")
@@ -194,17 +231,31 @@ async def _reference(run: Run, client, cfg: dict) -> dict:
     n_fr = len(cfg["ack_fractions"])
     out["ack_latency"] = await run.acall(
         "sms ack latency", w.ack_latency(client, stream, ref["size"], ref["batch"], ref["producers"], ref["dedup"],
-                                         max_rate, tuple(cfg["ack_fractions"]), cfg["ack_duration_s"]),
+                                         max_rate, tuple(cfg["ack_fractions"]), cfg["ack_duration_s"], meter=meter),
         cfg["phase_timeout_s"] + n_fr * cfg["ack_duration_s"])
     out["ack_latency_max_records_per_s"] = max_rate
     out["end_to_end_latency"] = await run.acall(
         "sms end-to-end latency",
         w.end_to_end_latency(client, stream, ref["size"], ref["batch"], ref["producers"], ref["dedup"],
-                             cfg["e2e_fraction"] * max_rate, cfg["e2e_duration_s"]),
+                             cfg["e2e_fraction"] * max_rate, cfg["e2e_duration_s"], meter=meter),
         cfg["phase_timeout_s"] + cfg["e2e_duration_s"])
     if "error" not in out["end_to_end_latency"]:
         out["end_to_end_latency"]["fraction_of_max"] = cfg["e2e_fraction"]
     return out
+
+
+async def _put_record_latency(run: Run, client, cfg: dict, meter) -> dict:
+    """Single put_record calls, one at a time, on a fresh stream of the reference's layout."""
+    from bench import sms_workloads as w
+    stream = "put-record"
+    created = await _create(run, client, stream, REFERENCE, "sms put_record latency")
+    if "error" in created:
+        return created
+    out = await run.acall("sms put_record latency",
+                          w.put_record_latency(client, stream, cfg["put_record_calls"], REFERENCE["size"], meter),
+                          cfg["phase_timeout_s"])
+    await _delete(client, stream)
+    return {"stream": created, **out}
 
 
 async def _delete(client, stream: str) -> None:
@@ -212,51 +263,77 @@ async def _delete(client, stream: str) -> None:
         await asyncio.wait_for(client.delete_stream(stream), 30)
 
 
-async def sms_suite(run: Run, cfg: dict, workdir: str) -> dict:
+async def _three_node_figures(run: Run, client, cfg: dict, meter) -> dict:
+    """On the 3-node cluster: single put_record latency while it is still idle, the
+    reference point, and the reference ingest at replication 1."""
+    out = {"put_record_latency": await _put_record_latency(run, client, cfg, meter),
+           "reference": await _reference(run, client, cfg, meter)}
+    await _delete(client, "reference")
+    out["rf1"] = await _ingest_point(run, client, cfg, "rf1", RF1, cfg["rf1_records"], "sms rf1", meter)
+    await _delete(client, "rf1")
+    return out
+
+
+def _measured_ingest(out: dict, point: dict) -> dict | None:
+    """The ingest already measured at `point` (the reference or RF 1), if it succeeded."""
+    for measured, ingest in ((REFERENCE, _get(out, "reference", "ingest")), (RF1, out.get("rf1"))):
+        if point == measured and isinstance(ingest, dict) and "error" not in ingest:
+            return ingest
+    return None
+
+
+async def _sweep_points(run: Run, client, cfg: dict, meter, points: list, out: dict) -> None:
+    for factor, value, point in points:
+        entry = {"factor": factor, "value": value, "is_reference_point": point == REFERENCE}
+        done = _measured_ingest(out, point)
+        if done is not None:
+            out["sweeps"][factor].append({**entry, **done, "note": "measured above (reference or rf1), "
+                                                                   "with that figure's record count"})
+            continue
+        stream = _point_name(factor, value)
+        res = await _ingest_point(run, client, cfg, stream, point, _sweep_records(cfg, point),
+                                  f"sms sweep {stream}", meter)
+        out["sweeps"][factor].append({**entry, **res})
+        await _delete(client, stream)
+
+
+async def _on_cluster(run: Run, cfg: dict, workdir: str, nodes: int, points: list, out: dict) -> None:
+    from bench import cpu
     from sms import aio
     from sms.launcher import LocalCluster
+    t0 = time.perf_counter()
+    common.progress(f"== sms: starting LocalCluster, control + {nodes} storage nodes")
+    try:
+        cluster = LocalCluster(os.path.join(workdir, f"sms-{nodes}"), nodes=nodes, port=0).start()
+    except Exception as e:
+        out["clusters"].append({"storage_nodes": nodes, **run.failed(f"sms cluster of {nodes} nodes", e)})
+        return
+    meter = cpu.Meter(cpu.cluster_pids(cluster))
+    info = {"storage_nodes": nodes, "start_s": round(time.perf_counter() - t0, 2), "pids": meter.pids}
+    try:
+        async with aio.Client(cluster.address) as client:
+            if nodes == 3:
+                out.update(await _three_node_figures(run, client, cfg, meter))
+            await _sweep_points(run, client, cfg, meter, points, out)
+    finally:
+        t1 = time.perf_counter()
+        cluster.stop()
+        info["exited_early"] = {k: v for k, v in cluster.exited().items() if v not in (0, -15)}
+        info["stop_s"] = round(time.perf_counter() - t1, 2)
+        out["clusters"].append(info)
+
+
+async def sms_suite(run: Run, cfg: dict, workdir: str) -> dict:
     # the sweep points, grouped by the storage nodes they need (RF 5 needs 5)
-    points: list[tuple[str, object, dict]] = []
+    by_nodes: dict[int, list] = {3: []}
     for factor, values in cfg["sweeps"].items():
         for v in values:
-            points.append((factor, v, {**REFERENCE, factor: v}))
-    out: dict = {"reference": None, "sweeps": {f: [] for f in cfg["sweeps"]}, "clusters": []}
-    by_nodes: dict[int, list] = {}
-    for p in points:
-        by_nodes.setdefault(max(3, p[2]["replication"]), []).append(p)
-    by_nodes.setdefault(3, [])
+            point = {**REFERENCE, factor: v}
+            by_nodes.setdefault(max(3, point["replication"]), []).append((factor, v, point))
+    out: dict = {"reference": None, "rf1": None, "put_record_latency": None,
+                 "sweeps": {f: [] for f in cfg["sweeps"]}, "clusters": []}
     for nodes in sorted(by_nodes):
-        t0 = time.perf_counter()
-        common.progress(f"== sms: starting LocalCluster, control + {nodes} storage nodes")
-        try:
-            cluster = LocalCluster(os.path.join(workdir, f"sms-{nodes}"), nodes=nodes, port=0).start()
-        except Exception as e:
-            out["clusters"].append({"storage_nodes": nodes, **run.failed(f"sms cluster of {nodes} nodes", e)})
-            continue
-        info = {"storage_nodes": nodes, "start_s": round(time.perf_counter() - t0, 2)}
-        try:
-            async with aio.Client(cluster.address) as client:
-                if nodes == 3:
-                    out["reference"] = await _reference(run, client, cfg)
-                    await _delete(client, "reference")
-                for factor, value, point in by_nodes[nodes]:
-                    entry = {"factor": factor, "value": value}
-                    if point == REFERENCE and out["reference"] and "error" not in out["reference"]["ingest"]:
-                        ref = out["reference"]["ingest"]
-                        out["sweeps"][factor].append({**entry, "is_reference_point": True, **ref,
-                                                      "note": "the reference point's ingest (reference_records)"})
-                        continue
-                    stream = _point_name(factor, value)
-                    res = await _ingest_point(run, client, cfg, stream, point,
-                                              _sweep_records(cfg, point), f"sms sweep {stream}")
-                    out["sweeps"][factor].append({**entry, "is_reference_point": point == REFERENCE, **res})
-                    await _delete(client, stream)
-        finally:
-            t1 = time.perf_counter()
-            cluster.stop()
-            info["exited_early"] = {k: v for k, v in cluster.exited().items() if v not in (0, -15)}
-            info["stop_s"] = round(time.perf_counter() - t1, 2)
-            out["clusters"].append(info)
+        await _on_cluster(run, cfg, workdir, nodes, by_nodes[nodes], out)
     for factor in out["sweeps"]:
         order = cfg["sweeps"][factor]
         out["sweeps"][factor].sort(key=lambda e: order.index(e["value"]))
@@ -341,32 +418,38 @@ def _why_missing(d, what: str) -> str:
     return f"{what}: figure missing"
 
 
-def targets(sms: dict | None, base: dict) -> list[dict]:
-    ref = _get(sms, "reference") or {}
-    ingest = _get(ref, "ingest", "records_per_s")
-    ingest_why = _why_missing(_get(ref, "ingest"), "sms reference ingest")
-    out = []
+def _ingest_versus(name: str, goal: float, ingest, ingest_what: str, peer, peer_value, peer_what: str,
+                   detail: str) -> dict:
+    """The target ingest records/s / a peer's (or limit's) records/s, at least `goal`."""
+    rate = _get(ingest, "records_per_s")
+    if not rate:
+        return common.target(name, None, goal, detail=_why_missing(ingest, ingest_what))
+    if not peer_value:
+        return common.target(name, None, goal, detail=_why_missing(peer, peer_what))
+    return common.target(name, rate / peer_value, goal,
+                         detail=f"sms {rate:,} records/s vs {peer_value:,} records/s; {detail}")
 
-    def versus(name: str, goal: float, peer, peer_value, peer_what: str, detail: str) -> dict:
-        if not ingest:
-            return common.target(name, None, goal, detail=ingest_why)
-        if not peer_value:
-            return common.target(name, None, goal, detail=_why_missing(peer, peer_what))
-        return common.target(name, ingest / peer_value, goal,
-                             detail=f"sms {ingest:,} records/s vs {peer_value:,} records/s; {detail}")
 
-    redis = base.get("redis_streams")
-    out.append(versus("ingest / Redis Streams (appendfsync always) ingest", 2.0, redis,
-                      _get(redis, "ingest_records_per_s"), "redis_streams", "same records and batch size"))
-    nats = base.get("nats_js")
+def _rf1_target(sms: dict | None, redis) -> dict:
+    """RF 1 ingest against a single Redis through its own C client; the redis-py figure
+    and the RF 3 ratio beside it."""
+    bench = _get(redis, "redis_benchmark")
+    bench_rate = _get(bench, "records_per_s")
+    t = _ingest_versus("RF 1 ingest / Redis Streams (appendfsync always) through redis-benchmark",
+                       GOAL_RF1_REDIS_BENCHMARK, _get(sms, "rf1"), "sms rf1 ingest",
+                       redis if bench is None else bench, bench_rate, "redis_streams redis-benchmark",
+                       f"{_get(bench, 'client') or 'redis-benchmark'}; same record size and batch size")
+    redis_py = _get(redis, "ingest_records_per_s")
+    t["redis_py_records_per_s"] = redis_py
+    t["extra_ratio_rf1_to_redis_py"] = common.ratio(_get(sms, "rf1", "records_per_s"), redis_py)
+    t["extra_ratio_rf3_to_redis_benchmark"] = common.ratio(_get(sms, "reference", "ingest", "records_per_s"),
+                                                           bench_rate)
+    return t
+
+
+def _p99_target(ref: dict, nats) -> dict:
+    """p99 ack latency at 50 % of the max vs NATS R3's batch ack p99 at 50 % of its max."""
     r3 = _get(nats, "r3")
-    out.append(versus("ingest / NATS JetStream R3 ingest", 5.0, nats if r3 is None else r3,
-                      _get(r3, "ingest_records_per_s"), "nats_js r3", "same records and batch size"))
-    raw = base.get("raw_lmdb")
-    out.append(versus("ingest / raw LMDB sync append", 0.25, raw, _get(raw, "append_records_per_s"),
-                      "raw_lmdb", "raw_lmdb append_records_per_s (per-record keys, one synced txn per batch)"))
-
-    # p99 ack latency at 50 % of the max vs NATS R3's batch ack p99 at 50 % of its max
     acks = _get(ref, "ack_latency")
     name = "p99 ack latency at 50% load / NATS R3 batch ack p99 at 50% load"
     at50 = next((a for a in acks if a.get("fraction_of_max") == LATENCY_TARGET_FRACTION), None) \
@@ -374,44 +457,74 @@ def targets(sms: dict | None, base: dict) -> list[dict]:
     p99 = _get(at50, "latency", "p99_ms")
     nats_p99 = _get(r3, "batch_ack_latency", "latency", "p99_ms")
     nats_sync_p99 = _get(r3, "sync_publish_latency", "latency", "p99_ms")
+    goal = GOAL_P99_VS_NATS_R3
     if not p99:
-        t = common.target(name, None, 2.0, higher_is_better=False,
+        t = common.target(name, None, goal, higher_is_better=False,
                           detail=_why_missing(acks if at50 is None else at50, "sms ack latency at 50%"))
     elif not nats_p99:
-        t = common.target(name, None, 2.0, higher_is_better=False,
+        t = common.target(name, None, goal, higher_is_better=False,
                           detail=_why_missing(nats if r3 is None else r3, "nats_js r3 batch ack latency"))
     else:
         extra = f"; {at50['errors']} sms calls failed, {at50['dropped']} dropped" \
             if at50.get("errors") or at50.get("dropped") else ""
-        t = common.target(name, p99 / nats_p99, 2.0, higher_is_better=False,
+        t = common.target(name, p99 / nats_p99, goal, higher_is_better=False,
                           detail=f"sms p99 {p99} ms ({at50['latency']['count']} calls of {at50['records_per_call']}) "
                                  f"vs NATS R3 p99 {nats_p99} ms ({_get(r3, 'batch_ack_latency', 'latency', 'count')} "
                                  f"windows of {_get(r3, 'batch_ack_latency', 'records_per_call')}){extra}")
-    t["goal_op"] = "<="
     t["extra_ratio_to_nats_r3_sync_publish_p99"] = common.ratio(p99, nats_sync_p99)
     t["nats_r3_sync_publish_p99_ms"] = nats_sync_p99
-    out.append(t)
+    return t
 
+
+def _catch_up_target(ref: dict) -> dict:
     catch = _get(ref, "catch_up_read")
     rate = _get(catch, "records_per_s")
-    name = "catch-up read records/s (absolute)"
+    name = "catch-up read records/s as Record objects (absolute)"
     if not rate:
-        out.append(common.target(name, None, 1e6, detail=_why_missing(catch, "sms catch-up read")))
-    else:
-        ok = "" if catch.get("count_matches") else \
-            f"; COUNT MISMATCH: read {catch['records_read']:,}, expected {catch['records_expected']:,}"
-        out.append(common.target(name, rate, 1e6, detail=f"{catch['records_read']:,} records, one consumer, "
-                                                          f"from TRIM_HORIZON{ok}"))
-    return out
+        return common.target(name, None, GOAL_CATCH_UP_RECORDS_PER_S, detail=_why_missing(catch, "sms catch-up read"))
+    ok = "" if catch.get("count_matches") else \
+        f"; COUNT MISMATCH: read {catch['records_read']:,}, expected {catch['records_expected']:,}"
+    return common.target(name, rate, GOAL_CATCH_UP_RECORDS_PER_S,
+                         detail=f"{catch['records_read']:,} records, one consumer, from TRIM_HORIZON{ok}")
 
 
-def problems(result: dict) -> list[str]:
-    """What went wrong without an exception: failed or lost records, count mismatches,
-    failed open-loop calls, nodes that died. Each one makes the exit status 1."""
+def _cpu_target(ingest) -> dict:
+    """CPU microseconds per record acknowledged, summed over every process, reference ingest."""
+    name = "CPU per record, all processes, reference ingest (us)"
+    c = _get(ingest, "cpu_per_record")
+    total = _get(c, "total_us_per_record")
+    if total is None:
+        return common.target(name, None, GOAL_CPU_US_PER_RECORD, higher_is_better=False,
+                             detail=_why_missing(ingest if c is None else c, "sms reference ingest CPU per record"))
+    return common.target(name, total, GOAL_CPU_US_PER_RECORD, higher_is_better=False,
+                         detail=f"{_cpu_text(c)} over {c['records']:,} records acknowledged")
+
+
+def targets(sms: dict | None, base: dict) -> list[dict]:
+    """Issue 13's table: each target met, missed or n/a, with its ratio."""
+    ref = _get(sms, "reference") or {}
+    ingest = _get(ref, "ingest")
+    raw, nats = base.get("raw_lmdb"), base.get("nats_js")
+    r3 = _get(nats, "r3")
+    return [
+        _ingest_versus("ingest / raw LMDB sync append", GOAL_RAW_LMDB, ingest, "sms reference ingest", raw,
+                       _get(raw, "append_records_per_s"), "raw_lmdb",
+                       "raw_lmdb append_records_per_s (per-record keys, one synced txn per batch)"),
+        _ingest_versus("ingest / NATS JetStream R3 ingest", GOAL_NATS_R3, ingest, "sms reference ingest",
+                       nats if r3 is None else r3, _get(r3, "ingest_records_per_s"), "nats_js r3",
+                       "same records and batch size, RF 3 against R3"),
+        _rf1_target(sms, base.get("redis_streams")),
+        _catch_up_target(ref),
+        _p99_target(ref, nats),
+        _cpu_target(ingest),
+    ]
+
+
+def _sms_problems(sms: dict) -> list[str]:
+    """Failed or miscounted records and failed calls of the SMS workloads."""
     out: list[str] = []
-    sms = result.get("sms") or {}
     ref = sms.get("reference") or {}
-    points = [("reference ingest", ref.get("ingest"))] + [
+    points = [("reference ingest", ref.get("ingest")), ("rf1 ingest", sms.get("rf1"))] + [
         (f"sweep {e.get('factor')}={e.get('value')}", e) for v in (sms.get("sweeps") or {}).values() for e in v]
     for name, r in points:
         if isinstance(r, dict) and r.get("failed"):
@@ -428,13 +541,28 @@ def problems(result: dict) -> list[str]:
         out.append(f"sms end-to-end: {e2e.get('missing')} acked records never received, "
                    f"reader errors {e2e.get('reader_errors')}, {e2e.get('ack_errors')} failed sends "
                    f"(first: {e2e.get('first_ack_error')})")
+    single = sms.get("put_record_latency")
+    if isinstance(single, dict) and single.get("errors"):
+        out.append(f"sms put_record latency: {single['errors']} calls failed, first: {single.get('first_error')}")
     for c in sms.get("clusters") or []:
         if c.get("exited_early"):
             out.append(f"sms cluster of {c['storage_nodes']} nodes: processes ended badly: {c['exited_early']}")
+    return out
+
+
+def problems(result: dict) -> list[str]:
+    """What went wrong without an exception: failed or lost records, count mismatches,
+    failed open-loop calls, nodes that died, a peer client that failed. Each one makes
+    the exit status 1."""
+    out = _sms_problems(result.get("sms") or {})
     rb = _get(result, "extras", "failover_pause", "read_back")
     if isinstance(rb, dict) and (rb.get("acked_lost") or rb.get("duplicated_records")):
         out.append(f"failover_pause: {rb.get('acked_lost')} acknowledged records lost, "
                    f"{rb.get('duplicated_records')} duplicated")
+    rb = _get(result, "baselines", "redis_streams", "redis_benchmark")
+    if isinstance(rb, dict) and (rb.get("error") or rb.get("stream_length_matches") is False):
+        out.append(f"redis-benchmark: {rb.get('error') or ''} stream length {rb.get('stream_length')} "
+                   f"for {rb.get('records')} XADDs")
     return out
 
 

@@ -13,6 +13,11 @@ a running cluster (`sms.launcher.LocalCluster`) driven through one `sms.aio.Clie
   per partition (long-polled get_next_records from LATEST) reports put -> receipt latency.
 - `catch_up_read`: one consumer reads every partition from TRIM_HORIZON (the partitions
   concurrently, pages of `max_records`), counts the records and checks the count.
+- `put_record_latency`: single `put_record` calls one at a time (closed loop, nothing
+  else running): the latency of one record on an idle cluster.
+
+Each takes a `meter` (bench/cpu.py) and reports, beside its figure, the CPU microseconds
+per record of every process it measures, read over exactly the timed part.
 
 Nothing here asserts a timing: the figures are for people, not for tests.
 """
@@ -25,7 +30,7 @@ import itertools
 import struct
 import time
 
-from bench import common
+from bench import common, cpu
 from sms import aio
 from sms.types import PartitionState
 
@@ -87,7 +92,7 @@ class _Tally:
 
 
 async def ingest(client: aio.Client, stream: str, records: int, size: int, batch: int, producers: int,
-                 dedup: bool, in_flight: int = IN_FLIGHT, tag: str = "ingest") -> dict:
+                 dedup: bool, in_flight: int = IN_FLIGHT, tag: str = "ingest", meter: cpu.Meter = cpu.NONE) -> dict:
     """`records` records of `size` bytes (common.records: 1000 keys) split evenly over
     `producers` concurrent producers, in groups of `batch`; at most `in_flight` groups
     outstanding per producer. The stream must have the ingestion policy POLICY[dedup]."""
@@ -129,16 +134,19 @@ async def ingest(client: aio.Client, stream: str, records: int, size: int, batch
         await asyncio.gather(*(lane() for _ in range(in_flight)))
 
     one = dedup_producer if dedup else put_producer
+    meter.start()
     t0 = time.perf_counter()
     await asyncio.gather(*(one(p, mine) for p, mine in enumerate(slices)))
     secs = time.perf_counter() - t0
+    cpu_per_record = meter.stop(tally.acked)
     return {"records": len(recs), "size": size, "batch": batch, "producers": len(slices), "dedup": dedup,
             "in_flight_per_producer": in_flight,
             "path": "client.producer().send_batch(batch), one future per batch" if dedup
                     else "client.put_records(batch)",
             "seconds": round(secs, 3), "records_per_s": round(tally.acked / secs),
             "mb_per_s": round(tally.acked * size / secs / 1e6, 2), **tally.as_dict(),
-            "batch_completion_latency_closed_loop": common.percentiles_ms(group_latency)}
+            "batch_completion_latency_closed_loop": common.percentiles_ms(group_latency),
+            "cpu_per_record": cpu_per_record}
 
 
 class _BatchSender:
@@ -177,7 +185,7 @@ class _BatchSender:
 
 async def ack_latency(client: aio.Client, stream: str, size: int, batch: int, producers: int, dedup: bool,
                       max_records_per_s: float, fractions: tuple[float, ...], duration_s: float,
-                      tag: str = "ack") -> list[dict]:
+                      tag: str = "ack", meter: cpu.Meter = cpu.NONE) -> list[dict]:
     """Per fraction: open-loop calls of one batch at fraction * max_records_per_s / batch
     calls/s for `duration_s`; latency from each call's scheduled start to its last ack."""
     sender = _BatchSender(client, stream, size, batch, producers, dedup, tag)
@@ -188,8 +196,10 @@ async def ack_latency(client: aio.Client, stream: str, size: int, batch: int, pr
             rate = f * max_records_per_s / batch
             common.progress(f"sms ack latency: {f:.0%} of {max_records_per_s:,.0f} rec/s = {rate:.1f} calls/s "
                             f"of {batch} for {duration_s} s")
+            meter.start()
             r = await common.open_loop(sender.send, rate, duration_s)
-            r.update(fraction_of_max=f, offered_records_per_s=round(rate * batch), records_per_call=batch)
+            r.update(fraction_of_max=f, offered_records_per_s=round(rate * batch), records_per_call=batch,
+                     cpu_per_record=meter.stop(r["completed"] * batch))
             out.append(r)
             common.progress(f"sms ack latency {f:.0%}: p50 {r['latency'].get('p50_ms')} ms, "
                             f"p99 {r['latency'].get('p99_ms')} ms, errors {r['errors']}")
@@ -200,7 +210,7 @@ async def ack_latency(client: aio.Client, stream: str, size: int, batch: int, pr
 
 async def end_to_end_latency(client: aio.Client, stream: str, size: int, batch: int, producers: int, dedup: bool,
                              rate_records_per_s: float, duration_s: float, wait_ms: int = 1000,
-                             drain_timeout_s: float = 10.0, tag: str = "e2e") -> dict:
+                             drain_timeout_s: float = 10.0, tag: str = "e2e", meter: cpu.Meter = cpu.NONE) -> dict:
     """Put -> receipt by a tailing consumer. One consumer task per partition long-polls
     get_next_records (`wait_ms`) from LATEST; the records are sent open loop in batches of
     `batch` at `rate_records_per_s`, each carrying the time its batch was handed to the
@@ -244,12 +254,14 @@ async def end_to_end_latency(client: aio.Client, stream: str, size: int, batch: 
         rate = rate_records_per_s / batch
         common.progress(f"sms end-to-end latency: {rate_records_per_s:,.0f} rec/s in batches of {batch} for "
                         f"{duration_s} s, {len(ordinals)} tailing readers")
+        meter.start()
         acks = await common.open_loop(lambda: sender.send(stamp), rate, duration_s)
         deadline = time.perf_counter() + drain_timeout_s
         while len(seen) < sender.tally.acked and time.perf_counter() < deadline:
             if any(t.done() for t in tails):
                 break
             await asyncio.sleep(0.02)
+        cpu_per_record = meter.stop(sender.tally.acked)
     finally:
         stop.set()
         await sender.close()
@@ -265,13 +277,15 @@ async def end_to_end_latency(client: aio.Client, stream: str, size: int, batch: 
             "wait_ms": wait_ms, "records_sent": sent, "records_acked": sender.tally.acked,
             "records_received": len(latencies), "distinct_received": len(seen),
             "missing": max(0, sender.tally.acked - len(seen)), "foreign_records": foreign,
-            "reader_errors": reader_errors, "latency": lat,
+            "reader_errors": reader_errors, "latency": lat, "cpu_per_record": cpu_per_record,
             "ack_latency": acks["latency"], "ack_errors": acks["errors"], "first_ack_error": acks["first_error"],
             "consumer": "one task per partition: get_iterator(LATEST), get_next_records(max_records=10000, "
-                        f"wait_ms={wait_ms}) in a loop; latency = page receipt - batch send time"}
+                        f"wait_ms={wait_ms}) in a loop; latency = page receipt - batch send time; "
+                        "cpu_per_record covers writing and tailing, per record acked"}
 
 
-async def catch_up_read(client: aio.Client, stream: str, expected: int, max_records: int = 10_000) -> dict:
+async def catch_up_read(client: aio.Client, stream: str, expected: int, max_records: int = 10_000,
+                        meter: cpu.Meter = cpu.NONE) -> dict:
     """One consumer reads every partition of `stream` from TRIM_HORIZON to its end (the
     partitions concurrently, in this one client) and counts records and data bytes."""
     info = await client.get_stream_info(stream)
@@ -293,16 +307,45 @@ async def catch_up_read(client: aio.Client, stream: str, expected: int, max_reco
 
     common.progress(f"sms catch-up read: {expected:,} records of {stream!r}, "
                     f"{len(info.partitions)} partitions from TRIM_HORIZON")
+    meter.start()
     t0 = time.perf_counter()
     await asyncio.gather(*(read(p.ordinal) for p in info.partitions))
     secs = time.perf_counter() - t0
     n = sum(counts.values())
+    cpu_per_record = meter.stop(n)
     out = {"records_expected": expected, "records_read": n, "count_matches": n == expected,
            "seconds": round(secs, 3), "records_per_s": round(n / secs) if secs > 0 else None,
            "mb_per_s": round(nbytes / secs / 1e6, 2) if secs > 0 else None,
-           "per_partition": {str(k): v for k, v in sorted(counts.items())},
+           "per_partition": {str(k): v for k, v in sorted(counts.items())}, "cpu_per_record": cpu_per_record,
            "consumer": f"one client, every partition concurrently, get_next_records(max_records={max_records}) "
                        "until an empty page"}
     common.progress(f"sms catch-up read: {n:,} records in {secs:.2f} s = {out['records_per_s']:,} rec/s"
                     + ("" if n == expected else f"  COUNT MISMATCH (expected {expected:,})"))
     return out
+
+
+async def put_record_latency(client: aio.Client, stream: str, calls: int, size: int,
+                             meter: cpu.Meter = cpu.NONE) -> dict:
+    """`calls` single `client.put_record` calls, one at a time (each starts when the last
+    one returned), over common.records' keys; the latency of each call. One warm-up call
+    first (the stream's map loaded), not counted."""
+    recs = common.records(calls + 1, size)
+    await client.put_record(stream, recs[0][1], partition_key=recs[0][0])
+    latencies: list[float] = []
+    errors: list[str] = []
+    common.progress(f"sms put_record latency: {calls} calls of one {size} B record, one at a time")
+    meter.start()
+    for key, data in recs[1:]:
+        t = time.perf_counter()
+        try:
+            await client.put_record(stream, data, partition_key=key)
+        except Exception as e:  # counted, shown in the result
+            errors.append(repr(e)[:300])
+            continue
+        latencies.append(time.perf_counter() - t)
+    lat = common.percentiles_ms(latencies)
+    common.progress(f"sms put_record latency: p50 {lat.get('p50_ms')} ms, p99 {lat.get('p99_ms')} ms, "
+                    f"{len(errors)} errors")
+    return {"calls": calls, "size": size, "errors": len(errors), "first_error": errors[0] if errors else None,
+            "latency": lat, "cpu_per_record": meter.stop(len(latencies)),
+            "path": "client.put_record(stream, data, partition_key=key), closed loop, one call in flight"}

@@ -6,7 +6,12 @@ snapshots) in a directory under `workdir`, and always stops it. Measures:
 - ingest: pipelined XADD, one pipeline (transaction=False) of `batch` XADDs per round trip,
   from 1 and from several concurrent asyncio connections; the best is reported;
 - read: the whole stream back with XRANGE pages of 10 000 (one reader);
-- batch ack latency: open-loop pipelines of `batch` XADDs at a fraction of the max rate.
+- batch ack latency: open-loop pipelines of `batch` XADDs at a fraction of the max rate;
+- ingest through Redis's own C client: `redis-benchmark -P <batch> -c 4 -n <benchmark_records>
+  --csv XADD bench-c * k key-__rand_int__ d <size bytes>` (pipelines of `batch`, random keys
+  over 1,000), its requests/s as records/s, checked against XLEN; with the CPU microseconds
+  per record of redis-server (/proc/<pid>/stat) and of redis-benchmark (its rusage).
+  Skipped, with a reason, when `redis-benchmark` is not on PATH.
 
 Prints one JSON document. Never a test.
 
@@ -16,18 +21,25 @@ Prints one JSON document. Never a test.
 from __future__ import annotations
 
 import asyncio
+import csv
 import os
+import resource
 import shutil
 import subprocess
 import tempfile
 import time
 
+from bench import cpu
 from bench.common import (ServerProcess, batches, free_port, open_loop, peer_main, progress, records as make_records,
                           wait_port)
 
 CONCURRENCIES = (1, 4)
 PROBE_DIVISOR = 5  # each concurrency is tried on 1/5 of the batches before the full run
 READ_PAGE = 10_000
+BENCHMARK_CLIENTS = 4          # redis-benchmark -c: connections, each with pipelines of `batch` XADDs
+BENCHMARK_KEYS = 1_000         # redis-benchmark -r: key-__rand_int__ over this many keys, as common.records
+BENCHMARK_TIMEOUT_S = 300
+BENCHMARK_STREAM = "bench-c"
 
 
 def _binary() -> str | None:
@@ -106,8 +118,64 @@ async def _read_all(client, stream: str) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
+def _benchmark_argv(binary: str, port: int, records: int, size: int, batch: int) -> list[str]:
+    """redis-benchmark pipelining XADDs of a partition key and `size` printable bytes
+    (argv cannot carry NUL bytes: the payload is the hex of random bytes)."""
+    payload = (os.urandom(size).hex() * 2)[:size]
+    return [binary, "-h", "127.0.0.1", "-p", str(port), "-P", str(batch), "-c", str(BENCHMARK_CLIENTS),
+            "-n", str(records), "-r", str(BENCHMARK_KEYS), "--csv",
+            "XADD", BENCHMARK_STREAM, "*", "k", "key-__rand_int__", "d", payload]
+
+
+def _parse_benchmark_csv(text: str) -> dict:
+    """The one result row of `redis-benchmark --csv`: requests/s and latencies (ms)."""
+    rows = [r for r in csv.DictReader(text.splitlines()) if r.get("rps")]
+    if not rows:
+        raise RuntimeError(f"no result row in redis-benchmark's output: {text[-500:]!r}")
+    row = rows[-1]
+    return {"rps": float(row["rps"]),
+            "latency_ms": {k[:-len("_latency_ms")]: float(v) for k, v in row.items() if k.endswith("_latency_ms")}}
+
+
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+async def _redis_benchmark(client, server_pid: int, port: int, records: int, size: int, batch: int) -> dict:
+    """Ingest through redis-benchmark (Redis's own C client); records rounded up to
+    whole pipelines."""
+    binary = shutil.which("redis-benchmark")
+    if binary is None:
+        return {"skipped": "redis-benchmark not found on PATH (Debian: redis-tools)"}
+    records = -(-records // batch) * batch
+    argv = _benchmark_argv(binary, port, records, size, batch)
+    progress(f"redis: redis-benchmark, {records:,} XADD in pipelines of {batch}, {BENCHMARK_CLIENTS} connections")
+    meter = cpu.Meter({"redis-server": server_pid})
+    meter.start()
+    children0 = _children_cpu_s()
+    t0 = time.perf_counter()
+    out = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=BENCHMARK_TIMEOUT_S)
+    wall = time.perf_counter() - t0
+    server = meter.stop(records)
+    if out.returncode != 0:
+        raise RuntimeError(f"redis-benchmark exited {out.returncode}: {(out.stderr or out.stdout)[-500:]}")
+    parsed = _parse_benchmark_csv(out.stdout)
+    length = await client.xlen(BENCHMARK_STREAM)
+    client_us = round((_children_cpu_s() - children0) * 1e6 / records, 2)
+    us = {**server["us_per_record"], "redis-benchmark": client_us}
+    return {"records": records, "records_per_s": round(parsed["rps"]), "latency_ms": parsed["latency_ms"],
+            "wall_s_with_process_start": round(wall, 3), "stream_length": length,
+            "stream_length_matches": length == records,
+            "cpu_per_record": {"us_per_record": us, "total_us_per_record": round(sum(us.values()), 2)},
+            "command": " ".join(argv[1:-1]) + f" <{size} bytes>",
+            "client": f"redis-benchmark (C, hiredis), {BENCHMARK_CLIENTS} connections, pipelines of {batch} "
+                      "(-P); records/s is its requests/s"}
+
+
 async def run(workdir: str, records: int = 200_000, size: int = 100, batch: int = 500,
-              latency_fraction: float = 0.5, latency_duration_s: float = 5.0) -> dict:
+              latency_fraction: float = 0.5, latency_duration_s: float = 5.0,
+              benchmark_records: int | None = None) -> dict:
     reason = available()
     if reason:
         return {"skipped": reason}
@@ -177,6 +245,11 @@ async def run(workdir: str, records: int = 200_000, size: int = 100, batch: int 
                 lat["fraction_of_max"] = latency_fraction
                 lat["records_per_call"] = batch
                 result["batch_ack_latency"] = lat
+                try:   # a failure here keeps the redis-py figures; bench/run.py lists it as a problem
+                    result["redis_benchmark"] = await _redis_benchmark(
+                        client, server.proc.pid, port, benchmark_records or records, size, batch)
+                except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                    result["redis_benchmark"] = {"error": repr(e)[:500]}
             finally:
                 await client.aclose()
         result["config"] = {
