@@ -118,10 +118,12 @@ RF1 = {**REFERENCE, "replication": 1}        # compared with a single Redis
 CATCH_UP_GOAL_RECORDS = 1_000_000
 STREAM_CREATE_TIMEOUT_S = 60
 # the goals of issue 13's table
+LOG_TAIL_LINES = 80                 # of a node that ended badly, kept in the JSON
 GOAL_RAW_LMDB = 0.30                 # ingest / raw LMDB per-record sync append, at least
 GOAL_NATS_R3 = 6.0                   # ingest / NATS JetStream R3, at least
 GOAL_RF1_REDIS_BENCHMARK = 0.5       # RF 1 ingest / Redis Streams through redis-benchmark, at least
 GOAL_CATCH_UP_RECORDS_PER_S = 2_000_000    # one consumer, as Record objects, at least
+GOAL_CATCH_UP_COLUMNS_PER_S = 10_000_000   # one consumer, as Arrow columns (RecordBatch.to_arrow), at least
 GOAL_P99_VS_NATS_R3 = 1.0            # p99 ack at 50% load / NATS R3's, at most
 GOAL_CPU_US_PER_RECORD = 10.0        # reference ingest, all processes, at most
 LATENCY_TARGET_FRACTION = 0.5
@@ -224,6 +226,9 @@ async def _reference(run: Run, client, cfg: dict, meter) -> dict:
         catch["note"] = (f"{written:,} records instead of {CATCH_UP_GOAL_RECORDS:,} (the records the reference "
                          f"ingest wrote; this mode's time budget); --full reads 1M")
     out["catch_up_read"] = catch
+    out["catch_up_read_columns"] = await run.acall(
+        "sms catch-up read as columns", w.catch_up_read(client, stream, written, meter=meter, columns=True),
+        cfg["phase_timeout_s"])
     max_rate = ingest["records_per_s"]
     if not max_rate:
         out["ack_latency"] = out["end_to_end_latency"] = {"error": "no ingest rate measured"}
@@ -319,8 +324,20 @@ async def _on_cluster(run: Run, cfg: dict, workdir: str, nodes: int, points: lis
         t1 = time.perf_counter()
         cluster.stop()
         info["exited_early"] = {k: v for k, v in cluster.exited().items() if v not in (0, -15)}
+        for node_id in info["exited_early"]:     # where it hung: its stacks are at the end of its log
+            tail = _log_tail(os.path.join(cluster.data_dir, "logs", f"{node_id}.log"))
+            info.setdefault("logs", {})[node_id] = tail
+            common.progress(f"sms cluster of {nodes} nodes: {node_id} ended badly; the end of its log:\n{tail}")
         info["stop_s"] = round(time.perf_counter() - t1, 2)
         out["clusters"].append(info)
+
+
+def _log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError as e:
+        return f"(no log: {e})"
 
 
 async def sms_suite(run: Run, cfg: dict, workdir: str) -> dict:
@@ -476,16 +493,17 @@ def _p99_target(ref: dict, nats) -> dict:
     return t
 
 
-def _catch_up_target(ref: dict) -> dict:
-    catch = _get(ref, "catch_up_read")
+def _catch_up_target(ref: dict, columns: bool = False) -> dict:
+    catch = _get(ref, "catch_up_read_columns" if columns else "catch_up_read")
     rate = _get(catch, "records_per_s")
-    name = "catch-up read records/s as Record objects (absolute)"
+    name = f"catch-up read records/s as {'Arrow columns' if columns else 'Record objects'} (absolute)"
+    goal = GOAL_CATCH_UP_COLUMNS_PER_S if columns else GOAL_CATCH_UP_RECORDS_PER_S
     if not rate:
-        return common.target(name, None, GOAL_CATCH_UP_RECORDS_PER_S, detail=_why_missing(catch, "sms catch-up read"))
+        return common.target(name, None, goal, detail=_why_missing(catch, "sms catch-up read"))
     ok = "" if catch.get("count_matches") else \
         f"; COUNT MISMATCH: read {catch['records_read']:,}, expected {catch['records_expected']:,}"
-    return common.target(name, rate, GOAL_CATCH_UP_RECORDS_PER_S,
-                         detail=f"{catch['records_read']:,} records, one consumer, from TRIM_HORIZON{ok}")
+    return common.target(name, rate, goal, detail=f"{catch['records_read']:,} records, one consumer, "
+                                                  f"from TRIM_HORIZON{ok}")
 
 
 def _cpu_target(ingest) -> dict:
@@ -515,6 +533,7 @@ def targets(sms: dict | None, base: dict) -> list[dict]:
                        "same records and batch size, RF 3 against R3"),
         _rf1_target(sms, base.get("redis_streams")),
         _catch_up_target(ref),
+        _catch_up_target(ref, columns=True),
         _p99_target(ref, nats),
         _cpu_target(ingest),
     ]
@@ -529,9 +548,11 @@ def _sms_problems(sms: dict) -> list[str]:
     for name, r in points:
         if isinstance(r, dict) and r.get("failed"):
             out.append(f"sms {name}: {r['failed']} records failed, first: {r.get('first_errors')}")
-    catch = ref.get("catch_up_read")
-    if isinstance(catch, dict) and catch.get("count_matches") is False:
-        out.append(f"sms catch-up read: read {catch['records_read']:,} records, expected {catch['records_expected']:,}")
+    for key in ("catch_up_read", "catch_up_read_columns"):
+        catch = ref.get(key)
+        if isinstance(catch, dict) and catch.get("count_matches") is False:
+            out.append(f"sms {key.replace('_', ' ')}: read {catch['records_read']:,} records, "
+                       f"expected {catch['records_expected']:,}")
     for a in ref.get("ack_latency") if isinstance(ref.get("ack_latency"), list) else []:
         if a.get("errors") or a.get("dropped"):
             out.append(f"sms ack latency at {a['fraction_of_max']:.0%}: {a['errors']} calls failed, "

@@ -285,27 +285,39 @@ async def end_to_end_latency(client: aio.Client, stream: str, size: int, batch: 
 
 
 async def catch_up_read(client: aio.Client, stream: str, expected: int, max_records: int = 10_000,
-                        meter: cpu.Meter = cpu.NONE) -> dict:
+                        meter: cpu.Meter = cpu.NONE, columns: bool = False) -> dict:
     """One consumer reads every partition of `stream` from TRIM_HORIZON to its end (the
-    partitions concurrently, in this one client) and counts records and data bytes."""
+    partitions concurrently, in this one client) and counts records and data bytes: as
+    `Record`s (get_next_records), or with `columns` as Arrow tables (get_next_record_batch,
+    RecordBatch.to_arrow)."""
     info = await client.get_stream_info(stream)
     counts: dict[int, int] = {}
     nbytes = 0
+
+    async def page_of(it: str) -> tuple[int, int, str | None]:
+        """(records, data bytes, next iterator) of one page."""
+        if columns:
+            page = await client.get_next_record_batch(it, max_records=max_records)
+            table = page.batch.to_arrow()
+            data = table.column("data")
+            return table.num_rows, sum(c.buffers()[2].size if c.buffers()[2] else 0 for c in data.chunks), \
+                page.next_iterator
+        page = await client.get_next_records(it, max_records=max_records)
+        return len(page.records), sum(len(r.data) for r in page.records), page.next_iterator
 
     async def read(ordinal: int) -> None:
         nonlocal nbytes
         n = 0
         it = await client.get_iterator(stream, ordinal, "TRIM_HORIZON")
         while it:
-            page = await client.get_next_records(it, max_records=max_records)
-            if not page.records:
+            got, size, it = await page_of(it)
+            if not got:
                 break
-            n += len(page.records)
-            nbytes += sum(len(r.data) for r in page.records)
-            it = page.next_iterator
+            n += got
+            nbytes += size
         counts[ordinal] = n
 
-    common.progress(f"sms catch-up read: {expected:,} records of {stream!r}, "
+    common.progress(f"sms catch-up read{' as columns' if columns else ''}: {expected:,} records of {stream!r}, "
                     f"{len(info.partitions)} partitions from TRIM_HORIZON")
     meter.start()
     t0 = time.perf_counter()
@@ -317,8 +329,9 @@ async def catch_up_read(client: aio.Client, stream: str, expected: int, max_reco
            "seconds": round(secs, 3), "records_per_s": round(n / secs) if secs > 0 else None,
            "mb_per_s": round(nbytes / secs / 1e6, 2) if secs > 0 else None,
            "per_partition": {str(k): v for k, v in sorted(counts.items())}, "cpu_per_record": cpu_per_record,
-           "consumer": f"one client, every partition concurrently, get_next_records(max_records={max_records}) "
-                       "until an empty page"}
+           "consumer": f"one client, every partition concurrently, "
+                       f"{'get_next_record_batch + to_arrow' if columns else 'get_next_records'}"
+                       f"(max_records={max_records}) until an empty page"}
     common.progress(f"sms catch-up read: {n:,} records in {secs:.2f} s = {out['records_per_s']:,} rec/s"
                     + ("" if n == expected else f"  COUNT MISMATCH (expected {expected:,})"))
     return out

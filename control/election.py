@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from control.metastore import MetaStore, MetaStoreError, NodeExistsError
 from sms import limits, metadata
-from sms.aiotools import raise_if_cancelling
+from sms.aiotools import raise_if_cancelling, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,5 @@ class LeaderElection:
                 if self.leader:
                     self.leader = False
                     await self.on_deposed()
-            try:
-                await asyncio.wait_for(self._wake.wait(), limits.CONTROL_ELECTION_RETRY_S)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, limits.CONTROL_ELECTION_RETRY_S)
             self._wake.clear()

@@ -21,7 +21,7 @@ import grpc
 from control import chains, reads
 from control.metastore import BadVersionError, MetaStore, NoNodeError, Set
 from sms import limits, metadata, rpc
-from sms.aiotools import cancel_and_wait, raise_if_cancelling
+from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation
 from sms.metadata import ChainConfig, StreamConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -59,10 +59,7 @@ class ChainManager:
             except Exception:      # a metadata or network hiccup: the next round retries
                 raise_if_cancelling()
                 log.exception("chain manager round failed")
-            try:
-                await asyncio.wait_for(self._changed.wait(), limits.CHAIN_MANAGER_INTERVAL_S)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._changed, limits.CHAIN_MANAGER_INTERVAL_S)
             self._changed.clear()
 
     async def _live_storage(self) -> dict[str, NodeInfo]:

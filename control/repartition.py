@@ -39,7 +39,7 @@ import grpc
 from control import placement, reads
 from control.metastore import BadVersionError, Check, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set
 from sms import errors, limits, metadata, retention, rpc, seqno
-from sms.aiotools import cancel_and_wait, raise_if_cancelling
+from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation, SmsError
 from sms.metadata import ChainChange, ChainConfig, ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionMap
@@ -166,10 +166,7 @@ class Repartitioner:
                 raise_if_cancelling()
                 log.exception("repartition round failed")
             interval = limits.REPARTITION_POLL_INTERVAL_S if busy else limits.RETENTION_CHECK_INTERVAL_S
-            try:
-                await asyncio.wait_for(self._changed.wait(), interval)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._changed, interval)
             self._changed.clear()
 
     async def _streams(self) -> list[tuple[StreamConfig, int]]:

@@ -19,7 +19,7 @@ from control.metaview import ClusterView
 from ingestion.partition import Outcome, PartitionIngest, Results, Submission
 from ingestion.writer import PartitionWriter
 from sms import wire, hashing, limits, seqno
-from sms.aiotools import cancel_and_wait
+from sms.aiotools import cancel_and_wait, wait_event
 from sms.errors import (InvalidArgument, PartitionClosed, RecordTooLarge, RequestTooLarge, SmsError, StreamNotFound,
                         Unavailable, WrongOwner)
 from sms.metadata import ChainConfig
@@ -38,9 +38,10 @@ def parse_put_entries(count: int, blob: bytes, producer_id: bytes) -> list[tuple
 
 
 class IngestionService(sms_pb2_grpc.IngestionServicer):
-    def __init__(self, node_id: str, view: ClusterView):
+    def __init__(self, node_id: str, view: ClusterView, local_head=None):
         self.node_id = node_id
         self.view = view
+        self.local_head = local_head      # () -> a HeadSession of this process's storage role, or None
         self.partitions: dict[str, PartitionIngest] = {}
         self._pruner: asyncio.Task | None = None
         self._closing: set[asyncio.Task] = set()
@@ -129,7 +130,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                 todo.extend(by_ordinal[o].parents)
             return out
 
-        writer = PartitionWriter(chain.chain_id, chain.epoch, resolve)
+        writer = PartitionWriter(chain.chain_id, chain.epoch, resolve, self.local_head)
         writer.start()
         part = PartitionIngest(chain, view.config, writer, resolve_head, ancestors)
         part.start()
@@ -192,10 +193,8 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                     raise WrongOwner(f"partition {ordinal} of {request.stream} is owned by {chain.head}")
                 part = self._partition(chain, view)
                 if not part.ready.is_set():
-                    try:
-                        await asyncio.wait_for(part.ready.wait(), limits.APPEND_TIMEOUT_S)
-                    except asyncio.TimeoutError:
-                        raise Unavailable(f"{chain.chain_id}: de-duplication table still rebuilding") from None
+                    if not await wait_event(part.ready, limits.APPEND_TIMEOUT_S):
+                        raise Unavailable(f"{chain.chain_id}: de-duplication table still rebuilding")
                 results, missing = part.submit([records[i][1] for i in indexes], int(time.time() * 1000))
                 submitted.append((indexes, results))
                 if missing:

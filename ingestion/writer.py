@@ -29,6 +29,7 @@ import itertools
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 import grpc
 
@@ -40,10 +41,14 @@ log = logging.getLogger(__name__)
 
 
 class PartitionWriter:
-    def __init__(self, chain_id: str, epoch: int, resolve: Callable[[], Awaitable[tuple[str, int]]]):
+    def __init__(self, chain_id: str, epoch: int, resolve: Callable[[], Awaitable[tuple[str, int]]],
+                 local_head: Callable[[], object] | None = None):
         self.chain_id = chain_id
         self.epoch = epoch
         self.resolve = resolve                # () -> the head's current (address, chain epoch)
+        # () -> a new storage.head.HeadSession of the storage role in this process (the
+        # head is on this node): batches go to it by a direct call, not over loopback gRPC
+        self.local_head = local_head
         self.head_address = ""
         self.origin_id = random.getrandbits(63) | 1
         self.queue: collections.deque = collections.deque()     # (entries, count, future) per chunk
@@ -122,16 +127,13 @@ class PartitionWriter:
                          self.chain_id, self.head_address, len(self.inflight), e)
             await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
 
-    def _request(self, seq: int, batch: bytes) -> sms_pb2.AppendRequest:
-        return sms_pb2.AppendRequest(chain_id=self.chain_id, epoch=self.epoch, batch_id=seq, batch=batch)
-
     async def _session(self) -> None:
-        async with rpc.aio_channel(self.head_address) as channel:
-            call = sms_pb2_grpc.StorageStub(channel).Append()
+        head = _LocalHead(self.local_head()) if self.local_head is not None else _GrpcHead(self.head_address)
+        async with head:
             for seq, (batch, _futures) in list(self.inflight.items()):
-                await call.write(self._request(seq, batch))
+                await head.send(self.chain_id, self.epoch, seq, batch)
                 self.resends += 1
-            acks = asyncio.get_running_loop().create_task(self._read_acks(call))
+            acks = asyncio.get_running_loop().create_task(self._read_acks(head.acks()))
             try:
                 while True:
                     while not self.queue or len(self.inflight) >= limits.APPEND_INFLIGHT_BATCHES_MAX:
@@ -148,16 +150,12 @@ class PartitionWriter:
                     seq = next(self.origin_seqs)
                     batch = wire.seal(count, 0, b"".join(bodies), self.origin_id, seq)
                     self.inflight[seq] = (batch, chunks)
-                    await call.write(self._request(seq, batch))
+                    await head.send(self.chain_id, self.epoch, seq, batch)
             finally:
                 acks.cancel()
-                call.cancel()
 
-    async def _read_acks(self, call) -> None:
-        while True:
-            ack = await call.read()
-            if ack is grpc.aio.EOF:
-                return
+    async def _read_acks(self, acks) -> None:
+        async for ack in acks:
             if ack.error_name in _RESEND_ERRORS and ack.batch_id in self.inflight:
                 raise ConnectionError(f"head answered {ack.error_name}: {ack.error_message}")
             entry = self.inflight.pop(ack.batch_id, None)
@@ -171,7 +169,7 @@ class PartitionWriter:
             elif ack.error_name:
                 _fail(futures, errors.from_name(ack.error_name, ack.error_message))
             else:
-                sn = seqno.from_bytes(ack.first_sn)
+                sn = ack.first_sn
                 total = sum(n for n, _fut in chunks)
                 errors.invariant(ack.count == total, f"{self.chain_id}: ack of {ack.count} records "
                                                      f"for a batch of {total}")
@@ -191,3 +189,59 @@ def _fail(futures: list[asyncio.Future], error: errors.SmsError) -> None:
     for fut in futures:
         if not fut.done():
             fut.set_exception(error)
+
+
+class _GrpcHead:
+    """The Append stream to a chain head in another process; acks as storage.head.AppendAck."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self.channel = self.call = None
+
+    async def __aenter__(self) -> "_GrpcHead":
+        self.channel = rpc.aio_channel(self.address)
+        self.call = sms_pb2_grpc.StorageStub(self.channel).Append()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.call.cancel()
+        await self.channel.close()
+
+    async def send(self, chain_id: str, epoch: int, batch_id: int, batch: bytes) -> None:
+        await self.call.write(sms_pb2.AppendRequest(chain_id=chain_id, epoch=epoch, batch_id=batch_id, batch=batch))
+
+    async def acks(self):
+        while True:
+            ack = await self.call.read()
+            if ack is grpc.aio.EOF:
+                return
+            yield _Ack(ack.batch_id, seqno.from_bytes(ack.first_sn) if ack.count else 0, ack.count,
+                       ack.error_name, ack.error_message)
+
+
+class _LocalHead:
+    """A session with the chain head in this process (storage.head.HeadSession): the same
+    protocol by direct calls."""
+
+    def __init__(self, session):
+        self.session = session
+
+    async def __aenter__(self) -> "_LocalHead":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.session.end()
+
+    async def send(self, chain_id: str, epoch: int, batch_id: int, batch: bytes) -> None:
+        await self.session.append(chain_id, epoch, batch_id, batch)
+
+    def acks(self):
+        return self.session.acks()
+
+
+class _Ack(NamedTuple):
+    batch_id: int
+    first_sn: int
+    count: int
+    error_name: str
+    error_message: str

@@ -1,4 +1,4 @@
-"""The retrieval role: GetIterator, GetNextRecords (with long-poll) and GetRecord.
+"""The retrieval role: GetIterator, GetNextRecords (with long-poll), Subscribe (push) and GetRecord.
 
 Reads are served from this node's replica of the partition, never past its commit
 watermark, so nothing uncommitted is ever returned and any replica may serve. Answers
@@ -9,15 +9,25 @@ and the client picks another member of the chain.
 
 from __future__ import annotations
 
+import time
+from typing import NamedTuple
+
 from control.metaview import ClusterView
 from sms import limits, seqno
 from sms.errors import InvalidArgument, InvalidIteratorType, InvalidSequenceNumber, PartitionNotFound, RecordNotFound
 from sms.metadata import chain_id
 from sms.proto import sms_pb2, sms_pb2_grpc
-from sms.rpc import rpc_errors
+from sms.rpc import rpc_errors, rpc_stream_errors
 from sms.types import IteratorType, PartitionState, parse_partition_id, partition_id
 from sms.tokens import Position, TokenCodec
 from storage.service import StorageNode
+
+
+class _Page(NamedTuple):
+    slices: list                      # sms_pb2.BatchSlice
+    next: Position | None             # None: a closed partition read to its end
+    behind_ms: int
+    children: list[str]
 
 
 class RetrievalService(sms_pb2_grpc.RetrievalServicer):
@@ -62,24 +72,22 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             position = sn if kind is IteratorType.AT_SEQUENCE_NUMBER else sn + 1
         return sms_pb2.GetIteratorResponse(iterator=self.tokens.encode(Position(request.stream, ordinal, position)))
 
-    @rpc_errors
-    async def GetNextRecords(self, request, context):
-        pos = self.tokens.decode(request.iterator)
-        if not 1 <= request.max_records <= limits.GET_RECORDS_COUNT_MAX:
-            raise InvalidArgument(f"max_records {request.max_records}; expected 1..{limits.GET_RECORDS_COUNT_MAX}")
-        wait_s = min(request.wait_ms, limits.GET_RECORDS_WAIT_MS_MAX) / 1000
+    async def _page(self, pos: Position, max_records: int, wait_s: float, include_trimmed: bool = False) -> _Page:
+        """The committed records at and after `pos` (waiting up to `wait_s` for one), where
+        the next page starts, and, for a closed partition read to its end, its children."""
+        if not 1 <= max_records <= limits.GET_RECORDS_COUNT_MAX:
+            raise InvalidArgument(f"max_records {max_records}; expected 1..{limits.GET_RECORDS_COUNT_MAX}")
         entry = await self._entry(pos.stream, pos.ordinal)
         replica = self.storage.replica(chain_id(pos.stream, pos.ordinal))
         ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
-        position = pos.position_sn if request.include_trimmed else max(pos.position_sn, replica.trimmed_before)
+        position = pos.position_sn if include_trimmed else max(pos.position_sn, replica.trimmed_before)
         target = position if ending is None else min(position, ending)
         if replica.committed_sn < target and wait_s > 0:     # (a lagging replica of a closed one too)
             await replica.wait_committed(target, wait_s)
             entry = await self._entry(pos.stream, pos.ordinal)     # it may have closed meanwhile
             ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
         committed = replica.committed_sn if ending is None else min(replica.committed_sn, ending)
-        slices = self.storage.logs.read(replica.log, position, committed, request.max_records,
-                                        limits.GET_RECORDS_BYTES_MAX)
+        slices = self.storage.logs.read(replica.log, position, committed, max_records, limits.GET_RECORDS_BYTES_MAX)
         if slices:
             last = slices[-1]
             next_position = last.sn_at(last.end - 1) + 1
@@ -87,16 +95,41 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         else:
             next_position = position
             behind_ms = 0
+        pb_slices = [sms_pb2.BatchSlice(batch=s.batch, start=s.start, end=s.end) for s in slices]
         if ending is not None and (ending == 0 or next_position > ending) and replica.committed_sn >= ending:
-            # a closed partition read to its end: no next iterator; the children go on
-            return sms_pb2.GetNextRecordsResponse(
-                slices=[sms_pb2.BatchSlice(batch=s.batch, start=s.start, end=s.end) for s in slices],
-                next_iterator="", millis_behind_latest=0,
-                child_partitions=[partition_id(c) for c in entry.children])
+            # a closed partition read to its end: no next position; the children go on
+            return _Page(pb_slices, None, 0, [partition_id(c) for c in entry.children])
+        return _Page(pb_slices, Position(pos.stream, pos.ordinal, next_position), max(0, behind_ms), [])
+
+    @rpc_errors
+    async def GetNextRecords(self, request, context):
+        pos = self.tokens.decode(request.iterator)
+        wait_s = min(request.wait_ms, limits.GET_RECORDS_WAIT_MS_MAX) / 1000
+        page = await self._page(pos, request.max_records, wait_s, request.include_trimmed)
         return sms_pb2.GetNextRecordsResponse(
-            slices=[sms_pb2.BatchSlice(batch=s.batch, start=s.start, end=s.end) for s in slices],
-            next_iterator=self.tokens.encode(Position(pos.stream, pos.ordinal, next_position)),
-            millis_behind_latest=max(0, behind_ms))
+            slices=page.slices, next_iterator="" if page.next is None else self.tokens.encode(page.next),
+            millis_behind_latest=page.behind_ms, child_partitions=page.children)
+
+    @rpc_stream_errors
+    async def Subscribe(self, request, context):
+        """Events of committed records as they commit (an empty one every
+        SUBSCRIBE_HEARTBEAT_S while none do), for SUBSCRIBE_SESSION_S. The consumer's
+        reading paces it: an event waits for HTTP/2 flow control before the next is read."""
+        pos = self.tokens.decode(request.iterator)
+        if not 1 <= request.max_records <= limits.GET_RECORDS_COUNT_MAX:
+            raise InvalidArgument(f"max_records {request.max_records}; expected 1..{limits.GET_RECORDS_COUNT_MAX}")
+        ends_at = time.monotonic() + limits.SUBSCRIBE_SESSION_S
+        quiet_since = time.monotonic()
+        while time.monotonic() < ends_at:
+            page = await self._page(pos, request.max_records, limits.SUBSCRIBE_HEARTBEAT_S)
+            if page.slices or page.next is None or time.monotonic() - quiet_since >= limits.SUBSCRIBE_HEARTBEAT_S:
+                yield sms_pb2.SubscribeEvent(
+                    slices=page.slices, continuation="" if page.next is None else self.tokens.encode(page.next),
+                    millis_behind_latest=page.behind_ms, child_partitions=page.children)
+                quiet_since = time.monotonic()
+            if page.next is None:
+                return
+            pos = page.next
 
     @rpc_errors
     async def GetRecord(self, request, context):

@@ -301,8 +301,16 @@ static PyObject *
 w_signature(PyObject *self, PyObject *args)
 {
     Py_buffer key, data, headers = {0};
-    if (!PyArg_ParseTuple(args, "y*y*|y*", &key, &data, &headers))
+    if (!PyArg_ParseTuple(args, "y*y*|y*", &key, &data, &headers) || check_configured() < 0)
         return NULL;
+    if (key.len > 0xFFFF) {
+        raise_named(ErrInvalidArgument, "a key of %zd bytes has no signature; at most 65535", key.len);
+        PyBuffer_Release(&key);
+        PyBuffer_Release(&data);
+        if (headers.obj)
+            PyBuffer_Release(&headers);
+        return NULL;
+    }
     PyObject *out = signature_of(key.buf, key.len, data.buf, data.len, NULL, headers.buf, headers.buf ? headers.len : 0);
     PyBuffer_Release(&key);
     PyBuffer_Release(&data);
@@ -724,6 +732,8 @@ bytes_attr(PyObject *obj, PyObject *name, PyObject **keep, const char **p, Py_ss
 static PyObject *
 w_stored_entries(PyObject *self, PyObject *records)
 {
+    if (check_configured() < 0)
+        return NULL;
     PyObject *seq = PySequence_Fast(records, "records must be iterable"), *out = NULL;
     Buf buf = {0};
     if (seq == NULL)
@@ -732,13 +742,14 @@ w_stored_entries(PyObject *self, PyObject *records)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *s = PySequence_Fast_GET_ITEM(seq, i);
         PyObject *kk = NULL, *dk = NULL, *hk = NULL, *pk = NULL, *dedk = NULL, *sk = NULL, *ok = NULL;
-        const char *key, *data, *headers, *pid, *dedup = NULL;
-        Py_ssize_t key_len, data_len, headers_len, pid_len, dedup_len = -1;
+        const char *key = NULL, *data = NULL, *headers = NULL, *pid = NULL, *dedup = NULL;
+        Py_ssize_t key_len = 0, data_len = 0, headers_len = 0, pid_len = 0, dedup_len = -1;
         uint64_t sssn = 0;
         long ordinal = -1;
         int err = bytes_attr(s, s_key, &kk, &key, &key_len, 0) || bytes_attr(s, s_data, &dk, &data, &data_len, 0) ||
                   bytes_attr(s, s_headers, &hk, &headers, &headers_len, 0) ||
                   bytes_attr(s, s_producer_id, &pk, &pid, &pid_len, 0);
+        const char *misfit = NULL;      /* the first field that does not fit, as wire._check_stored names it */
         if (!err && pid_len) {
             err = bytes_attr(s, s_dedup_key, &dedk, &dedup, &dedup_len, 1);
             if (!err) {
@@ -747,12 +758,40 @@ w_stored_entries(PyObject *self, PyObject *records)
                 if (ok == NULL)
                     err = 1;
                 else {
-                    sssn = PyLong_AsUnsignedLongLong(sk);
-                    if (ok != Py_None)
-                        ordinal = (long)PyLong_AsUnsignedLong(ok);
-                    err = PyErr_Occurred() != NULL;
+                    int overflow = 0;
+                    if (!PyLong_Check(sk) || (ok != Py_None && !PyLong_Check(ok))) {
+                        PyErr_SetString(PyExc_TypeError, "sssn and session_ordinal must be int");
+                        err = 1;
+                    } else {
+                        sssn = PyLong_AsUnsignedLongLong(sk);
+                        if (sssn == (uint64_t)-1 && PyErr_Occurred()) {
+                            PyErr_Clear();
+                            overflow = 1;       /* negative or >= 2^64 */
+                        }
+                        if (ok != Py_None) {
+                            unsigned long long o = PyLong_AsUnsignedLongLong(ok);
+                            if ((o == (unsigned long long)-1 && PyErr_Occurred()) || o > 0xFFFFFFFFULL) {
+                                PyErr_Clear();
+                                overflow |= 2;
+                            } else
+                                ordinal = (long)o;
+                        }
+                        size_t meta_all = (size_t)headers_len + 2 + pid_len + 10 + (dedup ? 2 + dedup_len : 0) +
+                                          (ok != Py_None ? 6 : 0);
+                        misfit = key_len > 0xFFFF ? "key" : (unsigned long long)data_len > 0xFFFFFFFFULL ? "data"
+                               : pid_len > 0xFF ? "producer id" : (dedup && dedup_len > 0xFF) ? "dedup key"
+                               : (overflow & 1) ? "sssn" : (overflow & 2) ? "session ordinal"
+                               : meta_all > 0xFFFF ? "meta" : NULL;
+                    }
                 }
             }
+        } else if (!err) {
+            misfit = key_len > 0xFFFF ? "key" : (unsigned long long)data_len > 0xFFFFFFFFULL ? "data"
+                   : headers_len > 0xFFFF ? "meta" : NULL;
+        }
+        if (!err && misfit != NULL) {
+            raise_named(ErrInvalidArgument, "record %zd: its %s does not fit its stored field", i, misfit);
+            err = 1;
         }
         if (!err) {
             size_t meta = (size_t)headers_len;
@@ -837,6 +876,10 @@ w_check_framing(PyObject *self, PyObject *args)
         return NULL;
     }
     size_t n = (size_t)buf.len;
+    if (offset < 0 || (size_t)offset > n) {
+        PyBuffer_Release(&buf);
+        return raise_named(ErrInvalidArgument, "offset %zd; expected 0..%zu", offset, n);
+    }
     int short_header;
     size_t end = walk(buf.buf, n, (size_t)offset, count, &short_header);
     PyBuffer_Release(&buf);
@@ -1078,6 +1121,148 @@ done:
     return out;
 }
 
+/* ---- columns: a stored batch's records as Arrow-shaped buffers --------------------------- */
+
+static int
+col_put(Buf *b, const void *p, size_t n)
+{
+    if (buf_reserve(b, n) < 0)
+        return -1;
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    return 0;
+}
+
+static int
+col_offset(Buf *offsets, size_t value)
+{
+    unsigned char raw[4];
+    put_le32(raw, (uint32_t)value);
+    return col_put(offsets, raw, 4);
+}
+
+/* 128-bit unsigned as decimal text into out (>= 40 bytes); returns its length. */
+static size_t
+u128_text(uint64_t hi, uint64_t lo, char *out)
+{
+    unsigned __int128 v = ((unsigned __int128)hi << 64) | lo;
+    char tmp[48];
+    size_t n = 0;
+    do {
+        tmp[n++] = (char)('0' + (int)(v % 10));
+        v /= 10;
+    } while (v);
+    for (size_t i = 0; i < n; i++)
+        out[i] = tmp[n - 1 - i];
+    return n;
+}
+
+static PyObject *
+w_columns(PyObject *self, PyObject *args)
+{
+    PyObject *batch_obj;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "Onn", &batch_obj, &start, &end) || check_configured() < 0)
+        return NULL;
+    if (!PyBytes_Check(batch_obj)) {
+        PyErr_SetString(PyExc_TypeError, "columns needs bytes");
+        return NULL;
+    }
+    Verified v = {0};
+    PyObject *out = NULL;
+    enum { KO, KV, DO, DV, SO, SV, TS, HO, HKO, HKV, HVO, HVV, NCOL };
+    Buf c[NCOL];
+    memset(c, 0, sizeof(c));
+    Buf hdrs = {0};
+    if (verified(batch_obj, &v) < 0)
+        goto done;
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(batch_obj);
+    size_t n = (size_t)PyBytes_GET_SIZE(batch_obj);
+    if (end > v.count)
+        end = v.count;
+    if (start < 0)
+        start = 0;
+    if (start > end)
+        start = end;
+    if (col_offset(&c[KO], 0) || col_offset(&c[DO], 0) || col_offset(&c[SO], 0) || col_offset(&c[HO], 0) ||
+        col_offset(&c[HKO], 0) || col_offset(&c[HVO], 0))
+        goto done;
+    size_t offset = HEADER_BYTES, headers_total = 0;
+    uint64_t first_hi = be64(b + 8), first_lo = be64(b + 16);
+    for (Py_ssize_t i = 0; i < end; i++) {
+        if (offset + ENTRY_BYTES > n) {
+            corrupt(&v, "entries run past the batch");
+            goto done;
+        }
+        size_t data_len = le32(b + offset), key_len = le16(b + offset + 4), meta_len = le16(b + offset + 6);
+        size_t k = offset + ENTRY_BYTES, m = k + key_len, d = m + meta_len;
+        offset = d + data_len;
+        if (offset > n) {
+            corrupt(&v, "entries run past the batch");
+            goto done;
+        }
+        if (i < start)
+            continue;
+        int ok = valid_utf8(b + k, key_len, NULL);
+        if (ok < 0)
+            goto done;
+        if (!ok) {
+            corrupt(&v, "a partition key is not UTF-8");
+            goto done;
+        }
+        uint64_t add = (uint64_t)i << 32, lo = first_lo + add, hi = first_hi + (lo < first_lo);
+        char text[48];
+        size_t tl = u128_text(hi, lo, text);
+        unsigned char ts[8];
+        uint64_t ms = hi >> 16;              /* the SN's top 48 bits: milliseconds */
+        for (int j = 0; j < 8; j++)
+            ts[j] = (unsigned char)(ms >> (8 * j));
+        if (col_put(&c[KV], b + k, key_len) || col_offset(&c[KO], c[KV].len) ||
+            col_put(&c[DV], b + d, data_len) || col_offset(&c[DO], c[DV].len) ||
+            col_put(&c[SV], text, tl) || col_offset(&c[SO], c[SV].len) || col_put(&c[TS], ts, 8))
+            goto done;
+        if (meta_len) {
+            size_t mi = 0, vlen, vstart;
+            int tag, r;
+            const unsigned char *value;
+            while ((r = next_tlv(b + m, meta_len, &mi, &tag, &value, &vlen, &vstart)) == 1) {
+                if (tag != TAG_HEADER || vlen == 0 || (size_t)value[0] + 1 > vlen)
+                    continue;
+                size_t name_len = value[0];
+                if (col_put(&c[HKV], value + 1, name_len) || col_offset(&c[HKO], c[HKV].len) ||
+                    col_put(&c[HVV], value + 1 + name_len, vlen - 1 - name_len) ||
+                    col_offset(&c[HVO], c[HVV].len))
+                    goto done;
+                headers_total++;
+            }
+            if (r < 0) {
+                corrupt(&v, "record meta truncated");
+                goto done;
+            }
+        }
+        if (col_offset(&c[HO], headers_total))
+            goto done;
+    }
+    out = PyTuple_New(NCOL + 1);
+    if (out == NULL)
+        goto done;
+    PyTuple_SET_ITEM(out, 0, PyLong_FromSsize_t(end - start));
+    for (int j = 0; j < NCOL; j++) {
+        PyObject *col = PyBytes_FromStringAndSize((const char *)c[j].p, c[j].len);
+        if (col == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyTuple_SET_ITEM(out, j + 1, col);
+    }
+done:
+    for (int j = 0; j < NCOL; j++)
+        PyMem_Free(c[j].p);
+    PyMem_Free(hdrs.p);
+    verified_release(&v);
+    return out;
+}
+
 /* ---- the module --------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1089,6 +1274,7 @@ static PyMethodDef methods[] = {
     {"check_framing", w_check_framing, METH_VARARGS, "check_framing(buf, count, offset=0) -> None"},
     {"decode_records", w_decode_records, METH_VARARGS, "decode_records(batch, start, end, ordinal) -> [Record]"},
     {"session_fields", w_session_fields, METH_VARARGS, "session_fields(batch, start, end) -> [SessionFields]"},
+    {"columns", w_columns, METH_VARARGS, "columns(batch, start, end) -> (count, 12 column buffers)"},
     {"signature", w_signature, METH_VARARGS, "signature(key, data, headers=b'') -> 16 bytes"},
     {"hash_key", w_hash_key, METH_O, "hash_key(key bytes) -> int (MD5, big-endian)"},
     {NULL, NULL, 0, NULL},

@@ -21,7 +21,8 @@ from sms import wire, convert, errors, limits, rpc, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.records import encode_put
 from sms.tokens import peek
-from sms.types import (ClusterInfo, GetRecordsResult, IteratorType, PartitionInfo, PartitionState, PutRecordResult,
+from sms.batch import RecordBatch
+from sms.types import (ClusterInfo, GetRecordBatchResult, GetRecordsResult, IteratorType, PartitionInfo, PartitionState, PutRecordResult,
                        PutRecordsResult, Record, Routes, StreamInfo, parse_partition_id)
 
 _REDIRECT_BACKOFF_S = 0.05
@@ -297,31 +298,85 @@ class Client:
         return out
 
     # --- reads ----------------------------------------------------------------------------
+    async def _read_address(self, stream: str, ordinal: int, refresh: bool) -> str:
+        """The replica of the partition this client reads from (one per partition, kept
+        until it fails: `_next_replica`)."""
+        info = await self.get_stream_info(stream, refresh=refresh or stream not in self._streams)
+        try:
+            partition = info.partition(ordinal)
+        except LookupError:
+            raise errors.PartitionNotFound(f"stream {stream!r} has no partition p{ordinal:04d}") from None
+        members = [m for m in partition.chain if m.address]
+        if not members:
+            raise errors.Unavailable(f"partition p{ordinal:04d} of {stream!r} has no live replica")
+        key = (stream, ordinal)
+        if key not in self._read_member:
+            self._read_member[key] = random.randrange(len(members))
+        return members[self._read_member[key] % len(members)].address
+
+    def _next_replica(self, stream: str, ordinal: int) -> None:
+        key = (stream, ordinal)
+        self._read_member[key] = self._read_member.get(key, 0) + 1
+
     async def _read_call(self, stream: str, ordinal: int, method: str, request, timeout_s: float | None = None):
         """Send a retrieval call to a replica of the partition, failing over along the chain."""
         last: errors.SmsError | None = None
         for attempt in range(limits.CLIENT_UNAVAILABLE_RETRIES_MAX):
-            info = await self.get_stream_info(stream, refresh=attempt > 0 or stream not in self._streams)
+            address = await self._read_address(stream, ordinal, refresh=attempt > 0)
             try:
-                partition = info.partition(ordinal)
-            except LookupError:
-                raise errors.PartitionNotFound(f"stream {stream!r} has no partition p{ordinal:04d}") from None
-            members = [m for m in partition.chain if m.address]
-            if not members:
-                raise errors.Unavailable(f"partition p{ordinal:04d} of {stream!r} has no live replica")
-            key = (stream, ordinal)
-            if key not in self._read_member:
-                self._read_member[key] = random.randrange(len(members))
-            member = members[self._read_member[key] % len(members)]
-            try:
-                return await self._call(member.address, sms_pb2_grpc.RetrievalStub, method, request, timeout_s)
+                return await self._call(address, sms_pb2_grpc.RetrievalStub, method, request, timeout_s)
             except errors.SmsError as e:
                 if not e.retriable:
                     raise
                 last = e
-                self._read_member[key] = self._read_member[key] + 1
+                self._next_replica(stream, ordinal)
                 await asyncio.sleep(_REDIRECT_BACKOFF_S)
         raise last or errors.Unavailable("no replica answered")
+
+    async def subscribe(self, stream: str, partition_id: str | int, iterator_type: str | IteratorType = "LATEST", *,
+                        sequence_number: str | int | None = None, timestamp_ms: int | None = None,
+                        max_records: int = limits.SUBSCRIBE_RECORDS_MAX_DEFAULT):
+        """Push reads of one partition (Kinesis's SubscribeToShard): an async iterator of
+        pages (`GetRecordsResult`) as records commit, from the position the iterator type
+        names. A quiet partition sends an empty page every SUBSCRIBE_HEARTBEAT_S. The
+        subscription resumes by itself when its server session ends or its replica fails;
+        it ends after the page that reads a closed partition to its end (that page names
+        the children and has no next iterator). Reading slowly slows the sender: pages wait
+        in HTTP/2 flow control, not in an unbounded buffer."""
+        it = await self.get_iterator(stream, partition_id, iterator_type, sequence_number=sequence_number,
+                                     timestamp_ms=timestamp_ms)
+        async for page in self._subscription(it, max_records):
+            yield page
+
+    async def _subscription(self, iterator: str, max_records: int):
+        pos = peek(iterator)
+        failures = 0
+        while True:
+            address = await self._read_address(pos.stream, pos.ordinal, refresh=failures > 0)
+            call = sms_pb2_grpc.RetrievalStub(self._channel(address)).Subscribe(
+                sms_pb2.SubscribeRequest(iterator=iterator, max_records=max_records))
+            try:
+                async for event in call:
+                    failures = 0
+                    records: list[Record] = []
+                    for s in event.slices:
+                        records.extend(wire.decode_records(s.batch, s.start, s.end, pos.ordinal))
+                    yield GetRecordsResult(records=records, next_iterator=event.continuation or None,
+                                           millis_behind_latest=event.millis_behind_latest,
+                                           child_partitions=tuple(event.child_partitions))
+                    if not event.continuation:
+                        return
+                    iterator = event.continuation
+            except grpc.aio.AioRpcError as e:
+                error = rpc.to_sms_error(e)
+                if not error.retriable or failures >= limits.CLIENT_UNAVAILABLE_RETRIES_MAX:
+                    raise error from None
+                failures += 1
+                self._next_replica(pos.stream, pos.ordinal)
+                await asyncio.sleep(min(_REDIRECT_BACKOFF_S * 2 ** failures, 2.0))
+            finally:
+                call.cancel()
+            # the server's session ended (SUBSCRIBE_SESSION_S): resume from the continuation
 
     async def get_iterator(self, stream: str, partition_id: str | int, iterator_type: str | IteratorType = "TRIM_HORIZON",
                            *, sequence_number: str | int | None = None, timestamp_ms: int | None = None) -> str:
@@ -335,6 +390,28 @@ class Client:
         return resp.iterator
 
     async def get_next_records(self, iterator: str, max_records: int = 1000, wait_ms: int = 0) -> GetRecordsResult:
+        """The next records after the iterator's position (long-polling up to `wait_ms`
+        for new ones), the next iterator, and, at the end of a closed partition, its
+        children and no next iterator."""
+        pos, resp = await self._get_next(iterator, max_records, wait_ms)
+        records: list[Record] = []
+        for s in resp.slices:
+            records.extend(wire.decode_records(s.batch, s.start, s.end, pos.ordinal))
+        return GetRecordsResult(records=records, next_iterator=resp.next_iterator or None,
+                                millis_behind_latest=resp.millis_behind_latest,
+                                child_partitions=tuple(resp.child_partitions))
+
+    async def get_next_record_batch(self, iterator: str, max_records: int = 1000,
+                                    wait_ms: int = 0) -> GetRecordBatchResult:
+        """get_next_records as columns: the page's records as one `RecordBatch`
+        (`to_arrow()`, `records()`), decoded without an object per record."""
+        pos, resp = await self._get_next(iterator, max_records, wait_ms)
+        return GetRecordBatchResult(batch=RecordBatch(pos.ordinal, [(s.batch, s.start, s.end) for s in resp.slices]),
+                                    next_iterator=resp.next_iterator or None,
+                                    millis_behind_latest=resp.millis_behind_latest,
+                                    child_partitions=tuple(resp.child_partitions))
+
+    async def _get_next(self, iterator: str, max_records: int, wait_ms: int):
         pos = peek(iterator)
         req = sms_pb2.GetNextRecordsRequest(iterator=iterator, max_records=max_records, wait_ms=wait_ms)
         timeout_s = self.timeout_s + wait_ms / 1000
@@ -349,12 +426,7 @@ class Client:
                 raise
             resp = await self._call(random.choice(readers), sms_pb2_grpc.RetrievalStub, "GetNextRecords", req,
                                     timeout_s)
-        records: list[Record] = []
-        for s in resp.slices:
-            records.extend(convert.records_from_slice(s.batch, s.start, s.end, pos.ordinal))
-        return GetRecordsResult(records=records, next_iterator=resp.next_iterator or None,
-                                millis_behind_latest=resp.millis_behind_latest,
-                                child_partitions=tuple(resp.child_partitions))
+        return pos, resp
 
     async def read_stream(self, stream: str, *, start: str = "TRIM_HORIZON", timestamp_ms: int | None = None,
                           sequence_number: int | str | None = None, follow: bool = False,
@@ -365,8 +437,9 @@ class Client:
         Starts at the oldest record (TRIM_HORIZON), at LATEST, at `timestamp_ms` (in the
         partitions whose validity holds that time) or at `sequence_number` (its partition
         from that record, the others from its time). Without `follow` it ends once every
-        partition is read to its current end; with it, it tails for ever (long polls of
-        `wait_ms`). An async iterator of `Record`."""
+        partition is read to its current end; with it, it tails for ever, each partition
+        by a subscription (`subscribe`: records pushed as they commit; `wait_ms` is no
+        longer used and stays for callers that pass it). An async iterator of `Record`."""
         info = await self.get_stream_info(stream)
         by = {p.ordinal: p for p in info.partitions}
         starts: dict[int, tuple[str, dict]] = {}
@@ -395,9 +468,13 @@ class Client:
             failures = 0
             try:
                 it = await self.get_iterator(stream, ordinal, kind, **kw)
+                pages = self._subscription(it, max_records) if follow and it else None
                 while it:
                     try:
-                        page = await self.get_next_records(it, max_records, wait_ms if follow else 0)
+                        if pages is not None:       # follow: records pushed as they commit
+                            page = await anext(pages)
+                        else:
+                            page = await self.get_next_records(it, max_records, 0)
                         failures = 0
                     except errors.PartitionNotFound:
                         # retention dropped it while we read: nothing of it is left to read
@@ -415,6 +492,9 @@ class Client:
                         else:
                             it = await self.get_iterator(stream, ordinal, "AFTER_SEQUENCE_NUMBER",
                                                          sequence_number=last_sn)
+                        if pages is not None:
+                            await pages.aclose()
+                            pages = self._subscription(it, max_records)
                         continue
                     if page.records:
                         last_sn = page.records[-1].sn

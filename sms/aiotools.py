@@ -32,3 +32,16 @@ def raise_if_cancelling() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError()
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """True once `event` is set, False after `timeout_s`. Not asyncio.wait_for: in Python
+    3.11 it runs the wait in another task, and a cancel that lands as its timeout fires is
+    lost -- a loop cancelled at stop then waited for ever, and its node never stopped (seen
+    under `make bench`). asyncio.timeout cancels in the caller's own task."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+        return True
+    except TimeoutError:
+        return event.is_set()

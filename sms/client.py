@@ -68,6 +68,9 @@ class Client:
     def get_next_records(self, iterator, max_records=1000, wait_ms=0):
         return self._run(self._aio.get_next_records(iterator, max_records, wait_ms))
 
+    def get_next_record_batch(self, iterator, max_records=1000, wait_ms=0):
+        return self._run(self._aio.get_next_record_batch(iterator, max_records, wait_ms))
+
     def get_record(self, stream, sequence_number):
         return self._run(self._aio.get_record(stream, sequence_number))
 
@@ -118,7 +121,13 @@ class Client:
 
     def read_stream(self, stream, **kwargs):
         """A generator over every record of the stream, lineage in order (sms.aio.Client.read_stream)."""
-        agen = self._aio.read_stream(stream, **kwargs)
+        return self._iterate(self._aio.read_stream(stream, **kwargs))
+
+    def subscribe(self, stream, partition_id, iterator_type="LATEST", **kwargs):
+        """A generator of pages pushed as records commit (sms.aio.Client.subscribe)."""
+        return self._iterate(self._aio.subscribe(stream, partition_id, iterator_type, **kwargs))
+
+    def _iterate(self, agen):
 
         async def step():
             try:

@@ -13,6 +13,7 @@ Tests use `LocalCluster` directly to kill, pause and restart nodes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -23,6 +24,9 @@ from dataclasses import dataclass
 from sms import limits
 
 STORAGE_ROLES = "storage,ingestion,retrieval"
+STACK_DUMP_WAIT_S = 0.5          # a hung node writes its stacks to its log in this time, then is killed
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -166,6 +170,14 @@ class LocalCluster:
             try:
                 node.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0f s of SIGTERM; its stacks go to its log, then SIGKILL",
+                            node.node_id, limits.NODE_STOP_TIMEOUT_S)
+                node.proc.send_signal(signal.SIGUSR2)      # every thread's stack to the log (faulthandler)
+                node.proc.send_signal(signal.SIGUSR1)      # every asyncio task's stack to the log
+                try:
+                    node.proc.wait(timeout=STACK_DUMP_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    pass
                 node.proc.kill()
                 node.proc.wait()
 

@@ -43,6 +43,9 @@ GET_RECORDS_BYTES_MAX = 10 * 1024 * 1024       # soft cap on one GetNextRecords 
 GET_RECORDS_WAIT_MS_MAX = 20_000               # longest long-poll of one GetNextRecords
 ITERATOR_TTL_S = 300                           # iterator tokens expire after 5 minutes
 ITERATOR_TOKEN_CHARS_MAX = 1024                # longer tokens are rejected unparsed
+SUBSCRIBE_SESSION_S = 300.0                    # a Subscribe stream ends after this; the client resumes
+SUBSCRIBE_HEARTBEAT_S = 5.0                    # an empty event at least this often while nothing commits
+SUBSCRIBE_RECORDS_MAX_DEFAULT = 1000           # records per Subscribe event unless the client asks
 
 # --- batches on the write path --------------------------------------------------------
 BATCH_RECORDS_MAX = 10_000                     # records in one chain batch

@@ -9,6 +9,7 @@ get the same class back (UNAVAILABLE and DEADLINE_EXCEEDED without a name become
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 
@@ -64,6 +65,30 @@ def rpc_errors(handler):
             await context.abort(err.code, f"a call to another node failed: {err.message or err.name}")
         except Exception as e:  # an operating error we did not name: answer, keep serving
             if isinstance(e, (grpc.aio.AbortError,)):
+                raise
+            log.exception("unexpected error in %s", handler.__name__)
+            context.set_trailing_metadata(((ERROR_KEY, "InternalError"),))
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+    return wrapper
+
+
+def rpc_stream_errors(handler):
+    """rpc_errors for a server-streaming handler (an async generator): its events pass
+    through; a named error ends the stream with its status, as for a unary call."""
+
+    @functools.wraps(handler)
+    async def wrapper(self, request, context):
+        try:
+            async for event in handler(self, request, context):
+                yield event
+        except errors.SmsError as e:
+            context.set_trailing_metadata(((ERROR_KEY, e.name),))
+            await context.abort(e.code, e.message or e.name)
+        except errors.InvariantViolation:
+            raise
+        except Exception as e:  # an operating error we did not name: answer, keep serving
+            if isinstance(e, (grpc.aio.AbortError, asyncio.CancelledError)):
                 raise
             log.exception("unexpected error in %s", handler.__name__)
             context.set_trailing_metadata(((ERROR_KEY, "InternalError"),))

@@ -11,7 +11,9 @@ stop it cleanly (server drained, replicas closed, registration removed).
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import gc
+import io
 import json
 import logging
 import os
@@ -26,6 +28,7 @@ from sms.types import NodeInfo
 
 log = logging.getLogger("sms.server")
 
+TASK_STACK_FRAMES_MAX = 12         # frames of each asyncio task in a SIGUSR1 dump
 ROLES = ("control", "storage", "ingestion", "retrieval")
 
 
@@ -75,12 +78,14 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     from retrieval.service import RetrievalService
     from sms.tokens import TokenCodec
     from sms.proto import sms_pb2_grpc
+    from storage.head import HeadSession
     from storage.service import StorageNode, StorageService
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, _log_tasks)
     parent_watch = loop.create_task(_watch_parent(os.getppid(), stop)) if exit_with_parent else None
 
     store = open_metastore(metastore_url)
@@ -104,7 +109,10 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         storage = StorageNode(node_id, data_dir, store, incarnation=started_ms)
         sms_pb2_grpc.add_StorageServicer_to_server(StorageService(storage, roles, os.getpid()), server)
     if "ingestion" in roles:
-        ingestion = IngestionService(node_id, view)
+        # the chain heads this node ingests for are its own storage role's replicas: batches
+        # reach them by a direct call (storage/head.py), not over loopback gRPC
+        local_head = (lambda: HeadSession(storage)) if storage is not None else None
+        ingestion = IngestionService(node_id, view, local_head=local_head)
         ingestion.start()
         sms_pb2_grpc.add_IngestionServicer_to_server(ingestion, server)
     if "retrieval" in roles:
@@ -187,10 +195,21 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     await store.close()
 
 
+def _log_tasks() -> None:
+    """Every asyncio task's stack, to the log (SIGUSR1)."""
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=TASK_STACK_FRAMES_MAX, file=out)
+    log.warning("asyncio tasks (SIGUSR1):\n%s", out.getvalue())
+
+
 def run(args) -> int:
     logging.basicConfig(level=os.environ.get("SMS_LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s {args.node_id} %(levelname)s %(name)s: %(message)s")
     roles = parse_roles(args.roles)
+    # SIGUSR2 writes every thread's stack to the log, SIGUSR1 every asyncio task's (serve()):
+    # what a launcher sends a node that did not stop in time, so its log says where it hung
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     # The hot path allocates short-lived objects only; the default generation-0 threshold
     # (700) ran a collection every few batches, ~10% of a node's CPU in profiles. The
     # modules loaded so far are frozen out of every collection.

@@ -236,6 +236,14 @@ class GetRecordsResult:
 
 
 @dataclass(frozen=True, slots=True)
+class GetRecordBatchResult:
+    batch: "object"                  # sms.batch.RecordBatch
+    next_iterator: str | None
+    millis_behind_latest: int
+    child_partitions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     node_id: str
     address: str

@@ -349,6 +349,11 @@ def verify(batch: bytes | memoryview) -> BatchHeader:
     raw_sn = bytes(view[8:24])
     if _checksum(header.count, raw_sn, header.origin_id, header.origin_seq, view[HEADER_BYTES:]) != header.checksum:
         raise CorruptBatch(f"batch first_sn {header.first_sn}: checksum mismatch")
+    if header.count * ENTRY.size > len(batch) - HEADER_BYTES:
+        raise CorruptBatch(f"batch first_sn {header.first_sn}: {header.count} records cannot fit in "
+                           f"{len(batch) - HEADER_BYTES} bytes")
+    if header.last_sn > seqno.SN_MAX:       # (no head assigns these: the SNs would wrap)
+        raise CorruptBatch(f"batch first_sn {header.first_sn}: {header.count} records run past SN 2^128 - 1")
     return header
 
 
@@ -410,6 +415,8 @@ def _hash_of(key: bytes) -> int:
 def _signature(key: bytes, data: bytes, headers: bytes = b"") -> bytes:
     """What identifies a record's content for de-duplication: xxh3-128 of its key
     (length-prefixed), data and headers."""
+    if len(key) > 0xFFFF:
+        raise InvalidArgument(f"a key of {len(key)} bytes has no signature; at most 65535")
     h = xxhash.xxh3_128()
     h.update(_SIG_KEY_LEN.pack(len(key)))
     h.update(key)
@@ -547,8 +554,9 @@ def _stored_entries(records) -> bytes:
     session partition), then the headers. Without a producer id: the headers only."""
     out = []
     pack = ENTRY.pack
-    for s in records:
+    for i, s in enumerate(records):
         key, data, headers, producer_id = s.key, s.data, s.headers, s.producer_id
+        _check_stored(i, s)
         if producer_id:
             meta = bytes((TAG_PRODUCER_ID, len(producer_id))) + producer_id + _U64_TLV.pack(TAG_SSSN, 8, s.sssn)
             if s.dedup_key is not None:
@@ -562,10 +570,31 @@ def _stored_entries(records) -> bytes:
     return b"".join(out)
 
 
+def _check_stored(i: int, s) -> None:
+    """Every field of a record to store fits its stored field (ingestion's parse bounds
+    them all: this names a programmer error instead of writing bytes that do not frame)."""
+    meta = len(s.headers)
+    if s.producer_id:
+        meta += 2 + len(s.producer_id) + 10
+        meta += 0 if s.dedup_key is None else 2 + len(s.dedup_key)
+        meta += 0 if s.session_ordinal is None else 6
+    for what, ok in (("key", len(s.key) <= 0xFFFF), ("data", len(s.data) <= 0xFFFFFFFF),
+                     ("producer id", len(s.producer_id) <= 0xFF),
+                     ("dedup key", not s.producer_id or s.dedup_key is None or len(s.dedup_key) <= 0xFF),
+                     ("sssn", not s.producer_id or 0 <= s.sssn <= 0xFFFFFFFFFFFFFFFF),
+                     ("session ordinal", not s.producer_id or s.session_ordinal is None
+                      or 0 <= s.session_ordinal <= 0xFFFFFFFF),
+                     ("meta", meta <= 0xFFFF)):
+        if not ok:
+            raise InvalidArgument(f"record {i}: its {what} does not fit its stored field")
+
+
 def _check_framing(buf: bytes | memoryview, count: int, offset: int = 0) -> None:
     """`count` entries fill `buf` from `offset` exactly; InvalidArgument otherwise. The
     lengths only: no per-record object."""
     n = len(buf)
+    if not 0 <= offset <= n:
+        raise InvalidArgument(f"offset {offset}; expected 0..{n}")
     unpack, size = ENTRY.unpack_from, ENTRY.size
     for _ in range(count):
         if offset + size > n:
@@ -636,9 +665,72 @@ def _session_fields(batch: bytes, start: int, end: int) -> list[SessionFields]:
     return out
 
 
+COLUMNS = ("key_offsets", "key_values", "data_offsets", "data_values", "sn_offsets", "sn_values",
+           "arrival_ms", "header_offsets", "header_name_offsets", "header_names", "header_value_offsets",
+           "header_values")
+
+
+def _columns(batch: bytes, start: int, end: int) -> tuple:
+    """Records [start, end) of a verified stored batch as Arrow-shaped buffers: (count,
+    then the COLUMNS): keys, data and SNs (decimal text) as int32 little-endian offsets plus
+    values; arrival times as int64 ms; headers as a map (per-record offsets into the header
+    list, whose names and values are offsets plus values). CorruptBatch on bad framing, a
+    key that is not UTF-8 or truncated meta."""
+    header = verify(batch)
+    end = min(end, header.count)
+    start = min(max(start, 0), end)
+    n, offset = len(batch), HEADER_BYTES
+    unpack, size = ENTRY.unpack_from, ENTRY.size
+    cols = {name: bytearray() for name in COLUMNS}
+    offsets = {name: [0] for name in COLUMNS if name.endswith("offsets")}
+    arrival: list[int] = []
+    headers = 0
+    for i in range(end):
+        if offset + size > n:
+            raise CorruptBatch(f"batch first_sn {header.first_sn}: entries run past the batch")
+        data_len, key_len, meta_len = unpack(batch, offset)
+        k = offset + size
+        m = k + key_len
+        d = m + meta_len
+        offset = d + data_len
+        if offset > n:
+            raise CorruptBatch(f"batch first_sn {header.first_sn}: entries run past the batch")
+        if i < start:
+            continue
+        key = batch[k:m]
+        try:
+            key.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptBatch(f"batch first_sn {header.first_sn}: a partition key is not UTF-8") from None
+        sn = header.first_sn + i * seqno.COUNTER_UNIT
+        for name, value in (("key", key), ("data", batch[d:offset]), ("sn", str(sn).encode())):
+            cols[f"{name}_values"] += value
+            offsets[f"{name}_offsets"].append(len(cols[f"{name}_values"]))
+        arrival.append(seqno.timestamp_ms_of(sn))
+        if meta_len:
+            try:
+                tlvs = list(iter_meta(batch[m:d]))
+            except InvalidArgument:
+                raise CorruptBatch(f"batch first_sn {header.first_sn}: record meta truncated") from None
+            for tag, value in tlvs:
+                if tag != TAG_HEADER or not value or value[0] + 1 > len(value):
+                    continue
+                cols["header_names"] += value[1:1 + value[0]]
+                offsets["header_name_offsets"].append(len(cols["header_names"]))
+                cols["header_values"] += value[1 + value[0]:]
+                offsets["header_value_offsets"].append(len(cols["header_values"]))
+                headers += 1
+        offsets["header_offsets"].append(headers)
+    for name, values in offsets.items():
+        cols[name] = bytearray(struct.pack(f"<{len(values)}I", *values))
+    cols["arrival_ms"] = bytearray(struct.pack(f"<{len(arrival)}q", *arrival))
+    return (end - start, *(bytes(cols[name]) for name in COLUMNS))
+
+
 reference = types.SimpleNamespace(
     encode_puts=_encode_puts, parse_put=_parse_put, stored_entries=_stored_entries, check_framing=_check_framing,
-    decode_records=_decode_records, session_fields=_session_fields, signature=_signature, hash_key=_hash_of)
+    decode_records=_decode_records, session_fields=_session_fields, columns=_columns, signature=_signature,
+    hash_key=_hash_of)
 
 
 # --- which implementation is in force ------------------------------------------------------
@@ -666,6 +758,7 @@ parse_put = _impl.parse_put
 stored_entries = _impl.stored_entries
 check_framing = _impl.check_framing
 decode_records = _impl.decode_records
+columns = _impl.columns
 session_fields = _impl.session_fields
 signature = _impl.signature
 hash_key = _impl.hash_key

@@ -11,7 +11,6 @@ one writer loop sends acks out in order.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import time
@@ -20,11 +19,12 @@ import grpc
 
 from control.metastore import MetaStore, NoNodeError
 from sms import limits, metadata, retention, seqno
-from sms.aiotools import cancel_and_wait, raise_if_cancelling
+from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation, SmsError, StaleEpoch, WrongOwner
 from sms.metadata import ChainConfig, ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionMap
 from sms.proto import sms_pb2, sms_pb2_grpc
+from storage.head import HeadSession
 from storage.log import LogStore
 from storage.replica import DownstreamLink, Replica, ReplicaState
 
@@ -76,10 +76,7 @@ class StorageNode:
 
     async def _sync_loop(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._changed.wait(), limits.CONFIG_REFRESH_INTERVAL_S)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._changed, limits.CONFIG_REFRESH_INTERVAL_S)
             self._changed.clear()
             try:
                 await self.sync()
@@ -248,47 +245,22 @@ class StorageService(sms_pb2_grpc.StorageServicer):
         self.pid = pid
 
     async def Append(self, request_iterator, context):
-        """ingestion -> head. Acks go out in request order, each after commit."""
-        pending: collections.deque = collections.deque()
-        wake = asyncio.Event()
-        done = False
+        """ingestion -> head (storage/head.py). Acks go out in request order, each after commit."""
+        session = HeadSession(self.node)
 
         async def take_requests() -> None:
-            nonlocal done
             try:
                 async for req in request_iterator:
-                    try:
-                        replica = self.node.replica(req.chain_id)
-                        header = await replica.append_as_head(req.epoch, req.batch)
-                        pending.append((req.batch_id, replica, header, None))
-                    except SmsError as e:
-                        pending.append((req.batch_id, None, None, e))
-                    wake.set()
+                    await session.append(req.chain_id, req.epoch, req.batch_id, req.batch)
             finally:
-                done = True
-                wake.set()
+                session.end()
 
         reader = asyncio.get_running_loop().create_task(take_requests())
         try:
-            while not (done and not pending):
-                if not pending:
-                    await wake.wait()
-                    wake.clear()
-                    continue
-                batch_id, replica, header, error = pending[0]
-                if error is not None:
-                    pending.popleft()
-                    yield sms_pb2.AppendAck(batch_id=batch_id, **_ack_error(error))
-                    continue
-                if not await replica.wait_committed(header.last_sn, timeout_s=0.5):
-                    if replica.state is not ReplicaState.ACTIVE:
-                        pending.popleft()
-                        yield sms_pb2.AppendAck(batch_id=batch_id, error_name="PartitionClosed",
-                                                error_message=f"{replica.chain_id} closed before commit")
-                    continue
-                pending.popleft()
-                yield sms_pb2.AppendAck(batch_id=batch_id, first_sn=seqno.to_bytes(header.first_sn),
-                                        count=header.count)
+            async for ack in session.acks():
+                yield sms_pb2.AppendAck(batch_id=ack.batch_id, error_name=ack.error_name,
+                                        error_message=ack.error_message, count=ack.count,
+                                        first_sn=seqno.to_bytes(ack.first_sn) if ack.count else b"")
         finally:
             reader.cancel()
 

@@ -590,6 +590,11 @@ class RetrievalStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.GetRecordRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.GetRecordResponse.FromString,
                 _registered_method=True)
+        self.Subscribe = channel.unary_stream(
+                '/sms.v1.Retrieval/Subscribe',
+                request_serializer=sms_dot_proto_dot_sms__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.SubscribeEvent.FromString,
+                _registered_method=True)
 
 
 class RetrievalServicer:
@@ -614,6 +619,15 @@ class RetrievalServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Subscribe(self, request, context):
+        """Push reads: committed records of one partition as they commit, from an iterator's
+        position, for up to SUBSCRIBE_SESSION_S; then (or at the end of a closed partition)
+        the stream ends and the client resumes from the last event's continuation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RetrievalServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -631,6 +645,11 @@ def add_RetrievalServicer_to_server(servicer, server):
                     servicer.GetRecord,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.GetRecordRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.GetRecordResponse.SerializeToString,
+            ),
+            'Subscribe': grpc.unary_stream_rpc_method_handler(
+                    servicer.Subscribe,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.SubscribeRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.SubscribeEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -715,6 +734,33 @@ class Retrieval:
             '/sms.v1.Retrieval/GetRecord',
             sms_dot_proto_dot_sms__pb2.GetRecordRequest.SerializeToString,
             sms_dot_proto_dot_sms__pb2.GetRecordResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Subscribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sms.v1.Retrieval/Subscribe',
+            sms_dot_proto_dot_sms__pb2.SubscribeRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.SubscribeEvent.FromString,
             options,
             channel_credentials,
             insecure,

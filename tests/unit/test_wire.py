@@ -146,7 +146,7 @@ def test_wrong_version_raises_corrupt_batch():
 
 
 def test_count_not_matching_entries_is_a_framing_error():
-    entries = encode_all([(b"k", {}, b"a"), (b"k", {}, b"b")])
+    entries = encode_all([(b"k", {}, b"a" * 20), (b"k", {}, b"b")])   # (3 headers of 8 bytes fit: verify holds)
     too_many = wire.seal(3, seqno.make(1, 1, 0), b"".join(entries))
     too_few = wire.seal(1, seqno.make(1, 1, 0), b"".join(entries))
     for batch in (too_many, too_few):

@@ -1,0 +1,114 @@
+"""`RecordBatch`: the records of one read page as columns, not as one object per record.
+
+A page of `get_next_record_batch` (or of `read_stream(..., batches=True)`) is a few stored
+batches of one partition, each a slice [start, end) of the bytes the storage node keeps.
+`RecordBatch` decodes them with one compiled pass per stored batch (`wire.columns`) into
+Arrow-shaped buffers: offsets and values of keys, data and sequence numbers, arrival
+times, and headers as a map. `to_arrow()` wraps those buffers as a `pyarrow.Table`
+without another copy (one chunk per stored batch); `records()` gives the same records as
+`Record` tuples. pyarrow is needed only for `to_arrow()` (it comes with the `spark` extra).
+"""
+
+from __future__ import annotations
+
+from sms import seqno, wire
+from sms.types import Record, partition_id
+
+ARROW_COLUMNS = ("partition_key", "data", "sequence_number", "arrival_time", "partition_id", "headers")
+
+
+def _pyarrow():
+    try:
+        import pyarrow
+    except ImportError:
+        raise ImportError("RecordBatch.to_arrow() needs pyarrow: pip install 'sms-sps[spark]' or pyarrow") from None
+    return pyarrow
+
+
+class RecordBatch:
+    """Records of one partition, in SN order, from one or more stored-batch slices."""
+
+    __slots__ = ("partition_ordinal", "slices", "_columns")
+
+    def __init__(self, partition_ordinal: int, slices: list[tuple[bytes, int, int]]):
+        self.partition_ordinal = partition_ordinal
+        self.slices = [(batch, start, min(end, wire.read_header(batch).count)) for batch, start, end in slices]
+        self._columns: list[tuple] | None = None
+
+    def __len__(self) -> int:
+        return sum(max(0, end - start) for _b, start, end in self.slices)
+
+    @property
+    def partition_id(self) -> str:
+        return partition_id(self.partition_ordinal)
+
+    @property
+    def last_sn(self) -> int | None:
+        """The SN of the last record, or None when empty."""
+        for batch, start, end in reversed(self.slices):
+            if end > start:
+                return wire.read_header(batch).first_sn + (end - 1) * seqno.COUNTER_UNIT
+        return None
+
+    def clip(self, upto_sn: int) -> "RecordBatch":
+        """The records with SN <= upto_sn."""
+        out = []
+        for batch, start, end in self.slices:
+            cut = min(end, wire.index_at_or_after(wire.read_header(batch), upto_sn + 1))
+            if cut > start:
+                out.append((batch, start, cut))
+        return RecordBatch(self.partition_ordinal, out)
+
+    def columns(self) -> list[tuple]:
+        """Per slice: (count, then wire.COLUMNS buffers), decoded once."""
+        if self._columns is None:
+            self._columns = [wire.columns(batch, start, end) for batch, start, end in self.slices]
+        return self._columns
+
+    def records(self) -> list[Record]:
+        return [r for batch, start, end in self.slices
+                for r in wire.decode_records(batch, start, end, self.partition_ordinal)]
+
+    def to_arrow(self, *, timestamp_unit: str = "ms"):
+        """A pyarrow.Table with ARROW_COLUMNS (one chunk per stored batch); arrival times as
+        timestamp[`timestamp_unit`, UTC]."""
+        pa = _pyarrow()
+        schema = arrow_schema(timestamp_unit)
+        chunks = [self._arrow_chunk(pa, schema, cols) for cols in self.columns() if cols[0]]
+        return pa.Table.from_batches(chunks, schema=schema)
+
+    def to_arrow_batches(self, *, timestamp_unit: str = "ms") -> list:
+        """The same as pyarrow.RecordBatch objects, one per stored batch."""
+        pa = _pyarrow()
+        schema = arrow_schema(timestamp_unit)
+        return [self._arrow_chunk(pa, schema, cols) for cols in self.columns() if cols[0]]
+
+    def _arrow_chunk(self, pa, schema, cols: tuple):
+        n, ko, kv, do, dv, so, sv, ts, ho, hko, hkv, hvo, hvv = cols
+        buf = pa.py_buffer
+        arrival = pa.Array.from_buffers(pa.timestamp("ms", tz="UTC"), n, [None, buf(ts)])
+        if schema.field("arrival_time").type.unit != "ms":
+            arrival = arrival.cast(schema.field("arrival_time").type)
+        headers = len(hko) // 4 - 1
+        names = pa.Array.from_buffers(pa.string(), headers, [None, buf(hko), buf(hkv)])
+        values = pa.Array.from_buffers(pa.binary(), headers, [None, buf(hvo), buf(hvv)])
+        return pa.RecordBatch.from_arrays([
+            pa.Array.from_buffers(pa.string(), n, [None, buf(ko), buf(kv)]),
+            pa.Array.from_buffers(pa.binary(), n, [None, buf(do), buf(dv)]),
+            pa.Array.from_buffers(pa.string(), n, [None, buf(so), buf(sv)]),
+            arrival,
+            pa.array([self.partition_id] * n, pa.string()),
+            pa.MapArray.from_arrays(pa.Array.from_buffers(pa.int32(), n + 1, [None, buf(ho)]), names, values),
+        ], schema=schema)
+
+
+def arrow_schema(timestamp_unit: str = "ms"):
+    pa = _pyarrow()
+    return pa.schema([
+        pa.field("partition_key", pa.string()),
+        pa.field("data", pa.binary()),
+        pa.field("sequence_number", pa.string()),
+        pa.field("arrival_time", pa.timestamp(timestamp_unit, tz="UTC")),
+        pa.field("partition_id", pa.string()),
+        pa.field("headers", pa.map_(pa.string(), pa.binary())),
+    ])

@@ -1,0 +1,78 @@
+"""The head's side of the append protocol (ingestion -> chain head), one session at a time.
+
+A session takes batches in order (`append`: the replica sequences and persists each, or
+recognises a resend of one it holds by its origin) and gives acks back in the same order
+(`acks`), each once the batch is committed (the tail has it), or with the named error that
+says it was not stored. The gRPC `Append` stream (storage/service.py) is one binding of it;
+an ingestion writer whose chain head lives in its own process is the other: it calls the
+session directly, with the same epoch fencing, origin resends and ack semantics, and no
+loopback hop (ingestion/writer.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from sms.errors import SmsError
+from storage.replica import ReplicaState
+
+COMMIT_POLL_S = 0.5      # an ack's wait re-checks that its replica is still active this often
+
+
+@dataclass(frozen=True, slots=True)
+class AppendAck:
+    """The outcome of one appended batch: its first SN and record count once committed,
+    or the name of the error that kept it from being stored (or committed)."""
+
+    batch_id: int
+    first_sn: int = 0
+    count: int = 0
+    error_name: str = ""
+    error_message: str = ""
+
+
+class HeadSession:
+    def __init__(self, node):
+        self.node = node                     # storage.service.StorageNode: replica(chain_id)
+        self.pending: collections.deque = collections.deque()   # (batch_id, replica, header, error)
+        self.wake = asyncio.Event()
+        self.ended = False
+
+    async def append(self, chain_id: str, epoch: int, batch_id: int, batch: bytes) -> None:
+        """Sequence and persist one batch on this node's head replica of the chain (or
+        record why not); its ack follows from `acks` in order."""
+        try:
+            replica = self.node.replica(chain_id)
+            header = await replica.append_as_head(epoch, batch)
+            self.pending.append((batch_id, replica, header, None))
+        except SmsError as e:
+            self.pending.append((batch_id, None, None, e))
+        self.wake.set()
+
+    def end(self) -> None:
+        """No more batches: `acks` ends once every pending one is answered."""
+        self.ended = True
+        self.wake.set()
+
+    async def acks(self) -> AsyncIterator[AppendAck]:
+        while not (self.ended and not self.pending):
+            if not self.pending:
+                await self.wake.wait()
+                self.wake.clear()
+                continue
+            batch_id, replica, header, error = self.pending[0]
+            if error is not None:
+                self.pending.popleft()
+                yield AppendAck(batch_id, error_name=error.name, error_message=error.message)
+                continue
+            if not await replica.wait_committed(header.last_sn, timeout_s=COMMIT_POLL_S):
+                if replica.state is not ReplicaState.ACTIVE:
+                    self.pending.popleft()
+                    yield AppendAck(batch_id, error_name="PartitionClosed",
+                                    error_message=f"{replica.chain_id} closed before commit")
+                continue
+            self.pending.popleft()
+            yield AppendAck(batch_id, first_sn=header.first_sn, count=header.count)
