@@ -54,6 +54,8 @@ def reference(r: dict) -> list[str]:
     read = ref.get("catch_up_read") or {}
     rows = [("SMS, de-duplicating producers (the reference point)", ingest.get("records_per_s"),
              read.get("records_per_s"), None),
+            ("SMS, read as Arrow columns (RecordBatch.to_arrow)", None,
+             _get(ref, "catch_up_read_columns", "records_per_s"), None),
             ("SMS at RF 1, otherwise the reference point", _get(r, "sms", "rf1", "records_per_s"), None, None)]
     acks = {round(a.get("fraction_of_max", 0) * 100): a for a in ref.get("ack_latency") or []}
     rows += [("raw LMDB, one process (sync append / cursor scan)", _get(b, "raw_lmdb", "append_records_per_s"),
@@ -78,10 +80,11 @@ def reference(r: dict) -> list[str]:
             "|---|---|---|"]
     for pct, a in sorted(acks.items()):
         out.append(f"| {pct}% | {_n(a.get('offered_records_per_s'))} | {_lat(a.get('latency'))} |")
-    e2e = ref.get("end_to_end_latency") or {}
-    if e2e:
-        out.append(f"| end to end at {round(e2e.get('fraction_of_max', 0.5) * 100)}%: put to a tailing "
-                   f"consumer's receipt | {_n(e2e.get('offered_records_per_s'))} | {_lat(e2e.get('latency'))} |")
+    for key, how in (("end_to_end_latency", "long-polling"), ("end_to_end_latency_subscribe", "subscribed")):
+        e2e = ref.get(key) or {}
+        if e2e:
+            out.append(f"| end to end at {round(e2e.get('fraction_of_max', 0.5) * 100)}%: put to a {how} "
+                       f"consumer's receipt | {_n(e2e.get('offered_records_per_s'))} | {_lat(e2e.get('latency'))} |")
     single = _get(r, "sms", "put_record_latency") or {}
     if single.get("latency"):
         out.append(f"| one put_record at a time, idle cluster ({_n(single.get('calls'))} calls of one record) "
@@ -98,7 +101,9 @@ def _cpu_figures(r: dict) -> list[tuple[str, dict | None]]:
             ("RF 1 ingest", _get(sms, "rf1", "cpu_per_record")),
             ("catch-up read (per record read)", _get(ref, "catch_up_read", "cpu_per_record"))]
     rows += [(f"ack latency at {a.get('fraction_of_max', 0):.0%} load", a.get("cpu_per_record")) for a in acks]
-    rows += [("end to end (write and tail)", _get(ref, "end_to_end_latency", "cpu_per_record")),
+    rows += [("catch-up read as Arrow columns", _get(ref, "catch_up_read_columns", "cpu_per_record")),
+             ("end to end (write and tail)", _get(ref, "end_to_end_latency", "cpu_per_record")),
+             ("end to end (write and subscribe)", _get(ref, "end_to_end_latency_subscribe", "cpu_per_record")),
              ("single put_record, idle", _get(sms, "put_record_latency", "cpu_per_record"))]
     for factor, points in (sms.get("sweeps") or {}).items():
         rows += [(f"sweep {factor} = {p.get('value')}", p.get("cpu_per_record"))

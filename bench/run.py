@@ -239,13 +239,15 @@ async def _reference(run: Run, client, cfg: dict, meter) -> dict:
                                          max_rate, tuple(cfg["ack_fractions"]), cfg["ack_duration_s"], meter=meter),
         cfg["phase_timeout_s"] + n_fr * cfg["ack_duration_s"])
     out["ack_latency_max_records_per_s"] = max_rate
-    out["end_to_end_latency"] = await run.acall(
-        "sms end-to-end latency",
-        w.end_to_end_latency(client, stream, ref["size"], ref["batch"], ref["producers"], ref["dedup"],
-                             cfg["e2e_fraction"] * max_rate, cfg["e2e_duration_s"], meter=meter),
-        cfg["phase_timeout_s"] + cfg["e2e_duration_s"])
-    if "error" not in out["end_to_end_latency"]:
-        out["end_to_end_latency"]["fraction_of_max"] = cfg["e2e_fraction"]
+    for key, subscribe in (("end_to_end_latency", False), ("end_to_end_latency_subscribe", True)):
+        out[key] = await run.acall(
+            f"sms end-to-end latency{' (subscribe)' if subscribe else ''}",
+            w.end_to_end_latency(client, stream, ref["size"], ref["batch"], ref["producers"], ref["dedup"],
+                                 cfg["e2e_fraction"] * max_rate, cfg["e2e_duration_s"], meter=meter,
+                                 subscribe=subscribe, tag="e2e-subscribe" if subscribe else "e2e"),
+            cfg["phase_timeout_s"] + cfg["e2e_duration_s"])
+        if "error" not in out[key]:
+            out[key]["fraction_of_max"] = cfg["e2e_fraction"]
     return out
 
 
@@ -557,11 +559,12 @@ def _sms_problems(sms: dict) -> list[str]:
         if a.get("errors") or a.get("dropped"):
             out.append(f"sms ack latency at {a['fraction_of_max']:.0%}: {a['errors']} calls failed, "
                        f"{a['dropped']} dropped; first error: {a.get('first_error')}")
-    e2e = ref.get("end_to_end_latency")
-    if isinstance(e2e, dict) and (e2e.get("missing") or e2e.get("reader_errors") or e2e.get("ack_errors")):
-        out.append(f"sms end-to-end: {e2e.get('missing')} acked records never received, "
-                   f"reader errors {e2e.get('reader_errors')}, {e2e.get('ack_errors')} failed sends "
-                   f"(first: {e2e.get('first_ack_error')})")
+    for key in ("end_to_end_latency", "end_to_end_latency_subscribe"):
+        e2e = ref.get(key)
+        if isinstance(e2e, dict) and (e2e.get("missing") or e2e.get("reader_errors") or e2e.get("ack_errors")):
+            out.append(f"sms {key.replace('_', ' ')}: {e2e.get('missing')} acked records never received, "
+                       f"reader errors {e2e.get('reader_errors')}, {e2e.get('ack_errors')} failed sends "
+                       f"(first: {e2e.get('first_ack_error')})")
     single = sms.get("put_record_latency")
     if isinstance(single, dict) and single.get("errors"):
         out.append(f"sms put_record latency: {single['errors']} calls failed, first: {single.get('first_error')}")

@@ -210,9 +210,11 @@ async def ack_latency(client: aio.Client, stream: str, size: int, batch: int, pr
 
 async def end_to_end_latency(client: aio.Client, stream: str, size: int, batch: int, producers: int, dedup: bool,
                              rate_records_per_s: float, duration_s: float, wait_ms: int = 1000,
-                             drain_timeout_s: float = 10.0, tag: str = "e2e", meter: cpu.Meter = cpu.NONE) -> dict:
+                             drain_timeout_s: float = 10.0, tag: str = "e2e", meter: cpu.Meter = cpu.NONE,
+                             subscribe: bool = False) -> dict:
     """Put -> receipt by a tailing consumer. One consumer task per partition long-polls
-    get_next_records (`wait_ms`) from LATEST; the records are sent open loop in batches of
+    get_next_records (`wait_ms`) from LATEST, or with `subscribe` holds a subscription
+    (records pushed as they commit); the records are sent open loop in batches of
     `batch` at `rate_records_per_s`, each carrying the time its batch was handed to the
     client (time.perf_counter of this process, so no clock skew) and its number."""
     size = max(size, _STAMP.size)
@@ -227,11 +229,22 @@ async def end_to_end_latency(client: aio.Client, stream: str, size: int, batch: 
     numbers = itertools.count()
     pad = b"\0" * (size - _STAMP.size)
 
+    async def pages(ordinal: int):
+        if subscribe:
+            async for page in client.subscribe(stream, ordinal, iterator=iterators[ordinal], max_records=10_000):
+                yield page
+            return
+        it = iterators[ordinal]
+        while it:
+            page = await client.get_next_records(it, max_records=10_000, wait_ms=wait_ms)
+            yield page
+            it = page.next_iterator
+
     async def tail(ordinal: int) -> None:
         nonlocal foreign
-        it = iterators[ordinal]
-        while it and not stop.is_set():
-            page = await client.get_next_records(it, max_records=10_000, wait_ms=wait_ms)
+        async for page in pages(ordinal):
+            if stop.is_set():
+                return
             now = time.perf_counter()
             for r in page.records:
                 if len(r.data) < _STAMP.size or not r.data.startswith(_MAGIC):
@@ -240,7 +253,6 @@ async def end_to_end_latency(client: aio.Client, stream: str, size: int, batch: 
                 _, t, n = _STAMP.unpack_from(r.data)
                 seen.add(n)
                 latencies.append(now - t)
-            it = page.next_iterator
 
     def stamp(group: list) -> list:
         nonlocal sent
@@ -279,8 +291,10 @@ async def end_to_end_latency(client: aio.Client, stream: str, size: int, batch: 
             "missing": max(0, sender.tally.acked - len(seen)), "foreign_records": foreign,
             "reader_errors": reader_errors, "latency": lat, "cpu_per_record": cpu_per_record,
             "ack_latency": acks["latency"], "ack_errors": acks["errors"], "first_ack_error": acks["first_error"],
-            "consumer": "one task per partition: get_iterator(LATEST), get_next_records(max_records=10000, "
-                        f"wait_ms={wait_ms}) in a loop; latency = page receipt - batch send time; "
+            "consumer": "one task per partition: get_iterator(LATEST), then "
+                        + ("subscribe(iterator=...) (pushed as records commit)" if subscribe else
+                           f"get_next_records(max_records=10000, wait_ms={wait_ms}) in a loop")
+                        + "; latency = page receipt - batch send time; "
                         "cpu_per_record covers writing and tailing, per record acked"}
 
 
@@ -290,6 +304,8 @@ async def catch_up_read(client: aio.Client, stream: str, expected: int, max_reco
     partitions concurrently, in this one client) and counts records and data bytes: as
     `Record`s (get_next_records), or with `columns` as Arrow tables (get_next_record_batch,
     RecordBatch.to_arrow)."""
+    if columns:
+        import pyarrow  # noqa: F401  (loaded before the clock starts)
     info = await client.get_stream_info(stream)
     counts: dict[int, int] = {}
     nbytes = 0

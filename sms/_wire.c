@@ -929,6 +929,52 @@ corrupt(Verified *v, const char *what)
     return raise_named(ErrCorruptBatch, "batch first_sn %S: %s", v->first_sn, what);
 }
 
+/* One entry of a batch at *offset: its key, meta and data offsets and lengths, *offset
+ * moved past it; -1 when it runs past the n bytes of the batch. */
+typedef struct {
+    size_t k, m, d, key_len, meta_len, data_len;
+} Entry;
+
+static inline int
+next_entry(const unsigned char *b, size_t n, size_t *offset, Entry *e)
+{
+    if (*offset + ENTRY_BYTES > n)
+        return -1;
+    e->data_len = le32(b + *offset);
+    e->key_len = le16(b + *offset + 4);
+    e->meta_len = le16(b + *offset + 6);
+    e->k = *offset + ENTRY_BYTES;
+    e->m = e->k + e->key_len;
+    e->d = e->m + e->meta_len;
+    *offset = e->d + e->data_len;
+    return *offset > n ? -1 : 0;
+}
+
+/* The prelude of the readers of a stored batch: (batch bytes, start, end), the batch
+ * verified, end clamped to its count and start to [0, end]. -1 with the error set. */
+static int
+begin_read(PyObject *args, const char *fmt, PyObject **batch_obj, Py_ssize_t *start, Py_ssize_t *end,
+           PyObject **extra, Verified *v)
+{
+    int ok = extra ? PyArg_ParseTuple(args, fmt, batch_obj, start, end, extra)
+                   : PyArg_ParseTuple(args, fmt, batch_obj, start, end);
+    if (!ok || check_configured() < 0)
+        return -1;
+    if (!PyBytes_Check(*batch_obj)) {
+        PyErr_SetString(PyExc_TypeError, "a stored batch must be bytes");
+        return -1;
+    }
+    if (verified(*batch_obj, v) < 0)
+        return -1;
+    if (*end > v->count)
+        *end = v->count;
+    if (*start < 0)
+        *start = 0;
+    if (*start > *end)
+        *start = *end;
+    return 0;
+}
+
 /* SN of record i: first_sn + i * 2^32 (first_sn from the batch header, big-endian 128). */
 static PyObject *
 sn_at(const unsigned char *raw_first, Py_ssize_t i)
@@ -946,26 +992,13 @@ sn_at(const unsigned char *raw_first, Py_ssize_t i)
 static PyObject *
 w_decode_records(PyObject *self, PyObject *args)
 {
-    PyObject *batch_obj, *ordinal;
+    PyObject *batch_obj, *ordinal = NULL, *out = NULL;
     Py_ssize_t start, end;
-    if (!PyArg_ParseTuple(args, "OnnO", &batch_obj, &start, &end, &ordinal) || check_configured() < 0)
-        return NULL;
-    if (!PyBytes_Check(batch_obj)) {
-        PyErr_SetString(PyExc_TypeError, "decode_records needs bytes");
-        return NULL;
-    }
     Verified v = {0};
-    PyObject *out = NULL;
-    if (verified(batch_obj, &v) < 0)
+    if (begin_read(args, "OnnO", &batch_obj, &start, &end, &ordinal, &v) < 0)
         goto done;
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(batch_obj);
     size_t n = (size_t)PyBytes_GET_SIZE(batch_obj);
-    if (end > v.count)
-        end = v.count;
-    if (start < 0)
-        start = 0;
-    if (start > end)
-        start = end;
     size_t offset = HEADER_BYTES;
     for (Py_ssize_t i = 0; i < start; i++) {
         if (offset + ENTRY_BYTES > n) {
@@ -982,17 +1015,12 @@ w_decode_records(PyObject *self, PyObject *args)
     if (out == NULL)
         goto done;
     for (Py_ssize_t i = start; i < end; i++) {
-        if (offset + ENTRY_BYTES > n) {
+        Entry e;
+        if (next_entry(b, n, &offset, &e) < 0) {
             corrupt(&v, "entries run past the batch");
             goto fail;
         }
-        size_t data_len = le32(b + offset), key_len = le16(b + offset + 4), meta_len = le16(b + offset + 6);
-        size_t k = offset + ENTRY_BYTES, m = k + key_len, d = m + meta_len;
-        offset = d + data_len;
-        if (offset > n) {
-            corrupt(&v, "entries run past the batch");
-            goto fail;
-        }
+        size_t data_len = e.data_len, key_len = e.key_len, meta_len = e.meta_len, k = e.k, m = e.m, d = e.d;
         PyObject *key = PyUnicode_DecodeUTF8((const char *)b + k, (Py_ssize_t)key_len, "strict");
         if (key == NULL) {
             if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
@@ -1033,39 +1061,25 @@ done:
 static PyObject *
 w_session_fields(PyObject *self, PyObject *args)
 {
-    PyObject *batch_obj;
+    PyObject *batch_obj, *out = NULL;
     Py_ssize_t start, end;
-    if (!PyArg_ParseTuple(args, "Onn", &batch_obj, &start, &end) || check_configured() < 0)
-        return NULL;
-    if (!PyBytes_Check(batch_obj)) {
-        PyErr_SetString(PyExc_TypeError, "session_fields needs bytes");
-        return NULL;
-    }
     Verified v = {0};
-    PyObject *out = NULL;
     Buf hdrs = {0};
-    if (verified(batch_obj, &v) < 0)
+    if (begin_read(args, "Onn", &batch_obj, &start, &end, NULL, &v) < 0)
         goto done;
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(batch_obj);
     size_t n = (size_t)PyBytes_GET_SIZE(batch_obj);
-    if (end > v.count)
-        end = v.count;
     out = PyList_New(0);
     if (out == NULL)
         goto done;
     size_t offset = HEADER_BYTES;
     for (Py_ssize_t i = 0; i < v.count; i++) {
-        if (offset + ENTRY_BYTES > n) {
+        Entry e;
+        if (next_entry(b, n, &offset, &e) < 0) {
             corrupt(&v, "record entries truncated");
             goto fail;
         }
-        size_t data_len = le32(b + offset), key_len = le16(b + offset + 4), meta_len = le16(b + offset + 6);
-        size_t k = offset + ENTRY_BYTES, m = k + key_len, d = m + meta_len;
-        offset = d + data_len;
-        if (offset > n) {
-            corrupt(&v, "record entries truncated");
-            goto fail;
-        }
+        size_t data_len = e.data_len, key_len = e.key_len, meta_len = e.meta_len, k = e.k, m = e.m, d = e.d;
         if (i < start || i >= end || meta_len == 0)
             continue;
         MetaFields mf;
@@ -1160,47 +1174,29 @@ u128_text(uint64_t hi, uint64_t lo, char *out)
 static PyObject *
 w_columns(PyObject *self, PyObject *args)
 {
-    PyObject *batch_obj;
+    PyObject *batch_obj, *out = NULL;
     Py_ssize_t start, end;
-    if (!PyArg_ParseTuple(args, "Onn", &batch_obj, &start, &end) || check_configured() < 0)
-        return NULL;
-    if (!PyBytes_Check(batch_obj)) {
-        PyErr_SetString(PyExc_TypeError, "columns needs bytes");
-        return NULL;
-    }
     Verified v = {0};
-    PyObject *out = NULL;
     enum { KO, KV, DO, DV, SO, SV, TS, HO, HKO, HKV, HVO, HVV, NCOL };
     Buf c[NCOL];
     memset(c, 0, sizeof(c));
     Buf hdrs = {0};
-    if (verified(batch_obj, &v) < 0)
+    if (begin_read(args, "Onn", &batch_obj, &start, &end, NULL, &v) < 0)
         goto done;
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(batch_obj);
     size_t n = (size_t)PyBytes_GET_SIZE(batch_obj);
-    if (end > v.count)
-        end = v.count;
-    if (start < 0)
-        start = 0;
-    if (start > end)
-        start = end;
     if (col_offset(&c[KO], 0) || col_offset(&c[DO], 0) || col_offset(&c[SO], 0) || col_offset(&c[HO], 0) ||
         col_offset(&c[HKO], 0) || col_offset(&c[HVO], 0))
         goto done;
     size_t offset = HEADER_BYTES, headers_total = 0;
     uint64_t first_hi = be64(b + 8), first_lo = be64(b + 16);
     for (Py_ssize_t i = 0; i < end; i++) {
-        if (offset + ENTRY_BYTES > n) {
+        Entry e;
+        if (next_entry(b, n, &offset, &e) < 0) {
             corrupt(&v, "entries run past the batch");
             goto done;
         }
-        size_t data_len = le32(b + offset), key_len = le16(b + offset + 4), meta_len = le16(b + offset + 6);
-        size_t k = offset + ENTRY_BYTES, m = k + key_len, d = m + meta_len;
-        offset = d + data_len;
-        if (offset > n) {
-            corrupt(&v, "entries run past the batch");
-            goto done;
-        }
+        size_t data_len = e.data_len, key_len = e.key_len, meta_len = e.meta_len, k = e.k, m = e.m, d = e.d;
         if (i < start)
             continue;
         int ok = valid_utf8(b + k, key_len, NULL);

@@ -34,6 +34,15 @@ def _encode_puts(records: Iterable) -> list[tuple[bytes, int]]:
     return list(zip(entries, hashes))
 
 
+def _page(ordinal: int, slices, next_iterator: str, behind_ms: int, children) -> GetRecordsResult:
+    """A page of a GetNextRecords answer or a Subscribe event, decoded into `Record`s."""
+    records: list[Record] = []
+    for s in slices:
+        records.extend(wire.decode_records(s.batch, s.start, s.end, ordinal))
+    return GetRecordsResult(records=records, next_iterator=next_iterator or None, millis_behind_latest=behind_ms,
+                            child_partitions=tuple(children))
+
+
 def _descendants_and(by: dict, ordinals: set[int]) -> set[int]:
     out, todo = set(), list(ordinals)
     while todo:
@@ -335,16 +344,17 @@ class Client:
 
     async def subscribe(self, stream: str, partition_id: str | int, iterator_type: str | IteratorType = "LATEST", *,
                         sequence_number: str | int | None = None, timestamp_ms: int | None = None,
-                        max_records: int = limits.SUBSCRIBE_RECORDS_MAX_DEFAULT):
+                        max_records: int = limits.SUBSCRIBE_RECORDS_MAX_DEFAULT, iterator: str | None = None):
         """Push reads of one partition (Kinesis's SubscribeToShard): an async iterator of
         pages (`GetRecordsResult`) as records commit, from the position the iterator type
         names. A quiet partition sends an empty page every SUBSCRIBE_HEARTBEAT_S. The
         subscription resumes by itself when its server session ends or its replica fails;
         it ends after the page that reads a closed partition to its end (that page names
         the children and has no next iterator). Reading slowly slows the sender: pages wait
-        in HTTP/2 flow control, not in an unbounded buffer."""
-        it = await self.get_iterator(stream, partition_id, iterator_type, sequence_number=sequence_number,
-                                     timestamp_ms=timestamp_ms)
+        in HTTP/2 flow control, not in an unbounded buffer. `iterator`: start where an
+        iterator from get_iterator (or a page's next_iterator) points, instead."""
+        it = iterator or await self.get_iterator(stream, partition_id, iterator_type, sequence_number=sequence_number,
+                                                 timestamp_ms=timestamp_ms)
         async for page in self._subscription(it, max_records):
             yield page
 
@@ -358,12 +368,8 @@ class Client:
             try:
                 async for event in call:
                     failures = 0
-                    records: list[Record] = []
-                    for s in event.slices:
-                        records.extend(wire.decode_records(s.batch, s.start, s.end, pos.ordinal))
-                    yield GetRecordsResult(records=records, next_iterator=event.continuation or None,
-                                           millis_behind_latest=event.millis_behind_latest,
-                                           child_partitions=tuple(event.child_partitions))
+                    yield _page(pos.ordinal, event.slices, event.continuation, event.millis_behind_latest,
+                                event.child_partitions)
                     if not event.continuation:
                         return
                     iterator = event.continuation
@@ -394,12 +400,7 @@ class Client:
         for new ones), the next iterator, and, at the end of a closed partition, its
         children and no next iterator."""
         pos, resp = await self._get_next(iterator, max_records, wait_ms)
-        records: list[Record] = []
-        for s in resp.slices:
-            records.extend(wire.decode_records(s.batch, s.start, s.end, pos.ordinal))
-        return GetRecordsResult(records=records, next_iterator=resp.next_iterator or None,
-                                millis_behind_latest=resp.millis_behind_latest,
-                                child_partitions=tuple(resp.child_partitions))
+        return _page(pos.ordinal, resp.slices, resp.next_iterator, resp.millis_behind_latest, resp.child_partitions)
 
     async def get_next_record_batch(self, iterator: str, max_records: int = 1000,
                                     wait_ms: int = 0) -> GetRecordBatchResult:

@@ -17,11 +17,18 @@ async def cancel_and_wait(task: asyncio.Task | None) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s had failed", task.get_name(), exc_info=task.exception())
         return
+    current = asyncio.current_task()
+    cancels_before = current.cancelling() if current is not None else 0
     task.cancel()
     try:
         await task
     except asyncio.CancelledError:
-        pass
+        # the task's own end -- unless our caller was cancelled while it waited here: that
+        # cancel is passed on (swallowing it kept a node's config sync looping, and the
+        # node never stopped). A cancel already under way (cleanup in a `finally` of a
+        # cancelled task) is not a new one: the cleanup goes on.
+        if current is not None and current.cancelling() > cancels_before:
+            raise
 
 
 def raise_if_cancelling() -> None:

@@ -606,25 +606,12 @@ def _check_framing(buf: bytes | memoryview, count: int, offset: int = 0) -> None
                               f"{n - offset} trailing bytes after {count} record entries")
 
 
-def _decode_records(batch: bytes, start: int, end: int, ordinal: int) -> list[Record]:
-    """Records [start, end) of a verified stored batch as `Record`s: one pass over the
-    framing. CorruptBatch when the framing runs past the batch or a key is not UTF-8."""
-    header = verify(batch)
-    end = min(end, header.count)
-    start = min(max(start, 0), end)
+def _walk(batch: bytes, header: BatchHeader, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(index, key offset, meta offset, data offset, end offset) of entries [0, end) of a
+    verified batch; CorruptBatch where the framing runs past the batch."""
     n, offset = len(batch), HEADER_BYTES
     unpack, size = ENTRY.unpack_from, ENTRY.size
-    for _ in range(start):
-        if offset + size > n:
-            raise CorruptBatch(f"batch first_sn {header.first_sn}: entries run past the batch")
-        data_len, key_len, meta_len = unpack(batch, offset)
-        offset += size + key_len + meta_len + data_len
-        if offset > n:
-            raise CorruptBatch(f"batch first_sn {header.first_sn}: entries run past the batch")
-    unit = seqno.COUNTER_UNIT
-    out: list[Record] = []
-    make, append = tuple.__new__, out.append
-    for sn in range(header.first_sn + start * unit, header.first_sn + end * unit, unit):
+    for i in range(end):
         if offset + size > n:
             raise CorruptBatch(f"batch first_sn {header.first_sn}: entries run past the batch")
         data_len, key_len, meta_len = unpack(batch, offset)
@@ -634,11 +621,25 @@ def _decode_records(batch: bytes, start: int, end: int, ordinal: int) -> list[Re
         offset = d + data_len
         if offset > n:       # (the checksum held: a writer bug, not a bit flip)
             raise CorruptBatch(f"batch first_sn {header.first_sn}: entries run past the batch")
+        yield i, k, m, d, offset
+
+
+def _decode_records(batch: bytes, start: int, end: int, ordinal: int) -> list[Record]:
+    """Records [start, end) of a verified stored batch as `Record`s: one pass over the
+    framing. CorruptBatch when the framing runs past the batch or a key is not UTF-8."""
+    header = verify(batch)
+    end = min(end, header.count)
+    start = min(max(start, 0), end)
+    out: list[Record] = []
+    make, append, unit = tuple.__new__, out.append, seqno.COUNTER_UNIT
+    for i, k, m, d, e in _walk(batch, header, end):
+        if i < start:
+            continue
         try:
             key = batch[k:m].decode()
-        except UnicodeDecodeError as e:
-            raise CorruptBatch(f"batch first_sn {header.first_sn}: {e}") from None
-        append(make(Record, (key, batch[d:offset], sn, ordinal, batch[m:d])))
+        except UnicodeDecodeError as err:
+            raise CorruptBatch(f"batch first_sn {header.first_sn}: {err}") from None
+        append(make(Record, (key, batch[d:e], header.first_sn + i * unit, ordinal, batch[m:d])))
     return out
 
 
@@ -679,22 +680,11 @@ def _columns(batch: bytes, start: int, end: int) -> tuple:
     header = verify(batch)
     end = min(end, header.count)
     start = min(max(start, 0), end)
-    n, offset = len(batch), HEADER_BYTES
-    unpack, size = ENTRY.unpack_from, ENTRY.size
     cols = {name: bytearray() for name in COLUMNS}
     offsets = {name: [0] for name in COLUMNS if name.endswith("offsets")}
     arrival: list[int] = []
     headers = 0
-    for i in range(end):
-        if offset + size > n:
-            raise CorruptBatch(f"batch first_sn {header.first_sn}: entries run past the batch")
-        data_len, key_len, meta_len = unpack(batch, offset)
-        k = offset + size
-        m = k + key_len
-        d = m + meta_len
-        offset = d + data_len
-        if offset > n:
-            raise CorruptBatch(f"batch first_sn {header.first_sn}: entries run past the batch")
+    for i, k, m, d, offset in _walk(batch, header, end):
         if i < start:
             continue
         key = batch[k:m]
@@ -707,7 +697,7 @@ def _columns(batch: bytes, start: int, end: int) -> tuple:
             cols[f"{name}_values"] += value
             offsets[f"{name}_offsets"].append(len(cols[f"{name}_values"]))
         arrival.append(seqno.timestamp_ms_of(sn))
-        if meta_len:
+        if d > m:
             try:
                 tlvs = list(iter_meta(batch[m:d]))
             except InvalidArgument:

@@ -90,3 +90,54 @@ def test_a_loop_of_wait_event_always_stops_when_cancelled():
             assert task in done, f"loop {i} did not stop after its cancel"
             assert task.cancelled()
     asyncio.run(main())
+
+
+def test_cancel_and_wait_passes_on_a_cancel_of_its_caller():
+    """A task that stops another (cancel_and_wait) and is itself cancelled meanwhile stops:
+    the cancel is not taken for the other task's end."""
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)        # cleanup that takes a while
+            raise
+
+    async def stopper(other: asyncio.Task, rounds: list) -> None:
+        while True:                          # a loop, as the nodes' sync loops are
+            await cancel_and_wait(other)
+            rounds.append(1)
+            await asyncio.sleep(0.01)
+
+    async def main():
+        other = asyncio.get_running_loop().create_task(slow_to_stop())
+        await asyncio.sleep(0)
+        rounds: list = []
+        task = asyncio.get_running_loop().create_task(stopper(other, rounds))
+        await asyncio.sleep(0.01)            # the stopper waits for `other` to end
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=DEADLINE_S)
+        assert task in done and task.cancelled() and not rounds
+        assert other.cancelled()
+    asyncio.run(main())
+
+
+def test_cancel_and_wait_in_the_cleanup_of_a_cancelled_task_stops_every_task():
+    """A cancelled task whose `finally` stops two others with cancel_and_wait stops both:
+    its own cancel, already under way, does not cut the cleanup short."""
+    async def owner(a: asyncio.Task, b: asyncio.Task) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await cancel_and_wait(a)
+            await cancel_and_wait(b)
+
+    async def main():
+        a = asyncio.get_running_loop().create_task(asyncio.Event().wait())
+        b = asyncio.get_running_loop().create_task(asyncio.Event().wait())
+        task = asyncio.get_running_loop().create_task(owner(a, b))
+        await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=DEADLINE_S)
+        assert task in done and task.cancelled()
+        assert a.cancelled() and b.cancelled()
+    asyncio.run(main())
