@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 import xxhash
 
-from sms import limits, seqno
+from sms import hashing, limits, seqno
 from sms.errors import (InternalError, InvalidArgument, InvalidPartitionKey, InvalidRecordHeader, RecordTooLarge,
                         RequestTooLarge)
 from sms.types import Record
@@ -473,6 +473,7 @@ def _parse_put(count: int, blob: bytes, producer_id: bytes) -> list[PutEntry]:
     n, offset = len(blob), 0
     unpack, head = ENTRY.unpack_from, ENTRY.size
     key_min, key_max = limits.PARTITION_KEY_CHARS_MIN, limits.PARTITION_KEY_CHARS_MAX
+    hash_of = hashing.hash_key_of_bytes     # (MD5, remembered per key)
     for i in range(count):
         if offset + head > n:
             raise InvalidArgument("record entries truncated")
@@ -494,6 +495,12 @@ def _parse_put(count: int, blob: bytes, producer_id: bytes) -> list[PutEntry]:
             raise InvalidPartitionKey(f"partition key of {chars} chars; expected {key_min}..{key_max}")
         data = blob[d:offset]
         total += data_len + key_len
+        if meta_len == _SESSION_META.size and producer_id and blob[m] == TAG_SSSN and blob[m + 1] == 8 \
+                and blob[m + 10] == TAG_SUBMIT_MS and blob[m + 11] == 8:
+            # the producer's usual meta, SSSN and submit time only: no TLV walk
+            _t1, _l1, sssn, _t2, _l2, submit_ms = _SESSION_META.unpack_from(blob, m)
+            out.append(PutEntry(hash_of(key), key, data, sssn, submit_ms, None, None, b"", _signature(key, data)))
+            continue
         hash_key = sssn = submit_ms = 0
         explicit = dedup_key = session_ordinal = None
         headers = []
@@ -517,7 +524,7 @@ def _parse_put(count: int, blob: bytes, producer_id: bytes) -> list[PutEntry]:
                 raise InvalidArgument(f"record {i}: explicit hash key of {len(explicit)} bytes; expected 16")
             hash_key = int.from_bytes(explicit, "big")
         else:
-            hash_key = _hash_of(key)
+            hash_key = hash_of(key)
         if producer_id:
             if not (has_sssn and has_submit):
                 raise InvalidArgument(f"record {i}: a producer session needs an SSSN and a submit time per record")
