@@ -1140,6 +1140,8 @@ done:
 static int
 col_put(Buf *b, const void *p, size_t n)
 {
+    if (n == 0)
+        return 0;          /* (an empty value: nothing to copy, and b->p may still be NULL) */
     if (buf_reserve(b, n) < 0)
         return -1;
     memcpy(b->p + b->len, p, n);

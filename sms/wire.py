@@ -365,6 +365,8 @@ def sequence(batch: bytes, first_sn: int) -> bytes:
         check_framing(batch, header.count, HEADER_BYTES)
     except InvalidArgument as e:
         raise CorruptBatch(f"unsequenced batch: {e.message}") from None
+    if first_sn + (header.count - 1) * seqno.COUNTER_UNIT > seqno.SN_MAX:
+        raise CorruptBatch(f"unsequenced batch: {header.count} records from SN {first_sn} run past 2^128 - 1")
     return seal(header.count, first_sn, memoryview(batch)[HEADER_BYTES:], header.origin_id, header.origin_seq)
 
 
