@@ -1157,20 +1157,46 @@ col_offset(Buf *offsets, size_t value)
     return col_put(offsets, raw, 4);
 }
 
-/* 128-bit unsigned as decimal text into out (>= 40 bytes); returns its length. */
+/* 128-bit unsigned as decimal text into out (>= 40 bytes); returns its length. Two
+ * divisions by 10^19 split it into uint64 parts, each written digit by digit. */
 static size_t
 u128_text(uint64_t hi, uint64_t lo, char *out)
 {
+    const uint64_t e19 = 10000000000000000000ULL;
     unsigned __int128 v = ((unsigned __int128)hi << 64) | lo;
-    char tmp[48];
-    size_t n = 0;
+    uint64_t parts[3];
+    int np = 0;
     do {
-        tmp[n++] = (char)('0' + (int)(v % 10));
-        v /= 10;
-    } while (v);
-    for (size_t i = 0; i < n; i++)
-        out[i] = tmp[n - 1 - i];
+        parts[np++] = (uint64_t)(v % e19);
+        v /= e19;
+    } while (v && np < 3);
+    size_t n = 0;
+    char tmp[20];
+    for (int p = np - 1; p >= 0; p--) {
+        uint64_t x = parts[p];
+        int t = 0;
+        do {
+            tmp[t++] = (char)('0' + (int)(x % 10));
+            x /= 10;
+        } while (x);
+        if (p != np - 1)
+            while (t < 19)
+                tmp[t++] = '0';     /* a lower part is zero-padded to 19 digits */
+        while (t)
+            out[n++] = tmp[--t];
+    }
     return n;
+}
+
+/* 1 when the bytes are valid UTF-8 (ASCII at once; else the codec decides), 0 when not,
+ * -1 with an error set. */
+static int
+utf8_ok(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] & 0x80)
+            return valid_utf8(s, n, NULL);
+    return 1;
 }
 
 static PyObject *
@@ -1201,7 +1227,7 @@ w_columns(PyObject *self, PyObject *args)
         size_t data_len = e.data_len, key_len = e.key_len, meta_len = e.meta_len, k = e.k, m = e.m, d = e.d;
         if (i < start)
             continue;
-        int ok = valid_utf8(b + k, key_len, NULL);
+        int ok = utf8_ok(b + k, key_len);
         if (ok < 0)
             goto done;
         if (!ok) {
