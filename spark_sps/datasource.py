@@ -189,7 +189,10 @@ class SmsStreamWriter(DataSourceStreamWriter):
         rows = []
         for row in iterator:
             data = row["data"]
-            rows.append((self.stream, str(row["partition_key"]), data.encode() if isinstance(data, str) else bytes(data)))
+            data = data.encode() if isinstance(data, str) else bytes(data)
+            headers = row["headers"] if "headers" in row.__fields__ else None     # (a map column, optional)
+            rows.append((self.stream, str(row["partition_key"]), data, dict(headers)) if headers else
+                        (self.stream, str(row["partition_key"]), data))
         rows.sort(key=lambda t: (t[1], t[2]))
         if len(rows) >= 1 << BATCH_SSSN_SHIFT:
             raise ValueError(f"{len(rows)} rows in one partition of one micro-batch; at most {1 << BATCH_SSSN_SHIFT}")

@@ -39,20 +39,22 @@ class OutputWriter:
         self.written = 0
         self.duplicates = 0
 
-    async def write(self, records: list[tuple[str, str, bytes]], first_sssn: int, at_ms: int) -> None:
-        """records: (stream, partition key, data); record i gets SSSN first_sssn + i. Each
+    async def write(self, records: list[tuple], first_sssn: int, at_ms: int) -> None:
+        """records: (stream, partition key, data[, headers dict]); record i gets SSSN
+        first_sssn + i. Each
         goes in its session with the output partition that covered its key at `at_ms` (the
         batch's input time), so a replay picks the same session even if the output stream
         was split since: ingestion routes it to the open child, in that session."""
         if len(records) > limits.SPS_OUTPUTS_PER_BATCH_MAX:
             raise errors.LimitExceeded(f"{len(records)} outputs of one batch; at most {limits.SPS_OUTPUTS_PER_BATCH_MAX}")
-        by_stream: dict[str, list[tuple[int, str, bytes]]] = {}
-        for i, (stream, key, data) in enumerate(records):
+        by_stream: dict[str, list[tuple[int, str, bytes, bytes]]] = {}
+        for i, (stream, key, data, *headers) in enumerate(records):
             hashing.validate_partition_key(key)
-            by_stream.setdefault(stream, []).append((first_sssn + i, key, data))
+            extra = wire.encode_headers(headers[0]) if headers else b""
+            by_stream.setdefault(stream, []).append((first_sssn + i, key, data, extra))
         await asyncio.gather(*(self._write_stream(stream, items, at_ms) for stream, items in by_stream.items()))
 
-    async def _write_stream(self, stream: str, items: list[tuple[int, str, bytes]], at_ms: int) -> None:
+    async def _write_stream(self, stream: str, items: list[tuple[int, str, bytes, bytes]], at_ms: int) -> None:
         """Per session (output partition), at most PUT_RECORDS_COUNT_MAX records are
         outstanding at a time, lowest SSSNs first, and the HWM rises as they are
         acknowledged: the partition's dedup table never holds more than its bound."""
@@ -60,13 +62,14 @@ class OutputWriter:
         info = await self.client.get_stream_info(stream, refresh=False)
         governing = info.partitions_at(at_ms)
         by_session: dict[int, list] = {}   # session partition -> [sssn, key, data, hash, session, entry], by SSSN
-        for sssn, key, data in items:
+        for sssn, key, data, extra in items:
             h = hashing.hash_key_of(key)
             session = next((p.ordinal for p in governing if p.hash_lo <= h < p.hash_hi), None)
             if session is None:           # before the stream, or retention dropped that partition
                 session = info.open_partition_for_hash(h).ordinal
             by_session.setdefault(session, []).append([sssn, key, data, h, session,
-                                                       wire.encode_session_entry(key.encode(), data, sssn, now_ms)])
+                                                       wire.encode_session_entry(key.encode(), data, sssn, now_ms,
+                                                                                 extra)])
         deadline = time.monotonic() + limits.SPS_OUTPUT_RETRY_DEADLINE_S
         failures = 0
         while any(by_session.values()):

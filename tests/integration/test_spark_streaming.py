@@ -74,3 +74,25 @@ def test_a_query_reads_across_a_split_and_restarts_without_duplicates(cluster, c
     expected = collections.Counter((k, v.upper()) for k, v in sent)
     assert out == expected, (f"{sum(out.values())} records out, {sum(expected.values())} expected; "
                              f"duplicates {sum(v - 1 for v in out.values() if v > 1)}")
+
+
+def test_headers_travel_through_the_source_and_the_sink(cluster, client, spark, tmp_path):
+    """The source's `headers` map column, selected into the sink, is written as the output
+    records' headers: a query copies records with their headers intact."""
+    source, sink = stream_name("hd-in"), stream_name("hd-out")
+    client.create_stream(source, partitions=1, replication_factor=1)
+    client.create_stream(sink, partitions=1, replication_factor=1)
+    out = client.put_records(source, [{"partition_key": f"k{i}", "data": b"%d" % i,
+                                       "headers": {"n": b"%d" % i, "kind": b"even" if i % 2 == 0 else b"odd"}}
+                                      for i in range(20)] + [("plain", b"no headers")])
+    assert out.failed_record_count == 0
+    df = spark.readStream.format("sms").option("address", cluster.address).option("stream", source).load()
+    query = (df.select("partition_key", "data", "headers").writeStream.format("sms")
+             .option("address", cluster.address).option("stream", sink).option("producerId", "copy-headers")
+             .option("checkpointLocation", os.path.join(tmp_path, "checkpoint")).start())
+    query.processAllAvailable()
+    assert query.exception() is None
+    query.stop()
+    copied = {bytes(r.data): r.headers for r in client.read_stream(sink)}
+    assert copied == {**{b"%d" % i: {"n": b"%d" % i, "kind": b"even" if i % 2 == 0 else b"odd"} for i in range(20)},
+                      b"no headers": {}}
