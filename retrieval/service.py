@@ -9,6 +9,7 @@ and the client picks another member of the chain.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import NamedTuple
 
@@ -82,8 +83,11 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
         position = pos.position_sn if include_trimmed else max(pos.position_sn, replica.trimmed_before)
         target = position if ending is None else min(position, ending)
-        if replica.committed_sn < target and wait_s > 0:     # (a lagging replica of a closed one too)
-            await replica.wait_committed(target, wait_s)
+        # wait while nothing at or after the position is committed: SNs start at 1, so from
+        # position 0 (TRIM_HORIZON) an empty partition waits for its first record too
+        awaited = target if ending == 0 else max(target, 1)
+        if replica.committed_sn < awaited and wait_s > 0:     # (a lagging replica of a closed one too)
+            await replica.wait_committed(awaited, wait_s)
             entry = await self._entry(pos.stream, pos.ordinal)     # it may have closed meanwhile
             ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
         committed = replica.committed_sn if ending is None else min(replica.committed_sn, ending)
@@ -129,6 +133,13 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
                 quiet_since = time.monotonic()
             if page.next is None:
                 return
+            if not page.slices:
+                # nothing to send although nothing was waited for (a replica whose watermark
+                # is ahead of its log, as a learner's can be): pause, so this loop never holds
+                # the event loop (a node that starved its own heartbeats lost its session)
+                await asyncio.sleep(limits.SUBSCRIBE_EMPTY_PAGE_PAUSE_S)
+            else:
+                await asyncio.sleep(0)     # every event lets the rest of the node run
             pos = page.next
 
     @rpc_errors

@@ -45,6 +45,7 @@ ITERATOR_TTL_S = 300                           # iterator tokens expire after 5 
 ITERATOR_TOKEN_CHARS_MAX = 1024                # longer tokens are rejected unparsed
 SUBSCRIBE_SESSION_S = 300.0                    # a Subscribe stream ends after this; the client resumes
 SUBSCRIBE_HEARTBEAT_S = 5.0                    # an empty event at least this often while nothing commits
+SUBSCRIBE_EMPTY_PAGE_PAUSE_S = 0.05            # a Subscribe loop that found nothing without waiting pauses so long
 SUBSCRIBE_RECORDS_MAX_DEFAULT = 1000           # records per Subscribe event unless the client asks
 
 # --- batches on the write path --------------------------------------------------------
