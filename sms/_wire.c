@@ -280,7 +280,7 @@ hash_key_of(const unsigned char *key, size_t len)
 
 static PyObject *
 signature_of(const unsigned char *key, size_t key_len, const unsigned char *data, size_t data_len,
-             const Buf *headers_parts, const unsigned char *headers, size_t headers_len)
+             const unsigned char *headers, size_t headers_len)
 {
     XXH3_state_t state;
     unsigned char prefix[2];
@@ -292,7 +292,6 @@ signature_of(const unsigned char *key, size_t key_len, const unsigned char *data
     XXH3_128bits_update(&state, data, data_len);
     if (headers_len)
         XXH3_128bits_update(&state, headers, headers_len);
-    (void)headers_parts;
     XXH128_canonicalFromHash(&canon, XXH3_128bits_digest(&state));
     return PyBytes_FromStringAndSize((const char *)canon.digest, 16);
 }
@@ -311,7 +310,7 @@ w_signature(PyObject *self, PyObject *args)
             PyBuffer_Release(&headers);
         return NULL;
     }
-    PyObject *out = signature_of(key.buf, key.len, data.buf, data.len, NULL, headers.buf, headers.buf ? headers.len : 0);
+    PyObject *out = signature_of(key.buf, key.len, data.buf, data.len, headers.buf, headers.buf ? headers.len : 0);
     PyBuffer_Release(&key);
     PyBuffer_Release(&data);
     if (headers.obj)
@@ -402,6 +401,17 @@ valid_utf8(const unsigned char *s, size_t n, Py_ssize_t *chars)
     if (chars)
         *chars = PyUnicode_GET_LENGTH(u);
     Py_DECREF(u);
+    return 1;
+}
+
+/* valid_utf8 with the character count, ASCII (the usual partition key) without a decode. */
+static int
+key_chars(const unsigned char *s, size_t n, Py_ssize_t *chars)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] & 0x80)
+            return valid_utf8(s, n, chars);
+    *chars = (Py_ssize_t)n;
     return 1;
 }
 
@@ -590,7 +600,7 @@ w_parse_put(PyObject *self, PyObject *args)
             goto fail;
         }
         Py_ssize_t chars = 0;
-        int ok = valid_utf8(b + k, key_len, &chars);
+        int ok = key_chars(b + k, key_len, &chars);
         if (ok < 0)
             goto fail;
         if (!ok) {
@@ -673,7 +683,7 @@ w_parse_put(PyObject *self, PyObject *args)
             dedup_v ? PyBytes_FromStringAndSize((const char *)dedup_v, dedup_len) : Py_NewRef(Py_None),
             ord_v ? PyLong_FromUnsignedLong(be32(ord_v)) : Py_NewRef(Py_None),
             PyBytes_FromStringAndSize((const char *)hdrs.p, hdrs.len),
-            signature_of(b + k, key_len, b + d, data_len, NULL, hdrs.p, hdrs.len),
+            signature_of(b + k, key_len, b + d, data_len, hdrs.p, hdrs.len),
         };
         int bad = 0;
         for (int j = 0; j < 8; j++) {
@@ -1107,7 +1117,7 @@ w_session_fields(PyObject *self, PyObject *args)
             PyLong_FromUnsignedLongLong(be64(sssn_v)),
             dedup_v ? PyBytes_FromStringAndSize((const char *)dedup_v, dedup_len) : Py_NewRef(Py_None),
             (ord_v && ord_len == 4) ? PyLong_FromUnsignedLong(be32(ord_v)) : Py_NewRef(Py_None),
-            signature_of(b + k, key_len, b + d, data_len, NULL, hdrs.p, hdrs.len),
+            signature_of(b + k, key_len, b + d, data_len, hdrs.p, hdrs.len),
         };
         for (int j = 0; j < 6; j++) {
             if (items[j] == NULL)
@@ -1188,17 +1198,6 @@ u128_text(uint64_t hi, uint64_t lo, char *out)
     return n;
 }
 
-/* 1 when the bytes are valid UTF-8 (ASCII at once; else the codec decides), 0 when not,
- * -1 with an error set. */
-static int
-utf8_ok(const unsigned char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (s[i] & 0x80)
-            return valid_utf8(s, n, NULL);
-    return 1;
-}
-
 static PyObject *
 w_columns(PyObject *self, PyObject *args)
 {
@@ -1227,7 +1226,8 @@ w_columns(PyObject *self, PyObject *args)
         size_t data_len = e.data_len, key_len = e.key_len, meta_len = e.meta_len, k = e.k, m = e.m, d = e.d;
         if (i < start)
             continue;
-        int ok = utf8_ok(b + k, key_len);
+        Py_ssize_t chars;
+        int ok = key_chars(b + k, key_len, &chars);
         if (ok < 0)
             goto done;
         if (!ok) {
