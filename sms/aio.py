@@ -90,6 +90,13 @@ class Client:
         except grpc.aio.AioRpcError as e:
             raise rpc.to_sms_error(e) from None
 
+    async def send_put_records(self, address: str, request: sms_pb2.PutRecordsRequest, *,
+                               timeout_s: float = limits.PUT_TIMEOUT_S) -> sms_pb2.PutRecordsResponse:
+        """The producers' transport: one PutRecords, as built, to the ingestion node at
+        `address`, with no routing and no retry (`sms.producer.Producer` decides those).
+        Raises the call's named error (`SmsError`)."""
+        return await self._call(address, sms_pb2_grpc.IngestionStub, "PutRecords", request, timeout_s=timeout_s)
+
     async def _discovery_call(self, method: str, request, learn_cluster: bool = True):
         """A read-only Control call to the first node that answers: the addresses this
         client was given ("host:port[,host:port...]"), then every node it has seen (any
@@ -289,8 +296,7 @@ class Client:
         req = sms_pb2.PutRecordsRequest(stream=stream, count=len(indexes),
                                         entries=b"".join(encoded[i][0] for i in indexes))
         try:
-            resp = await self._call(address, sms_pb2_grpc.IngestionStub, "PutRecords", req,
-                                    timeout_s=limits.PUT_TIMEOUT_S)
+            resp = await self.send_put_records(address, req)
         except errors.SmsError as e:
             if not e.retriable:
                 raise

@@ -201,10 +201,13 @@ class SmsStreamWriter(DataSourceStreamWriter):
         async def send() -> _Written:
             async with aio.Client(self.address) as client:
                 # Spark starts micro-batch b once every earlier one committed: their SSSNs are settled
-                writer = OutputWriter(client, producer, floor_hwm=(batch_id << BATCH_SSSN_SHIFT) - 1)
-                step = limits.SPS_OUTPUTS_PER_BATCH_MAX
-                for i in range(0, len(rows), step):
-                    await writer.write(rows[i:i + step], (batch_id << BATCH_SSSN_SHIFT) + i, 0)
+                writer = OutputWriter(client, producer)
+                try:
+                    step = limits.SPS_OUTPUTS_PER_BATCH_MAX
+                    for i in range(0, len(rows), step):
+                        await writer.write(rows[i:i + step], (batch_id << BATCH_SSSN_SHIFT) + i, 0)
+                finally:
+                    await writer.close(flush=False)
                 return _Written(len(rows), writer.duplicates)
         return asyncio.run(send())
 

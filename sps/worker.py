@@ -226,6 +226,10 @@ class Worker:
         finally:
             self._forget(lease.key)
             self._wake.set()
+            writer = self.outputs.pop(lease.key, None)
+            if writer is not None:
+                # (a replay of what it did not finish is answered by de-duplication)
+                await writer.close(flush=False)
 
     async def _process_lease(self, owned: Owned) -> None:
         lease = owned.lease

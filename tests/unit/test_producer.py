@@ -1,6 +1,6 @@
 """Unit tests of sms.producer against an in-process fake of the ingestion owners (no sockets).
 
-`FakeCluster` replaces the `sms.aio.Client`'s `_call` and `get_stream_info`: it serves a
+`FakeCluster` replaces the `sms.aio.Client`'s transport (`send_put_records`) and `get_stream_info`: it serves a
 stream map and answers PutRecords like an ingestion owner, with an `ingestion.dedup.DedupTable`
 per partition as its brain and a list per partition as its storage (a write commits at
 once). It can drop a request, drop a response (after applying it), apply a request twice,
@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 import sms.aio
 import sms.client
+import sms.accumulator as accumulator_module
 import sms.producer as producer_module
 from ingestion.dedup import (DedupKeyTooLarge, DedupTable, DecisionKind, InvalidDedupKey, InvalidProducerId,
                              SessionConflict, StaleSubmission, TableFull)
@@ -97,7 +98,7 @@ class FakeCluster:
         self.crash_with: BaseException | None = None
 
     def attach(self, client: sms.aio.Client) -> sms.aio.Client:
-        client._call = self.call
+        client.send_put_records = self.call
         client.get_stream_info = self.get_stream_info
         return client
 
@@ -128,8 +129,7 @@ class FakeCluster:
             raise errors.StreamNotFound(f"stream {name!r} not found")
         return self.info()
 
-    async def call(self, address, stub_cls, method, request, timeout_s=None):
-        assert method == "PutRecords", method
+    async def call(self, address, request):
         self.inflight[address] += 1
         self.max_inflight[address] = max(self.max_inflight[address], self.inflight[address])
         self.max_inflight_total = max(self.max_inflight_total, sum(self.inflight.values()))
@@ -498,7 +498,7 @@ def test_a_whole_call_failing_non_retriably_fails_its_records():
         async with cluster.producer() as producer:
             async def refuse(*args, **kwargs):
                 raise errors.RequestTooLarge("too large, says the owner")
-            producer._client._call = refuse
+            producer._client.send_put_records = refuse
             future = await producer.send(b"x", "k")
             with pytest.raises(errors.RequestTooLarge):
                 await future
@@ -573,7 +573,7 @@ def test_delivery_timeout_stays_inside_the_dedup_window():
             cluster.gate = asyncio.Event()
             now_s = asyncio.get_running_loop().time()
             future = await producer.send(b"y", "k")
-            record = producer._sessions[0].records[1]
+            record = producer._acc.sessions[0].records[1]
             assert record.deadline_s - now_s <= 60 - skew_s - PRODUCER_DEDUP_WINDOW_MARGIN_S + 0.1
             cluster.gate.set()
             await future
@@ -581,7 +581,7 @@ def test_delivery_timeout_stays_inside_the_dedup_window():
 
 
 def test_a_stuck_sssn_holds_the_session_inside_the_owners_window(monkeypatch):
-    monkeypatch.setattr(producer_module, "PRODUCER_SESSION_WINDOW_MAX", 4)
+    monkeypatch.setattr(accumulator_module, "PRODUCER_SESSION_WINDOW_MAX", 4)
 
     async def scenario():
         cluster = FakeCluster(partitions=1)
