@@ -28,6 +28,7 @@ in records) sent above the HWM, and a delivery deadline per record.
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -246,6 +247,60 @@ class Accumulator:
         self.pending_bytes += size
         self.totals["sent"] += 1
 
+    def add_many(self, prepared: list, start: int, outcome_of: Callable[[int], Outcome], now_s: float,
+                 pins: list | None = None) -> int:
+        """add() for prepared[start:], (key, data, hash key, extra) each (and pins[i]:
+        (session ordinal, SSSN) when pinned), as long as each has room without waiting;
+        returns the index of the first record not added (len(prepared) if all were).
+        Raises as room() does, with the records before added."""
+        window_s = self.info.dedup_window_s - limits.DEDUP_CLOCK_SKEW_MS_MAX / 1000 - PRODUCER_DEDUP_WINDOW_MARGIN_S
+        deadline_s = now_s + max(0.0, min(self.delivery_timeout_s, window_s))
+        sessions, per_partition_max = self.sessions, self.max_pending_per_partition
+        pending_bytes, bytes_max = self.pending_bytes, self.max_pending_bytes
+        routes = self.routes
+        los, opened = routes.los, routes.partitions
+        i, n = start, len(prepared)
+        try:
+            while i < n:
+                key, data, hash_key, extra = prepared[i]
+                size = len(key) + len(data) + SESSION_META_BYTES + len(extra)
+                if pins is None:
+                    j = bisect_right(los, hash_key) - 1
+                    p = opened[j] if j >= 0 else None
+                    if p is None or not p.hash_lo <= hash_key < p.hash_hi:
+                        self.pending_bytes = pending_bytes
+                        self.room(hash_key, size)          # raises Unavailable
+                    ordinal, sssn = p.ordinal, None
+                else:
+                    ordinal, sssn = pins[i]
+                session = sessions.get(ordinal)
+                if session is None:
+                    session = sessions[ordinal] = Session(ordinal)
+                if len(session.records) >= per_partition_max or (
+                        pending_bytes and pending_bytes + size > bytes_max):
+                    break
+                if sssn is not None and sssn < session.next_sssn:
+                    errors.invariant(not session.records, f"p{ordinal}: pinned sssn {sssn} below "
+                                                          f"{session.next_sssn} while records are pending")
+                    session.order.clear()
+                if sssn is None:
+                    sssn = session.next_sssn
+                errors.invariant(sssn <= limits.SSSN_MAX, f"p{ordinal}: SSSNs exhausted")
+                record = PendingRecord(ordinal, sssn, session.next_seq, key, data, extra, size, outcome_of(i),
+                                       now_s, deadline_s, hash_key, pins is not None)
+                session.next_sssn = sssn + 1
+                session.next_seq += 1
+                session.records[sssn] = record
+                session.order.append(record)
+                session.queue.append(record)
+                session.queued_bytes += size
+                pending_bytes += size
+                i += 1
+        finally:
+            self.pending_bytes = pending_bytes
+            self.totals["sent"] += i - start
+        return i
+
     @staticmethod
     def _append(session: Session, record: PendingRecord) -> None:
         session.next_sssn = record.sssn + 1
@@ -462,11 +517,12 @@ class Accumulator:
             if len(items) >= limits.PUT_RECORDS_COUNT_MAX or (session.queue and taken == 0 and items):
                 break                              # full (a session that could not add one: bytes)
         errors.invariant(items, "an owner was due with nothing to send")
+        fresh = [r for r in items if r.entry is None]
+        if fresh:
+            self._encode(fresh)
         entries = []
         for record in items:
             record.attempts += 1
-            if record.entry is None:
-                self._encode(record)
             entries.append(record.entry)
         self.inflight[owner] = len(items)
         self.totals["requests"] += 1
@@ -476,14 +532,15 @@ class Accumulator:
                                                 [r.ordinal for r in items]))
         return PutRequest(owner, message, items)
 
-    def _encode(self, record: PendingRecord) -> None:
-        """First send: stamp the submit time; the entry is reused unchanged by every resend."""
-        record.submit_ms = self.clock_ms()
-        record.entry = wire.encode_session_entry(record.key, record.data, record.sssn, record.submit_ms,
-                                                 record.extra)
-        if len(record.entry) - wire.ENTRY.size != record.size:
-            errors.invariant(False, f"entry of {len(record.entry) - wire.ENTRY.size} bytes; counted {record.size}")
-        record.data = None
+    def _encode(self, records: list[PendingRecord]) -> None:
+        """First send: stamp the submit time; each entry is reused unchanged by every resend."""
+        submit_ms = self.clock_ms()
+        for record, entry in zip(records, wire.encode_session_entries(records, submit_ms)):
+            if len(entry) - wire.ENTRY.size != record.size:
+                errors.invariant(False, f"entry of {len(entry) - wire.ENTRY.size} bytes; counted {record.size}")
+            record.submit_ms = submit_ms
+            record.entry = entry
+            record.data = None
 
     def _take_closed(self, session: Session, owner: str, items: list[PendingRecord], size: int) -> tuple[int, int]:
         """A closed partition's records (sent before, or pinned) for the children on

@@ -360,24 +360,20 @@ class Producer:
     async def _queue_batch(self, prepared: list, pins: list | None = None) -> asyncio.Future:
         batch = _BatchOutcome(len(prepared), self._loop or self._bind_loop())
         acc = self._acc
-        now_s = self._loop.time()
-        added = False
-        for index, (key, data, hash_key, extra) in enumerate(prepared):
-            ordinal, sssn = pins[index] if pins is not None else (None, None)
-            size = len(key) + len(data) + SESSION_META_BYTES + len(extra)
-            room = acc.room(hash_key, size, ordinal) \
-                if acc.info is not None and self._state is ProducerState.RUNNING else None
-            if type(room) is Session:          # the usual case: no wait, no await
-                acc.add(room, key, data, hash_key, extra, size, _Slot(batch, index), now_s, sssn)
-                added = True
-                continue
-            if added:
-                self._kick()
-                added = False
-            await self._queue(key, data, hash_key, extra, _Slot(batch, index), ordinal, sssn)
-            now_s = self._loop.time()
-        if added:
-            self._kick()
+        i, n = 0, len(prepared)
+        while i < n:
+            if acc.info is not None and self._state is ProducerState.RUNNING:
+                start = i
+                i = acc.add_many(prepared, i, lambda index: _Slot(batch, index), self._loop.time(), pins)
+                if i > start:
+                    self._kick()
+                if i == n:
+                    break
+            # no room (or no map yet): wait for it, one record
+            key, data, hash_key, extra = prepared[i]
+            ordinal, sssn = pins[i] if pins is not None else (None, None)
+            await self._queue(key, data, hash_key, extra, _Slot(batch, i), ordinal, sssn)
+            i += 1
         if not prepared:
             batch.future.set_result([])
         return batch.future

@@ -237,12 +237,25 @@ def encode_session_entry(key: bytes, data: bytes, sssn: int, submit_ms: int, ext
     return ENTRY.pack(len(data), len(key), len(meta)) + key + meta + data
 
 
+def encode_session_entries(records: list, submit_ms: int) -> list[bytes]:
+    """encode_session_entry() for each record (anything with key, data, sssn and extra),
+    all with the same submit time: one call per request, not per record."""
+    session_meta, entry, tag_sssn, tag_submit = _SESSION_META.pack, ENTRY.pack, TAG_SSSN, TAG_SUBMIT_MS
+    out = []
+    for r in records:
+        meta = session_meta(tag_sssn, 8, r.sssn, tag_submit, 8, submit_ms) + r.extra
+        data, key = r.data, r.key
+        out.append(entry(len(data), len(key), len(meta)) + key + meta + data)
+    return out
+
+
 def encode_session_ordinals(ordinals) -> bytes:
-    return b"".join(ORDINAL.pack(o) for o in ordinals)
+    ordinals = list(ordinals)
+    return struct.pack(f"<{len(ordinals)}I", *ordinals)
 
 
 def decode_ordinals(raw: bytes) -> list[int]:
-    return [o for (o,) in ORDINAL.iter_unpack(raw)]
+    return list(struct.unpack(f"<{len(raw) // ORDINAL.size}I", raw))
 
 
 def encode_put_results(sns: list[int], ordinals: list[int]) -> tuple[bytes, bytes]:
