@@ -31,7 +31,7 @@ static long long RECORD_DATA_BYTES_MAX, PARTITION_KEY_CHARS_MIN, PARTITION_KEY_C
 static int configured = 0;
 
 #define ENTRY_BYTES 8
-#define HEADER_BYTES 48
+#define HEADER_BYTES 56   /* sms.wire.HEADER_BYTES (batch version 3); sms.wire refuses a build that differs */
 #define TAG_EXPLICIT_HASH_KEY 1
 #define TAG_PRODUCER_ID 2
 #define TAG_SSSN 3
@@ -1319,5 +1319,10 @@ PyInit__wire(void)
     s_producer_id = PyUnicode_InternFromString("producer_id");
     if (!s_producer_id || !s_key || !s_data || !s_sssn || !s_dedup_key || !s_session_ordinal || !s_headers)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "HEADER_BYTES", HEADER_BYTES) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -138,6 +138,12 @@ class StaleEpoch(FailedPrecondition):
     refresh_map = True
 
 
+class LogDiverged(FailedPrecondition):
+    """Between storage nodes: a replicated batch does not follow this replica's last batch
+    (its prev_checksum is not the checksum of the batch this log ends with). The stream
+    ends; the predecessor's next hello finds the divergence and has the log copied anew."""
+
+
 class PartitionNotOpen(FailedPrecondition):
     """A split or merge of a partition that is closed (already split or merged)."""
 

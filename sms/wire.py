@@ -14,11 +14,17 @@ Header: a record's named attribute (Kafka headers, SQS message attributes): one
         TAG_HEADER TLV each, value <B name_len> name(utf-8) value; stored and read back
         as they came, in order.
 Batch:  <B version> <B flags> <H reserved> <I count> <16s first_sn big-endian>
-        <Q origin_id> <Q origin_seq> <Q checksum> entries...
-The checksum is xxh3-64 over (count, first_sn, origin, entries); storage verifies it
-before it writes a batch and again when it reads one back. The origin names the
-ingestion writer that built the batch and its sequence there: a head that is sent the
-same origin again (a resend after a broken stream) recognises the batch it holds.
+        <Q origin_id> <Q origin_seq> <Q checksum> <Q prev_checksum> entries...
+The checksum is xxh3-64 over (count, first_sn, origin, prev_checksum, entries); storage
+verifies it before it writes a batch and again when it reads one back. The head stamps
+`prev_checksum` with the checksum of the batch before this one in its log (0 for the
+first), so the checksums form a hash chain, a running digest of the whole log: two logs
+whose last batches have the same checksum hold the same history, and a successor's hello
+that compares its last batch compares everything before it (version 3; version 2 had no
+prev_checksum and let a log that diverged earlier pass a check of its last batch). The
+origin names the ingestion writer that built the batch and its sequence there: a head
+that is sent the same origin again (a resend after a broken stream) recognises the batch
+it holds.
 
 PutRecords: `entries` is the request's entries back to back; `session_ordinals` is 4
 bytes little-endian per record; the answer's `sequence_numbers` are 16 bytes big-endian
@@ -54,8 +60,8 @@ from sms.types import Record
 log = logging.getLogger(__name__)
 
 ENTRY = struct.Struct("<IHH")
-HEADER = struct.Struct("<BBHI16sQQQ")
-BATCH_VERSION = 2
+HEADER = struct.Struct("<BBHI16sQQQQ")
+BATCH_VERSION = 3
 HEADER_BYTES = HEADER.size
 
 TAG_EXPLICIT_HASH_KEY = 1
@@ -309,26 +315,29 @@ def iter_entries(buf: bytes | memoryview, count: int, offset: int = 0) -> Iterat
 
 # --- batches ----------------------------------------------------------------------------
 
-def _checksum(count: int, first_sn_raw: bytes, origin_id: int, origin_seq: int, body: bytes | memoryview) -> int:
+def _checksum(count: int, first_sn_raw: bytes, origin_id: int, origin_seq: int, prev_checksum: int,
+              body: bytes | memoryview) -> int:
     h = xxhash.xxh3_64()
-    h.update(_CHECKED.pack(count, first_sn_raw, origin_id, origin_seq))
+    h.update(_CHECKED.pack(count, first_sn_raw, origin_id, origin_seq, prev_checksum))
     h.update(body)
     return h.intdigest()
 
 
-_CHECKED = struct.Struct("<I16sQQ")
+_CHECKED = struct.Struct("<I16sQQQ")
 
 
-def build_batch(entries: list[bytes], first_sn: int = 0, origin_id: int = 0, origin_seq: int = 0) -> bytes:
+def build_batch(entries: list[bytes], first_sn: int = 0, origin_id: int = 0, origin_seq: int = 0,
+                prev_checksum: int = 0) -> bytes:
     """A batch of already-encoded entries (first_sn 0 means: not yet sequenced)."""
     body = b"".join(entries)
-    return seal(len(entries), first_sn, body, origin_id, origin_seq)
+    return seal(len(entries), first_sn, body, origin_id, origin_seq, prev_checksum)
 
 
-def seal(count: int, first_sn: int, body: bytes | memoryview, origin_id: int = 0, origin_seq: int = 0) -> bytes:
+def seal(count: int, first_sn: int, body: bytes | memoryview, origin_id: int = 0, origin_seq: int = 0,
+         prev_checksum: int = 0) -> bytes:
     raw_sn = seqno.to_bytes(first_sn)
     header = HEADER.pack(BATCH_VERSION, 0, 0, count, raw_sn, origin_id, origin_seq,
-                         _checksum(count, raw_sn, origin_id, origin_seq, body))
+                         _checksum(count, raw_sn, origin_id, origin_seq, prev_checksum, body), prev_checksum)
     return header + bytes(body)
 
 
@@ -336,9 +345,10 @@ def seal(count: int, first_sn: int, body: bytes | memoryview, origin_id: int = 0
 class BatchHeader:
     count: int
     first_sn: int
-    checksum: int
+    checksum: int                  # of this batch, chained to the one before (a running digest of the log)
     origin_id: int = 0
     origin_seq: int = 0
+    prev_checksum: int = 0         # the checksum of the batch before it in the log (0: none)
 
     @property
     def last_sn(self) -> int:
@@ -348,11 +358,11 @@ class BatchHeader:
 def read_header(batch: bytes | memoryview) -> BatchHeader:
     if len(batch) < HEADER_BYTES:
         raise CorruptBatch(f"batch of {len(batch)} bytes; shorter than its header")
-    version, flags, reserved, count, raw_sn, origin_id, origin_seq, checksum = HEADER.unpack_from(batch, 0)
+    version, flags, reserved, count, raw_sn, origin_id, origin_seq, checksum, prev = HEADER.unpack_from(batch, 0)
     if version != BATCH_VERSION or count == 0 or flags or reserved:
         raise CorruptBatch(f"batch version {version} flags {flags} reserved {reserved} count {count}; "
                            f"expected version {BATCH_VERSION}, flags 0, reserved 0, count > 0")
-    return BatchHeader(count, seqno.from_bytes(raw_sn), checksum, origin_id, origin_seq)
+    return BatchHeader(count, seqno.from_bytes(raw_sn), checksum, origin_id, origin_seq, prev)
 
 
 def verify(batch: bytes | memoryview) -> BatchHeader:
@@ -360,7 +370,8 @@ def verify(batch: bytes | memoryview) -> BatchHeader:
     header = read_header(batch)
     view = memoryview(batch)
     raw_sn = bytes(view[8:24])
-    if _checksum(header.count, raw_sn, header.origin_id, header.origin_seq, view[HEADER_BYTES:]) != header.checksum:
+    if _checksum(header.count, raw_sn, header.origin_id, header.origin_seq, header.prev_checksum,
+                 view[HEADER_BYTES:]) != header.checksum:
         raise CorruptBatch(f"batch first_sn {header.first_sn}: checksum mismatch")
     if header.count * ENTRY.size > len(batch) - HEADER_BYTES:
         raise CorruptBatch(f"batch first_sn {header.first_sn}: {header.count} records cannot fit in "
@@ -370,9 +381,10 @@ def verify(batch: bytes | memoryview) -> BatchHeader:
     return header
 
 
-def sequence(batch: bytes, first_sn: int) -> bytes:
+def sequence(batch: bytes, first_sn: int, prev_checksum: int = 0) -> bytes:
     """The same batch, verified and its framing walked, stamped with its first sequence
-    number (head only: downstream replicas trust the checksum the head sealed)."""
+    number and chained to the log's last batch by its checksum (head only: downstream
+    replicas trust the checksum the head sealed)."""
     header = verify(batch)
     try:
         check_framing(batch, header.count, HEADER_BYTES)
@@ -380,7 +392,8 @@ def sequence(batch: bytes, first_sn: int) -> bytes:
         raise CorruptBatch(f"unsequenced batch: {e.message}") from None
     if first_sn + (header.count - 1) * seqno.COUNTER_UNIT > seqno.SN_MAX:
         raise CorruptBatch(f"unsequenced batch: {header.count} records from SN {first_sn} run past 2^128 - 1")
-    return seal(header.count, first_sn, memoryview(batch)[HEADER_BYTES:], header.origin_id, header.origin_seq)
+    return seal(header.count, first_sn, memoryview(batch)[HEADER_BYTES:], header.origin_id, header.origin_seq,
+                prev_checksum)
 
 
 def index_at_or_after(header: BatchHeader, position_sn: int) -> int:
@@ -753,6 +766,11 @@ def _load_compiled():
         from sms import _wire  # type: ignore[attr-defined]
     except ImportError as e:
         log.info("sms.wire: the compiled codec is not built (%s); using the pure-Python reference", e)
+        return None
+    if getattr(_wire, "HEADER_BYTES", None) != HEADER_BYTES:
+        log.warning("sms.wire: the compiled codec was built for another batch format (header of %s bytes, not %d); "
+                    "using the pure-Python reference until it is rebuilt (pip install -e .)",
+                    getattr(_wire, "HEADER_BYTES", "?"), HEADER_BYTES)
         return None
     _wire.configure(Record=Record, PutEntry=PutEntry, SessionFields=SessionFields, InvalidArgument=InvalidArgument,
                     InvalidPartitionKey=InvalidPartitionKey, InvalidRecordHeader=InvalidRecordHeader,

@@ -24,7 +24,7 @@ import grpc
 
 from sms import wire, limits, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
-from sms.errors import PartitionClosed, PartitionSealed, StaleEpoch, WrongOwner, invariant
+from sms.errors import LogDiverged, PartitionClosed, PartitionSealed, StaleEpoch, WrongOwner, invariant
 from sms.metadata import ChainConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
 from storage.log import LogStore, PartitionLog
@@ -150,7 +150,8 @@ class Replica:
                 # checked under the sequence lock: once a sealed config is applied and the lock
                 # is free, last_sn is final (what the repartition driver waits for)
                 raise PartitionSealed(f"{self.chain_id}: sealed for a repartition; the batch was not stored")
-            batch = wire.sequence(unsequenced, self._next_first_sn())
+            last = self.last_header()
+            batch = wire.sequence(unsequenced, self._next_first_sn(), last.checksum if last else 0)
             header = await self.store.append(self.log, batch)
             self.recent.append((header.first_sn, header.last_sn, batch))
             self._remember(header)
@@ -202,6 +203,11 @@ class Replica:
             return  # resent after a reconnect: we hold it already
         invariant(header.first_sn > self.log.last_sn,
                   f"{self.chain_id}: batch {header.first_sn}..{header.last_sn} overlaps last {self.log.last_sn}")
+        last = self.last_header()
+        if last is not None and header.prev_checksum != last.checksum:
+            # (the hello found the logs equal up to our last batch: only a bug gets here)
+            raise LogDiverged(f"{self.chain_id}: batch {header.first_sn} follows checksum {header.prev_checksum:#x}; "
+                              f"the log on {self.node_id} ends with {last.checksum:#x}")
         await self.store.append(self.log, batch)
         self.recent.append((header.first_sn, header.last_sn, batch))
         if self.is_tail:
@@ -220,7 +226,8 @@ class Replica:
         return wire.read_header(last[0]) if last else None
 
     def holds_batch(self, first_sn: int, last_sn: int, checksum: int) -> bool:
-        """True when this log stores exactly that batch (same bounds and checksum)."""
+        """True when this log stores exactly that batch (same bounds and checksum). The
+        checksums are chained (sms/wire.py), so the log then also holds everything before it."""
         if not first_sn or last_sn > self.log.last_sn:
             return False
         for batch in self.store.read_batches_from(self.log, first_sn, 1):

@@ -239,13 +239,15 @@ def test_finding_deposed_head_commits_on_an_ack_from_the_new_epoch():
     expect_clean(11474, 500, "append_inflight=8")
 
 
-@_xfail("last-batch-check")
 def test_finding_hello_verifies_a_log_that_only_shares_its_last_batch():
     """n1, head of e1, holds o1@27.1 o2@28.3 o3@42.4 when it pauses; the new head n5 (clock
     behind) sequences the resent o1@41.1 o2@41.3 o3@42.4 -- o3 byte-identical; n1 rejoins as a
-    learner and n5's hello check passes on that last batch: verified, diverged (I1).
-    (Found with the writer's window of 8 batches, before the product's became 1.)"""
-    expect_bug("last-batch-check", 12939, 500, "append_inflight=8")
+    learner and n5's hello check passed on that last batch: verified, diverged (I1).
+    (Found with the writer's window of 8 batches, before the product's became 1.) Fixed by
+    the batch format's chained checksums: each batch's checksum covers the one before it,
+    so n5's o3 differs from n1's and the hello resets n1."""
+    result = run(12939, 500, options_for_seed(12939).parse("append_inflight=8"))
+    assert result.stats["acked"] > 0 and result.stats["reset"] > 0    # the divergence was found and repaired
 
 
 # --- determinism and replay ---------------------------------------------------------------------

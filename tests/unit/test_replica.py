@@ -15,7 +15,7 @@ import pytest
 
 import storage.replica as replica_module
 from sms import wire, seqno
-from sms.errors import InvariantViolation, PartitionClosed, StaleEpoch, WrongOwner
+from sms.errors import InvariantViolation, LogDiverged, PartitionClosed, StaleEpoch, WrongOwner
 from sms.metadata import ChainConfig
 from sms.types import Persistence
 from storage.log import LogStore
@@ -289,6 +289,48 @@ def test_successor_refuses_an_overlapping_batch(tmp_path):
             with pytest.raises(InvariantViolation):
                 await tail.append_as_successor(overlapping)
             assert tail.log.batches == 1
+
+    asyncio.run(scenario())
+
+
+def test_head_chains_each_batch_to_the_one_before(tmp_path):
+    async def scenario():
+        async with running_store(tmp_path) as store:
+            batches = await _head_batches(store, [2, 1, 3])
+            headers = [wire.read_header(b) for b in batches]
+            assert headers[0].prev_checksum == 0
+            assert [h.prev_checksum for h in headers[1:]] == [h.checksum for h in headers[:-1]]
+
+    asyncio.run(scenario())
+
+
+def test_successor_refuses_a_batch_that_does_not_follow_its_last(tmp_path):
+    """Two heads that stored the same first batch, then different second ones: the same
+    third batch (same SNs, same records) sequenced by each differs, and a successor holding
+    one history refuses the other's; an empty log takes any first batch (a copy of a
+    trimmed log starts in the middle of the chain)."""
+    async def scenario():
+        async with running_store(tmp_path / "other") as other_store, running_store(tmp_path / "tail") as store:
+            first = seqno.make(1_000, 1, ORDINAL)
+            common = wire.sequence(unsequenced(1), first)
+            a2 = wire.sequence(unsequenced(1, "a"), first + seqno.COUNTER_UNIT, wire.read_header(common).checksum)
+            b2 = wire.sequence(unsequenced(1, "b"), first + seqno.COUNTER_UNIT, wire.read_header(common).checksum)
+            a3 = wire.sequence(unsequenced(1), first + 2 * seqno.COUNTER_UNIT, wire.read_header(a2).checksum)
+            b3 = wire.sequence(unsequenced(1), first + 2 * seqno.COUNTER_UNIT, wire.read_header(b2).checksum)
+            assert wire.read_header(a3).checksum != wire.read_header(b3).checksum     # same bytes, other history
+            tail = replica_on(store, "n2", chain("n1", "n2"))
+            for batch in (common, a2):
+                await tail.append_as_successor(batch)
+            with pytest.raises(LogDiverged):
+                await tail.append_as_successor(b3)
+            assert tail.log.batches == 2 and not tail.holds_batch(first + 2 * seqno.COUNTER_UNIT,
+                                                                   wire.read_header(b3).last_sn,
+                                                                   wire.read_header(b3).checksum)
+            await tail.append_as_successor(a3)
+            assert tail.log.batches == 3
+            empty = replica_on(other_store, "n3", chain("n1", "n3"))
+            await empty.append_as_successor(b3)                    # no last batch to follow
+            assert empty.log.batches == 1
 
     asyncio.run(scenario())
 

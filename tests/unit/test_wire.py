@@ -257,3 +257,19 @@ def test_truncated_meta_named_cases():
     for cut in (1, 2, 3, 4):
         with pytest.raises(InvalidArgument):
             wire.decode_meta(raw[:cut])
+
+
+def test_checksums_chain_a_batch_to_the_one_before():
+    """prev_checksum is covered by the checksum: the same records at the same SNs after
+    another history have another checksum, and a changed prev_checksum is corruption."""
+    recs = [(b"k", {}, b"payload")]
+    first_sn = seqno.make(1_700_000_000_000, 5, 3)
+    a = wire.sequence(wire.build_batch(encode_all(recs)), first_sn, prev_checksum=1)
+    b = wire.sequence(wire.build_batch(encode_all(recs)), first_sn, prev_checksum=2)
+    ha, hb = wire.verify(a), wire.verify(b)
+    assert (ha.prev_checksum, hb.prev_checksum) == (1, 2) and ha.checksum != hb.checksum
+    assert a[wire.HEADER_BYTES:] == b[wire.HEADER_BYTES:]
+    forged = bytearray(a)
+    forged[wire.HEADER_BYTES - 8:wire.HEADER_BYTES] = (2).to_bytes(8, "little")   # prev_checksum, unsealed
+    with pytest.raises(wire.CorruptBatch):
+        wire.verify(bytes(forged))
