@@ -233,6 +233,7 @@ class Accumulator:
         two calls). `sssn` pins its SSSN: at least the session's next one unless the session
         is idle (a replay starts the session again there)."""
         if sssn is not None:
+            errors.invariant(0 <= sssn <= limits.SSSN_MAX, f"p{session.ordinal}: pinned sssn {sssn} out of range")
             if sssn < session.next_sssn:
                 errors.invariant(not session.records, f"p{session.ordinal}: pinned sssn {sssn} below "
                                                       f"{session.next_sssn} while records are pending")
@@ -279,6 +280,8 @@ class Accumulator:
                 if len(session.records) >= per_partition_max or (
                         pending_bytes and pending_bytes + size > bytes_max):
                     break
+                if sssn is not None and not 0 <= sssn <= limits.SSSN_MAX:
+                    errors.invariant(False, f"p{ordinal}: pinned sssn {sssn} out of range")
                 if sssn is not None and sssn < session.next_sssn:
                     errors.invariant(not session.records, f"p{ordinal}: pinned sssn {sssn} below "
                                                           f"{session.next_sssn} while records are pending")
@@ -343,7 +346,8 @@ class Accumulator:
             self._settle(session, record, error=make_error())
 
     def fail_all(self, make_error: Callable[[], BaseException]) -> None:
-        """Fail every un-settled record (the producer stopped or broke), in SSSN order."""
+        """Fail every un-settled record (the producer stopped or broke), in SSSN order.
+        Only once no request is in flight any more: its answer would find nothing."""
         for session in self.sessions.values():
             session.queue.clear()
             session.queued_bytes = 0
