@@ -37,13 +37,14 @@ class LearnerProgress:
     lag_records: int           # tail's records minus the learner's
 
 
-def failed_members(config: ChainConfig, live: dict[str, int]) -> dict[str, str]:
-    """Members and learners that are gone, with the reason."""
+def failed_members(config: ChainConfig, live: dict[str, int], down: dict[str, str] | None = None) -> dict[str, str]:
+    """Members and learners that are gone, with the reason (`down`: why a node that is
+    not in `live` is known to have failed, when there is more to say than its session)."""
     out = {}
     for node in (*config.members, *config.learners):
         incarnation = config.incarnation_of(node)
         if node not in live:
-            out[node] = "node is not registered (crashed, paused past its session, or stopped)"
+            out[node] = (down or {}).get(node) or "node is not registered (crashed, paused past its session, or stopped)"
         elif incarnation is not None and live[node] != incarnation:
             out[node] = "node restarted as a new process"
     return out
@@ -61,14 +62,15 @@ def _incarnations(config: ChainConfig, live: dict[str, int], keep: tuple[str, ..
 
 def plan(config: ChainConfig, live: dict[str, int], replication_factor: int, load: Counter,
          progress: dict[str, LearnerProgress], now_ms: int,
-         learner_counts: Counter | None = None) -> ChainConfig | None:
+         learner_counts: Counter | None = None, down: dict[str, str] | None = None) -> ChainConfig | None:
     """The chain's next config, or None when it needs no change.
 
     live: storage node id -> incarnation (registration started_ms) of every live node.
     load: replicas (members + learners) per node over all chains, for placement.
-    progress: what the manager learned of each learner of this chain."""
+    progress: what the manager learned of each learner of this chain.
+    down: reasons for nodes known to have failed (not in `live`), for the history."""
     new = config
-    failed = failed_members(config, live)
+    failed = failed_members(config, live, down)
     gone_members = [m for m in config.members if m in failed]
     if gone_members:
         survivors = tuple(m for m in config.members if m not in failed)

@@ -7,6 +7,16 @@ as a conditional set on the version it read: a config changed meanwhile -- by an
 control process that also believes it leads -- fails the write, and the next round
 starts from the new config. Two leaders can therefore never both commit a change to
 one chain.
+
+Failure detection faster than the session TTL: a storage node whose chain link to a peer
+breaks probes the peer's port and, if the connection is refused (nothing listens: the
+process is gone), reports it under /suspects. The manager, watching /suspects, probes the
+suspect itself (FAILURE_PROBE_ATTEMPTS refused connects in a row) and then takes that
+incarnation of the node as failed: it is removed from its chains at once, though its
+ephemeral entry lives until its session expires. A paused process still accepts
+connections (its kernel does), and a cut-off one does not answer: neither is ever
+confirmed, so both are left to the session TTL, and a GC pause removes nobody. Removal
+of a live node would still be safe (the epoch fences it); it would only cost a copy.
 """
 
 from __future__ import annotations
@@ -37,9 +47,12 @@ class ChainManager:
         self._cancel: list = []
         self._task: asyncio.Task | None = None
         self.changes = 0
+        # node -> the incarnation (started_ms) that refused the manager's probes: failed,
+        # although still registered until its session expires
+        self.down: dict[str, int] = {}
 
     def start(self) -> None:
-        for path in (metadata.NODES, metadata.CHAINS):
+        for path in (metadata.NODES, metadata.CHAINS, metadata.SUSPECTS):
             self._cancel.append(self.store.watch(path, self._changed.set))
         self._task = asyncio.get_running_loop().create_task(self._run(), name="chain-manager")
 
@@ -64,6 +77,28 @@ class ChainManager:
 
     async def _live_storage(self) -> dict[str, NodeInfo]:
         return await reads.live_storage(self.store)
+
+    async def confirm_suspects(self, nodes: dict[str, NodeInfo]) -> int:
+        """Probe every node reported under /suspects; one whose port refused every probe
+        is down (in this incarnation). Each report is deleted once looked at. Returns how
+        many nodes were found down."""
+        try:
+            names = await self.store.children(metadata.SUSPECTS)
+        except NoNodeError:
+            return 0
+        found = 0
+        for name in names[:limits.SUSPECTS_MAX]:
+            info = nodes.get(name)
+            if info is not None and self.down.get(name) != info.started_ms and await _refuses(info.address):
+                self.down[name] = info.started_ms
+                found += 1
+                log.warning("node %s refuses connections at %s: taken as failed before its session expires",
+                            name, info.address)
+            try:
+                await self.store.delete(metadata.suspect_path(name))
+            except NoNodeError:
+                pass
+        return found
 
     async def _chains(self) -> list[tuple[ChainConfig, int]]:
         try:
@@ -104,7 +139,12 @@ class ChainManager:
         (each with the store version it was read at) are read from the store unless
         given: a caller may decide on an earlier read, as a deposed leader would."""
         nodes = await self._live_storage()
+        await self.confirm_suspects(nodes)
+        self.down = {n: inc for n, inc in self.down.items() if n in nodes and nodes[n].started_ms == inc}
+        nodes = {n: info for n, info in nodes.items() if self.down.get(n) != info.started_ms}
         live = {n: info.started_ms for n, info in nodes.items()}
+        down_reasons = {n: "node refuses connections (its process is gone); confirmed by probes"
+                        for n in self.down}
         if configs is None:
             configs = await self._chains()
         load, learning = Counter(), Counter()
@@ -134,7 +174,8 @@ class ChainManager:
                         gated = tail[4] == config.epoch and learner in tail[5]
                         progress[learner] = chains.LearnerProgress(verified=mine[1] and gated,
                                                                    lag_records=tail[0] - mine[0])
-            new = chains.plan(config, live, stream.replication_factor, load, progress, now_ms, learning)
+            new = chains.plan(config, live, stream.replication_factor, load, progress, now_ms, learning,
+                              down_reasons)
             if new is None:
                 continue
             try:
@@ -160,3 +201,13 @@ class ChainManager:
 def _new_changes(old: ChainConfig, new: ChainConfig) -> int:
     seen = {(c.epoch, c.at_ms, c.action, c.node) for c in old.history}
     return sum(1 for c in new.history if (c.epoch, c.at_ms, c.action, c.node) not in seen)
+
+
+async def _refuses(address: str) -> bool:
+    """True when FAILURE_PROBE_ATTEMPTS connects in a row are refused."""
+    for attempt in range(limits.FAILURE_PROBE_ATTEMPTS):
+        if attempt:
+            await asyncio.sleep(limits.FAILURE_PROBE_INTERVAL_S)
+        if await rpc.probe_port(address, limits.FAILURE_PROBE_TIMEOUT_S) != rpc.PROBE_REFUSED:
+            return False
+    return True

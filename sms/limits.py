@@ -147,6 +147,18 @@ CHAIN_HISTORY_MAX = 16                         # changes kept in a chain config
 LEARNER_PROMOTE_LAG_RECORDS = 5_000            # a learner joins as tail once this close
 LEARNERS_PER_NODE_MAX = 8                      # chains one node copies at a time
 DORMANT_LOG_KEEP_S = 120.0                     # a removed replica's log is kept so long for a rejoin
+# failure detection faster than the metadata session (control/detector.py): a node whose link
+# to a peer breaks probes the peer's port; a refused connection (nothing listens: the process
+# is gone) is reported under /suspects, and the chain manager removes the peer from its chains
+# once its own probes are refused too. A paused or cut-off node does not refuse (the kernel
+# still accepts, or nothing answers): it is left to the session TTL, so a GC pause never
+# removes a healthy node.
+FAILURE_PROBE_TIMEOUT_S = 0.25                 # one TCP connect to a suspect's port
+FAILURE_PROBE_ATTEMPTS = 2                     # the chain manager's refused probes before it acts
+FAILURE_PROBE_INTERVAL_S = 0.05                # between those probes
+SUSPECT_PROBE_INTERVAL_S = 0.1                 # a node probes one peer at most this often
+SUSPECT_REPORT_INTERVAL_S = 1.0                # and reports it (refused) at most this often
+SUSPECTS_MAX = 1_000                           # reports the chain manager looks at per round
 CONTROL_ELECTION_RETRY_S = 0.2                 # a standby control node retries the leader entry
 CLIENT_LEADER_WAIT_S = 4 * METASTORE_SESSION_TTL_S   # admin calls wait so long for a new control leader
 

@@ -27,6 +27,7 @@ CLUSTER_CONTROL = "/cluster/control"
 NODES = "/nodes"
 STREAMS = "/streams"
 CHAINS = "/chains"
+SUSPECTS = "/suspects"      # storage nodes report peers that refused connections (control/detector.py)
 
 _STREAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,%d}" % limits.STREAM_NAME_CHARS_MAX)
 
@@ -40,6 +41,10 @@ def validate_stream_name(name: object) -> str:
 
 def node_path(node_id: str) -> str:
     return f"{NODES}/{node_id}"
+
+
+def suspect_path(node_id: str) -> str:
+    return f"{SUSPECTS}/{node_id}"
 
 
 def stream_path(name: str) -> str:

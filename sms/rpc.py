@@ -45,6 +45,31 @@ SERVER_OPTIONS = [
 ]
 
 
+PROBE_REFUSED = "refused"        # nothing listens on the port: the process is gone (or never started)
+PROBE_LISTENING = "listening"    # a TCP connection was accepted (a paused process's kernel accepts too)
+PROBE_SILENT = "silent"          # no answer in time: the host is cut off, or drops packets
+
+
+async def probe_port(address: str, timeout_s: float) -> str:
+    """One TCP connect to host:port, closed at once: whether a process listens there.
+    Only REFUSED is evidence that the process is gone; the failure detector acts on
+    nothing else (a paused or unreachable process is left to its metadata session)."""
+    host, _, port = address.rpartition(":")
+    try:
+        async with asyncio.timeout(timeout_s):
+            _reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+    except ConnectionRefusedError:
+        return PROBE_REFUSED
+    except (TimeoutError, OSError, ValueError):
+        return PROBE_SILENT
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass
+    return PROBE_LISTENING
+
+
 def rpc_errors(handler):
     """Map SmsError (and unexpected exceptions) of a unary grpc.aio handler to a status."""
 

@@ -332,9 +332,11 @@ class Replica:
 class DownstreamLink:
     """Ships a replica's log to its successor and feeds commit acks back."""
 
-    def __init__(self, replica: Replica, successor_address_fn, learner: bool = False, successor_id: str = ""):
+    def __init__(self, replica: Replica, successor_address_fn, learner: bool = False, successor_id: str = "",
+                 on_broken=None):
         self.replica = replica
         self.successor_id = successor_id
+        self.on_broken = on_broken          # (successor id) -> None: the link broke (failure detection)
         self.successor_address_fn = successor_address_fn   # () -> address or None
         self.learner = learner     # a learner's acks are progress only: it commits nothing
         self.task: asyncio.Task | None = None
@@ -356,6 +358,8 @@ class DownstreamLink:
                 except (grpc.aio.AioRpcError, ConnectionError, StaleEpoch) as e:
                     raise_if_cancelling()
                     log.info("link %s -> %s broken: %s", self.replica.chain_id, address, e)
+                    if self.on_broken is not None and not isinstance(e, StaleEpoch):
+                        self.on_broken(self.successor_id)
             self.connected = False
             await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
 
@@ -395,6 +399,8 @@ class DownstreamLink:
             sent_sn = successor_last
             inflight: collections.deque[int] = collections.deque()   # last SNs sent, not acked
             reader = asyncio.get_running_loop().create_task(self._read_acks(call, epoch))
+            # the loop below waits on the replica's progress: wake it when the acks end
+            reader.add_done_callback(lambda _t: asyncio.get_running_loop().create_task(r.notify()))
 
             def ready() -> bool:
                 while inflight and inflight[0] <= self.acked_sn:

@@ -17,8 +17,8 @@ import time
 
 import grpc
 
-from control.metastore import MetaStore, NoNodeError
-from sms import limits, metadata, retention, seqno
+from control.metastore import MetaStore, NodeExistsError, NoNodeError
+from sms import limits, metadata, retention, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation, SmsError, StaleEpoch, WrongOwner
 from sms.metadata import ChainConfig, ConsumerRecord, StreamConfig
@@ -56,6 +56,9 @@ class StorageNode:
         self._cancel_watches: list = []
         self.synced = asyncio.Event()
         self.trimmed_records = 0
+        self._suspected: dict[str, float] = {}       # peer -> loop time before which it is not probed again
+        self._reports: set[asyncio.Task] = set()
+        self.suspects_reported = 0
 
     async def start(self) -> None:
         await self.logs.start()
@@ -70,6 +73,8 @@ class StorageNode:
             cancel()
         await cancel_and_wait(self._task)
         await cancel_and_wait(self._retention_task)
+        for task in list(self._reports):
+            await cancel_and_wait(task)
         for replica in list(self.replicas.values()):
             await replica.close()
         await self.logs.close()
@@ -216,10 +221,45 @@ class StorageNode:
         self.trimmed_records += deleted
         return deleted
 
+    # --- failure detection (faster than the metadata session) -------------------------
+    def suspect(self, peer: str | None) -> None:
+        """A chain link to or from `peer` broke: probe its port, and if nothing listens
+        there report it under /suspects, where the chain manager confirms it with probes of
+        its own and removes it from its chains without waiting for its session to expire.
+        A peer is probed at most every SUSPECT_PROBE_INTERVAL_S, and reported at most every
+        SUSPECT_REPORT_INTERVAL_S; a peer that still listens (alive, or paused) is not
+        reported."""
+        if not peer or peer == self.node_id or self._task is None:
+            return
+        now = asyncio.get_running_loop().time()
+        if now < self._suspected.get(peer, 0.0):
+            return
+        self._suspected[peer] = now + limits.SUSPECT_PROBE_INTERVAL_S
+        address = self.addresses.get(peer)
+        if address:
+            task = asyncio.get_running_loop().create_task(self._report(peer, address), name=f"suspect-{peer}")
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
+
+    async def _report(self, peer: str, address: str) -> None:
+        if await rpc.probe_port(address, limits.FAILURE_PROBE_TIMEOUT_S) != rpc.PROBE_REFUSED:
+            return
+        self._suspected[peer] = asyncio.get_running_loop().time() + limits.SUSPECT_REPORT_INTERVAL_S
+        log.info("%s refuses connections at %s: reported to the chain manager", peer, address)
+        self.suspects_reported += 1
+        value = f'{{"reporter": "{self.node_id}", "address": "{address}", "at_ms": {int(time.time() * 1000)}}}'
+        try:
+            await self.meta.create(metadata.suspect_path(peer), value.encode())
+        except NodeExistsError:
+            pass                                   # reported already; the manager looks at it
+        except Exception:   # (a metadata hiccup: the session TTL still finds the node)
+            raise_if_cancelling()
+            log.info("reporting %s failed", peer, exc_info=True)
+
     def _start_links(self, replica: Replica) -> None:
         for successor, learner in link_targets(replica.config, self.node_id):
             link = DownstreamLink(replica, lambda s=successor: self.addresses.get(s),
-                                  learner=learner, successor_id=successor)
+                                  learner=learner, successor_id=successor, on_broken=self.suspect)
             replica.links[successor] = link
             link.start()
 
@@ -309,6 +349,10 @@ class StorageService(sms_pb2_grpc.StorageServicer):
                     return
 
         reader = asyncio.get_running_loop().create_task(take_batches())
+        reader.add_done_callback(lambda t: t.cancelled() or t.exception() is None
+                                 or self.node.suspect(replica.config.predecessor_of(self.node.node_id)))
+        # the loop below waits on the replica's progress: wake it when the stream ends
+        reader.add_done_callback(lambda _t: asyncio.get_running_loop().create_task(replica.notify()))
         try:
             while replica.state is ReplicaState.ACTIVE:
                 async with replica.progress:
@@ -330,6 +374,10 @@ class StorageService(sms_pb2_grpc.StorageServicer):
                 sent = (replica.last_sn, replica.committed_sn)
                 await context.write(sms_pb2.ReplicateAck(last_sn=seqno.to_bytes(sent[0]),
                                                          committed_sn=seqno.to_bytes(sent[1]), epoch=epoch))
+        except asyncio.CancelledError:
+            # the call was cancelled under us: the predecessor went away (or we are stopping)
+            self.node.suspect(replica.config.predecessor_of(self.node.node_id))
+            raise
         finally:
             reader.cancel()
 
