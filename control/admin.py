@@ -138,18 +138,21 @@ class StreamAdmin:
                 for member in ChainConfig.from_bytes(entry.value).members:
                     if (member, cid) not in ready:
                         missing.append((member, cid))
+            by_member: dict[str, list[str]] = {}
             for member, cid in missing:
+                by_member.setdefault(member, []).append(cid)
+            for member, cids in by_member.items():        # one question per node, about these chains only
                 node = live.get(member)
                 if node is None:
                     continue
                 try:
                     async with rpc.aio_channel(node.address) as channel:
                         status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
-                            sms_pb2.Empty(), timeout=limits.RPC_TIMEOUT_S)
+                            sms_pb2.NodeStatusRequest(chain_ids=cids), timeout=limits.RPC_TIMEOUT_S)
                 except grpc.aio.AioRpcError:
                     continue            # down or restarting: the chain manager replaces it
                 held = {r.chain_id for r in status.replicas}
-                ready.update((member, c) for m, c in missing if m == member and c in held)
+                ready.update((member, c) for c in cids if c in held)
             if all(m in ready for m in missing):
                 return
             if time.monotonic() > deadline:

@@ -1,7 +1,9 @@
 """The chain manager: runs on the control leader, keeps every chain whole.
 
-Each round (every CHAIN_MANAGER_INTERVAL_S, and at once when /nodes or /chains change)
-it reads the live storage nodes and every chain config, asks each chain's learners how
+Each round (at once when /nodes, /chains or /suspects change; every CHAIN_MANAGER_INTERVAL_S
+while learners copy or right after a change; else every CHAIN_MANAGER_IDLE_ROUND_S) it
+reads the live storage nodes and every chain config (`reads.ChainConfigs`: from memory
+unless /chains changed), asks each chain's learners how
 far they have copied (NodeStatus), and writes the config `control.chains.plan` returns,
 as a conditional set on the version it read: a config changed meanwhile -- by another
 control process that also believes it leads -- fails the write, and the next round
@@ -50,6 +52,10 @@ class ChainManager:
         # node -> the incarnation (started_ms) that refused the manager's probes: failed,
         # although still registered until its session expires
         self.down: dict[str, int] = {}
+        self.configs: reads.ChainConfigs | None = None
+        self._stream_configs: dict[str, tuple[bytes, StreamConfig]] = {}   # decoded once per value
+        self._busy = True                  # learners copying, or a change last round: look again soon
+        self.rounds = 0
 
     def start(self) -> None:
         for path in (metadata.NODES, metadata.CHAINS, metadata.SUSPECTS):
@@ -62,6 +68,9 @@ class ChainManager:
         self._cancel.clear()
         await cancel_and_wait(self._task)
         self._task = None
+        if self.configs is not None:
+            self.configs.close()
+            self.configs = None
 
     async def _run(self) -> None:
         while True:
@@ -72,7 +81,10 @@ class ChainManager:
             except Exception:      # a metadata or network hiccup: the next round retries
                 raise_if_cancelling()
                 log.exception("chain manager round failed")
-            await wait_event(self._changed, limits.CHAIN_MANAGER_INTERVAL_S)
+            # while learners copy (their progress is polled) or after a change, soon; else
+            # only when /nodes, /chains or /suspects change, with an idle round now and then
+            await wait_event(self._changed, limits.CHAIN_MANAGER_INTERVAL_S if self._busy
+                             else limits.CHAIN_MANAGER_IDLE_ROUND_S)
             self._changed.clear()
 
     async def _live_storage(self) -> dict[str, NodeInfo]:
@@ -101,21 +113,21 @@ class ChainManager:
         return found
 
     async def _chains(self) -> list[tuple[ChainConfig, int]]:
-        try:
-            names = await self.store.children(metadata.CHAINS)
-        except NoNodeError:
-            return []
-        out = []
-        for name in names:
-            entry = await self.store.get(metadata.chain_path(name))
-            if entry is not None and entry.value:
-                out.append((ChainConfig.from_bytes(entry.value), entry.version))
-        return out
+        if self.configs is None:
+            self.configs = reads.ChainConfigs(self.store)
+        return list((await self.configs.all()).values())
 
     async def _stream(self, name: str, cache: dict) -> StreamConfig | None:
         if name not in cache:
             entry = await self.store.get(metadata.stream_path(name))
-            cache[name] = StreamConfig.from_bytes(entry.value) if entry is not None and entry.value else None
+            if entry is None or not entry.value:
+                self._stream_configs.pop(name, None)
+                cache[name] = None
+            else:
+                known = self._stream_configs.get(name)
+                if known is None or known[0] != entry.value:
+                    known = self._stream_configs[name] = (entry.value, StreamConfig.from_bytes(entry.value))
+                cache[name] = known[1]
         return cache[name]
 
     async def _replica_status(self, node: NodeInfo, cache: dict) -> dict[str, tuple]:
@@ -124,7 +136,7 @@ class ChainManager:
             try:
                 async with rpc.aio_channel(node.address) as channel:
                     status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
-                        sms_pb2.Empty(), timeout=limits.CHAIN_MANAGER_INTERVAL_S * 4)
+                        sms_pb2.NodeStatusRequest(), timeout=limits.CHAIN_MANAGER_INTERVAL_S * 4)
                 cache[node.node_id] = {r.chain_id: (r.records, r.verified, int(r.last_sn), r.role, r.epoch,
                                                     tuple(r.gated_learners))
                                        for r in status.replicas}
@@ -147,6 +159,7 @@ class ChainManager:
                         for n in self.down}
         if configs is None:
             configs = await self._chains()
+        self.rounds += 1
         load, learning = Counter(), Counter()
         for config, _v in configs:
             load.update(config.members)
@@ -195,6 +208,9 @@ class ChainManager:
                     load[n] += 1
             for n in set(new.learners) - set(config.learners):
                 learning[n] += 1
+        self._busy = bool(changed or learning or self.down)
+        if len(self._stream_configs) > 2 * len(streams) + 64:      # streams deleted meanwhile
+            self._stream_configs = {n: v for n, v in self._stream_configs.items() if n in streams}
         return changed
 
 

@@ -1,11 +1,14 @@
-"""Reads of cluster state that several control parts share (no caching: each call reads)."""
+"""Reads of cluster state that several parts share: plain reads, and `ChainConfigs`, the
+chain configs kept in memory and read again only when they change."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Callable
 
 from control.metastore import MetaStore, NoNodeError
-from sms import metadata
+from sms import limits, metadata
 from sms.metadata import ChainConfig
 from sms.types import NodeInfo
 
@@ -42,3 +45,51 @@ async def chain_load(store: MetaStore, *, sealed: bool = True) -> tuple[Counter,
                 replicas.update(chain.members)
                 heads[chain.head] += 1
     return replicas, heads
+
+
+class ChainConfigs:
+    """Every chain config, by chain id, with the version it was read at.
+
+    Each writer of a chain config also sets /chains in the same commit (the chain manager,
+    the admin, the repartitioner), so a watch on /chains says when something changed: only
+    then (or after CHAIN_CONFIGS_FULL_READ_S, a safety net) are the configs read again, and
+    a config whose bytes are those read last time is not decoded again. An idle cluster
+    then costs no reads and no JSON, however many chains it has."""
+
+    def __init__(self, store: MetaStore):
+        self.store = store
+        self._configs: dict[str, tuple[bytes, ChainConfig, int]] = {}
+        self._stale = True
+        self._read_at = float("-inf")
+        self._cancel: Callable[[], None] | None = store.watch(metadata.CHAINS, self.invalidate)
+        self.reads = 0                      # full reads so far (for tests and the curious)
+
+    def invalidate(self) -> None:
+        self._stale = True
+
+    def close(self) -> None:
+        if self._cancel is not None:
+            self._cancel()
+            self._cancel = None
+
+    async def all(self) -> dict[str, tuple[ChainConfig, int]]:
+        """chain id -> (config, version), read again if anything changed since the last read."""
+        now = time.monotonic()
+        if self._stale or now - self._read_at >= limits.CHAIN_CONFIGS_FULL_READ_S:
+            self._stale = False             # (before reading: a change during the read marks it again)
+            try:
+                names = await self.store.children(metadata.CHAINS)
+            except NoNodeError:
+                names = []
+            configs = {}
+            for name in names:
+                entry = await self.store.get(metadata.chain_path(name))
+                if entry is None or not entry.value:
+                    continue
+                known = self._configs.get(name)
+                config = known[1] if known is not None and known[0] == entry.value else ChainConfig.from_bytes(entry.value)
+                configs[name] = (entry.value, config, entry.version)
+            self._configs = configs
+            self._read_at = now
+            self.reads += 1
+        return {name: (config, version) for name, (_raw, config, version) in self._configs.items()}

@@ -289,8 +289,8 @@ class Repartitioner:
             return None
         try:
             async with rpc.aio_channel(head.address) as channel:
-                status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(sms_pb2.Empty(),
-                                                                              timeout=limits.RPC_TIMEOUT_S)
+                status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
+                    sms_pb2.NodeStatusRequest(chain_ids=[chain.chain_id]), timeout=limits.RPC_TIMEOUT_S)
         except (grpc.aio.AioRpcError, OSError):
             raise_if_cancelling()
             return None
@@ -432,7 +432,7 @@ class Repartitioner:
         """chain id -> the head's record counter (the per-partition counter in its last SN)."""
         try:
             async with rpc.aio_channel(address) as channel:
-                status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(sms_pb2.Empty(),
+                status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(sms_pb2.NodeStatusRequest(),
                                                                               timeout=limits.RPC_TIMEOUT_S)
         except (grpc.aio.AioRpcError, OSError):
             raise_if_cancelling()

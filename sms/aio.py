@@ -559,7 +559,7 @@ class Client:
 
     async def node_status(self, address: str) -> dict:
         """Replicas held by the storage node at `address` (operators; `sms status`)."""
-        pb = await self._call(address, sms_pb2_grpc.StorageStub, "NodeStatus", sms_pb2.Empty())
+        pb = await self._call(address, sms_pb2_grpc.StorageStub, "NodeStatus", sms_pb2.NodeStatusRequest())
         return {"node_id": pb.node_id, "pid": pb.pid, "roles": list(pb.roles),
                 "replicas": [{"chain_id": r.chain_id, "epoch": r.epoch, "role": r.role, "last_sn": r.last_sn,
                               "committed_sn": r.committed_sn, "batches": r.batches, "records": r.records}

@@ -88,6 +88,7 @@ PARENT_CHECK_INTERVAL_S = 0.5                  # a launched node notices its lau
 CONFIG_REFRESH_INTERVAL_S = 1.0                # nodes re-read chain configs at least so often
 RPC_TIMEOUT_S = 10.0                           # unary RPCs between processes
 LINK_RETRY_INTERVAL_S = 0.2                    # a broken chain link reconnects after this
+LINK_IDLE_CHECK_S = 10.0                       # an idle chain link looks at its state at least so often
 CLIENT_REDIRECT_RETRIES_MAX = 8                # re-routes of one put before giving up
 CLIENT_UNAVAILABLE_RETRIES_MAX = 20
 READ_STREAM_PAGES_QUEUED_MAX = 16             # read_stream: pages fetched ahead of the caller
@@ -142,7 +143,9 @@ assert METASTORE_HEARTBEAT_INTERVAL_S * 3 <= METASTORE_SESSION_TTL_S
 assert METASTORE_POLL_INTERVAL_S < METASTORE_HEARTBEAT_INTERVAL_S
 
 # --- chain manager (control/chains.py, control/manager.py) ---------------------------
-CHAIN_MANAGER_INTERVAL_S = 0.25                # the leader re-checks every chain so often
+CHAIN_MANAGER_INTERVAL_S = 0.25                # the leader re-checks chains so often while learners copy
+CHAIN_MANAGER_IDLE_ROUND_S = 5.0               # and at least so often when nothing changes
+CHAIN_CONFIGS_FULL_READ_S = 30.0               # chain configs are read again so often even without a change
 CHAIN_HISTORY_MAX = 16                         # changes kept in a chain config
 LEARNER_PROMOTE_LAG_RECORDS = 5_000            # a learner joins as tail once this close
 LEARNERS_PER_NODE_MAX = 8                      # chains one node copies at a time

@@ -413,7 +413,9 @@ class DownstreamLink:
                 while r.state is ReplicaState.ACTIVE:
                     async with r.progress:
                         try:
-                            async with asyncio.timeout(1.0):     # (not wait_for: see wait_committed)
+                            # everything the loop waits for notifies `progress`; the timeout is a
+                            # safety net, long, since an idle node has a link per replica
+                            async with asyncio.timeout(limits.LINK_IDLE_CHECK_S):   # (not wait_for: see wait_committed)
                                 await r.progress.wait_for(ready)
                         except TimeoutError:
                             continue

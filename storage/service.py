@@ -18,6 +18,7 @@ import time
 import grpc
 
 from control.metastore import MetaStore, NodeExistsError, NoNodeError
+from control.reads import ChainConfigs
 from sms import limits, metadata, retention, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation, SmsError, StaleEpoch, WrongOwner
@@ -58,6 +59,8 @@ class StorageNode:
         self.trimmed_records = 0
         self._suspected: dict[str, float] = {}       # peer -> loop time before which it is not probed again
         self._reports: set[asyncio.Task] = set()
+        self._configs: ChainConfigs | None = None       # every chain config, read again when /chains changes
+        self._decoded: dict[str, tuple[bytes, object]] = {}   # metadata path -> (value, decoded), retention's reads
         self.suspects_reported = 0
 
     async def start(self) -> None:
@@ -71,6 +74,8 @@ class StorageNode:
     async def close(self) -> None:
         for cancel in self._cancel_watches:
             cancel()
+        if self._configs is not None:
+            self._configs.close()
         await cancel_and_wait(self._task)
         await cancel_and_wait(self._retention_task)
         for task in list(self._reports):
@@ -92,16 +97,9 @@ class StorageNode:
                 log.exception("chain sync failed")
 
     async def _chain_configs(self) -> dict[str, ChainConfig]:
-        try:
-            names = await self.meta.children(metadata.CHAINS)
-        except NoNodeError:
-            return {}
-        configs = {}
-        for name in names:
-            entry = await self.meta.get(metadata.chain_path(name))
-            if entry is not None and entry.value:
-                configs[name] = ChainConfig.from_bytes(entry.value)
-        return configs
+        if self._configs is None:
+            self._configs = ChainConfigs(self.meta)
+        return {name: config for name, (config, _version) in (await self._configs.all()).items()}
 
     async def _refresh_addresses(self) -> None:
         try:
@@ -177,10 +175,21 @@ class StorageNode:
                 log.exception("retention pass failed")
             await asyncio.sleep(limits.RETENTION_CHECK_INTERVAL_S)
 
+    async def _read_decoded(self, path: str, decode):
+        """The value at `path`, decoded; decoded again only when its bytes changed. None if absent."""
+        entry = await self.meta.get(path)
+        if entry is None or not entry.value:
+            self._decoded.pop(path, None)
+            return None
+        known = self._decoded.get(path)
+        if known is None or known[0] != entry.value:
+            known = self._decoded[path] = (entry.value, decode(entry.value))
+        return known[1]
+
     async def _stream_retention_facts(self, stream: str):
-        entry = await self.meta.get(metadata.stream_path(stream))
-        map_entry = await self.meta.get(metadata.map_path(stream))
-        if entry is None or map_entry is None:
+        config = await self._read_decoded(metadata.stream_path(stream), StreamConfig.from_bytes)
+        pmap = await self._read_decoded(metadata.map_path(stream), PartitionMap.from_bytes)
+        if config is None or pmap is None:
             return None
         consumers = []
         try:
@@ -188,10 +197,10 @@ class StorageNode:
         except NoNodeError:
             names = []
         for name in names:
-            c = await self.meta.get(metadata.consumer_path(stream, name))
-            if c is not None and c.value:
-                consumers.append(ConsumerRecord.from_bytes(c.value))
-        return StreamConfig.from_bytes(entry.value), PartitionMap.from_bytes(map_entry.value), consumers
+            c = await self._read_decoded(metadata.consumer_path(stream, name), ConsumerRecord.from_bytes)
+            if c is not None:
+                consumers.append(c)
+        return config, pmap, consumers
 
     async def apply_retention(self) -> int:
         """Delete, on every replica here, the committed records below the partition's trim
@@ -219,6 +228,10 @@ class StorageNode:
                     log.info("%s: retention deleted %d records below %d", replica.chain_id, n, point)
                 deleted += n
         self.trimmed_records += deleted
+        if len(self._decoded) > 4 * len(facts) + 64:           # streams gone or no longer held here
+            held = set(facts)
+            self._decoded = {p: v for p, v in self._decoded.items()
+                             if p.split("/")[2] in held}
         return deleted
 
     # --- failure detection (faster than the metadata session) -------------------------
@@ -270,7 +283,10 @@ class StorageNode:
             raise WrongOwner(f"node {self.node_id} holds no replica of {chain_id}")
         return replica
 
-    def status(self) -> list[dict]:
+    def status(self, chain_ids=()) -> list[dict]:
+        """Every replica's status, or only those of `chain_ids` (the ones held here)."""
+        if chain_ids:
+            return [r.status() for cid in chain_ids if (r := self.replicas.get(cid)) is not None]
         return [r.status() for r in self.replicas.values()]
 
 
@@ -390,6 +406,6 @@ class StorageService(sms_pb2_grpc.StorageServicer):
                                             verified=s["verified"], gated_learners=s["gated"],
                                             sealed=s["sealed"], first_sn=str(s["first_sn"]),
                                             trimmed_before=str(s["trimmed_before"]))
-                      for s in self.node.status()])
+                      for s in self.node.status(request.chain_ids)])
 
 

@@ -794,7 +794,7 @@ class StorageStub:
                 _registered_method=True)
         self.NodeStatus = channel.unary_unary(
                 '/sms.v1.Storage/NodeStatus',
-                request_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+                request_serializer=sms_dot_proto_dot_sms__pb2.NodeStatusRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.NodeStatusResponse.FromString,
                 _registered_method=True)
 
@@ -839,7 +839,7 @@ def add_StorageServicer_to_server(servicer, server):
             ),
             'NodeStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeStatus,
-                    request_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.NodeStatusRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.NodeStatusResponse.SerializeToString,
             ),
     }
@@ -923,7 +923,7 @@ class Storage:
             request,
             target,
             '/sms.v1.Storage/NodeStatus',
-            sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.NodeStatusRequest.SerializeToString,
             sms_dot_proto_dot_sms__pb2.NodeStatusResponse.FromString,
             options,
             channel_credentials,

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import urllib.parse
 import uuid
+from dataclasses import replace
 
 import pytest
 
+from control import reads
 from control.admin import ensure_roots
 from control.manager import ChainManager
-from control.metastore import open_metastore
+from control.metastore import Create, Set, open_metastore
 from sms import metadata
 from sms.metadata import ChainChange, ChainConfig, StreamConfig
 from sms.types import IngestionPolicy, NodeInfo, Persistence, StreamStatus
@@ -87,3 +89,36 @@ def test_a_decision_on_a_stale_config_commits_nothing(url):
             assert chain.epoch == 2 and chain.members == ("n2", "n3")
             assert [h.action for h in chain.history].count("removed") == 1
     asyncio.run(asyncio.wait_for(body(), TEST_TIMEOUT_S))
+
+
+def test_chain_configs_are_read_again_only_after_chains_changes(url):
+    """reads.ChainConfigs: a second call without a change reads nothing; a write that
+    touches /chains (as every writer of a chain config does) is seen on the next call,
+    and a config whose bytes did not change is not decoded again (the same object)."""
+    async def body():
+        async with open_metastore(url) as store:
+            await _setup(store, live=["n1", "n2"], members=("n1", "n2"))
+            configs = reads.ChainConfigs(store)
+            try:
+                first = await configs.all()
+                assert list(first) == [CID] and configs.reads == 1
+                assert (await configs.all()) == first and configs.reads == 1      # nothing changed: no read
+                other = replace(first[CID][0], chain_id="s:1", ordinal=1)
+                await store.commit([Create(metadata.chain_path("s:1"), other.to_bytes()),
+                                    Set(metadata.CHAINS, b"1")])
+                await wait_until_async(lambda: configs._stale, TEST_TIMEOUT_S, "the /chains watch fired")
+                second = await configs.all()
+                assert sorted(second) == [CID, "s:1"] and configs.reads == 2
+                assert second[CID][0] is first[CID][0]                            # not decoded again
+                assert second["s:1"][0] == other
+            finally:
+                configs.close()
+    asyncio.run(asyncio.wait_for(body(), TEST_TIMEOUT_S))
+
+
+async def wait_until_async(predicate, timeout_s: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
