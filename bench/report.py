@@ -186,6 +186,14 @@ def extras(r: dict) -> list[str]:
         out += ["", "Growth (each factor ten-fold at the same load; RSS summed over the storage nodes):", "",
                 "| grows ten-fold | ingest records/s | ratio | storage nodes' RSS | ratio |",
                 "|---|---|---|---|---|", *rows]
+    idle = e.get("idle_cost") or {}
+    if idle.get("steps"):
+        out += ["", "An idle cluster as partitions grow (RF 3, 3 storage nodes; CPU over seconds of nothing):", "",
+                "| partitions | created in | idle CPU, % of a core per process (max) |", "|---|---|---|"]
+        for st in idle["steps"]:
+            per = ", ".join(f"{k} {v}" for k, v in sorted((st.get("idle_percent_of_a_core") or {}).items()))
+            out.append(f"| {_n(st.get('partitions'))} | {st.get('created')} in {st.get('create_s')} s | "
+                       f"{per} ({st.get('idle_percent_max')}) |")
     return out
 
 

@@ -65,7 +65,8 @@ MODES: dict[str, dict] = {
         "extras": {"failover_pause": {"smoke": True, "heal_timeout_s": 30.0, "flush_timeout_s": 30.0},
                    "repartition_pause": {"keys": 10, "interval_ms": 100.0, "partitions": 2, "rf": 2,
                                          "warmup_s": 0.5, "settle_s": 0.2},
-                   "growth": {"smoke": True}},
+                   "growth": {"smoke": True},
+                   "idle_cost": {"steps": [40], "idle_s": 1.0, "settle_s": 1.0}},
     },
     "quick": {
         "reference_records": 1_000_000,       # also the catch-up read: the 1M records
@@ -86,7 +87,8 @@ MODES: dict[str, dict] = {
         "extras": {"failover_pause": {"smoke": True, "heal_timeout_s": 30.0, "flush_timeout_s": 30.0},
                    "repartition_pause": {"keys": 20, "interval_ms": 50.0, "partitions": 2, "rf": 2,
                                          "warmup_s": 1.0, "settle_s": 0.5},
-                   "growth": {"smoke": True}},
+                   "growth": {"smoke": True},
+                   "idle_cost": {"steps": [40, 400], "idle_s": 3.0, "settle_s": 2.0}},
     },
     "full": {
         "reference_records": 1_000_000,
@@ -108,7 +110,8 @@ MODES: dict[str, dict] = {
         "extras": {"failover_pause": {},
                    "repartition_pause": {"keys": 200, "interval_ms": 100.0, "partitions": 2, "rf": 2,
                                          "warmup_s": 2.0, "settle_s": 2.0},
-                   "growth": {}},
+                   "growth": {},
+                   "idle_cost": {"steps": [40, 400, 4000], "idle_s": 5.0, "settle_s": 5.0}},
     },
 }
 
@@ -402,6 +405,9 @@ def extras(run: Run, cfg: dict, workdir: str) -> dict:
             out[name] = run.call("extra growth", growth.run, dict(params))
         elif name == "repartition_pause":
             out[name] = run.call("extra repartition_pause", _repartition, params, workdir)
+        elif name == "idle_cost":
+            from bench import idle_cost
+            out[name] = run.call("extra idle_cost", idle_cost.run, per_stream=10, nodes=3, rf=3, **params)
     return out
 
 
