@@ -42,6 +42,17 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
     ("grpc.so_reuseport", 0),
+    # every chain link from one peer is a stream of one connection (the peer shares a channel)
+    ("grpc.max_concurrent_streams", limits.GRPC_STREAMS_PER_CONNECTION_MAX),
+]
+
+# A storage node's one channel to each peer, shared by all its chain links to that peer: one
+# TCP connection (and one keepalive) per node pair, not per replica. It must come back fast
+# once the peer is back: gRPC's reconnect backoff would otherwise grow to minutes.
+PEER_CHANNEL_OPTIONS = CHANNEL_OPTIONS + [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", limits.PEER_RECONNECT_BACKOFF_MS_MAX),
 ]
 
 
@@ -146,3 +157,8 @@ def to_sms_error(e: grpc.aio.AioRpcError | grpc.RpcError) -> errors.SmsError:
 
 def aio_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+def peer_channel(address: str) -> grpc.aio.Channel:
+    """A long-lived channel to another node, to be shared (see PEER_CHANNEL_OPTIONS)."""
+    return grpc.aio.insecure_channel(address, options=PEER_CHANNEL_OPTIONS)

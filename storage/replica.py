@@ -333,10 +333,11 @@ class DownstreamLink:
     """Ships a replica's log to its successor and feeds commit acks back."""
 
     def __init__(self, replica: Replica, successor_address_fn, learner: bool = False, successor_id: str = "",
-                 on_broken=None):
+                 on_broken=None, channel_fn=None):
         self.replica = replica
         self.successor_id = successor_id
         self.on_broken = on_broken          # (successor id) -> None: the link broke (failure detection)
+        self.channel_fn = channel_fn        # (address) -> a channel shared with the node's other links, or None
         self.successor_address_fn = successor_address_fn   # () -> address or None
         self.learner = learner     # a learner's acks are progress only: it commits nothing
         self.task: asyncio.Task | None = None
@@ -364,78 +365,84 @@ class DownstreamLink:
             await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
 
     async def _session(self, address: str) -> None:
-        r = self.replica
+        if self.channel_fn is not None:
+            await self._stream(self.channel_fn(address))
+            return
         async with rpc.aio_channel(address) as channel:
-            stub = sms_pb2_grpc.StorageStub(channel)
-            call = stub.Replicate()
-            epoch, generation = r.config.epoch, r.generation
-            await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=epoch, hello=True))
-            hello = await call.read()
-            if hello is grpc.aio.EOF:
-                raise ConnectionError("successor closed the link")
-            if hello.error_name:
-                if hello.error_name == "StaleEpoch":
-                    raise StaleEpoch(hello.error_message)
-                raise ConnectionError(f"{hello.error_name}: {hello.error_message}")
-            if hello.epoch != epoch or r.config.epoch != epoch:
-                raise StaleEpoch(f"{r.chain_id}: hello answered in epoch {hello.epoch}; link of epoch {epoch}")
-            successor_last = seqno.from_bytes(hello.last_sn)
-            if successor_last and not r.holds_batch(seqno.from_bytes(hello.last_first_sn), successor_last,
-                                                    hello.last_checksum):
-                # its log is not a prefix of ours (a restarted node that had taken writes we
-                # never saw, or lost some): it is wiped and copied from the start
-                await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=epoch, reset=True))
-                await call.done_writing()
-                await asyncio.wait_for(_drain(call), limits.RPC_TIMEOUT_S)   # it closes once wiped
-                raise ConnectionError(f"successor's log ended at {successor_last}, not a prefix of ours; "
-                                      f"it was wiped and is copied anew")
-            await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=epoch, verified=True))
-            self.acked_sn = successor_last
-            if self.learner:
-                await r.on_learner_acked(self.successor_id, successor_last)
-            else:
-                await r.on_successor_committed(seqno.from_bytes(hello.committed_sn))
-            self.connected = True
-            sent_sn = successor_last
-            inflight: collections.deque[int] = collections.deque()   # last SNs sent, not acked
-            reader = asyncio.get_running_loop().create_task(self._read_acks(call, epoch))
-            # the loop below waits on the replica's progress: wake it when the acks end
-            reader.add_done_callback(lambda _t: asyncio.get_running_loop().create_task(r.notify()))
+            await self._stream(channel)
 
-            def ready() -> bool:
-                while inflight and inflight[0] <= self.acked_sn:
-                    inflight.popleft()
-                return (reader.done() or r.state is not ReplicaState.ACTIVE or r.config.epoch != epoch
-                        or r.generation != generation) or (
-                    r.last_sn > sent_sn and len(inflight) < limits.CHAIN_INFLIGHT_BATCHES_MAX)
+    async def _stream(self, channel) -> None:
+        r = self.replica
+        stub = sms_pb2_grpc.StorageStub(channel)
+        call = stub.Replicate()
+        epoch, generation = r.config.epoch, r.generation
+        await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=epoch, hello=True))
+        hello = await call.read()
+        if hello is grpc.aio.EOF:
+            raise ConnectionError("successor closed the link")
+        if hello.error_name:
+            if hello.error_name == "StaleEpoch":
+                raise StaleEpoch(hello.error_message)
+            raise ConnectionError(f"{hello.error_name}: {hello.error_message}")
+        if hello.epoch != epoch or r.config.epoch != epoch:
+            raise StaleEpoch(f"{r.chain_id}: hello answered in epoch {hello.epoch}; link of epoch {epoch}")
+        successor_last = seqno.from_bytes(hello.last_sn)
+        if successor_last and not r.holds_batch(seqno.from_bytes(hello.last_first_sn), successor_last,
+                                                hello.last_checksum):
+            # its log is not a prefix of ours (a restarted node that had taken writes we
+            # never saw, or lost some): it is wiped and copied from the start
+            await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=epoch, reset=True))
+            await call.done_writing()
+            await asyncio.wait_for(_drain(call), limits.RPC_TIMEOUT_S)   # it closes once wiped
+            raise ConnectionError(f"successor's log ended at {successor_last}, not a prefix of ours; "
+                                  f"it was wiped and is copied anew")
+        await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=epoch, verified=True))
+        self.acked_sn = successor_last
+        if self.learner:
+            await r.on_learner_acked(self.successor_id, successor_last)
+        else:
+            await r.on_successor_committed(seqno.from_bytes(hello.committed_sn))
+        self.connected = True
+        sent_sn = successor_last
+        inflight: collections.deque[int] = collections.deque()   # last SNs sent, not acked
+        reader = asyncio.get_running_loop().create_task(self._read_acks(call, epoch))
+        # the loop below waits on the replica's progress: wake it when the acks end
+        reader.add_done_callback(lambda _t: asyncio.get_running_loop().create_task(r.notify()))
 
-            try:
-                while r.state is ReplicaState.ACTIVE:
-                    async with r.progress:
-                        try:
-                            # everything the loop waits for notifies `progress`; the timeout is a
-                            # safety net, long, since an idle node has a link per replica
-                            async with asyncio.timeout(limits.LINK_IDLE_CHECK_S):   # (not wait_for: see wait_committed)
-                                await r.progress.wait_for(ready)
-                        except TimeoutError:
-                            continue
-                    if reader.done():
-                        reader.result()
-                        raise ConnectionError("successor closed the link")
-                    if r.config.epoch != epoch:
-                        raise StaleEpoch(f"{r.chain_id}: moved to epoch {r.config.epoch}; link of epoch {epoch}")
-                    if r.generation != generation:
-                        raise ConnectionError(f"{r.chain_id}: our log was wiped; the successor starts again")
-                    room = limits.CHAIN_INFLIGHT_BATCHES_MAX - len(inflight)
-                    for batch in r.batches_after(sent_sn, room):
-                        await call.write(sms_pb2.ReplicateRequest(
-                            chain_id=r.chain_id, epoch=epoch, batch=batch,
-                            committed_sn=seqno.to_bytes(r.committed_sn)))
-                        sent_sn = wire.read_header(batch).last_sn
-                        inflight.append(sent_sn)
-            finally:
-                reader.cancel()
-                call.cancel()
+        def ready() -> bool:
+            while inflight and inflight[0] <= self.acked_sn:
+                inflight.popleft()
+            return (reader.done() or r.state is not ReplicaState.ACTIVE or r.config.epoch != epoch
+                    or r.generation != generation) or (
+                r.last_sn > sent_sn and len(inflight) < limits.CHAIN_INFLIGHT_BATCHES_MAX)
+
+        try:
+            while r.state is ReplicaState.ACTIVE:
+                async with r.progress:
+                    try:
+                        # everything the loop waits for notifies `progress`; the timeout is a
+                        # safety net, long, since an idle node has a link per replica
+                        async with asyncio.timeout(limits.LINK_IDLE_CHECK_S):   # (not wait_for: see wait_committed)
+                            await r.progress.wait_for(ready)
+                    except TimeoutError:
+                        continue
+                if reader.done():
+                    reader.result()
+                    raise ConnectionError("successor closed the link")
+                if r.config.epoch != epoch:
+                    raise StaleEpoch(f"{r.chain_id}: moved to epoch {r.config.epoch}; link of epoch {epoch}")
+                if r.generation != generation:
+                    raise ConnectionError(f"{r.chain_id}: our log was wiped; the successor starts again")
+                room = limits.CHAIN_INFLIGHT_BATCHES_MAX - len(inflight)
+                for batch in r.batches_after(sent_sn, room):
+                    await call.write(sms_pb2.ReplicateRequest(
+                        chain_id=r.chain_id, epoch=epoch, batch=batch,
+                        committed_sn=seqno.to_bytes(r.committed_sn)))
+                    sent_sn = wire.read_header(batch).last_sn
+                    inflight.append(sent_sn)
+        finally:
+            reader.cancel()
+            call.cancel()
 
     async def _read_acks(self, call, epoch: int) -> None:
         r = self.replica

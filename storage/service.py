@@ -60,6 +60,7 @@ class StorageNode:
         self._suspected: dict[str, float] = {}       # peer -> loop time before which it is not probed again
         self._reports: set[asyncio.Task] = set()
         self._configs: ChainConfigs | None = None       # every chain config, read again when /chains changes
+        self._channels: dict[str, grpc.aio.Channel] = {}  # peer address -> the channel all links to it share
         self._decoded: dict[str, tuple[bytes, object]] = {}   # metadata path -> (value, decoded), retention's reads
         self.suspects_reported = 0
 
@@ -82,6 +83,9 @@ class StorageNode:
             await cancel_and_wait(task)
         for replica in list(self.replicas.values()):
             await replica.close()
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
         await self.logs.close()
 
     async def _sync_loop(self) -> None:
@@ -126,6 +130,7 @@ class StorageNode:
         no longer serves is closed; its log stays (dormant) for DORMANT_LOG_KEEP_S while
         its chain exists, so a rejoin verifies it and copies only what it lacks."""
         await self._refresh_addresses()
+        await self._close_unused_channels()
         configs = await self._chain_configs()
         mine = {cid: c for cid, c in configs.items() if self._is_mine(c)}
         now = asyncio.get_running_loop().time()
@@ -269,10 +274,24 @@ class StorageNode:
             raise_if_cancelling()
             log.info("reporting %s failed", peer, exc_info=True)
 
+    def peer_channel(self, address: str) -> grpc.aio.Channel:
+        """The one channel to the peer at `address` that every chain link to it shares."""
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = rpc.peer_channel(address)
+        return channel
+
+    async def _close_unused_channels(self) -> None:
+        """Channels to addresses no registered node has any more (a peer restarted elsewhere)."""
+        live = set(self.addresses.values())
+        for address in [a for a in self._channels if a not in live]:
+            await self._channels.pop(address).close()
+
     def _start_links(self, replica: Replica) -> None:
         for successor, learner in link_targets(replica.config, self.node_id):
             link = DownstreamLink(replica, lambda s=successor: self.addresses.get(s),
-                                  learner=learner, successor_id=successor, on_broken=self.suspect)
+                                  learner=learner, successor_id=successor, on_broken=self.suspect,
+                                  channel_fn=self.peer_channel)
             replica.links[successor] = link
             link.start()
 
