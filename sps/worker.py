@@ -31,7 +31,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from control.metastore import MetaStore, NodeExistsError, NoNodeError, open_metastore
+from control.metastore import MetaStore, MetaStoreError, NodeExistsError, NoNodeError, open_metastore
 from sms import aio, errors, limits, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.types import PartitionState, Record
@@ -100,9 +100,13 @@ class Worker:
                     await self.round()
                 except LeaseLost:
                     pass
-                except (errors.SmsError, ConnectionError) as e:
+                except (errors.SmsError, ConnectionError, MetaStoreError) as e:
                     raise_if_cancelling()
-                    log.info("%s: round failed, retrying: %s", self.worker_id, e)
+                    if isinstance(e, MetaStoreError) and not getattr(e, "retriable", False):
+                        raise
+                    # (e.g. SessionExpiredError after a pause: not applied; the next round
+                    # retries under the new session, and finds which leases peers took)
+                    log.info("%s: round failed, retrying: %r", self.worker_id, e)
                 self._wake.clear()
                 waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
                 await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
