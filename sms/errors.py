@@ -215,6 +215,11 @@ class TableFull(Throttled):
     """A dedup table is at one of its bounds; retry once acks (HWM) or the window prune it."""
 
 
+class StorageFull(Throttled):
+    """A storage node's disk (or its LMDB map) is full: the batch was not stored, and
+    nothing of it was acknowledged. Retriable: writes go on once space returns."""
+
+
 class LimitExceeded(SmsError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 

@@ -58,6 +58,7 @@ APPEND_INFLIGHT_BATCHES_MAX = 1                # ingestion -> head batches in fl
 CHAIN_INFLIGHT_BATCHES_MAX = 16                # batches in flight on one chain link
 STORAGE_WRITE_QUEUE_MAX = 256                  # appends waiting for a node's writer
 STORAGE_GROUP_COMMIT_BATCHES_MAX = 64          # batches folded into one LMDB txn
+STORAGE_FULL_FREE_BYTES = 16 * 1024 * 1024      # an LMDB I/O error with less room than this: the disk is full
 APPEND_TIMEOUT_S = 10.0                        # PutRecords answers Unavailable after this
 HEAD_ORIGIN_BATCHES_MAX = 64                   # recent batches per writer a head remembers
 HEAD_ORIGINS_MAX = 64                          # writers per partition a head remembers

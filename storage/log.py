@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import logging
 import os
+import shutil
 import struct
 from dataclasses import dataclass
 
 import lmdb
 from sortedcontainers import SortedDict
 
-from sms import wire, limits, seqno
+from sms import errors, wire, limits, seqno
 from sms.aiotools import cancel_and_wait
 from sms.errors import invariant
 from sms.types import Persistence
@@ -69,6 +71,25 @@ class PartitionLog:
         return self.prefix + seqno.to_bytes(first_sn)
 
 
+def storage_error(e: Exception, path: str = "", txn_bytes: int = 0) -> errors.SmsError:
+    """The named error of a failed LMDB write: StorageFull when the disk or the map is
+    full, else Unavailable (an I/O error). LMDB reports a short write as EIO, which is what
+    a full disk gives mid-transaction: an I/O error while the disk at `path` has less room
+    than twice the transaction (at least STORAGE_FULL_FREE_BYTES) counts as full. Either way
+    the batch was not stored; both are retriable, and the node goes on serving."""
+    text = str(e)
+    if isinstance(e, lmdb.MapFullError) or getattr(e, "errno", None) == errno.ENOSPC or "No space left" in text:
+        return errors.StorageFull(f"storage is full ({text}); the batch was not stored")
+    if path:
+        try:
+            free = shutil.disk_usage(path).free
+        except OSError:
+            free = None
+        if free is not None and free < max(2 * txn_bytes, limits.STORAGE_FULL_FREE_BYTES):
+            return errors.StorageFull(f"storage is full ({free} bytes free; {text}); the batch was not stored")
+    return errors.Unavailable(f"a storage write failed ({text}); the batch was not stored")
+
+
 class GroupCommitWriter:
     """Folds queued appends of many partitions into one LMDB write transaction."""
 
@@ -80,6 +101,7 @@ class GroupCommitWriter:
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lmdb-{name}")
         self.task: asyncio.Task | None = None
         self.commits = 0
+        self.failures = 0
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name="group-commit")
@@ -110,11 +132,13 @@ class GroupCommitWriter:
             try:
                 await loop.run_in_executor(self.executor, self._commit, items)
                 self.commits += 1
-            except Exception as e:  # disk full, map full: fail these appends, keep running
-                log.error("LMDB commit of %d batches failed: %s", len(items), e)
+            except Exception as e:  # disk full, map full, I/O error: fail these appends, keep running
+                error = storage_error(e, self.env.path(), sum(len(item[2]) for item in items))
+                self.failures += 1
+                log.error("LMDB commit of %d batches failed (%s): %s", len(items), error.name, e)
                 for *_, fut in items:
                     if not fut.done():
-                        fut.set_exception(e)
+                        fut.set_exception(error)
                 continue
             for *_, fut in items:
                 if not fut.done():
