@@ -563,7 +563,9 @@ class Client:
         return {"node_id": pb.node_id, "pid": pb.pid, "roles": list(pb.roles),
                 "replicas": [{"chain_id": r.chain_id, "epoch": r.epoch, "role": r.role, "last_sn": r.last_sn,
                               "committed_sn": r.committed_sn, "batches": r.batches, "records": r.records}
-                             for r in pb.replicas]}
+                             for r in pb.replicas],
+                "storage_write_failures": pb.storage_write_failures,
+                "storage_last_error": pb.storage_last_error, "storage_last_error_ms": pb.storage_last_error_ms}
 
     async def ingestion_status(self, address: str) -> dict:
         """Per partition owned by the ingestion node at `address`: dedup table sizes, queue."""

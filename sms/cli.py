@@ -86,7 +86,11 @@ def cmd_status(args) -> int:
             entry = {"node_id": n.node_id, "address": n.address, "roles": list(n.roles), "pid": n.pid}
             try:
                 if "storage" in n.roles:
-                    entry["replicas"] = client.node_status(n.address)["replicas"]
+                    status = client.node_status(n.address)
+                    entry["replicas"] = status["replicas"]
+                    entry["storage_write_failures"] = status["storage_write_failures"]
+                    entry["storage_last_error"] = status["storage_last_error"]
+                    entry["storage_last_error_ms"] = status["storage_last_error_ms"]
                 if "ingestion" in n.roles:
                     entry["ingestion"] = client.ingestion_status(n.address)["partitions"]
             except errors.SmsError as e:
@@ -101,6 +105,10 @@ def cmd_status(args) -> int:
     lines = [f"control: {cluster.control_address}"]
     for n in nodes:
         lines.append(f"node {n['node_id']:<8} {n['address']:<22} pid {n['pid']:<8} {','.join(n['roles'])}")
+        if n.get("storage_write_failures"):
+            at = time.strftime("%H:%M:%S", time.localtime(n["storage_last_error_ms"] / 1000))
+            lines.append(f"    storage: {n['storage_write_failures']} failed write transactions; "
+                         f"the last at {at}: {n['storage_last_error']}")
         for r in n.get("replicas", []):
             lines.append(f"    {r['chain_id']:<28} {r['role']:<9} epoch {r['epoch']:<3} records {r['records']:<9} "
                          f"committed {r['committed_sn']}")

@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import struct
+import time
 from dataclasses import dataclass
 
 import lmdb
@@ -102,6 +103,7 @@ class GroupCommitWriter:
         self.task: asyncio.Task | None = None
         self.commits = 0
         self.failures = 0
+        self.last_error: tuple[str, int] | None = None     # (named error and text, wall-clock ms)
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name="group-commit")
@@ -135,6 +137,7 @@ class GroupCommitWriter:
             except Exception as e:  # disk full, map full, I/O error: fail these appends, keep running
                 error = storage_error(e, self.env.path(), sum(len(item[2]) for item in items))
                 self.failures += 1
+                self.last_error = (f"{error.name}: {error.message}", int(time.time() * 1000))
                 log.error("LMDB commit of %d batches failed (%s): %s", len(items), error.name, e)
                 for *_, fut in items:
                     if not fut.done():
@@ -436,6 +439,12 @@ class LogStore:
                 ok = cur.prev()
         out.reverse()
         return out
+
+    def write_failures(self) -> tuple[int, tuple[str, int] | None]:
+        """Failed write transactions over every environment, and the latest one's error and time."""
+        failures = sum(w.failures for w in self.writers.values())
+        last = max((w.last_error for w in self.writers.values() if w.last_error), key=lambda e: e[1], default=None)
+        return failures, last
 
     def statistics(self) -> dict:
         return {"logs": len(self.logs),

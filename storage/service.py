@@ -417,8 +417,11 @@ class StorageService(sms_pb2_grpc.StorageServicer):
             reader.cancel()
 
     async def NodeStatus(self, request, context):
+        failures, last = self.node.logs.write_failures()
         return sms_pb2.NodeStatusResponse(
             node_id=self.node.node_id, pid=self.pid, roles=list(self.roles),
+            storage_write_failures=failures, storage_last_error=last[0] if last else "",
+            storage_last_error_ms=last[1] if last else 0,
             replicas=[sms_pb2.ReplicaStatus(chain_id=s["chain_id"], epoch=s["epoch"], role=s["role"],
                                             last_sn=str(s["last_sn"]), committed_sn=str(s["committed_sn"]),
                                             batches=s["batches"], records=s["records"],

@@ -2,8 +2,8 @@
 tmpfs of a few MB mounted over the node's data directory; needs root, skipped otherwise).
 
 Writes are refused with the named error StorageFull (the batch was not stored, nothing is
-acknowledged), the node keeps serving, and once space returns writes succeed again; every
-acknowledged record is then read back exactly once.
+acknowledged), the node keeps serving and reports the failed writes in its status, and once
+space returns writes succeed again; every acknowledged record is then read back exactly once.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def test_a_full_disk_refuses_writes_by_name_and_recovers(full_disk_cluster):
                    "a write refused with StorageFull")
         assert seen <= {"StorageFull", "Unavailable"}, seen
         assert cluster.procs["n1"].proc.poll() is None, "the node died"
+        status = client.node_status(cluster.procs["n1"].address)          # what `sms status` shows
+        assert status["storage_write_failures"] > 0 and status["storage_last_error"].startswith("StorageFull")
         before = len(acked)
         assert put(), "a write succeeded on a full disk"
         assert len(acked) == before
