@@ -53,7 +53,7 @@ class ChainManager:
         # although still registered until its session expires
         self.down: dict[str, int] = {}
         self.configs: reads.ChainConfigs | None = None
-        self._stream_configs: dict[str, tuple[bytes, StreamConfig]] = {}   # decoded once per value
+        self._stream_configs = reads.DecodedReads(store)      # stream configs, decoded once per value
         self._busy = True                  # learners copying, or a change last round: look again soon
         self.rounds = 0
 
@@ -119,15 +119,8 @@ class ChainManager:
 
     async def _stream(self, name: str, cache: dict) -> StreamConfig | None:
         if name not in cache:
-            entry = await self.store.get(metadata.stream_path(name))
-            if entry is None or not entry.value:
-                self._stream_configs.pop(name, None)
-                cache[name] = None
-            else:
-                known = self._stream_configs.get(name)
-                if known is None or known[0] != entry.value:
-                    known = self._stream_configs[name] = (entry.value, StreamConfig.from_bytes(entry.value))
-                cache[name] = known[1]
+            got = await self._stream_configs.get(metadata.stream_path(name), StreamConfig.from_bytes)
+            cache[name] = got[0] if got is not None else None
         return cache[name]
 
     async def _replica_status(self, node: NodeInfo, cache: dict) -> dict[str, tuple]:
@@ -210,7 +203,7 @@ class ChainManager:
                 learning[n] += 1
         self._busy = bool(changed or learning or self.down)
         if len(self._stream_configs) > 2 * len(streams) + 64:      # streams deleted meanwhile
-            self._stream_configs = {n: v for n, v in self._stream_configs.items() if n in streams}
+            self._stream_configs.retain(lambda path: path.rpartition("/")[2] in streams)
         return changed
 
 

@@ -47,6 +47,33 @@ async def chain_load(store: MetaStore, *, sealed: bool = True) -> tuple[Counter,
     return replicas, heads
 
 
+class DecodedReads:
+    """Reads of metadata values, each decoded once per value: a read whose bytes are those
+    the last read of the same path returned gives back the object decoded then (a bytes
+    compare, not a JSON decode). `retain` drops what is no longer read."""
+
+    def __init__(self, store: MetaStore):
+        self.store = store
+        self._known: dict[str, tuple[bytes, object]] = {}
+
+    async def get(self, path: str, decode: Callable[[bytes], object]) -> tuple[object, int] | None:
+        """(decoded value, version) of the entry at `path`, or None if it is absent or empty."""
+        entry = await self.store.get(path)
+        if entry is None or not entry.value:
+            self._known.pop(path, None)
+            return None
+        known = self._known.get(path)
+        if known is None or known[0] != entry.value:
+            known = self._known[path] = (entry.value, decode(entry.value))
+        return known[1], entry.version
+
+    def retain(self, keep: Callable[[str], bool]) -> None:
+        self._known = {path: v for path, v in self._known.items() if keep(path)}
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+
 class ChainConfigs:
     """Every chain config, by chain id, with the version it was read at.
 
@@ -58,7 +85,8 @@ class ChainConfigs:
 
     def __init__(self, store: MetaStore):
         self.store = store
-        self._configs: dict[str, tuple[bytes, ChainConfig, int]] = {}
+        self._reads = DecodedReads(store)
+        self._configs: dict[str, tuple[ChainConfig, int]] = {}
         self._stale = True
         self._read_at = float("-inf")
         self._cancel: Callable[[], None] | None = store.watch(metadata.CHAINS, self.invalidate)
@@ -83,13 +111,11 @@ class ChainConfigs:
                 names = []
             configs = {}
             for name in names:
-                entry = await self.store.get(metadata.chain_path(name))
-                if entry is None or not entry.value:
-                    continue
-                known = self._configs.get(name)
-                config = known[1] if known is not None and known[0] == entry.value else ChainConfig.from_bytes(entry.value)
-                configs[name] = (entry.value, config, entry.version)
+                got = await self._reads.get(metadata.chain_path(name), ChainConfig.from_bytes)
+                if got is not None:
+                    configs[name] = got
+            self._reads.retain(lambda path: path.rpartition("/")[2] in configs)
             self._configs = configs
             self._read_at = now
             self.reads += 1
-        return {name: (config, version) for name, (_raw, config, version) in self._configs.items()}
+        return dict(self._configs)

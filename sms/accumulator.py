@@ -227,26 +227,15 @@ class Accumulator:
             return Room.PRODUCER_FULL
         return session
 
-    def add(self, session: Session, key: bytes, data: bytes, hash_key: int, extra: bytes, size: int,
+    def add(self, session: Session, key: bytes, data: bytes, hash_key: int, extra: bytes,
             outcome: Outcome, now_s: float, sssn: int | None = None) -> None:
         """Queue a record in the session room() gave (nothing may have changed between the
         two calls). `sssn` pins its SSSN: at least the session's next one unless the session
-        is idle (a replay starts the session again there)."""
-        if sssn is not None:
-            errors.invariant(0 <= sssn <= limits.SSSN_MAX, f"p{session.ordinal}: pinned sssn {sssn} out of range")
-            if sssn < session.next_sssn:
-                errors.invariant(not session.records, f"p{session.ordinal}: pinned sssn {sssn} below "
-                                                      f"{session.next_sssn} while records are pending")
-                session.order.clear()
-            session.next_sssn = sssn
-        errors.invariant(session.next_sssn <= limits.SSSN_MAX, f"p{session.ordinal}: SSSNs exhausted")
-        window_s = self.info.dedup_window_s - limits.DEDUP_CLOCK_SKEW_MS_MAX / 1000 - PRODUCER_DEDUP_WINDOW_MARGIN_S
-        record = PendingRecord(session.ordinal, session.next_sssn, session.next_seq, key, data, extra, size,
-                               outcome, now_s, now_s + max(0.0, min(self.delivery_timeout_s, window_s)),
-                               hash_key, sssn is not None)
-        self._append(session, record)
-        self.pending_bytes += size
-        self.totals["sent"] += 1
+        is idle (a replay starts the session again there). add_many() of one record."""
+        pins = None if sssn is None else [(session.ordinal, sssn)]
+        added = self.add_many([(key, data, hash_key, extra)], 0, lambda _i: outcome, now_s, pins)
+        errors.invariant(added == 1 and session.records.get(session.next_sssn - 1) is not None,
+                         f"p{session.ordinal}: a record room() made room for was not added")
 
     def add_many(self, prepared: list, start: int, outcome_of: Callable[[int], Outcome], now_s: float,
                  pins: list | None = None) -> int:

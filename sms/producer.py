@@ -396,7 +396,7 @@ class Producer:
         loop = self._loop or self._bind_loop()
         if outcome is None:
             outcome = loop.create_future()
-        acc.add(room, key, data, hash_key, extra, size, outcome, loop.time(), sssn)
+        acc.add(room, key, data, hash_key, extra, outcome, loop.time(), sssn)
         self._kick()
         return outcome
 

@@ -18,7 +18,7 @@ import time
 import grpc
 
 from control.metastore import MetaStore, NodeExistsError, NoNodeError
-from control.reads import ChainConfigs
+from control.reads import ChainConfigs, DecodedReads
 from sms import limits, metadata, retention, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation, SmsError, StaleEpoch, WrongOwner
@@ -61,7 +61,7 @@ class StorageNode:
         self._reports: set[asyncio.Task] = set()
         self._configs: ChainConfigs | None = None       # every chain config, read again when /chains changes
         self._channels: dict[str, grpc.aio.Channel] = {}  # peer address -> the channel all links to it share
-        self._decoded: dict[str, tuple[bytes, object]] = {}   # metadata path -> (value, decoded), retention's reads
+        self._decoded = DecodedReads(store)   # retention's metadata reads, decoded once per value
         self.suspects_reported = 0
 
     async def start(self) -> None:
@@ -181,15 +181,8 @@ class StorageNode:
             await asyncio.sleep(limits.RETENTION_CHECK_INTERVAL_S)
 
     async def _read_decoded(self, path: str, decode):
-        """The value at `path`, decoded; decoded again only when its bytes changed. None if absent."""
-        entry = await self.meta.get(path)
-        if entry is None or not entry.value:
-            self._decoded.pop(path, None)
-            return None
-        known = self._decoded.get(path)
-        if known is None or known[0] != entry.value:
-            known = self._decoded[path] = (entry.value, decode(entry.value))
-        return known[1]
+        got = await self._decoded.get(path, decode)
+        return got[0] if got is not None else None
 
     async def _stream_retention_facts(self, stream: str):
         config = await self._read_decoded(metadata.stream_path(stream), StreamConfig.from_bytes)
@@ -235,8 +228,7 @@ class StorageNode:
         self.trimmed_records += deleted
         if len(self._decoded) > 4 * len(facts) + 64:           # streams gone or no longer held here
             held = set(facts)
-            self._decoded = {p: v for p, v in self._decoded.items()
-                             if p.split("/")[2] in held}
+            self._decoded.retain(lambda path: path.split("/")[2] in held)
         return deleted
 
     # --- failure detection (faster than the metadata session) -------------------------

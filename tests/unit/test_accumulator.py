@@ -141,7 +141,7 @@ def add(acc: Accumulator, hash_key: int = LOW, data: bytes = b"x", now: float = 
     session = acc.room(hash_key, size, ordinal)
     assert isinstance(session, Session), session
     outcome = Outcome(data) if outcome is None else outcome
-    acc.add(session, key, data, hash_key, extra, size, outcome, now, sssn)
+    acc.add(session, key, data, hash_key, extra, outcome, now, sssn)
     return outcome
 
 
@@ -407,7 +407,7 @@ def test_a_pinned_sssn_below_the_next_rewinds_an_idle_session_and_is_a_bug_while
     before = acc.statistics()
     session = acc.room(LOW, record_size(b"k", b"x", LOW), 0)
     with pytest.raises(errors.InvariantViolation, match="pinned sssn 3 below 7"):
-        acc.add(session, b"k", b"x", LOW, hash_tlv(LOW), record_size(b"k", b"x", LOW), Outcome(), 1.0, 3)
+        acc.add(session, b"k", b"x", LOW, hash_tlv(LOW), Outcome(), 1.0, 3)
     assert acc.statistics() == before                         # nothing changed
     acc.on_answer(request, answer(request), 1.1)
     assert replay.result.sssn == 5
@@ -881,7 +881,7 @@ class Sim:
             return
         outcome = Outcome((key, i, data))
         self.outcomes.append(outcome)
-        self.acc.add(session, b"k%d" % key, data, h, hash_tlv(h), size, outcome, self.now)
+        self.acc.add(session, b"k%d" % key, data, h, hash_tlv(h), outcome, self.now)
 
     def pin(self, key: int, gap: int) -> None:
         """A record with a pinned SSSN (as SPS outputs send them): in the session of a
@@ -901,7 +901,7 @@ class Sim:
         outcome = Outcome((key, i, data))
         self.outcomes.append(outcome)
         self.pinned.add(i)
-        self.acc.add(session, b"k%d" % key, data, h, hash_tlv(h), size, outcome, self.now, sssn)
+        self.acc.add(session, b"k%d" % key, data, h, hash_tlv(h), outcome, self.now, sssn)
 
     def move(self, which: int, owner: str) -> None:
         """The cluster moves an open partition to another owner (the producer's map is stale)."""
