@@ -23,7 +23,7 @@ import tempfile
 import time
 
 from sms import aio
-from sms.launcher import LocalCluster
+from node.launcher import LocalCluster
 
 POLICIES = ("at_least_once_no_dup", "at_least_once_dup_permitted")
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from sms import aio
-from sms.launcher import LocalCluster
+from node.launcher import LocalCluster
 
 
 async def _load(address: str, partitions: int, rate: int, duration_s: float) -> dict:

@@ -44,7 +44,7 @@ if __package__ in (None, ""):
 
 from bench import common  # noqa: E402
 from sms import aio, errors, hashing  # noqa: E402
-from sms.launcher import LocalCluster  # noqa: E402
+from node.launcher import LocalCluster  # noqa: E402
 
 ROLES = ("head", "middle", "tail")
 STREAM = "bench-failover"

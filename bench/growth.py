@@ -43,7 +43,7 @@ if __package__ in (None, ""):
 
 from bench import common  # noqa: E402
 from sms import aio  # noqa: E402
-from sms.launcher import LocalCluster  # noqa: E402
+from node.launcher import LocalCluster  # noqa: E402
 
 FACTOR = 10
 

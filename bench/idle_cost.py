@@ -22,7 +22,7 @@ import time
 
 from bench import cpu
 from sms import aio
-from sms.launcher import LocalCluster
+from node.launcher import LocalCluster
 
 
 def _progress(t0: float, text: str) -> None:

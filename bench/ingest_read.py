@@ -23,7 +23,7 @@ import time
 import lmdb
 
 from sms import aio
-from sms.launcher import LocalCluster
+from node.launcher import LocalCluster
 
 
 def raw_lmdb(records: int, size: int, batch: int, directory: str) -> dict:

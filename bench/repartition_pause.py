@@ -27,7 +27,7 @@ import tempfile
 import time
 
 from sms import aio, hashing
-from sms.launcher import LocalCluster
+from node.launcher import LocalCluster
 from sms.types import PartitionState
 
 

@@ -310,7 +310,7 @@ async def _sweep_points(run: Run, client, cfg: dict, meter, points: list, out: d
 async def _on_cluster(run: Run, cfg: dict, workdir: str, nodes: int, points: list, out: dict) -> None:
     from bench import cpu
     from sms import aio
-    from sms.launcher import LocalCluster
+    from node.launcher import LocalCluster
     t0 = time.perf_counter()
     common.progress(f"== sms: starting LocalCluster, control + {nodes} storage nodes")
     try:

@@ -1,5 +1,5 @@
 """The SMS workloads of the benchmark suite (bench/run.py), each an async function against
-a running cluster (`sms.launcher.LocalCluster`) driven through one `sms.aio.Client`.
+a running cluster (`node.launcher.LocalCluster`) driven through one `sms.aio.Client`.
 
 - `ingest`: records/s and MB/s of `records` records of `size` bytes, `batch` records per
   group, from `producers` concurrent producers. Dedup on: each producer is a

@@ -18,9 +18,10 @@ import time
 
 import grpc
 
-from control import placement, reads, repartition
-from control.metastore import BadVersionError, Create, MetaStore, NodeExistsError, NoNodeError, Set
-from control.metaview import ClusterView
+from control import placement, repartition
+from metastore import reads
+from metastore import BadVersionError, Create, MetaStore, NodeExistsError, NoNodeError, Set
+from metastore.view import ClusterView
 from sms import errors, limits, metadata, rpc, seqno
 from sms.errors import (InvalidArgument, InvalidSequenceNumber, InvalidStreamConfig, LimitExceeded, NotEnoughNodes,
                         RepartitionInProgress, StreamAlreadyExists, StreamNotFound, Timeout, Unavailable)

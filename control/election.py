@@ -15,7 +15,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
-from control.metastore import MetaStore, MetaStoreError, NodeExistsError
+from metastore import MetaStore, MetaStoreError, NodeExistsError
 from sms import limits, metadata
 from sms.aiotools import raise_if_cancelling, wait_event
 

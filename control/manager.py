@@ -30,8 +30,9 @@ from collections import Counter
 
 import grpc
 
-from control import chains, reads
-from control.metastore import BadVersionError, MetaStore, NoNodeError, Set
+from control import chains
+from metastore import reads
+from metastore import BadVersionError, MetaStore, NoNodeError, Set
 from sms import limits, metadata, rpc
 from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation

@@ -36,8 +36,9 @@ from dataclasses import replace
 
 import grpc
 
-from control import placement, reads
-from control.metastore import BadVersionError, Check, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set
+from control import placement
+from metastore import reads
+from metastore import BadVersionError, Check, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set
 from sms import errors, limits, metadata, retention, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation, SmsError

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from control import repartition
 from control.admin import StreamAdmin, validate_create
-from control.metaview import ClusterView
+from metastore.view import ClusterView
 from sms import convert, seqno
 from sms.errors import FailedPrecondition, InvalidArgument, InvalidSplitPoint, Unavailable
 from sms.metadata import ConsumerRecord

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 
-from control.metaview import ClusterView
+from metastore.view import ClusterView
 from ingestion.partition import Outcome, PartitionIngest, Results, Submission
 from ingestion.writer import PartitionWriter
 from sms import wire, hashing, limits, seqno

@@ -13,15 +13,15 @@ import asyncio
 import time
 from typing import NamedTuple
 
-from control.metaview import ClusterView
+from metastore.view import ClusterView
 from sms import limits, seqno
 from sms.errors import InvalidArgument, InvalidIteratorType, InvalidSequenceNumber, PartitionNotFound, RecordNotFound
 from sms.metadata import chain_id
+from sms.ports import ReplicaReads
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors, rpc_stream_errors
 from sms.types import IteratorType, PartitionState, parse_partition_id, partition_id
 from sms.tokens import Position, TokenCodec
-from storage.service import StorageNode
 
 
 class _Page(NamedTuple):
@@ -32,8 +32,8 @@ class _Page(NamedTuple):
 
 
 class RetrievalService(sms_pb2_grpc.RetrievalServicer):
-    def __init__(self, storage: StorageNode, view: ClusterView, tokens: TokenCodec):
-        self.storage = storage
+    def __init__(self, replicas: ReplicaReads, view: ClusterView, tokens: TokenCodec):
+        self.replicas = replicas       # this process's storage role (sms/ports.py)
         self.view = view
         self.tokens = tokens
 
@@ -46,7 +46,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
 
     async def _replica(self, stream: str, ordinal: int):
         await self._entry(stream, ordinal)
-        return self.storage.replica(chain_id(stream, ordinal))
+        return self.replicas.committed_log(chain_id(stream, ordinal))
 
     @rpc_errors
     async def GetIterator(self, request, context):
@@ -79,7 +79,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         if not 1 <= max_records <= limits.GET_RECORDS_COUNT_MAX:
             raise InvalidArgument(f"max_records {max_records}; expected 1..{limits.GET_RECORDS_COUNT_MAX}")
         entry = await self._entry(pos.stream, pos.ordinal)
-        replica = self.storage.replica(chain_id(pos.stream, pos.ordinal))
+        replica = self.replicas.committed_log(chain_id(pos.stream, pos.ordinal))
         ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
         position = pos.position_sn if include_trimmed else max(pos.position_sn, replica.trimmed_before)
         target = position if ending is None else min(position, ending)
@@ -91,7 +91,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             entry = await self._entry(pos.stream, pos.ordinal)     # it may have closed meanwhile
             ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
         committed = replica.committed_sn if ending is None else min(replica.committed_sn, ending)
-        slices = self.storage.logs.read(replica.log, position, committed, max_records, limits.GET_RECORDS_BYTES_MAX)
+        slices = replica.read(position, committed, max_records, limits.GET_RECORDS_BYTES_MAX)
         if slices:
             last = slices[-1]
             next_position = last.sn_at(last.end - 1) + 1
@@ -147,7 +147,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         sn = seqno.parse(request.sequence_number)
         replica = await self._replica(request.stream, seqno.ordinal_of(sn))
         if replica.trimmed_before <= sn <= replica.committed_sn:
-            slices = self.storage.logs.read(replica.log, sn, sn, 1, limits.GET_RECORDS_BYTES_MAX)
+            slices = replica.read(sn, sn, 1, limits.GET_RECORDS_BYTES_MAX)
             if slices and slices[0].sn_at(slices[0].start) == sn:
                 s = slices[0]
                 return sms_pb2.GetRecordResponse(slice=sms_pb2.BatchSlice(batch=s.batch, start=s.start, end=s.end))

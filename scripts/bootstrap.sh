@@ -29,7 +29,7 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' >&2 || true
   spec="."; [ -n "$extras" ] && spec=".[$extras]"
   .venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec" 2>&1 | grep -v '^WARNING: Location' >&2 || true
-  .venv/bin/python -c 'import grpc, lmdb, xxhash, sms.cli' || { echo "bootstrap: install failed" >&2; exit 1; }
+  .venv/bin/python -c 'import grpc, lmdb, xxhash, node.cli' || { echo "bootstrap: install failed" >&2; exit 1; }
   .venv/bin/python -c 'import sms.wire as w; print(f"bootstrap: wire codec: {w.IMPLEMENTATION}")' >&2
   rm -f .venv/.installed-*-"${extras:-base}"
   touch "$stamp"

@@ -72,7 +72,7 @@ TRIM_BATCHES_PER_TXN_MAX = 1000                # deletions per LMDB txn when tri
 STORAGE_READ_BATCHES_MAX = 1000                # stored batches visited by one read
 
 # --- process tuning ------------------------------------------------------------------
-SERVER_GC_THRESHOLDS = (50_000, 20, 100)       # gc.set_threshold of servers (sms/server.py)
+SERVER_GC_THRESHOLDS = (50_000, 20, 100)       # gc.set_threshold of servers (node/server.py)
 
 # --- metadata store ------------------------------------------------------------------
 METASTORE_VALUE_BYTES_MAX = 1024 * 1024

@@ -22,7 +22,7 @@ import json
 import time
 from dataclasses import dataclass, replace
 
-from control.metastore import BadVersionError, MetaStore, NodeExistsError, NoNodeError
+from metastore import BadVersionError, MetaStore, NodeExistsError, NoNodeError
 from sms import limits
 
 SPS_ROOT = "/sps"

@@ -31,7 +31,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from control.metastore import MetaStore, MetaStoreError, NodeExistsError, NoNodeError, open_metastore
+from metastore import MetaStore, MetaStoreError, NodeExistsError, NoNodeError, open_metastore
 from sms import aio, errors, limits, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.types import PartitionState, Record

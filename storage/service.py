@@ -17,8 +17,8 @@ import time
 
 import grpc
 
-from control.metastore import MetaStore, NodeExistsError, NoNodeError
-from control.reads import ChainConfigs, DecodedReads
+from metastore import MetaStore, NodeExistsError, NoNodeError
+from metastore.reads import ChainConfigs, DecodedReads
 from sms import limits, metadata, retention, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation, SmsError, StaleEpoch, WrongOwner
@@ -294,6 +294,10 @@ class StorageNode:
             raise WrongOwner(f"node {self.node_id} holds no replica of {chain_id}")
         return replica
 
+    def committed_log(self, chain_id: str) -> "CommittedReplica":
+        """The port retrieval reads through (sms.ports.ReplicaReads)."""
+        return CommittedReplica(self.replica(chain_id), self.logs)
+
     def status(self, chain_ids=()) -> list[dict]:
         """Every replica's status, or only those of `chain_ids` (the ones held here)."""
         if chain_ids:
@@ -423,3 +427,27 @@ class StorageService(sms_pb2_grpc.StorageServicer):
                       for s in self.node.status(request.chain_ids)])
 
 
+
+
+class CommittedReplica:
+    """One replica as readers see it (sms.ports.CommittedLog): committed records only."""
+
+    __slots__ = ("replica", "logs")
+
+    def __init__(self, replica: Replica, logs: LogStore):
+        self.replica = replica
+        self.logs = logs
+
+    @property
+    def committed_sn(self) -> int:
+        return self.replica.committed_sn
+
+    @property
+    def trimmed_before(self) -> int:
+        return self.replica.trimmed_before
+
+    async def wait_committed(self, sn: int, timeout_s: float) -> bool:
+        return await self.replica.wait_committed(sn, timeout_s)
+
+    def read(self, from_sn: int, upto_sn: int, max_records: int, max_bytes: int):
+        return self.logs.read(self.replica.log, from_sn, upto_sn, max_records, max_bytes)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import settings
 
 import sms
-from sms.launcher import LocalCluster
+from node.launcher import LocalCluster
 from sms.types import Record
 
 # No per-example deadlines (a loaded 2-core CI machine trips them) and a fixed seed

@@ -30,8 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from sms import aio  # noqa: E402
-from sms.launcher import LocalCluster  # noqa: E402
-from sps.commands import apply_graph  # noqa: E402
+from node.launcher import LocalCluster  # noqa: E402
+from node.graph_commands import apply_graph  # noqa: E402
 from sps.graph import load_graph  # noqa: E402
 
 GRAPH = os.path.join(ROOT, "examples", "clickstream", "graph.yaml")
@@ -40,7 +40,7 @@ GRAPH = os.path.join(ROOT, "examples", "clickstream", "graph.yaml")
 def start_worker(address: str, metastore: str, stage: str, worker_id: str, log_dir: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     log = open(os.path.join(log_dir, f"{worker_id}.log"), "w")
-    return subprocess.Popen([sys.executable, "-m", "sms", "graph", "run", GRAPH, "--stage", stage,
+    return subprocess.Popen([sys.executable, "-m", "node", "graph", "run", GRAPH, "--stage", stage,
                              "--worker-id", worker_id, "--address", address, "--metastore", metastore,
                              "--master", "local[1]"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 

@@ -37,7 +37,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import sms
 from sms import errors
-from sms.launcher import LocalCluster
+from node.launcher import LocalCluster
 from tests.conftest import read_partition, stream_name
 from tests.integration.session_wire import (Answer, Channels, RawSession, Submit, cumulative_hwm, key_for_ordinal,
                                             now_ms, stored_session_records)

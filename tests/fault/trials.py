@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 import sms
 from sms import errors, limits
 from sms.hashing import HASH_SPACE
-from sms.launcher import LocalCluster
+from node.launcher import LocalCluster
 from sms.types import PartitionState, StreamInfo
 from tests.conftest import wait_until as _wait
 from tests.fault.history import CheckResult, History, ReadRecord, check, format_table
@@ -197,7 +197,7 @@ def _pause(cluster: LocalCluster, backend: str, victim: str, until, what: str) -
     """SIGSTOP `victim` until `until()` holds (its session expired, the chain dropped it),
     then SIGCONT it. On the embedded backend a process stopped while it holds the store's
     LMDB writer lock stalls every other process's metadata writes, heartbeats included,
-    until it runs again (a limit the store documents, control/metastore/embedded.py); past
+    until it runs again (a limit the store documents, metastore/embedded.py); past
     the session TTL every session then expires at once when it resumes. That is not the
     fault under test, so such a pause is undone at once (well within the TTL) and tried
     again a moment later. Returns how many pauses were undone so."""

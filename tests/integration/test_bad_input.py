@@ -18,7 +18,7 @@ import time
 import grpc
 import pytest
 
-from control.metastore import open_metastore
+from metastore import open_metastore
 from sms import wire, errors, hashing, limits, metadata, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import ERROR_KEY

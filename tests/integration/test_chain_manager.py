@@ -12,10 +12,10 @@ from dataclasses import replace
 
 import pytest
 
-from control import reads
+from metastore import reads
 from control.admin import ensure_roots
 from control.manager import ChainManager
-from control.metastore import Create, Set, open_metastore
+from metastore import Create, Set, open_metastore
 from sms import metadata
 from sms.metadata import ChainChange, ChainConfig, StreamConfig
 from sms.types import IngestionPolicy, NodeInfo, Persistence, StreamStatus

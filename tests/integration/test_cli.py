@@ -1,6 +1,6 @@
 """The `sms` command as a user runs it: `sms up` in one terminal, commands in another.
 
-Every command is a separate `python -m sms` process; `sms up` is stopped with SIGTERM
+Every command is a separate `python -m node` process; `sms up` is stopped with SIGTERM
 (and, in a smaller run, SIGINT) and must take every node process down with it.
 """
 
@@ -39,7 +39,7 @@ class Up:
     def __init__(self, data_dir: str, nodes: int):
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sms", "up", "--data-dir", data_dir, "--port", "0", "--nodes", str(nodes)],
+            [sys.executable, "-m", "node", "up", "--data-dir", data_dir, "--port", "0", "--nodes", str(nodes)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=_env(),
             cwd=data_dir)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -92,7 +92,7 @@ class Up:
 
 
 def sms_cmd(data_dir: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sms", *args, "--data-dir", data_dir], input=stdin,
+    return subprocess.run([sys.executable, "-m", "node", *args, "--data-dir", data_dir], input=stdin,
                           capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, env=_env(), cwd=data_dir)
 
 

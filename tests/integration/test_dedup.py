@@ -487,7 +487,7 @@ def test_table_stays_bounded_with_100_producers_acking_their_hwm(cluster, client
         assert_sssn_order(rows)
 
     # `sms status --json` shows the same tables
-    out = subprocess.run([sys.executable, "-m", "sms", "status", "--json", "--address", cluster.address],
+    out = subprocess.run([sys.executable, "-m", "node", "status", "--json", "--address", cluster.address],
                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
                          env={k: v for k, v in os.environ.items() if k != "SMS_ADDRESS"})
     assert out.returncode == 0, out.stderr[-2000:]

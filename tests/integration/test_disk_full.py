@@ -16,7 +16,7 @@ import time
 import pytest
 
 import sms
-from sms.launcher import LocalCluster
+from node.launcher import LocalCluster
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration

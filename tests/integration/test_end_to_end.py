@@ -228,7 +228,7 @@ def _raw_read_all(address: str, stream: str, ordinal: int) -> list[Record]:
 def _pause_outside_metastore_writes(local, node_id: str, attempts: int = 5) -> None:
     """SIGSTOP a node, retrying until it is not stopped inside a write transaction of the
     shared embedded metadata store (that would stall every other process's writes; see
-    control/metastore/embedded.py): a write transaction from here must get the lock."""
+    metastore/embedded.py): a write transaction from here must get the lock."""
     env = lmdb.open(local.metastore.removeprefix("embedded://"), subdir=False, lock=True,
                     max_dbs=8, map_size=limits.METASTORE_MAP_BYTES)
     try:
@@ -348,7 +348,7 @@ def test_restart_on_the_same_directory_keeps_streams_and_records(make_cluster):
 _START_CLUSTERS_WHILE_BUSY = """
 import sys, tempfile, threading
 import sms
-from sms.launcher import LocalCluster
+from node.launcher import LocalCluster
 
 first = LocalCluster(tempfile.mkdtemp(dir=sys.argv[1]), nodes=1, port=0).start()
 client = sms.Client(first.address)

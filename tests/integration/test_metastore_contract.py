@@ -31,7 +31,7 @@ from typing import Awaitable, Callable, Iterator
 
 import pytest
 
-from control.metastore import (
+from metastore import (
     BadVersionError,
     Check,
     Create,
@@ -50,7 +50,7 @@ from control.metastore import (
     ZooKeeperMetaStore,
     open_metastore,
 )
-from control.metastore.embedded import METASTORE_PATH_BYTES_MAX
+from metastore.embedded import METASTORE_PATH_BYTES_MAX
 from tests.zkserver import ZkServer, expire_session, skip_reason, zk_available
 from sms.limits import (
     METASTORE_POLL_INTERVAL_S,
@@ -556,7 +556,7 @@ def test_bad_paths_and_oversize_values_change_nothing(store_factory: StoreFactor
 
 CHILD_EPHEMERAL = r"""
 import asyncio, sys
-from control.metastore import open_metastore
+from metastore import open_metastore
 
 async def main():
     store = open_metastore(sys.argv[1])
@@ -600,7 +600,7 @@ async def _is_none(value: Awaitable[object]) -> bool:
 
 CHILD_INCREMENTER = r"""
 import asyncio, json, sys
-from control.metastore import BadVersionError, open_metastore
+from metastore import BadVersionError, open_metastore
 
 async def main(url, path, count):
     won, conflicts = [], 0
@@ -656,7 +656,7 @@ def test_racing_conditional_sets_from_two_processes(store_factory: StoreFactory)
 
 CHILD_PAUSED = r"""
 import asyncio, os, signal, sys
-from control.metastore import open_metastore
+from metastore import open_metastore
 
 async def main(url, path, lost_deadline_s):
     async with open_metastore(url) as store:
@@ -907,7 +907,7 @@ def test_zk_recursive_delete_in_several_multis(zk_server: ZkServer,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A subtree larger than one multi is deleted in several, each guarded by the
     version of the subtree's root: a stale expected version deletes nothing."""
-    from control.metastore import zookeeper
+    from metastore import zookeeper
 
     monkeypatch.setattr(zookeeper, "ZK_MULTI_OPS_MAX", 3)
     async def body() -> None:
@@ -958,7 +958,7 @@ def test_zk_lost_answer_of_applied_write_is_recognised(zk_server: ZkServer) -> N
     was. A commit is not retried: it raises ConnectionLossError."""
     from kazoo.exceptions import ConnectionLoss
 
-    from control.metastore.zookeeper import ConnectionLossError
+    from metastore.zookeeper import ConnectionLossError
 
     async def body() -> None:
         async with open_metastore(zk_server.url(fresh_prefix())) as store:

@@ -40,7 +40,7 @@ import pytest
 
 import sms
 from sms import wire, errors, hashing, limits, metadata, rpc, seqno
-from sms.launcher import LocalCluster
+from node.launcher import LocalCluster
 from sms.proto import sms_pb2
 from sms.types import PartitionState, Record, StreamInfo
 from tests.conftest import wait_until

@@ -1,6 +1,6 @@
 """SPS workers as real processes: lease balance, failover, fencing, splits, Spark.
 
-Every test runs stage workers as `python -m sms graph run GRAPH --stage S` processes
+Every test runs stage workers as `python -m node graph run GRAPH --stage S` processes
 (each in a process group of its own, always stopped at teardown) against the module's
 LocalCluster, with the stage's operations in tests/integration/sps_ops.py. A `LeaseWatch`
 polls the stage's lease table and worker registrations from a thread of its own every
@@ -54,7 +54,7 @@ import pytest
 import yaml
 
 import sms
-from control.metastore import NoNodeError, open_metastore
+from metastore import NoNodeError, open_metastore
 from sms import limits
 from sms.hashing import hash_key_of
 from sms.types import PartitionState, Record
@@ -88,7 +88,7 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def sms_cli(cluster, *args: str, timeout_s: float = 60.0) -> str:
-    proc = subprocess.run([sys.executable, "-m", "sms", *args, "--address", cluster.address,
+    proc = subprocess.run([sys.executable, "-m", "node", *args, "--address", cluster.address,
                            "--metastore", cluster.metastore], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=timeout_s)
     assert proc.returncode == 0, f"sms {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
@@ -106,7 +106,7 @@ class Workers:
     def start(self, worker_id: str, env: dict[str, str] | None = None, master: str = "local[1]") -> None:
         with open(self.log_path(worker_id), "wb") as log:
             self.procs[worker_id] = subprocess.Popen(
-                [sys.executable, "-m", "sms", "graph", "run", str(self.graph), "--stage", self.stage,
+                [sys.executable, "-m", "node", "graph", "run", str(self.graph), "--stage", self.stage,
                  "--worker-id", worker_id, "--address", self.cluster.address, "--metastore", self.cluster.metastore,
                  "--master", master],
                 cwd=ROOT, env=_env(env), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -631,7 +631,7 @@ def test_kill9_moves_leases_within_failover_and_output_is_exactly_once(client, s
 def pause_outside_metastore_writes(setup: Setup, worker_id: str, attempts: int = 5) -> None:
     """SIGSTOP a worker, retrying until it is not stopped inside a write transaction of the
     shared embedded metadata store (that would stall every process's writes, the
-    cluster's included: control/metastore/embedded.py): a write from here must go through."""
+    cluster's included: metastore/embedded.py): a write from here must go through."""
     for _ in range(attempts):
         setup.workers.signal(worker_id, signal.SIGSTOP)
         probe = setup.watch.run(lambda store: store.create(f"/sps-test-probes/{uuid.uuid4().hex}", b"",

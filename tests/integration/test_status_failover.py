@@ -19,7 +19,7 @@ FAILOVER_TIMEOUT_S = 30.0
 
 
 def _status(address: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sms", "status", "--address", address, *extra],
+    return subprocess.run([sys.executable, "-m", "node", "status", "--address", address, *extra],
                           capture_output=True, text=True, timeout=60)
 
 

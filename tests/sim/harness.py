@@ -38,7 +38,7 @@ What a step can be (each enabled event has a weight; the seed picks one):
   append; in the `memory` variant the log is gone too) and restart (a new incarnation that
   recovers its logs and registers again); pause (the process stops: its registration
   expires, it acts on nothing, its streams hold) and resume (it registers again with the
-  SAME incarnation, as sms/server.py `reregister` does, and carries on from its stale
+  SAME incarnation, as node/server.py `reregister` does, and carries on from its stale
   state until it syncs).
 * a chain manager round (mirror of control/manager.py `ChainManager.round`: live nodes,
   load, learner progress from NodeStatus, then `control.chains.plan`), and per node a

@@ -30,7 +30,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control.metastore import MetaStore, open_metastore
+from metastore import MetaStore, open_metastore
 from sms import limits
 from sps.leases import (
     LATEST,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from control.metastore import ZooKeeperMetaStore, open_metastore
-from control.metastore.zookeeper import ZK_DEFAULT_PORT, parse_zk_url
+from metastore import ZooKeeperMetaStore, open_metastore
+from metastore.zookeeper import ZK_DEFAULT_PORT, parse_zk_url
 
 
 @pytest.mark.parametrize("url, hosts, prefix", [

@@ -36,7 +36,7 @@ from typing import Callable, Iterator, TypeVar
 
 import lmdb
 
-from control.metastore.base import (
+from metastore.base import (
     BadVersionError,
     Check,
     Create,

@@ -73,7 +73,7 @@ class LocalCluster:
         listen = node.listen
         if node.address and listen.endswith(":0") and node.roles == "control":
             listen = node.address   # keep the client address stable across restarts
-        cmd = [sys.executable, "-m", "sms", "serve", "--node-id", node_id, "--roles", node.roles,
+        cmd = [sys.executable, "-m", "node", "serve", "--node-id", node_id, "--roles", node.roles,
                "--metastore", self.metastore, "--data-dir", os.path.join(self.data_dir, node_id),
                "--listen", listen, "--ready-file", ready, "--exit-with-parent"]
         if self.expose_sessions:

@@ -16,7 +16,7 @@ import asyncio
 import os
 import urllib.parse
 
-from control.metastore.base import (
+from metastore.base import (
     ROOT,
     BadVersionError,
     Check,
@@ -36,7 +36,7 @@ from control.metastore.base import (
     Set,
     TooManyWatchesError,
 )
-from control.metastore.embedded import EmbeddedMetaStore
+from metastore.embedded import EmbeddedMetaStore
 
 __all__ = [
     "ROOT",
@@ -76,7 +76,7 @@ def open_metastore(url: str, *,
     if "://" not in url and parts.scheme not in (EMBEDDED_SCHEME, ZOOKEEPER_SCHEME):
         return EmbeddedMetaStore(os.path.abspath(url), loop=loop)
     if parts.scheme == ZOOKEEPER_SCHEME:
-        from control.metastore.zookeeper import ZooKeeperMetaStore
+        from metastore.zookeeper import ZooKeeperMetaStore
         return ZooKeeperMetaStore(url, loop=loop)
     if parts.scheme != EMBEDDED_SCHEME:
         raise ValueError(f"metadata store url {url!r}: unknown scheme {parts.scheme!r};"
@@ -93,6 +93,6 @@ def open_metastore(url: str, *,
 def __getattr__(name: str) -> object:
     """`ZooKeeperMetaStore`, imported on first use (it loads kazoo)."""
     if name == "ZooKeeperMetaStore":
-        from control.metastore.zookeeper import ZooKeeperMetaStore
+        from metastore.zookeeper import ZooKeeperMetaStore
         return ZooKeeperMetaStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

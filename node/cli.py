@@ -50,7 +50,7 @@ def _emit(args, obj, human: str) -> None:
 # --- cluster ---------------------------------------------------------------------------
 
 def cmd_up(args) -> int:
-    from sms.launcher import LocalCluster
+    from node.launcher import LocalCluster
     cluster = LocalCluster(args.data_dir, nodes=args.nodes, port=args.port, metastore=args.metastore,
                            controls=args.controls)
     stop = threading.Event()
@@ -74,7 +74,7 @@ def cmd_up(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from sms import server
+    from node import server
     return server.run(args)
 
 
@@ -360,7 +360,7 @@ def _metastore(args) -> str:
 def cmd_graph(args) -> int:
     import asyncio
 
-    from sps import commands
+    from node import graph_commands as commands
     from sps.graph import load_graph
     graph = load_graph(args.graph)
     if args.graph_cmd == "apply":
@@ -399,7 +399,7 @@ def cmd_demo(args) -> int:
 
 def _demo(args, data_dir: str) -> int:
     from sms.client import Client
-    from sms.launcher import LocalCluster
+    from node.launcher import LocalCluster
     print(f"starting a local cluster: control + {args.nodes} storage nodes (data in {data_dir})", flush=True)
     with LocalCluster(data_dir, nodes=args.nodes, port=0) as cluster, Client(cluster.address) as client:
         print(f"address: {cluster.address}")

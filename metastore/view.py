@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from control.metastore import MetaStore, NoNodeError
+from metastore import MetaStore, NoNodeError
 from sms import limits, metadata
 from sms.errors import StreamNotFound
 from sms.metadata import ChainConfig, StreamConfig

@@ -72,7 +72,7 @@ from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent, ZnodeStat
 from kazoo.retry import KazooRetry
 
-from control.metastore.base import (
+from metastore.base import (
     ROOT,
     BadVersionError,
     Check,
@@ -97,7 +97,7 @@ from control.metastore.base import (
     validate_value,
     validate_version,
 )
-from control.metastore.embedded import METASTORE_PATH_BYTES_MAX
+from metastore.embedded import METASTORE_PATH_BYTES_MAX
 from sms.limits import METASTORE_SESSION_TTL_S, METASTORE_WATCHES_MAX
 
 ZOOKEEPER_SCHEME = "zk"

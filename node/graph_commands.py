@@ -15,7 +15,7 @@ import logging
 import signal
 import time
 
-from control.metastore import open_metastore
+from metastore import open_metastore
 from sms import aio, errors, seqno
 from sps.graph import Graph, StageSpec
 from sps.leases import SHARD_END, LeaseTable, workers_path

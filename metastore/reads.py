@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from control.metastore import MetaStore, NoNodeError
+from metastore import MetaStore, NoNodeError
 from sms import limits, metadata
 from sms.metadata import ChainConfig
 from sms.types import NodeInfo

@@ -26,7 +26,7 @@ from sms import limits, metadata, rpc, wire
 from sms.errors import InvalidArgument
 from sms.types import NodeInfo
 
-log = logging.getLogger("sms.server")
+log = logging.getLogger("node.server")
 
 TASK_STACK_FRAMES_MAX = 12         # frames of each asyncio task in a SIGUSR1 dump
 ROLES = ("control", "storage", "ingestion", "retrieval")
@@ -71,8 +71,8 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     from control.election import LeaderElection
     from control.manager import ChainManager
     from control.repartition import Repartitioner
-    from control.metastore import NodeExistsError, open_metastore
-    from control.metaview import ClusterView
+    from metastore import NodeExistsError, open_metastore
+    from metastore.view import ClusterView
     from control.service import ControlService
     from ingestion.service import IngestionService
     from retrieval.service import RetrievalService

@@ -1,7 +1,0 @@
-"""`python -m sms` runs the `sms` command."""
-
-import sys
-
-from sms.cli import main
-
-sys.exit(main())

@@ -1,0 +1,59 @@
+"""The import rule (docs/architecture.md, "Layout"): each package imports only the
+layers below it. `sms` is the client and shared kernel and imports no server package;
+`metastore` sits below every role; a role never imports another role (co-located roles
+talk through the ports in sms/ports.py, wired by node/server.py); `spark_sps` is an
+engine for `sps`; only `node` (process setup: serve, CLI, launcher) imports them all.
+Imports inside functions count too."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+OURS = {"sms", "metastore", "storage", "ingestion", "retrieval", "control", "sps", "spark_sps", "node"}
+ALLOWED = {
+    "sms": {"sms"},
+    "metastore": {"sms", "metastore"},
+    "storage": {"sms", "metastore", "storage"},
+    "ingestion": {"sms", "metastore", "ingestion"},
+    "retrieval": {"sms", "metastore", "retrieval"},
+    "control": {"sms", "metastore", "control"},
+    "sps": {"sms", "metastore", "sps"},
+    "spark_sps": {"sms", "sps", "spark_sps"},
+    "node": OURS,
+}
+
+
+def imports_of(path: pathlib.Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module.split(".")[0]))
+    return sorted((line, top) for line, top in out if top in OURS)
+
+
+def test_every_package_has_a_rule():
+    found = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists() and p.name in OURS | {"tests", "bench"}}
+    assert OURS <= found | {"node"} and (ROOT / "node" / "__init__.py").exists()
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_imports_follow_the_layers(package):
+    bad = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for line, top in imports_of(path):
+            if top not in ALLOWED[package]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {top}")
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_the_checker_sees_a_violation(tmp_path):
+    planted = tmp_path / "x.py"
+    planted.write_text("def f():\n    from storage.service import StorageNode\nimport control.chains\n")
+    assert sorted(imports_of(planted)) == [(2, "storage"), (3, "control")]
