@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections import Counter
 import logging
 import secrets
 import time
@@ -23,12 +24,13 @@ from metastore import reads
 from metastore import BadVersionError, Create, MetaStore, NodeExistsError, NoNodeError, Set
 from metastore.view import ClusterView
 from sms import errors, limits, metadata, rpc, seqno
-from sms.errors import (InvalidArgument, InvalidSequenceNumber, InvalidStreamConfig, LimitExceeded, NotEnoughNodes,
+from sms.errors import (InvalidArgument, InvalidSequenceNumber, InvalidStreamConfig, LimitExceeded, NodeNotFound,
+                        NotEnoughNodes,
                         RepartitionInProgress, StreamAlreadyExists, StreamNotFound, Timeout, Unavailable)
 from sms.metadata import ChainChange, ChainConfig, ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionMap
 from sms.proto import sms_pb2, sms_pb2_grpc
-from sms.types import IngestionPolicy, Persistence, StreamStatus
+from sms.types import IngestionPolicy, NodeLoad, Persistence, StreamStatus
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,8 @@ STREAM_READY_TIMEOUT_S = 30.0
 
 async def ensure_roots(store: MetaStore) -> None:
     """The top-level entries every role expects, and the cluster's token secret."""
-    for path in ("/cluster", metadata.NODES, metadata.STREAMS, metadata.CHAINS, metadata.SUSPECTS):
+    for path in ("/cluster", metadata.NODES, metadata.STREAMS, metadata.CHAINS, metadata.SUSPECTS,
+                 metadata.DRAINING):
         try:
             await store.create(path)
         except NodeExistsError:
@@ -95,9 +98,11 @@ class StreamAdmin:
             if await self.store.get(metadata.stream_path(config.name)) is not None:
                 raise StreamAlreadyExists(f"stream {config.name!r} already exists")
             nodes = await self._storage_nodes()
+            draining = await reads.draining(self.store)
+            nodes = {n: info for n, info in nodes.items() if n not in draining} or nodes
             if config.replication_factor > len(nodes):
                 raise NotEnoughNodes(f"replication factor {config.replication_factor} needs that many storage "
-                                     f"nodes; {len(nodes)} are live")
+                                     f"nodes; {len(nodes)} are live and not draining")
             replicas, heads = await reads.chain_load(self.store)
             chains = placement.place(list(nodes), config.partitions, config.replication_factor, replicas, heads)
             pmap = PartitionMap.even(config.partitions, config.created_ms)
@@ -183,6 +188,44 @@ class StreamAdmin:
 
 
     # --- repartitioning, retention, consumers ---------------------------------------------
+    async def list_nodes(self) -> list[NodeLoad]:
+        """Every storage node that is live or holds a replica, with its share of chains."""
+        nodes = await self._storage_nodes()
+        draining = await reads.draining(self.store)
+        replicas, heads, learners = Counter(), Counter(), Counter()
+        for config in await reads.all_chains(self.store):
+            replicas.update(config.members)
+            heads[config.head] += 1
+            learners.update(config.learners)
+        names = sorted(set(nodes) | set(replicas) | set(learners) | (draining & set(nodes)))
+        return [NodeLoad(node_id=n, address=nodes[n].address if n in nodes else "", live=n in nodes,
+                         draining=n in draining, replicas=replicas[n], heads=heads[n], learners=learners[n])
+                for n in names]
+
+    async def drain_node(self, node_id: str, undo: bool = False) -> list[NodeLoad]:
+        """Mark a storage node as draining: the chain manager moves its replicas to the other
+        nodes (each through a learner, so no chain drops below its replication factor),
+        and nothing new is placed on it. `undo` clears the mark."""
+        if not isinstance(node_id, str) or not node_id:
+            raise InvalidArgument("a node id is required")
+        known = {n.node_id for n in await self.list_nodes()}
+        if node_id not in known:
+            raise NodeNotFound(f"no storage node {node_id[:64]!r} is registered or holds a replica; "
+                               f"the nodes are: {', '.join(sorted(known)) or '(none)'}")
+        path = metadata.draining_path(node_id)
+        if undo:
+            try:
+                await self.store.delete(path)
+            except NoNodeError:
+                pass
+        else:
+            try:
+                await self.store.create(path, str(int(time.time() * 1000)).encode())
+                log.info("node %s is draining: its replicas move to the other nodes", node_id)
+            except NodeExistsError:
+                pass
+        return await self.list_nodes()
+
     async def _stream_entry(self, name: str):
         metadata.validate_stream_name(name)
         entry = await self.store.get(metadata.stream_path(name))

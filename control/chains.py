@@ -18,6 +18,17 @@ which incarnation, each chain's config, how far each learner has copied -- and a
 5. While members + learners are fewer than the replication factor, the least-loaded
    live storage node that holds nothing of the chain joins as a learner: it copies the
    tail's log while writes go on, so replication is restored without stopping them.
+6. More members than the replication factor (a moved replica's learner has joined, or
+   the factor was lowered): one leaves, with a new epoch that fences it. A draining
+   node leaves first, then the member on the most loaded node; among equals a middle
+   member, then the head, and the tail (which has just joined) last. The chain never
+   drops below its factor.
+7. Moves (`move=True`, given while the manager's budget of moves allows): a chain with
+   exactly its factor of members and no learner on a draining node takes a learner on
+   the least-loaded live node that is not draining; so does a chain with a member on a
+   node holding at least REBALANCE_IMBALANCE_MIN more replicas than that node. Rule 4
+   promotes it and rule 6 removes the member it replaces: the replication factor never
+   falls below its setting, and writes pause only for the epoch switch.
 
 Learner changes do not change the epoch: learners are outside the commit path.
 """
@@ -62,13 +73,16 @@ def _incarnations(config: ChainConfig, live: dict[str, int], keep: tuple[str, ..
 
 def plan(config: ChainConfig, live: dict[str, int], replication_factor: int, load: Counter,
          progress: dict[str, LearnerProgress], now_ms: int,
-         learner_counts: Counter | None = None, down: dict[str, str] | None = None) -> ChainConfig | None:
+         learner_counts: Counter | None = None, down: dict[str, str] | None = None,
+         draining: frozenset[str] = frozenset(), move: bool = False) -> ChainConfig | None:
     """The chain's next config, or None when it needs no change.
 
     live: storage node id -> incarnation (registration started_ms) of every live node.
     load: replicas (members + learners) per node over all chains, for placement.
     progress: what the manager learned of each learner of this chain.
-    down: reasons for nodes known to have failed (not in `live`), for the history."""
+    down: reasons for nodes known to have failed (not in `live`), for the history.
+    draining: live nodes being emptied (`sms node drain`): they take no new replica.
+    move: whether this chain may start a move (rule 7) this round."""
     new = config
     failed = failed_members(config, live, down)
     gone_members = [m for m in config.members if m in failed]
@@ -109,11 +123,14 @@ def plan(config: ChainConfig, live: dict[str, int], replication_factor: int, loa
                           learners=tuple(n for n in config.learners if n != learner))
             return _change(new, epoch, now_ms, "promoted", learner,
                            f"copied to within {p.lag_records} records of the tail; joins as tail")
+    if len(config.members) > replication_factor and not config.learners:
+        return _remove_extra(config, replication_factor, load, draining, now_ms)
     missing = replication_factor - len(config.members) - len(config.learners)
-    if missing <= 0:
-        return None
     counts = learner_counts or Counter()
-    candidates = sorted((n for n in live if not config.holds(n) and counts[n] < limits.LEARNERS_PER_NODE_MAX),
+    if missing <= 0:
+        return _move(config, live, replication_factor, load, draining, counts, now_ms) if move and not missing else None
+    candidates = sorted((n for n in live if not config.holds(n) and n not in draining
+                         and counts[n] < limits.LEARNERS_PER_NODE_MAX),
                         key=lambda n: (load[n], n))
     if not candidates:
         return None
@@ -124,3 +141,55 @@ def plan(config: ChainConfig, live: dict[str, int], replication_factor: int, loa
         new = _change(new, new.epoch, now_ms, "learner", n,
                       f"restoring replication factor {replication_factor}; copies the tail's log")
     return new
+
+
+def _remove_extra(config: ChainConfig, replication_factor: int, load: Counter, draining: frozenset[str],
+                  now_ms: int) -> ChainConfig:
+    """Rule 6: the members beyond the replication factor leave (draining ones first, then
+    the most loaded; the tail only when nothing else is as loaded)."""
+    extra = len(config.members) - replication_factor
+    # among equals a middle member goes first: no head switch, and not the tail just joined
+    order = sorted(config.members, key=lambda n: (n not in draining, -load[n], n == config.tail, n == config.head, n))
+    leaving = set(order[:extra])
+    epoch = config.epoch + 1
+    members = tuple(m for m in config.members if m not in leaving)
+    new = replace(config, epoch=epoch, members=members,
+                  incarnations=tuple((n, i) for n, i in config.incarnations if n not in leaving))
+    for n in order[:extra]:
+        why = ("the node is draining" if n in draining
+               else f"its replica moved to a less loaded node ({load[n]} replicas on {n})")
+        new = _change(new, epoch, now_ms, "removed", n,
+                      f"{why}; the chain keeps replication factor {replication_factor}")
+    return new
+
+
+def imbalance(donor_load: int, receiver_load: int) -> bool:
+    """Whether moving one replica from a node with `donor_load` replicas to one with
+    `receiver_load` makes the cluster more even (never a swap back and forth)."""
+    return donor_load - receiver_load >= limits.REBALANCE_IMBALANCE_MIN
+
+
+def _move(config: ChainConfig, live: dict[str, int], replication_factor: int, load: Counter,
+          draining: frozenset[str], counts: Counter, now_ms: int) -> ChainConfig | None:
+    """Rule 7: a learner that will replace a member on a draining or overloaded node."""
+    if config.learners:
+        return None
+    candidates = [n for n in live if not config.holds(n) and n not in draining
+                  and counts[n] < limits.LEARNERS_PER_NODE_MAX]
+    if not candidates:
+        return None
+    receiver = min(candidates, key=lambda n: (load[n], n))
+    leaving = [m for m in config.members if m in draining]
+    if leaving:
+        reason = f"replaces {leaving[0]}, which is draining; copies the tail's log"
+    elif config.sealed:
+        return None       # a partition being split or merged (or closed) moves only off a draining node
+    else:
+        donor = max(config.members, key=lambda n: (load[n], n != config.tail, n))
+        if not imbalance(load[donor], load[receiver]):
+            return None
+        reason = (f"rebalancing: replaces {donor} ({load[donor]} replicas) on {receiver} "
+                  f"({load[receiver]}); copies the tail's log")
+    new = replace(config, learners=(receiver,))
+    new = replace(new, incarnations=_incarnations(new, live, new.members + new.learners))
+    return _change(new, new.epoch, now_ms, "learner", receiver, reason)

@@ -59,7 +59,7 @@ class ChainManager:
         self.rounds = 0
 
     def start(self) -> None:
-        for path in (metadata.NODES, metadata.CHAINS, metadata.SUSPECTS):
+        for path in (metadata.NODES, metadata.CHAINS, metadata.SUSPECTS, metadata.DRAINING):
             self._cancel.append(self.store.watch(path, self._changed.set))
         self._task = asyncio.get_running_loop().create_task(self._run(), name="chain-manager")
 
@@ -124,6 +124,21 @@ class ChainManager:
             cache[name] = got[0] if got is not None else None
         return cache[name]
 
+    async def _moves_under_way(self, configs: list[tuple[ChainConfig, int]], streams: dict) -> int:
+        """Chains holding more replicas than their factor (a move copying or finishing);
+        a chain short of replicas counts as the whole budget: restoring comes first."""
+        under_way = 0
+        for config, _v in configs:
+            stream = await self._stream(config.stream, streams)
+            if stream is None:
+                continue
+            held = len(config.members) + len(config.learners)
+            if held < stream.replication_factor:
+                return limits.REBALANCE_MOVES_MAX
+            if held > stream.replication_factor:
+                under_way += 1
+        return under_way
+
     async def _replica_status(self, node: NodeInfo, cache: dict) -> dict[str, tuple]:
         """chain id -> (records, verified, last SN, role, epoch) on the node; {} when it does not answer."""
         if node.node_id not in cache:
@@ -153,13 +168,19 @@ class ChainManager:
                         for n in self.down}
         if configs is None:
             configs = await self._chains()
+        draining = await reads.draining(self.store)
         self.rounds += 1
         load, learning = Counter(), Counter()
         for config, _v in configs:
             load.update(config.members)
             load.update(config.learners)
             learning.update(config.learners)
+        for n in nodes:
+            load[n] += 0          # a live node with nothing yet counts, as the least loaded
         streams: dict = {}
+        # moves (rebalancing onto new nodes, off draining ones) only while no chain is
+        # short of replicas and no node is down, and only so many at once
+        moves = 0 if self.down else limits.REBALANCE_MOVES_MAX - await self._moves_under_way(configs, streams)
         statuses: dict = {}
         changed = 0
         now_ms = int(time.time() * 1000)
@@ -182,9 +203,11 @@ class ChainManager:
                         progress[learner] = chains.LearnerProgress(verified=mine[1] and gated,
                                                                    lag_records=tail[0] - mine[0])
             new = chains.plan(config, live, stream.replication_factor, load, progress, now_ms, learning,
-                              down_reasons)
+                              down_reasons, draining, move=moves > 0)
             if new is None:
                 continue
+            if not config.learners and new.learners and len(new.members) + len(new.learners) > stream.replication_factor:
+                moves -= 1
             try:
                 # the chain's config, and /chains itself, so that every watcher of /chains
                 # (storage nodes, metadata views) hears of the change at once
@@ -200,6 +223,9 @@ class ChainManager:
             for n in set(new.members) | set(new.learners):
                 if not config.holds(n):
                     load[n] += 1
+            for n in set(config.members) | set(config.learners):
+                if not new.holds(n):
+                    load[n] -= 1
             for n in set(new.learners) - set(config.learners):
                 learning[n] += 1
         self._busy = bool(changed or learning or self.down)

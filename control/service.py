@@ -104,6 +104,14 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         return sms_pb2.Empty()
 
     @rpc_errors
+    async def ListNodes(self, request, context):
+        return convert.node_loads_to_pb(await self._admin().list_nodes())
+
+    @rpc_errors
+    async def DrainNode(self, request, context):
+        return convert.node_loads_to_pb(await self._admin().drain_node(request.node_id, request.undo))
+
+    @rpc_errors
     async def UpdateConsumer(self, request, context):
         checkpoints = {}
         for ordinal, sn in request.checkpoints.items():

@@ -47,6 +47,20 @@ async def chain_load(store: MetaStore, *, sealed: bool = True) -> tuple[Counter,
     return replicas, heads
 
 
+async def all_chains(store: MetaStore) -> list[ChainConfig]:
+    """Every chain config, read now."""
+    try:
+        names = await store.children(metadata.CHAINS)
+    except NoNodeError:
+        return []
+    out = []
+    for name in names:
+        entry = await store.get(metadata.chain_path(name))
+        if entry is not None and entry.value:
+            out.append(ChainConfig.from_bytes(entry.value))
+    return out
+
+
 class DecodedReads:
     """Reads of metadata values, each decoded once per value: a read whose bytes are those
     the last read of the same path returned gives back the object decoded then (a bytes
@@ -119,3 +133,11 @@ class ChainConfigs:
             self._read_at = now
             self.reads += 1
         return dict(self._configs)
+
+
+async def draining(store: MetaStore) -> frozenset[str]:
+    """Storage nodes being emptied (`sms node drain`): they keep serving, take no new replica."""
+    try:
+        return frozenset(await store.children(metadata.DRAINING))
+    except NoNodeError:
+        return frozenset()

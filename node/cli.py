@@ -123,6 +123,68 @@ def cmd_status(args) -> int:
     return 0
 
 
+# --- nodes -----------------------------------------------------------------------------
+
+NODE_DRAIN_WAIT_S = 600.0
+NODE_DRAIN_POLL_S = 1.0
+
+
+def _nodes_text(loads) -> str:
+    lines = [f"{'node':<10} {'address':<22} {'state':<9} {'replicas':>8} {'heads':>6} {'learners':>8}"]
+    for n in loads:
+        state = "draining" if n.draining else ("live" if n.live else "down")
+        lines.append(f"{n.node_id:<10} {n.address or '-':<22} {state:<9} {n.replicas:>8} {n.heads:>6} "
+                     f"{n.learners:>8}")
+    return "\n".join(lines)
+
+
+def _nodes_json(loads) -> list[dict]:
+    return [{"node_id": n.node_id, "address": n.address, "live": n.live, "draining": n.draining,
+             "replicas": n.replicas, "heads": n.heads, "learners": n.learners} for n in loads]
+
+
+def cmd_node(args) -> int:
+    if args.node_cmd == "add":
+        from node.launcher import add_node
+        try:
+            node = add_node(args.data_dir)
+        except (OSError, ValueError, KeyError) as e:
+            raise SystemExit(f"error: no local cluster in {args.data_dir} ({e}); `sms node add` adds to the "
+                             f"cluster `sms up` runs there. On other hosts run `sms serve` with the "
+                             f"cluster's --metastore: a node that registers takes its share too") from None
+        _emit(args, {"node_id": node.node_id, "address": node.address, "pid": node.pid},
+              f"node {node.node_id} started at {node.address} (pid {node.pid}); "
+              f"replicas and heads move onto it while writes go on (`sms node list` shows them)")
+        return 0
+    with _client(args) as client:
+        if args.node_cmd == "list":
+            loads = client.list_nodes()
+            _emit(args, _nodes_json(loads), _nodes_text(loads))
+            return 0
+        loads = client.drain_node(args.node_id, undo=args.undo)
+        if args.undo or not args.wait:
+            what = "no longer draining" if args.undo else "draining: its replicas move to the other nodes"
+            _emit(args, _nodes_json(loads), f"{args.node_id} is {what}\n{_nodes_text(loads)}")
+            return 0
+        deadline = time.monotonic() + args.timeout
+        while True:
+            mine = next((n for n in loads if n.node_id == args.node_id), None)
+            held = 0 if mine is None else mine.replicas + mine.learners
+            if held == 0:
+                _emit(args, _nodes_json(loads), f"{args.node_id} holds no replica: it may be stopped\n"
+                                                 f"{_nodes_text(loads)}")
+                return 0
+            if time.monotonic() > deadline:
+                print(f"error: {args.node_id} still holds {held} replicas after {args.timeout:.0f} s "
+                      f"(each needs a live node that is not draining and holds nothing of its chain)",
+                      file=sys.stderr)
+                return 1
+            if not args.json:
+                print(f"{args.node_id}: {held} replicas left", file=sys.stderr, flush=True)
+            time.sleep(NODE_DRAIN_POLL_S)
+            loads = client.list_nodes()
+
+
 # --- streams ---------------------------------------------------------------------------
 
 def _describe(info) -> dict:
@@ -470,6 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", default="127.0.0.1:0")
     serve.add_argument("--ready-file")
     serve.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process dies")
+    serve.add_argument("--exit-with-pid", type=int, default=0, help="stop when process PID is gone")
     serve.add_argument("--session-file", help=argparse.SUPPRESS)   # fault tests: expose the ZooKeeper session
     serve.set_defaults(func=cmd_serve)
 
@@ -539,6 +602,19 @@ def build_parser() -> argparse.ArgumentParser:
             g.add_argument("--worker-id", help="default: HOST-PID")
             g.add_argument("--master", default="local[2]", help="Spark master URL (default local[2])")
     graph.set_defaults(func=cmd_graph)
+
+    node = sub.add_parser("node", help="list storage nodes, add one to a local cluster, drain one")
+    nsub = node.add_subparsers(dest="node_cmd", required=True)
+    nsub.add_parser("list", parents=[common], help="each storage node's replicas, heads and learners")
+    nsub.add_parser("add", parents=[common],
+                    help="start one more storage node in the local cluster of --data-dir; "
+                         "replicas and heads rebalance onto it")
+    d = nsub.add_parser("drain", parents=[common], help="move every replica off a node before removing it")
+    d.add_argument("node_id", help="the storage node, as `sms node list` shows it")
+    d.add_argument("--undo", action="store_true", help="stop draining: the node takes replicas again")
+    d.add_argument("--wait", action="store_true", help="return once the node holds nothing, showing progress")
+    d.add_argument("--timeout", type=float, default=NODE_DRAIN_WAIT_S, help="seconds --wait waits (default 600)")
+    node.set_defaults(func=cmd_node)
 
     status = sub.add_parser("status", parents=[common], help="nodes, chains, roles, process ids")
     status.set_defaults(func=cmd_status)

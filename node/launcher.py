@@ -47,6 +47,7 @@ class LocalCluster:
                  metastore: str | None = None, controls: int = 1, expose_sessions: bool = False):
         self.data_dir = os.path.abspath(data_dir)
         self.expose_sessions = expose_sessions     # fault tests: nodes write their ZooKeeper session
+        self.launcher_pid = 0        # set by `sms node add`: new nodes live as long as this process
         self.host = host
         self.metastore = metastore or f"embedded://{os.path.join(self.data_dir, 'meta.lmdb')}"
         self.procs: dict[str, NodeProcess] = {"control": NodeProcess("control", "control", f"{host}:{port}")}
@@ -75,13 +76,16 @@ class LocalCluster:
             listen = node.address   # keep the client address stable across restarts
         cmd = [sys.executable, "-m", "node", "serve", "--node-id", node_id, "--roles", node.roles,
                "--metastore", self.metastore, "--data-dir", os.path.join(self.data_dir, node_id),
-               "--listen", listen, "--ready-file", ready, "--exit-with-parent"]
+               "--listen", listen, "--ready-file", ready]
+        # a node added to a running `sms up` (`sms node add`) lives as long as that launcher
+        cmd += ["--exit-with-pid", str(self.launcher_pid)] if self.launcher_pid else ["--exit-with-parent"]
         if self.expose_sessions:
             cmd += ["--session-file", os.path.join(os.path.dirname(ready), f"{node_id}.session")]
         # no preexec_fn: it runs Python between fork and exec, where gRPC's fork
         # handlers break a child of a process that has live channels
         with open(logfile, "ab") as log:
-            node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=bool(self.launcher_pid))
 
     def wait_ready(self, node_ids: list[str], timeout_s: float = limits.NODE_START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
@@ -198,3 +202,29 @@ def _tail(path: str, lines: int = 30) -> str:
             return "".join(f.readlines()[-lines:])
     except OSError:
         return ""
+
+
+def add_node(data_dir: str, timeout_s: float = limits.NODE_START_TIMEOUT_S) -> NodeProcess:
+    """Start one more storage node for the local cluster that `sms up` runs in `data_dir`
+    (`sms node add`): the next free id, the same metadata store, stopped with that
+    launcher. Recorded in DIR/cluster.json."""
+    path = os.path.join(os.path.abspath(data_dir), "cluster.json")
+    with open(path) as f:
+        info = json.load(f)
+    taken = {n["node_id"] for n in info["nodes"]} | set(os.listdir(os.path.dirname(path)))
+    ordinal = 1
+    while f"n{ordinal}" in taken:
+        ordinal += 1
+    node_id = f"n{ordinal}"
+    cluster = LocalCluster(data_dir, nodes=0, metastore=info["metastore"])
+    cluster.launcher_pid = info["launcher_pid"]
+    host = info["address"].rsplit(":", 1)[0]
+    cluster.procs = {node_id: NodeProcess(node_id, STORAGE_ROLES, f"{host}:0")}
+    cluster.spawn(node_id)
+    cluster.wait_ready([node_id], timeout_s)
+    node = cluster.procs[node_id]
+    info["nodes"].append({"node_id": node_id, "roles": node.roles, "pid": node.pid, "address": node.address})
+    with open(path + ".tmp", "w") as f:
+        json.dump(info, f, indent=2)
+    os.replace(path + ".tmp", path)
+    return node

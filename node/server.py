@@ -42,11 +42,22 @@ def parse_roles(text: str) -> tuple[str, ...]:
     return roles
 
 
-async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
-    """Stop when the launching process is gone (we were re-parented)."""
+async def _watch_parent(parent_pid: int, stop: asyncio.Event, *, any_process: bool = False) -> None:
+    """Stop when the launching process is gone: we were re-parented, or (`any_process`:
+    `sms node add` names the `sms up` launcher, which is not our parent) it no longer exists."""
     while not stop.is_set():
-        if os.getppid() != parent_pid:
-            log.warning("parent %d is gone; stopping", parent_pid)
+        if any_process:
+            try:
+                os.kill(parent_pid, 0)
+                gone = False
+            except ProcessLookupError:
+                gone = True
+            except PermissionError:
+                gone = False
+        else:
+            gone = os.getppid() != parent_pid
+        if gone:
+            log.warning("launcher %d is gone; stopping", parent_pid)
             stop.set()
             return
         await asyncio.sleep(limits.PARENT_CHECK_INTERVAL_S)
@@ -66,7 +77,8 @@ def _write_session_file(path: str, store) -> None:
 
 
 async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_dir: str, listen: str,
-                ready_file: str | None = None, exit_with_parent: bool = False, session_file: str = "") -> None:
+                ready_file: str | None = None, exit_with_parent: bool = False, session_file: str = "",
+                exit_with_pid: int = 0) -> None:
     from control.admin import StreamAdmin, ensure_roots
     from control.election import LeaderElection
     from control.manager import ChainManager
@@ -86,7 +98,8 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, _log_tasks)
-    parent_watch = loop.create_task(_watch_parent(os.getppid(), stop)) if exit_with_parent else None
+    parent_watch = (loop.create_task(_watch_parent(exit_with_pid, stop, any_process=True)) if exit_with_pid
+                    else loop.create_task(_watch_parent(os.getppid(), stop)) if exit_with_parent else None)
 
     store = open_metastore(metastore_url)
     await store.start()
@@ -216,5 +229,5 @@ def run(args) -> int:
     gc.freeze()
     gc.set_threshold(*limits.SERVER_GC_THRESHOLDS)
     asyncio.run(serve(args.node_id, roles, args.metastore, args.data_dir, args.listen, args.ready_file,
-                      args.exit_with_parent, args.session_file or ""))
+                      args.exit_with_parent, args.session_file or "", args.exit_with_pid or 0))
     return 0

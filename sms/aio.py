@@ -22,7 +22,7 @@ from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.records import encode_put
 from sms.tokens import peek
 from sms.batch import RecordBatch
-from sms.types import (ClusterInfo, GetRecordBatchResult, GetRecordsResult, IteratorType, PartitionInfo, PartitionState, PutRecordResult,
+from sms.types import (ClusterInfo, NodeLoad, GetRecordBatchResult, GetRecordsResult, IteratorType, PartitionInfo, PartitionState, PutRecordResult,
                        PutRecordsResult, Record, Routes, StreamInfo, parse_partition_id)
 
 _REDIRECT_BACKOFF_S = 0.05
@@ -205,6 +205,19 @@ class Client:
         partition), on every replica, in the background."""
         await self._admin_call("TrimStream", sms_pb2.TrimStreamRequest(
             name=name, before_sn="" if before_sn is None else str(before_sn), before_ms=before_time_ms or 0))
+
+    async def list_nodes(self) -> list[NodeLoad]:
+        """Every storage node that is live or holds a replica: its replicas, heads and
+        learners, and whether it is draining."""
+        return convert.node_loads_from_pb(await self._admin_call("ListNodes", sms_pb2.Empty()))
+
+    async def drain_node(self, node_id: str, *, undo: bool = False) -> list[NodeLoad]:
+        """Empty a storage node before removing it: its replicas move to the other nodes
+        while writes go on (each chain keeps its replication factor throughout), and
+        nothing new is placed on it. Returns at once; `list_nodes` shows the progress.
+        `undo=True` stops draining."""
+        return convert.node_loads_from_pb(await self._admin_call(
+            "DrainNode", sms_pb2.DrainNodeRequest(node_id=node_id, undo=undo)))
 
     async def register_consumer(self, stream: str, consumer: str) -> None:
         """Register a consumer: while the stream protects unread records, nothing it has not

@@ -110,6 +110,14 @@ class Client:
     def trim_stream(self, name, *, before_sn=None, before_time_ms=None):
         return self._run(self._aio.trim_stream(name, before_sn=before_sn, before_time_ms=before_time_ms))
 
+    def list_nodes(self):
+        """Every storage node that is live or holds a replica, with its share of chains."""
+        return self._run(self._aio.list_nodes())
+
+    def drain_node(self, node_id, *, undo=False):
+        """Move every replica off a storage node (see `sms.aio.Client.drain_node`)."""
+        return self._run(self._aio.drain_node(node_id, undo=undo))
+
     def register_consumer(self, stream, consumer):
         return self._run(self._aio.register_consumer(stream, consumer))
 

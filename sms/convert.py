@@ -9,7 +9,7 @@ import json
 
 from sms import wire, seqno
 from sms.proto import sms_pb2
-from sms.types import (ChainMember, ClusterInfo, IngestionPolicy, NodeInfo, PartitionInfo, PartitionState,
+from sms.types import (ChainMember, ClusterInfo, IngestionPolicy, NodeInfo, NodeLoad, PartitionInfo, PartitionState,
                        Persistence, Record, StreamInfo, StreamStatus)
 
 
@@ -66,6 +66,17 @@ def cluster_to_pb(c: ClusterInfo) -> sms_pb2.ClusterDescription:
         control_address=c.control_address,
         nodes=[sms_pb2.Node(node_id=n.node_id, address=n.address, roles=list(n.roles), pid=n.pid,
                             started_ms=n.started_ms) for n in c.nodes])
+
+
+def node_loads_to_pb(loads) -> sms_pb2.ListNodesResponse:
+    return sms_pb2.ListNodesResponse(nodes=[
+        sms_pb2.NodeLoad(node_id=n.node_id, address=n.address, live=n.live, draining=n.draining,
+                         replicas=n.replicas, heads=n.heads, learners=n.learners) for n in loads])
+
+
+def node_loads_from_pb(d: sms_pb2.ListNodesResponse) -> list[NodeLoad]:
+    return [NodeLoad(node_id=n.node_id, address=n.address, live=n.live, draining=n.draining,
+                     replicas=n.replicas, heads=n.heads, learners=n.learners) for n in d.nodes]
 
 
 def cluster_from_pb(d: sms_pb2.ClusterDescription) -> ClusterInfo:

@@ -45,6 +45,11 @@ class PartitionNotFound(SmsError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class NodeNotFound(SmsError):
+    """No storage node of that id is registered or holds any replica."""
+    code = grpc.StatusCode.NOT_FOUND
+
+
 class RecordNotFound(SmsError):
     code = grpc.StatusCode.NOT_FOUND
 

@@ -152,6 +152,8 @@ CHAIN_CONFIGS_FULL_READ_S = 30.0               # chain configs are read again so
 CHAIN_HISTORY_MAX = 16                         # changes kept in a chain config
 LEARNER_PROMOTE_LAG_RECORDS = 5_000            # a learner joins as tail once this close
 LEARNERS_PER_NODE_MAX = 8                      # chains one node copies at a time
+REBALANCE_MOVES_MAX = 8                        # replica moves under way at once, cluster-wide
+REBALANCE_IMBALANCE_MIN = 2                    # a replica moves only from a node holding this many more
 DORMANT_LOG_KEEP_S = 120.0                     # a removed replica's log is kept so long for a rejoin
 # failure detection faster than the metadata session (control/detector.py): a node whose link
 # to a peer breaks probes the peer's port; a refused connection (nothing listens: the process

@@ -27,6 +27,7 @@ CLUSTER_CONTROL = "/cluster/control"
 NODES = "/nodes"
 STREAMS = "/streams"
 CHAINS = "/chains"
+DRAINING = "/draining"      # storage nodes being emptied (`sms node drain`), one child each
 SUSPECTS = "/suspects"      # storage nodes report peers that refused connections (control/detector.py)
 
 _STREAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,%d}" % limits.STREAM_NAME_CHARS_MAX)
@@ -41,6 +42,10 @@ def validate_stream_name(name: object) -> str:
 
 def node_path(node_id: str) -> str:
     return f"{NODES}/{node_id}"
+
+
+def draining_path(node_id: str) -> str:
+    return f"{DRAINING}/{node_id}"
 
 
 def suspect_path(node_id: str) -> str:

@@ -253,6 +253,18 @@ class NodeInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeLoad:
+    """A storage node's share of the cluster's chains (`list_nodes`, `sms node list`)."""
+    node_id: str
+    address: str
+    live: bool
+    draining: bool
+    replicas: int
+    heads: int
+    learners: int
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterInfo:
     control_address: str
     nodes: tuple[NodeInfo, ...] = field(default_factory=tuple)

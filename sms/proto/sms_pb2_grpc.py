@@ -80,6 +80,16 @@ class ControlStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.UpdateConsumerRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
                 _registered_method=True)
+        self.ListNodes = channel.unary_unary(
+                '/sms.v1.Control/ListNodes',
+                request_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.ListNodesResponse.FromString,
+                _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/sms.v1.Control/DrainNode',
+                request_serializer=sms_dot_proto_dot_sms__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.ListNodesResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -143,6 +153,20 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListNodes(self, request, context):
+        """storage nodes with their share of replicas and heads (live, draining, or holding data while down)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainNode(self, request, context):
+        """empty a node before removing it (its replicas move to the others), or stop doing so
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -190,6 +214,16 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.UpdateConsumer,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.UpdateConsumerRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            ),
+            'ListNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNodes,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.DrainNodeRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.ListNodesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -436,6 +470,60 @@ class Control:
             '/sms.v1.Control/UpdateConsumer',
             sms_dot_proto_dot_sms__pb2.UpdateConsumerRequest.SerializeToString,
             sms_dot_proto_dot_sms__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/ListNodes',
+            sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/DrainNode',
+            sms_dot_proto_dot_sms__pb2.DrainNodeRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.ListNodesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -236,3 +236,27 @@ def test_nodes_exit_when_up_is_killed(up_factory):
     up.proc.wait(timeout=UP_STOP_TIMEOUT_S)
     for pid in child_pids:
         wait_until(lambda: _gone(pid), UP_STOP_TIMEOUT_S, f"node process {pid} to exit after its launcher died")
+
+
+def test_node_add_list_and_drain(up_factory):
+    """`sms node add` starts a node that takes its share of replicas and stops with `sms
+    up`; `sms node drain --wait` returns once the node holds nothing."""
+    up = up_factory(nodes=2)
+    up.wait_for_address()
+    ok(sms_cmd(up.data_dir, "stream", "create", "s", "--partitions", "4", "--rf", "2"))
+    added = json.loads(ok(sms_cmd(up.data_dir, "node", "add", "--json")))
+    assert added["node_id"] == "n3" and added["pid"] > 0
+
+    def loads() -> dict:
+        return {n["node_id"]: n for n in json.loads(ok(sms_cmd(up.data_dir, "node", "list", "--json")))}
+
+    wait_until(lambda: loads().get("n3", {}).get("replicas", 0) >= 2 and not loads()["n3"]["learners"],
+               COMMAND_TIMEOUT_S, "n3 taking its share of replicas")
+    text = ok(sms_cmd(up.data_dir, "node", "list"))
+    assert re.search(r"^n3\s+127\.0\.0\.1:\d+\s+live\s+[2-9]", text, re.M), text
+    drained = json.loads(ok(sms_cmd(up.data_dir, "node", "drain", "n1", "--wait", "--json")))
+    n1 = next(n for n in drained if n["node_id"] == "n1")
+    assert n1["draining"] and n1["replicas"] == 0 and n1["learners"] == 0
+    bad = sms_cmd(up.data_dir, "node", "drain", "nope")
+    assert bad.returncode == 1 and "NodeNotFound" in bad.stderr
+    assert_stops_cleanly(up, signal.SIGTERM)       # n3 too, although `sms up` did not start it

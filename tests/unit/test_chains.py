@@ -8,6 +8,7 @@ step and that repeated application with stable inputs converges.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -431,7 +432,6 @@ def test_no_candidates_is_no_change():
 @pytest.mark.parametrize("members, learners, rf", [
     (("a", "b", "c"), (), 3),
     (("a", "b"), ("c",), 3),
-    (("a", "b", "c"), (), 2),            # more members than rf: never trimmed
     (("a",), (), 1),
 ])
 def test_healthy_chain_is_no_change(members, learners, rf):
@@ -587,8 +587,13 @@ def check_step(old: ChainConfig, live: dict[str, int], rf: int, load: Counter,
     if new.epoch == old.epoch + 1 and new.members == old.members:
         # only the all-restarted "restored" case raises the epoch with the same members
         assert all(failed.get(m) == "node restarted as a new process" for m in old.members)
-    # healthy members are never removed; survivors keep their order
-    assert _healthy(old, live) <= set(new.members)
+    # healthy members are never removed, except those beyond rf once no learner copies
+    # (rule 6: exactly down to rf); survivors keep their order
+    trimmed = not failed and not old.learners and len(old.members) > rf
+    if trimmed:
+        assert len(new.members) == rf and set(new.members) < set(old.members) and not new.learners
+    else:
+        assert _healthy(old, live) <= set(new.members)
     survivors = tuple(m for m in new.members if m in old.members)
     assert _is_subsequence(survivors, old.members)
     joined = [m for m in new.members if m not in old.members]
@@ -661,6 +666,121 @@ def test_property_repeated_application_converges(scenario):
         if total < rf:
             assert not [n for n in live if not current.holds(n)
                         and counts[n] < limits.LEARNERS_PER_NODE_MAX]
-        # every healthy member of the start survived, in order
-        assert _is_subsequence(tuple(m for m in config.members if m in _healthy(config, live)),
-                               current.members)
+        # every healthy member of the start survived, in order (rule 6 trims those beyond rf)
+        healthy = tuple(m for m in config.members if m in _healthy(config, live))
+        if len(healthy) + len(config.learners) <= rf:
+            assert _is_subsequence(healthy, current.members)
+        else:
+            kept = tuple(m for m in current.members if m in healthy)
+            assert _is_subsequence(kept, healthy) and len(current.members) >= min(rf, len(healthy))
+
+
+# --- rules 6 and 7: moves onto new nodes and off draining ones --------------------------
+
+def test_a_draining_member_gets_a_replacement_learner_on_the_least_loaded_node():
+    config = chain(["a", "b", "c"])
+    new = plan(config, alive("a", "b", "c", "d", "e"), 3, Counter(a=4, b=4, c=4, d=2, e=1), {}, NOW,
+               draining=frozenset({"a"}), move=True)
+    assert new.learners == ("e",) and new.members == config.members and new.epoch == config.epoch
+    assert "draining" in new.history[-1].reason
+
+
+def test_no_move_without_the_budget_or_without_a_target():
+    config = chain(["a", "b", "c"])
+    assert plan(config, alive("a", "b", "c", "d"), 3, Counter(a=9, b=9, c=9), {}, NOW,
+                draining=frozenset({"a"}), move=False) is None
+    # the only other node is draining too
+    assert plan(config, alive("a", "b", "c", "d"), 3, Counter(), {}, NOW,
+                draining=frozenset({"a", "d"}), move=True) is None
+
+
+@pytest.mark.parametrize("donor_load, receiver_load, moves", [(5, 0, True), (3, 1, True), (3, 2, False), (2, 2, False)])
+def test_a_move_needs_an_imbalance(donor_load, receiver_load, moves):
+    config = chain(["a", "b", "c"])
+    load = Counter(a=donor_load, b=1, c=1, d=receiver_load)
+    new = plan(config, alive("a", "b", "c", "d"), 3, load, {}, NOW, move=True)
+    assert (new is not None) == moves
+    if moves:
+        assert new.learners == ("d",) and "rebalancing: replaces a" in new.history[-1].reason
+
+
+def test_a_sealed_chain_moves_only_off_a_draining_node():
+    config = dataclasses.replace(chain(["a", "b", "c"]), sealed=True)
+    assert plan(config, alive("a", "b", "c", "d"), 3, Counter(a=9), {}, NOW, move=True) is None
+    assert plan(config, alive("a", "b", "c", "d"), 3, Counter(), {}, NOW,
+                draining=frozenset({"b"}), move=True).learners == ("d",)
+
+
+def test_after_the_learner_joins_the_replaced_member_leaves_with_a_new_epoch():
+    config = chain(["a", "b", "c", "d"])            # d just joined as tail
+    new = plan(config, alive("a", "b", "c", "d"), 3, Counter(a=2, b=2, c=2, d=1), {}, NOW,
+               draining=frozenset({"c"}))
+    assert new.members == ("a", "b", "d") and new.epoch == config.epoch + 1
+    assert dict(new.incarnations) == {"a": INC, "b": INC, "d": INC}
+    assert new.history[-1].action == "removed" and "draining" in new.history[-1].reason
+    # without a draining node: the most loaded goes; among equals a middle member, not the new tail
+    assert plan(config, alive("a", "b", "c", "d"), 3, Counter(a=5, b=3, c=3, d=1), {}, NOW).members == ("b", "c", "d")
+    assert plan(config, alive("a", "b", "c", "d"), 3, Counter(a=3, b=3, c=3, d=3), {}, NOW).members == ("a", "c", "d")
+
+
+def _settle(configs: list[ChainConfig], live: dict[str, int], rf: int, draining=frozenset(),
+            budget: int = limits.REBALANCE_MOVES_MAX, rounds: int = 500) -> list[ChainConfig]:
+    """Manager rounds over `configs` with learners that catch up at once, as
+    control/manager.py runs them (load updated as changes are made, a move budget)."""
+    for _ in range(rounds):
+        load = Counter({n: 0 for n in live})
+        learning = Counter()
+        for c in configs:
+            load.update(c.members)
+            load.update(c.learners)
+            learning.update(c.learners)
+        moves = budget - sum(1 for c in configs if len(c.members) + len(c.learners) > rf)
+        changed = False
+        out = []
+        for c in configs:
+            progress = {n: LearnerProgress(True, 0) for n in c.learners}
+            new = plan(c, live, rf, load, progress, NOW, learning, None, draining, move=moves > 0)
+            if new is None:
+                out.append(c)
+                continue
+            assert len(new.members) >= rf, "a move dropped a chain below its replication factor"
+            if not c.learners and new.learners:
+                moves -= 1
+            for n in set(new.members) | set(new.learners):
+                if not c.holds(n):
+                    load[n] += 1
+            for n in set(c.members) | set(c.learners):
+                if not new.holds(n):
+                    load[n] -= 1
+            changed = True
+            out.append(new)
+        configs = out
+        if not changed:
+            return configs
+    raise AssertionError("moves did not settle")
+
+
+def _replicas(configs) -> Counter:
+    return Counter(n for c in configs for n in c.members)
+
+
+@pytest.mark.parametrize("nodes, added, chains", [(3, 1, 12), (3, 3, 40), (4, 1, 7), (5, 2, 64)])
+def test_a_new_node_takes_its_share_and_moves_settle(nodes, added, chains):
+    from control.placement import place
+    old = [f"n{i}" for i in range(nodes)]
+    configs = [dataclasses.replace(chain(m), chain_id=f"s:{i}", ordinal=i)
+               for i, m in enumerate(place(old, chains, 3))]
+    live = alive(*old, *(f"m{i}" for i in range(added)))
+    final = _settle(configs, live, 3)
+    counts = _replicas(final)
+    assert all(len(c.members) == 3 and not c.learners for c in final)
+    assert max(counts[n] for n in live) - min(counts[n] for n in live) < limits.REBALANCE_IMBALANCE_MIN
+    assert all(counts[f"m{i}"] > 0 for i in range(added))
+
+
+def test_draining_empties_the_node_and_keeps_every_chain_whole():
+    from control.placement import place
+    old = ["a", "b", "c", "d"]
+    configs = [dataclasses.replace(chain(m), chain_id=f"s:{i}", ordinal=i) for i, m in enumerate(place(old, 10, 3))]
+    final = _settle(configs, alive(*old), 3, draining=frozenset({"b"}))
+    assert _replicas(final)["b"] == 0 and all(len(c.members) == 3 for c in final)
