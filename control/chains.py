@@ -29,6 +29,15 @@ which incarnation, each chain's config, how far each learner has copied -- and a
    node holding at least REBALANCE_IMBALANCE_MIN more replicas than that node. Rule 4
    promotes it and rule 6 removes the member it replaces: the replication factor never
    falls below its setting, and writes pause only for the epoch switch.
+8. Heads (`move=True` too): when a chain's head is on a node heading at least
+   HEAD_IMBALANCE_MIN more chains than another member's node, the head role is handed
+   to that member. It takes two epochs. First `handoff` names the member, and the head
+   stops taking new batches (HeadMoving: the ingestion writer resends them later).
+   Once the manager sees the head frozen and the member's log equal to the head's
+   (`handoff_ready`), every member holds the same log. Any order is then a valid
+   chain, so the member becomes head and the others keep their order. A handoff that is
+   not ready within HANDOFF_TIMEOUT_MS is called off. A member removal (rule 1) also
+   calls it off.
 
 Learner changes do not change the epoch: learners are outside the commit path.
 """
@@ -74,7 +83,8 @@ def _incarnations(config: ChainConfig, live: dict[str, int], keep: tuple[str, ..
 def plan(config: ChainConfig, live: dict[str, int], replication_factor: int, load: Counter,
          progress: dict[str, LearnerProgress], now_ms: int,
          learner_counts: Counter | None = None, down: dict[str, str] | None = None,
-         draining: frozenset[str] = frozenset(), move: bool = False) -> ChainConfig | None:
+         draining: frozenset[str] = frozenset(), move: bool = False, heads: Counter | None = None,
+         handoff_ready: bool = False) -> ChainConfig | None:
     """The chain's next config, or None when it needs no change.
 
     live: storage node id -> incarnation (registration started_ms) of every live node.
@@ -82,7 +92,9 @@ def plan(config: ChainConfig, live: dict[str, int], replication_factor: int, loa
     progress: what the manager learned of each learner of this chain.
     down: reasons for nodes known to have failed (not in `live`), for the history.
     draining: live nodes being emptied (`sms node drain`): they take no new replica.
-    move: whether this chain may start a move (rule 7) this round."""
+    move: whether this chain may start a move (rules 7 and 8) this round.
+    heads: chains headed per node, for rule 8.
+    handoff_ready: the head is frozen and the handoff's member holds the same log (rule 8)."""
     new = config
     failed = failed_members(config, live, down)
     gone_members = [m for m in config.members if m in failed]
@@ -90,14 +102,14 @@ def plan(config: ChainConfig, live: dict[str, int], replication_factor: int, loa
         survivors = tuple(m for m in config.members if m not in failed)
         epoch = config.epoch + 1
         if survivors:
-            new = replace(new, epoch=epoch, members=survivors)
+            new = replace(new, epoch=epoch, members=survivors, handoff="")
             for m in gone_members:
                 new = _change(new, epoch, now_ms, "removed", m, failed[m])
         else:
             back = tuple(m for m in config.members if m in live)
             if not back:
                 return None      # no copy anywhere: wait for a member to come back
-            new = replace(new, epoch=epoch, members=back)
+            new = replace(new, epoch=epoch, members=back, handoff="")
             for m in back:
                 new = _change(new, epoch, now_ms, "restored", m,
                               "every member had failed; its log is the only copy")
@@ -115,6 +127,8 @@ def plan(config: ChainConfig, live: dict[str, int], replication_factor: int, loa
         for n in gone_learners:
             new = _change(new, new.epoch, now_ms, "learner dropped", n, failed[n])
         return new
+    if config.handoff:
+        return _handoff(config, now_ms, handoff_ready)
     for learner in config.learners:
         p = progress.get(learner)
         if p is not None and p.verified and p.lag_records <= limits.LEARNER_PROMOTE_LAG_RECORDS:
@@ -128,7 +142,10 @@ def plan(config: ChainConfig, live: dict[str, int], replication_factor: int, loa
     missing = replication_factor - len(config.members) - len(config.learners)
     counts = learner_counts or Counter()
     if missing <= 0:
-        return _move(config, live, replication_factor, load, draining, counts, now_ms) if move and not missing else None
+        if not move or missing:
+            return None
+        return (_move(config, live, replication_factor, load, draining, counts, now_ms)
+                or _start_handoff(config, heads or Counter(), draining, now_ms))
     candidates = sorted((n for n in live if not config.holds(n) and n not in draining
                          and counts[n] < limits.LEARNERS_PER_NODE_MAX),
                         key=lambda n: (load[n], n))
@@ -193,3 +210,40 @@ def _move(config: ChainConfig, live: dict[str, int], replication_factor: int, lo
     new = replace(config, learners=(receiver,))
     new = replace(new, incarnations=_incarnations(new, live, new.members + new.learners))
     return _change(new, new.epoch, now_ms, "learner", receiver, reason)
+
+
+HANDOFF_ACTION = "head handoff"
+
+
+def _start_handoff(config: ChainConfig, heads: Counter, draining: frozenset[str], now_ms: int) -> ChainConfig | None:
+    """Rule 8, first step: name the member that takes the head role over."""
+    if config.sealed or config.learners or len(config.members) < 2:
+        return None
+    head = config.head
+    target = min((m for m in config.members[1:] if m not in draining), key=lambda m: (heads[m], m), default=None)
+    if target is None or heads[head] - heads[target] < limits.HEAD_IMBALANCE_MIN:
+        return None
+    epoch = config.epoch + 1
+    new = replace(config, epoch=epoch, handoff=target)
+    return _change(new, epoch, now_ms, HANDOFF_ACTION, target,
+                   f"{head} heads {heads[head]} chains, {target} {heads[target]}: {head} takes no new batch "
+                   f"until {target} holds its log, then {target} becomes head")
+
+
+def _handoff(config: ChainConfig, now_ms: int, ready: bool) -> ChainConfig | None:
+    """Rule 8, second step: the named member becomes head once it holds the head's log;
+    called off if that takes longer than HANDOFF_TIMEOUT_MS or the member has gone."""
+    target = config.handoff
+    epoch = config.epoch + 1
+    if target in config.members[1:] and ready:
+        members = (target, *(m for m in config.members if m != target))
+        new = replace(config, epoch=epoch, members=members, handoff="")
+        return _change(new, epoch, now_ms, "head moved", target,
+                       f"took over from {config.head}: every member held the same log")
+    started = max((c.at_ms for c in config.history if c.action == HANDOFF_ACTION and c.node == target), default=0)
+    if target in config.members[1:] and now_ms - started < limits.HANDOFF_TIMEOUT_MS:
+        return None
+    new = replace(config, epoch=epoch, handoff="")
+    return _change(new, epoch, now_ms, "head handoff called off", target,
+                   f"{target} did not catch up with the head within {limits.HANDOFF_TIMEOUT_MS} ms"
+                   if target in config.members else f"{target} is no longer a member")

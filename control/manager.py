@@ -124,6 +124,16 @@ class ChainManager:
             cache[name] = got[0] if got is not None else None
         return cache[name]
 
+    async def _handoff_ready(self, config: ChainConfig, nodes: dict[str, NodeInfo], statuses: dict) -> bool:
+        """The head takes no batch (frozen at this epoch) and the handoff's member holds
+        the same log: every member between them does too."""
+        if config.head not in nodes or config.handoff not in nodes:
+            return False
+        head = (await self._replica_status(nodes[config.head], statuses)).get(config.chain_id)
+        target = (await self._replica_status(nodes[config.handoff], statuses)).get(config.chain_id)
+        return (head is not None and target is not None and head[4] == config.epoch == target[4]
+                and head[6] and head[2] == target[2])
+
     async def _moves_under_way(self, configs: list[tuple[ChainConfig, int]], streams: dict) -> int:
         """Chains holding more replicas than their factor (a move copying or finishing);
         a chain short of replicas counts as the whole budget: restoring comes first."""
@@ -140,14 +150,15 @@ class ChainManager:
         return under_way
 
     async def _replica_status(self, node: NodeInfo, cache: dict) -> dict[str, tuple]:
-        """chain id -> (records, verified, last SN, role, epoch) on the node; {} when it does not answer."""
+        """chain id -> (records, verified, last SN, role, epoch, gated learners, frozen) on the
+        node; {} when it does not answer."""
         if node.node_id not in cache:
             try:
                 async with rpc.aio_channel(node.address) as channel:
                     status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
                         sms_pb2.NodeStatusRequest(), timeout=limits.CHAIN_MANAGER_INTERVAL_S * 4)
                 cache[node.node_id] = {r.chain_id: (r.records, r.verified, int(r.last_sn), r.role, r.epoch,
-                                                    tuple(r.gated_learners))
+                                                    tuple(r.gated_learners), r.frozen)
                                        for r in status.replicas}
             except (grpc.aio.AioRpcError, OSError) as e:   # an unreachable node tells us nothing this round
                 raise_if_cancelling()
@@ -170,11 +181,12 @@ class ChainManager:
             configs = await self._chains()
         draining = await reads.draining(self.store)
         self.rounds += 1
-        load, learning = Counter(), Counter()
+        load, learning, heads = Counter(), Counter(), Counter()
         for config, _v in configs:
             load.update(config.members)
             load.update(config.learners)
             learning.update(config.learners)
+            heads[config.handoff or config.head] += 1      # a handoff under way: counted as done
         for n in nodes:
             load[n] += 0          # a live node with nothing yet counts, as the least loaded
         streams: dict = {}
@@ -202,11 +214,13 @@ class ChainManager:
                         gated = tail[4] == config.epoch and learner in tail[5]
                         progress[learner] = chains.LearnerProgress(verified=mine[1] and gated,
                                                                    lag_records=tail[0] - mine[0])
+            ready = bool(config.handoff) and await self._handoff_ready(config, nodes, statuses)
             new = chains.plan(config, live, stream.replication_factor, load, progress, now_ms, learning,
-                              down_reasons, draining, move=moves > 0)
+                              down_reasons, draining, move=moves > 0, heads=heads, handoff_ready=ready)
             if new is None:
                 continue
-            if not config.learners and new.learners and len(new.members) + len(new.learners) > stream.replication_factor:
+            if (not config.learners and new.learners and len(new.members) + len(new.learners) > stream.replication_factor
+                    or new.handoff and not config.handoff):
                 moves -= 1
             try:
                 # the chain's config, and /chains itself, so that every watcher of /chains
@@ -228,7 +242,13 @@ class ChainManager:
                     load[n] -= 1
             for n in set(new.learners) - set(config.learners):
                 learning[n] += 1
-        self._busy = bool(changed or learning or self.down)
+            if new.handoff and not config.handoff:      # counted as moved already, so one round moves no more
+                heads[config.head] -= 1
+                heads[new.handoff] += 1
+            elif new.head != config.head and not config.handoff:
+                heads[config.head] -= 1
+                heads[new.head] += 1
+        self._busy = bool(changed or learning or self.down or any(c.handoff for c, _v in configs))
         if len(self._stream_configs) > 2 * len(streams) + 64:      # streams deleted meanwhile
             self._stream_configs.retain(lambda path: path.rpartition("/")[2] in streams)
         return changed

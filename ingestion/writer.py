@@ -181,8 +181,9 @@ class PartitionWriter:
 
 
 # error acks after which a batch is resent, not failed: a stale epoch (not stored; the
-# chain was reconfigured) and a replica closed before commit (maybe stored)
-_RESEND_ERRORS = frozenset({"StaleEpoch", "PartitionClosed"})
+# chain was reconfigured), a replica closed before commit (maybe stored), and a head
+# handing its role over (not stored; the new head takes it)
+_RESEND_ERRORS = frozenset({"StaleEpoch", "PartitionClosed", "HeadMoving"})
 
 
 def _fail(futures: list[asyncio.Future], error: errors.SmsError) -> None:

@@ -143,6 +143,11 @@ class StaleEpoch(FailedPrecondition):
     refresh_map = True
 
 
+class HeadMoving(FailedPrecondition):
+    """The chain's head role is moving to another member (rebalancing heads): the batch
+    was not stored; the ingestion writer resends it to the new head."""
+
+
 class LogDiverged(FailedPrecondition):
     """Between storage nodes: a replicated batch does not follow this replica's last batch
     (its prev_checksum is not the checksum of the batch this log ends with). The stream

@@ -154,6 +154,8 @@ LEARNER_PROMOTE_LAG_RECORDS = 5_000            # a learner joins as tail once th
 LEARNERS_PER_NODE_MAX = 8                      # chains one node copies at a time
 REBALANCE_MOVES_MAX = 8                        # replica moves under way at once, cluster-wide
 REBALANCE_IMBALANCE_MIN = 2                    # a replica moves only from a node holding this many more
+HEAD_IMBALANCE_MIN = 2                         # a head role moves only from a node heading this many more
+HANDOFF_TIMEOUT_MS = 5_000                     # a head handoff not ready in this time is called off
 DORMANT_LOG_KEEP_S = 120.0                     # a removed replica's log is kept so long for a rejoin
 # failure detection faster than the metadata session (control/detector.py): a node whose link
 # to a peer breaks probes the peer's port; a refused connection (nothing listens: the process

@@ -169,6 +169,9 @@ class ChainConfig:
     sealed: bool = False
     # a child partition's SNs start at or after this time (its parents' boundary)
     from_ms: int = 0
+    # the member that becomes head once every member holds the same log: meanwhile the
+    # head takes no new batches (control/chains.py rule 8)
+    handoff: str = ""
 
     @property
     def head(self) -> str:
@@ -214,7 +217,8 @@ class ChainConfig:
                            "persistence": self.persistence.value, "learners": list(self.learners),
                            "incarnations": dict(self.incarnations),
                            "history": [c.to_dict() for c in self.history],
-                           "sealed": self.sealed, "from_ms": self.from_ms}).encode()
+                           "sealed": self.sealed, "from_ms": self.from_ms,
+                           **({"handoff": self.handoff} if self.handoff else {})}).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "ChainConfig":
@@ -224,7 +228,7 @@ class ChainConfig:
                    learners=tuple(d.get("learners", ())),
                    incarnations=tuple(sorted(d.get("incarnations", {}).items())),
                    history=tuple(ChainChange(**c) for c in d.get("history", ())),
-                   sealed=d.get("sealed", False), from_ms=d.get("from_ms", 0))
+                   sealed=d.get("sealed", False), from_ms=d.get("from_ms", 0), handoff=d.get("handoff", ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ import grpc
 
 from sms import wire, limits, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
-from sms.errors import LogDiverged, PartitionClosed, PartitionSealed, StaleEpoch, WrongOwner, invariant
+from sms.errors import HeadMoving, LogDiverged, PartitionClosed, PartitionSealed, StaleEpoch, WrongOwner, invariant
 from sms.metadata import ChainConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
 from storage.log import LogStore, PartitionLog
@@ -150,6 +150,11 @@ class Replica:
                 # checked under the sequence lock: once a sealed config is applied and the lock
                 # is free, last_sn is final (what the repartition driver waits for)
                 raise PartitionSealed(f"{self.chain_id}: sealed for a repartition; the batch was not stored")
+            if self.config.handoff:
+                # the head role moves to another member once every member holds the same
+                # log: checked under the sequence lock, as `sealed` (control/chains.py rule 8)
+                raise HeadMoving(f"{self.chain_id}: the head moves from {self.node_id} to {self.config.handoff}; "
+                                 f"the batch was not stored")
             last = self.last_header()
             batch = wire.sequence(unsequenced, self._next_first_sn(), last.checksum if last else 0)
             header = await self.store.append(self.log, batch)
@@ -326,7 +331,8 @@ class Replica:
                 "last_sn": self.log.last_sn, "committed_sn": self.log.committed_sn,
                 "batches": self.log.batches, "records": self.log.records, "verified": self.verified,
                 "gated": sorted(self.gated), "first_sn": self.log.first_sn, "trimmed_before": self.trimmed_before,
-                "sealed": self.config.sealed and not self.sequence_lock.locked()}
+                "sealed": self.config.sealed and not self.sequence_lock.locked(),
+                "frozen": bool(self.config.sealed or self.config.handoff) and not self.sequence_lock.locked()}
 
 
 class DownstreamLink:

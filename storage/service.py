@@ -423,7 +423,7 @@ class StorageService(sms_pb2_grpc.StorageServicer):
                                             batches=s["batches"], records=s["records"],
                                             verified=s["verified"], gated_learners=s["gated"],
                                             sealed=s["sealed"], first_sn=str(s["first_sn"]),
-                                            trimmed_before=str(s["trimmed_before"]))
+                                            trimmed_before=str(s["trimmed_before"]), frozen=s["frozen"])
                       for s in self.node.status(request.chain_ids)])
 
 

@@ -729,23 +729,28 @@ def _settle(configs: list[ChainConfig], live: dict[str, int], rf: int, draining=
     control/manager.py runs them (load updated as changes are made, a move budget)."""
     for _ in range(rounds):
         load = Counter({n: 0 for n in live})
-        learning = Counter()
+        learning, heads = Counter(), Counter()
         for c in configs:
             load.update(c.members)
             load.update(c.learners)
             learning.update(c.learners)
-        moves = budget - sum(1 for c in configs if len(c.members) + len(c.learners) > rf)
+            heads[c.handoff or c.head] += 1
+        moves = budget - sum(1 for c in configs if len(c.members) + len(c.learners) > rf or c.handoff)
         changed = False
         out = []
         for c in configs:
             progress = {n: LearnerProgress(True, 0) for n in c.learners}
-            new = plan(c, live, rf, load, progress, NOW, learning, None, draining, move=moves > 0)
+            new = plan(c, live, rf, load, progress, NOW, learning, None, draining, move=moves > 0,
+                       heads=heads, handoff_ready=True)
             if new is None:
                 out.append(c)
                 continue
             assert len(new.members) >= rf, "a move dropped a chain below its replication factor"
-            if not c.learners and new.learners:
+            if not c.learners and new.learners or new.handoff and not c.handoff:
                 moves -= 1
+            if new.handoff and not c.handoff:
+                heads[c.head] -= 1
+                heads[new.handoff] += 1
             for n in set(new.members) | set(new.learners):
                 if not c.holds(n):
                     load[n] += 1
@@ -776,6 +781,9 @@ def test_a_new_node_takes_its_share_and_moves_settle(nodes, added, chains):
     assert all(len(c.members) == 3 and not c.learners for c in final)
     assert max(counts[n] for n in live) - min(counts[n] for n in live) < limits.REBALANCE_IMBALANCE_MIN
     assert all(counts[f"m{i}"] > 0 for i in range(added))
+    heads = Counter(c.head for c in final)
+    assert max(heads[n] for n in live) - min(heads[n] for n in live) < limits.HEAD_IMBALANCE_MIN + 1
+    assert all(heads[f"m{i}"] > 0 for i in range(added)) or chains < len(live)
 
 
 def test_draining_empties_the_node_and_keeps_every_chain_whole():
@@ -784,3 +792,48 @@ def test_draining_empties_the_node_and_keeps_every_chain_whole():
     configs = [dataclasses.replace(chain(m), chain_id=f"s:{i}", ordinal=i) for i, m in enumerate(place(old, 10, 3))]
     final = _settle(configs, alive(*old), 3, draining=frozenset({"b"}))
     assert _replicas(final)["b"] == 0 and all(len(c.members) == 3 for c in final)
+
+
+# --- rule 8: head handoff ----------------------------------------------------------------
+
+def _start(config=None, heads=None, **kw):
+    config = config or chain(["a", "b", "c"])
+    return plan(config, alive("a", "b", "c"), 3, Counter(a=3, b=3, c=3), {}, NOW,
+                heads=Counter(heads or {"a": 5, "b": 1, "c": 3}), move=True, **kw)
+
+
+def test_a_head_on_a_node_heading_more_chains_hands_over_to_the_member_heading_fewest():
+    new = _start()
+    assert new.handoff == "b" and new.members == ("a", "b", "c") and new.epoch == 8
+    assert new.history[-1].action == "head handoff"
+    assert ChainConfig.from_bytes(new.to_bytes()) == new
+
+
+@pytest.mark.parametrize("why", ["balanced", "no budget", "sealed", "draining target"])
+def test_no_handoff(why):
+    if why == "balanced":
+        assert _start(heads={"a": 2, "b": 1, "c": 1}) is None
+    elif why == "no budget":
+        assert plan(chain(["a", "b", "c"]), alive("a", "b", "c"), 3, Counter(), {}, NOW,
+                    heads=Counter(a=9), move=False) is None
+    elif why == "sealed":
+        assert _start(dataclasses.replace(chain(["a", "b", "c"]), sealed=True)) is None
+    else:
+        new = _start(draining=frozenset({"b"}))
+        assert new is not None and new.handoff == "c"          # b is draining: not b
+
+
+def test_the_handoff_completes_when_ready_and_is_called_off_when_late_or_gone():
+    started = _start()
+    live = alive("a", "b", "c")
+    # not ready yet: nothing changes, not even a promotion or a move
+    assert plan(started, live, 3, Counter(), {}, NOW + 100, move=True) is None
+    done = plan(started, live, 3, Counter(), {}, NOW + 100, handoff_ready=True)
+    assert done.members == ("b", "a", "c") and done.handoff == "" and done.epoch == started.epoch + 1
+    assert done.history[-1].action == "head moved"
+    late = plan(started, live, 3, Counter(), {}, NOW + limits.HANDOFF_TIMEOUT_MS)
+    assert late.members == started.members and late.handoff == "" and late.epoch == started.epoch + 1
+    assert late.history[-1].action == "head handoff called off"
+    # the head fails meanwhile: rule 1 removes it and calls the handoff off
+    failed = plan(started, alive("b", "c"), 3, Counter(), {}, NOW + 100)
+    assert failed.members == ("b", "c") and failed.handoff == ""
