@@ -38,23 +38,10 @@ from sms.types import PartitionState, Record
 from sps.graph import StageSpec, resolve
 from sps.leases import (LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, LeaseTable, plan_takes,
                         stage_path, workers_path)
+from sps.engine import Engine, PythonEngine
 from sps.output import OutputWriter, base_sssn
 
 log = logging.getLogger(__name__)
-
-
-class PythonEngine:
-    """Runs an operation on plain Python: records (dicts) in, result rows (dicts) out."""
-
-    name = "python"
-
-    def apply(self, operation, records: list[Record]) -> list[dict]:
-        rows = [{"partition_key": r.partition_key, "data": r.data, "sequence_number": r.sequence_number,
-                 "arrival_time_ms": r.arrival_time_ms, "partition_id": r.partition_id} for r in records]
-        return list(operation(rows))
-
-    def close(self) -> None:
-        pass
 
 
 @dataclass(eq=False)
@@ -70,7 +57,7 @@ class Owned:
 
 class Worker:
     def __init__(self, address: str, store: MetaStore, stage: StageSpec, worker_id: str | None = None,
-                 engine=None):
+                 engine: Engine | None = None):
         self.address = address
         self.store = store
         self.stage = stage
@@ -343,7 +330,7 @@ async def register_stage(store: MetaStore, stage: StageSpec) -> None:
 
 
 async def run_worker(address: str, metastore: str, stage: StageSpec, worker_id: str | None = None,
-                     engine=None, stop: asyncio.Event | None = None) -> Worker:
+                     engine: Engine | None = None, stop: asyncio.Event | None = None) -> Worker:
     store = open_metastore(metastore)
     await store.start()
     try:

@@ -57,3 +57,14 @@ def test_the_checker_sees_a_violation(tmp_path):
     planted = tmp_path / "x.py"
     planted.write_text("def f():\n    from storage.service import StorageNode\nimport control.chains\n")
     assert sorted(imports_of(planted)) == [(2, "storage"), (3, "control")]
+
+
+def test_both_engines_implement_the_engine_protocol():
+    from sps.engine import Engine, PythonEngine
+    from spark_sps.engine import SparkEngine
+    assert isinstance(PythonEngine(), Engine)
+    engine = SparkEngine()          # no Spark session starts until a batch needs one
+    try:
+        assert isinstance(engine, Engine) and engine.name == "spark"
+    finally:
+        engine.close()
