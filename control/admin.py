@@ -21,7 +21,7 @@ import grpc
 
 from control import placement, repartition
 from metastore import reads
-from metastore import BadVersionError, Create, MetaStore, NodeExistsError, NoNodeError, Set
+from metastore import BadVersionError, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set
 from metastore.view import ClusterView
 from sms import errors, limits, metadata, rpc, seqno
 from sms.errors import (InvalidArgument, InvalidSequenceNumber, InvalidStreamConfig, LimitExceeded, NodeNotFound,
@@ -88,6 +88,7 @@ class StreamAdmin:
         self.view = view
         self.lock = asyncio.Lock()   # one admin change at a time on this control node
         self.poke_repartitioner = lambda: None   # the leader's Repartitioner takes a request at once
+        self.chain_configs: reads.ChainConfigs | None = None    # for placement, read on /chains changes
 
     async def _storage_nodes(self) -> dict:
         self.view.invalidate()
@@ -103,7 +104,9 @@ class StreamAdmin:
             if config.replication_factor > len(nodes):
                 raise NotEnoughNodes(f"replication factor {config.replication_factor} needs that many storage "
                                      f"nodes; {len(nodes)} are live and not draining")
-            replicas, heads = await reads.chain_load(self.store)
+            if self.chain_configs is None:
+                self.chain_configs = reads.ChainConfigs(self.store)
+            replicas, heads = await reads.chain_load(self.store, configs=self.chain_configs)
             chains = placement.place(list(nodes), config.partitions, config.replication_factor, replicas, heads)
             pmap = PartitionMap.even(config.partitions, config.created_ms)
             ops = [Create(metadata.stream_path(config.name), config.to_bytes()),
@@ -116,6 +119,8 @@ class StreamAdmin:
                     incarnations=tuple(sorted((n, nodes[n].started_ms) for n in members)),
                     history=(ChainChange(1, config.created_ms, "created", members[0],
                                          "placed on " + " -> ".join(members)),)).to_bytes()))
+            ops.append(Set(metadata.CHAINS, metadata.chains_note(
+                metadata.chain_id(config.name, e.ordinal) for e in pmap.entries)))
             try:
                 await self.store.commit(ops)
             except NodeExistsError:
@@ -177,11 +182,17 @@ class StreamAdmin:
                                  entry.version)
             map_entry = await self.store.get(metadata.map_path(name))
             if map_entry is not None:
-                for e in PartitionMap.from_bytes(map_entry.value).entries:
-                    try:
-                        await self.store.delete(metadata.chain_path(metadata.chain_id(name, e.ordinal)))
-                    except NoNodeError:
-                        pass
+                cids = [metadata.chain_id(name, e.ordinal) for e in PartitionMap.from_bytes(map_entry.value).entries]
+                held = [cid for cid in cids if await self.store.get(metadata.chain_path(cid)) is not None]
+                try:       # one commit, with its note on /chains (metastore/reads.py ChainConfigs)
+                    await self.store.commit([*(Delete(metadata.chain_path(cid)) for cid in held),
+                                             Set(metadata.CHAINS, metadata.chains_note(held))])
+                except NoNodeError:       # one went meanwhile: one by one
+                    for cid in held:
+                        try:
+                            await self.store.delete(metadata.chain_path(cid))
+                        except NoNodeError:
+                            pass
             await self.store.delete(metadata.stream_path(name), recursive=True)
             self.view.invalidate()
 

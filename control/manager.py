@@ -226,7 +226,7 @@ class ChainManager:
                 # the chain's config, and /chains itself, so that every watcher of /chains
                 # (storage nodes, metadata views) hears of the change at once
                 await self.store.commit([Set(metadata.chain_path(config.chain_id), new.to_bytes(), version),
-                                         Set(metadata.CHAINS, str(now_ms).encode())])
+                                         Set(metadata.CHAINS, metadata.chains_note([config.chain_id]))])
             except (BadVersionError, NoNodeError):
                 continue        # changed or deleted meanwhile: the next round sees the new state
             changed += 1

@@ -29,21 +29,18 @@ async def live_storage(store: MetaStore) -> dict[str, NodeInfo]:
     return out
 
 
-async def chain_load(store: MetaStore, *, sealed: bool = True) -> tuple[Counter, Counter]:
+async def chain_load(store: MetaStore, *, sealed: bool = True,
+                     configs: "ChainConfigs | None" = None) -> tuple[Counter, Counter]:
     """(replicas, heads) per node over every chain config, for placement; `sealed=False`
-    leaves out sealed chains (closed partitions take no writes: they weigh little)."""
+    leaves out sealed chains (closed partitions take no writes: they weigh little).
+    `configs`: a cache to read them from instead of the store."""
     replicas, heads = Counter(), Counter()
-    try:
-        names = await store.children(metadata.CHAINS)
-    except NoNodeError:
-        names = []
-    for name in names:
-        entry = await store.get(metadata.chain_path(name))
-        if entry is not None and entry.value:
-            chain = ChainConfig.from_bytes(entry.value)
-            if sealed or not chain.sealed:
-                replicas.update(chain.members)
-                heads[chain.head] += 1
+    chains = ([c for c, _v in (await configs.all()).values()] if configs is not None
+              else await all_chains(store))
+    for chain in chains:
+        if sealed or not chain.sealed:
+            replicas.update(chain.members)
+            heads[chain.head] += 1
     return replicas, heads
 
 
@@ -95,16 +92,25 @@ class ChainConfigs:
     the admin, the repartitioner), so a watch on /chains says when something changed: only
     then (or after CHAIN_CONFIGS_FULL_READ_S, a safety net) are the configs read again, and
     a config whose bytes are those read last time is not decoded again. An idle cluster
-    then costs no reads and no JSON, however many chains it has."""
+    then costs no reads and no JSON, however many chains it has.
+
+    What /chains is set to says what changed (`metadata.chains_note`: the chain ids of
+    that commit). When its version is exactly one past the version seen at the last
+    read, only those chains are read again, so a change costs reads in proportion to it,
+    not to the cluster. Anything else is a full read: a version further on (changes were
+    missed), a value that names no ids, or a watch that fired with no new version (a
+    change that did not set /chains)."""
 
     def __init__(self, store: MetaStore):
         self.store = store
         self._reads = DecodedReads(store)
         self._configs: dict[str, tuple[ChainConfig, int]] = {}
+        self._version: int | None = None    # /chains version the configs were read at
         self._stale = True
         self._read_at = float("-inf")
         self._cancel: Callable[[], None] | None = store.watch(metadata.CHAINS, self.invalidate)
         self.reads = 0                      # full reads so far (for tests and the curious)
+        self.partial_reads = 0              # reads of just the chains a note named
 
     def invalidate(self) -> None:
         self._stale = True
@@ -117,8 +123,28 @@ class ChainConfigs:
     async def all(self) -> dict[str, tuple[ChainConfig, int]]:
         """chain id -> (config, version), read again if anything changed since the last read."""
         now = time.monotonic()
+        if self._stale and now - self._read_at < limits.CHAIN_CONFIGS_FULL_READ_S and self._version is not None:
+            self._stale = False
+            note = await self.store.get(metadata.CHAINS)
+            changed = metadata.parse_chains_note(note.value) if note is not None else None
+            if note is not None and note.version == self._version + 1 and changed is not None:
+                gone = set()
+                for cid in changed:
+                    got = await self._reads.get(metadata.chain_path(cid), ChainConfig.from_bytes)
+                    if got is None:
+                        self._configs.pop(cid, None)
+                        gone.add(metadata.chain_path(cid))
+                    else:
+                        self._configs[cid] = got
+                if gone:
+                    self._reads.retain(lambda path: path not in gone)
+                self._version = note.version
+                self.partial_reads += 1
+                return dict(self._configs)
+            self._stale = True
         if self._stale or now - self._read_at >= limits.CHAIN_CONFIGS_FULL_READ_S:
             self._stale = False             # (before reading: a change during the read marks it again)
+            note = await self.store.get(metadata.CHAINS)
             try:
                 names = await self.store.children(metadata.CHAINS)
             except NoNodeError:
@@ -130,6 +156,7 @@ class ChainConfigs:
                     configs[name] = got
             self._reads.retain(lambda path: path.rpartition("/")[2] in configs)
             self._configs = configs
+            self._version = note.version if note is not None else None
             self._read_at = now
             self.reads += 1
         return dict(self._configs)

@@ -150,6 +150,7 @@ CHAIN_MANAGER_INTERVAL_S = 0.25                # the leader re-checks chains so 
 CHAIN_MANAGER_IDLE_ROUND_S = 5.0               # and at least so often when nothing changes
 CHAIN_CONFIGS_FULL_READ_S = 30.0               # chain configs are read again so often even without a change
 CHAIN_HISTORY_MAX = 16                         # changes kept in a chain config
+CHAINS_NOTE_IDS_MAX = 2_048                    # chain ids one /chains change note names (more: read all)
 LEARNER_PROMOTE_LAG_RECORDS = 5_000            # a learner joins as tail once this close
 LEARNERS_PER_NODE_MAX = 8                      # chains one node copies at a time
 REBALANCE_MOVES_MAX = 8                        # replica moves under way at once, cluster-wide

@@ -14,6 +14,8 @@ node writes its own registration. Values are JSON.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import json
 import re
 from dataclasses import asdict, dataclass, replace
@@ -42,6 +44,25 @@ def validate_stream_name(name: object) -> str:
 
 def node_path(node_id: str) -> str:
     return f"{NODES}/{node_id}"
+
+
+def chains_note(changed: Iterable[str]) -> bytes:
+    """The value every writer of chain configs sets on /chains in the same commit: the
+    chain ids it created, changed or deleted. A reader that saw the version before can
+    re-read just those (metastore/reads.py ChainConfigs); too many ids: null, read all."""
+    ids = sorted(set(changed))
+    return json.dumps({"changed": ids if len(ids) <= limits.CHAINS_NOTE_IDS_MAX else None}).encode()
+
+
+def parse_chains_note(raw: bytes) -> list[str] | None:
+    """The chain ids of a /chains note, or None when it names none (an older writer's
+    timestamp, or too many): then every config is read."""
+    try:
+        note = json.loads(raw)
+    except ValueError:
+        return None
+    ids = note.get("changed") if isinstance(note, dict) else None
+    return ids if isinstance(ids, list) and all(isinstance(i, str) for i in ids) else None
 
 
 def draining_path(node_id: str) -> str:

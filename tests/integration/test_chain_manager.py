@@ -15,7 +15,7 @@ import pytest
 from metastore import reads
 from control.admin import ensure_roots
 from control.manager import ChainManager
-from metastore import Create, Set, open_metastore
+from metastore import Create, Delete, Set, open_metastore
 from sms import metadata
 from sms.metadata import ChainChange, ChainConfig, StreamConfig
 from sms.types import IngestionPolicy, NodeInfo, Persistence, StreamStatus
@@ -111,6 +111,50 @@ def test_chain_configs_are_read_again_only_after_chains_changes(url):
                 assert sorted(second) == [CID, "s:1"] and configs.reads == 2
                 assert second[CID][0] is first[CID][0]                            # not decoded again
                 assert second["s:1"][0] == other
+            finally:
+                configs.close()
+    asyncio.run(asyncio.wait_for(body(), TEST_TIMEOUT_S))
+
+
+def test_a_change_note_on_chains_reads_only_the_chains_it_names(url):
+    """reads.ChainConfigs with `metadata.chains_note`: a commit whose note is the next
+    version is read by the chains it names (created, changed, deleted); two commits
+    between reads, or a /chains value that names nothing (an older writer), or a change
+    that did not set /chains, cost a full read."""
+    async def body():
+        async with open_metastore(url) as store:
+            await _setup(store, live=["n1", "n2"], members=("n1", "n2"))
+            configs = reads.ChainConfigs(store)
+
+            async def after(ops) -> dict:
+                configs._stale = False
+                await store.commit(ops)
+                await wait_until_async(lambda: configs._stale, TEST_TIMEOUT_S, "the /chains watch fired")
+                return await configs.all()
+            try:
+                first = await configs.all()
+                base = first[CID][0]
+                one = replace(base, chain_id="s:1", ordinal=1)
+                got = await after([Create(metadata.chain_path("s:1"), one.to_bytes()),
+                                   Set(metadata.CHAINS, metadata.chains_note(["s:1"]))])
+                assert sorted(got) == [CID, "s:1"] and (configs.reads, configs.partial_reads) == (1, 1)
+                moved = replace(one, epoch=2)
+                got = await after([Set(metadata.chain_path("s:1"), moved.to_bytes()),
+                                   Set(metadata.CHAINS, metadata.chains_note(["s:1"]))])
+                assert got["s:1"][0] == moved and got[CID][0] is base and configs.partial_reads == 2
+                got = await after([Delete(metadata.chain_path("s:1")), Set(metadata.CHAINS, metadata.chains_note(["s:1"]))])
+                assert list(got) == [CID] and (configs.reads, configs.partial_reads) == (1, 3)
+                # two commits before a read: the first note would be missed, so all are read
+                await store.commit([Create(metadata.chain_path("s:2"), replace(base, chain_id="s:2").to_bytes()),
+                                    Set(metadata.CHAINS, metadata.chains_note(["s:2"]))])
+                got = await after([Create(metadata.chain_path("s:3"), replace(base, chain_id="s:3").to_bytes()),
+                                   Set(metadata.CHAINS, metadata.chains_note(["s:3"]))])
+                assert sorted(got) == [CID, "s:2", "s:3"] and configs.reads == 2
+                # an older writer's value names nothing; a change without a note: full reads
+                got = await after([Delete(metadata.chain_path("s:3")), Set(metadata.CHAINS, b"1700000000000")])
+                assert sorted(got) == [CID, "s:2"] and configs.reads == 3
+                got = await after([Delete(metadata.chain_path("s:2"))])
+                assert sorted(got) == [CID] and configs.reads == 4
             finally:
                 configs.close()
     asyncio.run(asyncio.wait_for(body(), TEST_TIMEOUT_S))

@@ -103,3 +103,38 @@ def test_sigterm_under_load_stops_the_node_with_its_watermarks_stored(make_clust
     for p, sn in acked.items():
         committed, last = stored[p]
         assert sn <= committed <= last, (p, sn, committed, last)
+
+
+def test_sigterm_after_the_load_stores_the_exact_watermark(make_cluster):
+    """Once the acked writes have settled, the stored watermark of every replica is exactly
+    the highest acknowledged SN (not one batch behind it), on head, middle and tail alike:
+    a restart serves every acknowledged record at once."""
+    cluster = make_cluster(nodes=3)
+    with sms.Client(cluster.address) as client:
+        info = client.create_stream(STREAM, partitions=PARTITIONS, replication_factor=3)
+        load = Load(cluster.address)
+        load.thread.start()
+        try:
+            wait_until(lambda: len(load.snapshot()) == PARTITIONS, LOAD_TIMEOUT_S, "acks from every partition")
+        finally:
+            load.stop.set()
+            load.thread.join()
+        acked = load.snapshot()
+        chains = {p.ordinal: [m.node_id for m in p.chain] for p in info.partitions}
+
+        def settled() -> bool:
+            for node in ("n1", "n2", "n3"):
+                for r in client.node_status(cluster.procs[node].address)["replicas"]:
+                    ordinal = metadata.parse_chain_id(r["chain_id"])[1]
+                    if r["chain_id"].startswith(STREAM + ":") and int(r["committed_sn"]) != acked[ordinal]:
+                        return False
+            return True
+        wait_until(settled, LOAD_TIMEOUT_S, "every replica's watermark at the last acknowledged SN")
+    for node in ("n1", "n2", "n3"):
+        proc = cluster.procs[node].proc
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=limits.NODE_STOP_TIMEOUT_S) == 0
+        stored = _stored_watermarks(os.path.join(cluster.data_dir, node))
+        for p, sn in acked.items():
+            role = chains[p].index(node)
+            assert stored[p] == (sn, sn), (node, f"member {role} of p{p}", stored[p], sn)
