@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite needs, when missing: ZooKeeper (the
-# tests start a real server from /usr/share/java/zookeeper.jar) and a Java runtime.
+# tests start a real server from /usr/share/java/zookeeper.jar), a Java runtime, and
+# FUSE 3 (fusermount3 and the libfuse3 library that the `mfusepy` package loads: the
+# failing disk of tests/integration/test_fsync_failure.py), and iptables and iproute2
+# (tests/netfault/ builds test hosts of network namespaces and cuts them with iptables;
+# those trials run as root only).
 # Needs root (or sudo) and apt-get; elsewhere it says what to install and goes on,
-# and the ZooKeeper tests skip with a message.
+# and the ZooKeeper (and FUSE) tests skip with a message.
 set -euo pipefail
 need=()
 [ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
+command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 [ ${#need[@]} -eq 0 ] && exit 0
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: please install ${need[*]} (no apt-get here); ZooKeeper tests will skip" >&2

@@ -254,6 +254,13 @@ class Unavailable(SmsError):
     refresh_map = True
 
 
+class StorageFailed(Unavailable):
+    """A storage node's disk failed a write or an fsync (an I/O error, not a full disk):
+    what reached the disk is unknown, so the batch was not acknowledged, and the node
+    refuses every write to its durable logs until it is restarted (docs/operations.md,
+    "A failing disk"). Retriable: the chain goes on once the node restarts."""
+
+
 class Unauthenticated(SmsError):
     code = grpc.StatusCode.UNAUTHENTICATED
 

@@ -12,17 +12,26 @@ queue up and are folded into one write transaction (one fsync) on a dedicated th
 Every batch's checksum is verified before it is written and again when it is read back.
 The last SN and commit watermark of each partition are kept in memory; the watermark is
 also written with each transaction so a restarted node knows what was committed.
+
+A failed write transaction is one of two things (`storage_error`). A full disk or map
+(`StorageFull`) is retried by the next transaction, as LMDB leaves the last commit intact.
+A disk that fails a write or an fsync (`StorageFailed`) fences the node's durable logs:
+what reached the disk is unknown, so no transaction is tried again until the node is
+restarted and recovers from what LMDB holds durably (`StorageHealth`; docs/operations.md,
+"A failing disk").
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import errno
 import logging
 import os
 import shutil
 import struct
+import threading
 import time
 from dataclasses import dataclass
 
@@ -72,38 +81,112 @@ class PartitionLog:
         return self.prefix + seqno.to_bytes(first_sn)
 
 
-def storage_error(e: Exception, path: str = "", txn_bytes: int = 0) -> errors.SmsError:
-    """The named error of a failed LMDB write: StorageFull when the disk or the map is
-    full, else Unavailable (an I/O error). LMDB reports a short write as EIO, which is what
-    a full disk gives mid-transaction: an I/O error while the disk at `path` has less room
-    than twice the transaction (at least STORAGE_FULL_FREE_BYTES) counts as full. Either way
-    the batch was not stored; both are retriable, and the node goes on serving."""
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_FAILED_ERRNOS = (errno.EIO, errno.EROFS)
+
+
+def _errno_of(e: Exception) -> int | None:
+    """The errno of a failed LMDB call (py-lmdb names most of them only in the text)."""
+    code = getattr(e, "errno", None)
+    if code:
+        return code
+    if isinstance(e, lmdb.DiskError):
+        return errno.ENOSPC
     text = str(e)
-    if isinstance(e, lmdb.MapFullError) or getattr(e, "errno", None) == errno.ENOSPC or "No space left" in text:
+    return next((code for code in _FULL_ERRNOS + _FAILED_ERRNOS if os.strerror(code) in text), None)
+
+
+def _free_bytes(path: str) -> int | None:
+    try:
+        return shutil.disk_usage(path).free if path else None
+    except OSError:
+        return None
+
+
+def storage_error(e: Exception, path: str = "", txn_bytes: int = 0) -> errors.SmsError:
+    """The named error of a failed LMDB write.
+
+    StorageFull: the map or the disk is full (MDB_MAP_FULL, ENOSPC, EDQUOT), or an I/O
+    error while the disk at `path` has less room than twice the transaction (at least
+    STORAGE_FULL_FREE_BYTES): LMDB reports a short write as EIO, which is what a full disk
+    gives mid-transaction. The batch was not stored. Retriable: the next transaction
+    tries again, as a failed commit leaves LMDB's last commit intact.
+
+    StorageFailed: the disk failed a write or an fsync (EIO with room on the disk; EROFS,
+    a filesystem that gave up; LMDB's panic after a failed meta page write; a corrupted
+    page). What reached the disk is unknown: the batch was not acknowledged, and the store
+    is fenced (StorageHealth).
+
+    Unavailable: anything else; the store goes on."""
+    text = str(e)
+    code = _errno_of(e)
+    if isinstance(e, lmdb.MapFullError) or code in _FULL_ERRNOS:
         return errors.StorageFull(f"storage is full ({text}); the batch was not stored")
-    if path:
-        try:
-            free = shutil.disk_usage(path).free
-        except OSError:
-            free = None
+    if code == errno.EIO:
+        free = _free_bytes(path)
         if free is not None and free < max(2 * txn_bytes, limits.STORAGE_FULL_FREE_BYTES):
             return errors.StorageFull(f"storage is full ({free} bytes free; {text}); the batch was not stored")
+    if code in _FAILED_ERRNOS or isinstance(e, (lmdb.PanicError, lmdb.CorruptedError)):
+        return errors.StorageFailed(f"the disk failed a write ({text}): what reached it is unknown; the batch "
+                                    f"was not acknowledged, and this node refuses writes until it is restarted")
     return errors.Unavailable(f"a storage write failed ({text}); the batch was not stored")
+
+
+class StorageHealth:
+    """Failed write transactions of a node's durable logs, and the fence a failed disk
+    puts up. Shared by both environments (one data directory, one disk) and by every
+    thread that writes them.
+
+    After an I/O error the disk's state is unknown -- Linux reports a failed writeback
+    once and then marks the pages clean, so a retried fsync can succeed over pages that
+    never reached the disk ("fsyncgate"); a filesystem may have gone read-only; LMDB
+    itself panics after a failed meta page write -- so a failed disk is never retried:
+    every later write is refused with StorageFailed, without touching the disk, until the
+    node is restarted (the new process recovers from LMDB's last durable commit, and its
+    chains take it back only after checking its log against their own). Reads go on."""
+
+    def __init__(self) -> None:
+        self.failures = 0                                   # failed write transactions
+        self.last_error: tuple[str, int] | None = None      # (named error and text, wall-clock ms)
+        self.failed: tuple[str, int] | None = None         # the fence: (what LMDB said, wall-clock ms)
+        self._lock = threading.Lock()
+
+    def record(self, e: Exception, path: str = "", txn_bytes: int = 0) -> errors.SmsError:
+        """Count one failed write transaction; fence the store if the disk failed.
+        Returns the named error for its callers."""
+        error = storage_error(e, path, txn_bytes)
+        now_ms = int(time.time() * 1000)
+        with self._lock:
+            self.failures += 1
+            if self.failed is None:      # once fenced, the status keeps showing why
+                self.last_error = (f"{error.name}: {error.message}", now_ms)
+                if isinstance(error, errors.StorageFailed):
+                    self.failed = (str(e), now_ms)
+                    log.critical("the disk under %s failed a write (%s): refusing every write to the durable "
+                                 "logs until this node is restarted", path or "the data directory", e)
+        return error
+
+    def check(self) -> None:
+        """Raise StorageFailed if the store is fenced: nothing may be written."""
+        failed = self.failed
+        if failed is not None:
+            at = time.strftime("%H:%M:%S", time.localtime(failed[1] / 1000))
+            raise errors.StorageFailed(f"this node's disk failed at {at} ({failed[0]}); it refuses writes "
+                                       f"until it is restarted; the batch was not stored")
 
 
 class GroupCommitWriter:
     """Folds queued appends of many partitions into one LMDB write transaction."""
 
-    def __init__(self, env: lmdb.Environment, batches_db, parts_db, name: str):
+    def __init__(self, env: lmdb.Environment, batches_db, parts_db, name: str, health: StorageHealth):
         self.env = env
         self.batches_db = batches_db
         self.parts_db = parts_db
+        self.health = health
         self.queue: asyncio.Queue = asyncio.Queue(maxsize=limits.STORAGE_WRITE_QUEUE_MAX)
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lmdb-{name}")
         self.task: asyncio.Task | None = None
         self.commits = 0
-        self.failures = 0
-        self.last_error: tuple[str, int] | None = None     # (named error and text, wall-clock ms)
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name="group-commit")
@@ -113,17 +196,21 @@ class GroupCommitWriter:
         self.executor.shutdown(wait=True)
 
     async def submit(self, plog: PartitionLog, key: bytes, batch: bytes) -> None:
+        self.health.check()
         fut = asyncio.get_running_loop().create_future()
         await self.queue.put((plog, key, batch, fut))
         await fut
 
     def _commit(self, items: list) -> None:
+        watermarks = {}
         with self.env.begin(write=True) as txn:
             for plog, key, batch, _fut in items:
                 txn.put(key, batch, db=self.batches_db)
             for plog in {item[0] for item in items}:
-                txn.put(plog.prefix, seqno.to_bytes(plog.committed_sn), db=self.parts_db)
-                plog.stored_committed_sn = plog.committed_sn
+                watermarks[plog] = plog.committed_sn
+                txn.put(plog.prefix, seqno.to_bytes(watermarks[plog]), db=self.parts_db)
+        for plog, sn in watermarks.items():      # only once the transaction is durable
+            plog.stored_committed_sn = max(plog.stored_committed_sn, sn)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -132,13 +219,15 @@ class GroupCommitWriter:
             while len(items) < limits.STORAGE_GROUP_COMMIT_BATCHES_MAX and not self.queue.empty():
                 items.append(self.queue.get_nowait())
             try:
-                await loop.run_in_executor(self.executor, self._commit, items)
+                self.health.check()          # a failed disk is not written again (StorageHealth)
+                try:
+                    await loop.run_in_executor(self.executor, self._commit, items)
+                except Exception as e:  # disk full, map full, I/O error: fail these appends
+                    error = self.health.record(e, self.env.path(), sum(len(item[2]) for item in items))
+                    log.error("LMDB commit of %d batches failed (%s): %s", len(items), error.name, e)
+                    raise error from e
                 self.commits += 1
-            except Exception as e:  # disk full, map full, I/O error: fail these appends, keep running
-                error = storage_error(e, self.env.path(), sum(len(item[2]) for item in items))
-                self.failures += 1
-                self.last_error = (f"{error.name}: {error.message}", int(time.time() * 1000))
-                log.error("LMDB commit of %d batches failed (%s): %s", len(items), error.name, e)
+            except errors.SmsError as error:
                 for *_, fut in items:
                     if not fut.done():
                         fut.set_exception(error)
@@ -158,6 +247,7 @@ class LogStore:
         self.dbs: dict[Persistence, tuple] = {}
         self.writers: dict[Persistence, GroupCommitWriter] = {}
         self.logs: dict[str, PartitionLog] = {}
+        self.health = StorageHealth()
         for persistence, sync in ((Persistence.DISK, True), (Persistence.DISK_ASYNC, False)):
             env = lmdb.open(os.path.join(data_dir, f"log-{persistence.value}.lmdb"), subdir=True,
                             map_size=limits.LMDB_MAP_BYTES, max_dbs=4, max_readers=limits.LMDB_MAX_READERS,
@@ -169,16 +259,38 @@ class LogStore:
     async def start(self) -> None:
         for persistence, env in self.envs.items():
             batches, parts, _names = self.dbs[persistence]
-            writer = GroupCommitWriter(env, batches, parts, persistence.value)
+            writer = GroupCommitWriter(env, batches, parts, persistence.value, self.health)
             writer.start()
             self.writers[persistence] = writer
 
     async def close(self) -> None:
         for writer in self.writers.values():
             await writer.stop()
-        self._store_watermarks()
+        if self.health.failed is None:       # a failed disk is not written again
+            try:
+                self._store_watermarks()
+            except errors.SmsError as e:      # (a full disk: each transaction stored its watermark)
+                log.warning("commit watermarks not stored at close: %s: %s", e.name, e.message)
         for env in self.envs.values():
             env.close()
+
+    @property
+    def failed(self) -> bool:
+        """The disk failed a write: every write to the durable logs is refused until restart."""
+        return self.health.failed is not None
+
+    @contextlib.contextmanager
+    def _write_txn(self, env: lmdb.Environment, db=None):
+        """A write transaction outside the group commit (open, drop, trim, watermarks):
+        refused on a fenced store, and its failure counted and named like an append's."""
+        self.health.check()
+        try:
+            with env.begin(write=True, db=db) as txn:
+                yield txn
+        except lmdb.Error as e:
+            error = self.health.record(e, env.path())
+            log.error("LMDB write transaction failed (%s): %s", error.name, e)
+            raise error from e
 
     def _store_watermarks(self) -> None:
         """Write each durable log's commit watermark, so a clean restart serves reads up to
@@ -189,10 +301,11 @@ class LogStore:
                      if p.persistence is persistence and p.committed_sn > p.stored_committed_sn]
             if not stale:
                 continue
-            with env.begin(write=True, db=parts) as txn:
+            with self._write_txn(env, db=parts) as txn:
                 for plog in stale:
                     txn.put(plog.prefix, seqno.to_bytes(plog.committed_sn))
-                    plog.stored_committed_sn = plog.committed_sn
+            for plog in stale:
+                plog.stored_committed_sn = plog.committed_sn
 
     # --- partitions ---------------------------------------------------------------
 
@@ -218,9 +331,17 @@ class LogStore:
         return names
 
     def _local_id(self, name: str, persistence: Persistence) -> int:
+        """The log's id in its environment, allocated (and stored) if it is new. On a fenced
+        store a new log gets id 0, which no stored batch has: it is empty, and stays so,
+        since every append to it is refused (so a failed disk does not keep the node from
+        taking part in its chains' configuration)."""
         env = self.envs[persistence]
         _batches, parts, names = self.dbs[persistence]
-        with env.begin(write=True) as txn:
+        if self.failed:
+            with env.begin(db=names) as txn:
+                raw = txn.get(name.encode())
+            return _LOCAL_ID.unpack(raw)[0] if raw is not None else 0
+        with self._write_txn(env) as txn:
             raw = txn.get(name.encode(), db=names)
             if raw is not None:
                 return _LOCAL_ID.unpack(raw)[0]
@@ -253,9 +374,12 @@ class LogStore:
             plog.stored_committed_sn = plog.committed_sn
 
     async def drop_log(self, name: str) -> None:
-        """Delete a partition's records and name from this node, in bounded txns."""
+        """Delete a partition's records and name from this node, in bounded txns. On a
+        fenced store only this process forgets it: the disk keeps it until a restart."""
         plog = self.logs.pop(name, None)
         for persistence, env in self.envs.items():
+            if self.failed:
+                break
             batches, parts, names = self.dbs[persistence]
             with env.begin(db=names) as txn:
                 raw = txn.get(name.encode())
@@ -263,7 +387,7 @@ class LogStore:
                 continue
             prefix = raw
             while True:
-                with env.begin(write=True) as txn:
+                with self._write_txn(env) as txn:
                     cur = txn.cursor(db=batches)
                     deleted = 0
                     if cur.set_range(prefix):
@@ -284,9 +408,12 @@ class LogStore:
         transactions of at most TRIM_BATCHES_PER_TXN_MAX batches, on the log's writer thread
         (so they queue with appends instead of blocking the loop on LMDB's write lock). The
         newest batch always stays: it carries the log's position (last SN, the batch a
-        successor's log is verified against). Returns the records deleted."""
+        successor's log is verified against). Returns the records deleted; none on a
+        fenced store."""
         deleted_records = 0
         while True:
+            if plog.memory is None and self.failed:
+                return deleted_records
             async with plog.append_lock:
                 if plog.memory is not None:
                     victims = self._trim_memory(plog, before_sn)
@@ -318,7 +445,7 @@ class LogStore:
         env = self.envs[plog.persistence]
         batches_db = self.dbs[plog.persistence][0]
         victims = []
-        with env.begin(write=True, db=batches_db) as txn:
+        with self._write_txn(env, db=batches_db) as txn:
             cur = txn.cursor()
             if not cur.set_range(plog.prefix):
                 return victims
@@ -441,10 +568,9 @@ class LogStore:
         return out
 
     def write_failures(self) -> tuple[int, tuple[str, int] | None]:
-        """Failed write transactions over every environment, and the latest one's error and time."""
-        failures = sum(w.failures for w in self.writers.values())
-        last = max((w.last_error for w in self.writers.values() if w.last_error), key=lambda e: e[1], default=None)
-        return failures, last
+        """Failed write transactions over every environment, and the latest one's error
+        and time (on a fenced store: the failure that fenced it)."""
+        return self.health.failures, self.health.last_error
 
     def statistics(self) -> dict:
         return {"logs": len(self.logs),
