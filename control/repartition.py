@@ -2,28 +2,40 @@
 (DESIGN section 8), the dropping of closed partitions that retention emptied, and the
 optional automatic split of hot partitions.
 
-A repartition request is recorded in the stream's config (`StreamConfig.repartition`,
-a conditional write), so whichever control process leads drives it to its end, and a new
-leader picks up one that its predecessor left half done. `Repartitioner` takes each
-pending request one step at a time (scale is a sequence of splits and merges, each its
-own map version):
+A repartition request (`phases.RepartitionRequest`: split / merge / scale, the parents
+or the target, its id) is recorded in the stream's config (`StreamConfig.repartition`,
+a conditional write) together with its phase, so whichever control process leads drives
+it to its end, and a new leader resumes one that its predecessor left half done from the
+recorded phase. Each round `Repartitioner.advance` reads the stream's config, map and
+what the pure `phases.decide` asks for (the parents' chain configs, their heads'
+NodeStatus, the live nodes), executes the action it returns, and records the phase that
+action leads to in the same conditional commit (docs/repartition-phases.md). A scale is
+a sequence of splits and merges, each its own map version and its own pass through the
+phases:
 
-1. **Seal.** Each parent's chain config is set `sealed` (conditional on its version). Its
-   head then refuses new batches -- a resend of a batch it holds is still acknowledged --
-   and the flag survives a head failover, since the chain manager keeps it.
-2. **Drain.** The driver polls the head (NodeStatus) until it reports the sealed config
-   applied, no append in progress, and everything it holds committed: its last SN is the
-   parent's ending SN E.
-3. **Commit.** One conditional commit writes the new map (the parents CLOSED with E, the
-   children valid from a boundary time above E's timestamp), checks that every parent's
-   chain config is still the one whose head reported E (a failover meanwhile fails the
-   commit and the step starts again), creates the children's chains placed on the
-   least-loaded nodes, with `from_ms` = the boundary so their SNs are above every SN of
-   the parents, and records the step in the stream config.
+- **REQUESTED** (or **COMMITTED**, between the steps of a scale) -> *Seal*: each
+  parent's chain config is set `sealed` (conditional on its version) and SEALED is
+  recorded with `sealed_ms` (conditional on the request too: a deposed leader must not
+  seal for a request the new leader has ended). The head then refuses new batches -- a
+  resend of a batch it holds is still acknowledged -- and the flag survives a head
+  failover, since the chain manager keeps it.
+- **SEALED** -> *Wait* while a head drains: the driver polls each head (NodeStatus)
+  until it reports the sealed config applied, no append in progress, and everything it
+  holds committed: its last SN is the parent's ending SN E. Not recorded: it holds only
+  for the chain config whose head reported it.
+- **SEALED** -> *Commit* -> **COMMITTED**: one conditional commit writes the new map
+  (the parents CLOSED with E, the children valid from a boundary time above E's
+  timestamp), checks that every parent's chain config is still the one whose head
+  reported E (a failover meanwhile fails the commit and the step starts again in
+  SEALED), creates the children's chains placed on the least-loaded nodes, with
+  `from_ms` = the boundary so their SNs are above every SN of the parents, and records
+  COMMITTED with `steps_done + 1`.
+- no step left -> *Finish* -> **DONE**. A step that cannot be done (too many partitions,
+  not enough nodes, a head that did not drain within REPARTITION_DRAIN_TIMEOUT_S) ->
+  *Fail* -> **FAILED** with that error, unsealing the open parents in the same commit.
 
 Writers that reach a sealed or closed parent are answered PartitionClosed and re-route
-by the new map; only the parents' keys pause. A step that cannot be done (too many
-partitions, not enough nodes) ends the request with that error and unseals the parents.
+by the new map; only the parents' keys pause.
 """
 
 from __future__ import annotations
@@ -36,93 +48,37 @@ from dataclasses import replace
 
 import grpc
 
-from control import placement
+from control import phases
+from control.phases import (Action, Commit, DAY_MS, Facts, Fail, Finish, HeadReport, Kind, Phase, ProbeHeads,
+                            ReadChains, ReadNodes, RepartitionRequest, RepartitionState, Seal, Wait,
+                            check_request, in_progress, recent_repartitions, steps_needed)
 from metastore import reads
 from metastore import BadVersionError, Check, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set
-from sms import errors, limits, metadata, retention, rpc, seqno
+from sms import limits, metadata, retention, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation, SmsError
-from sms.metadata import ChainChange, ChainConfig, ConsumerRecord, StreamConfig
+from sms.metadata import ChainConfig, ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionMap
 from sms.proto import sms_pb2, sms_pb2_grpc
-from sms.types import PartitionState, StreamStatus
+from sms.types import StreamStatus
 
 log = logging.getLogger(__name__)
 
-DAY_MS = 24 * 3600 * 1000
+__all__ = ["DAY_MS", "Kind", "Phase", "RepartitionRequest", "RepartitionState", "Repartitioner", "check_request",
+           "in_progress", "new_request", "recent_repartitions", "steps_needed"]
+
+OBSERVATIONS_MAX = 4      # decide() asks for chains, heads and nodes at most once each, then acts
 
 
-def new_request(op: str, **fields) -> dict:
-    return {"id": secrets.token_hex(8), "op": op, "requested_ms": int(time.time() * 1000), **fields}
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
-def in_progress(config: StreamConfig) -> bool:
-    return bool(config.repartition) and not config.repartition.get("done")
-
-
-def next_step(request: dict, pmap: PartitionMap) -> tuple | None:
-    """The next split or merge the request needs, or None once it is done."""
-    op = request["op"]
-    if op == "split":
-        e = pmap.entry(request["partition"])
-        if e.state is not PartitionState.OPEN:
-            return None
-        at = request.get("at_hash")
-        return ("split", e.ordinal, None if at is None else int(at))
-    if op == "merge":
-        a, b = (pmap.entry(o) for o in request["partitions"])
-        if a.state is not PartitionState.OPEN or b.state is not PartitionState.OPEN:
-            return None
-        return ("merge", a.ordinal, b.ordinal)
-    return pmap.next_scale_step(request["target"])
-
-
-def apply_step(pmap: PartitionMap, step: tuple, boundary_ms: int, endings: dict[int, int]) -> PartitionMap:
-    if step[0] == "split":
-        return pmap.split(step[1], step[2], boundary_ms, endings[step[1]])
-    return pmap.merge(step[1], step[2], boundary_ms, endings)
-
-
-def step_parents(step: tuple) -> list[int]:
-    return [step[1]] if step[0] == "split" else [step[1], step[2]]
-
-
-def steps_needed(request: dict, pmap: PartitionMap) -> int:
-    """How many splits and merges the request takes (a scale is planned on a copy)."""
-    steps = 0
-    while (step := next_step(request, pmap)) is not None:
-        steps += 1
-        fake = {o: 0 for o in step_parents(step)}
-        pmap = apply_step(pmap, step, 0, fake)
-        if request["op"] != "scale":
-            break
-    return steps
-
-
-def recent_repartitions(config: StreamConfig, now_ms: int) -> tuple[int, ...]:
-    return tuple(t for t in config.repartitions_ms if t > now_ms - DAY_MS)
-
-
-def check_request(config: StreamConfig, pmap: PartitionMap, request: dict, now_ms: int) -> int:
-    """Named errors for a request that cannot be done; the number of steps it takes."""
-    if in_progress(config):
-        raise errors.RepartitionInProgress(
-            f"stream {config.name!r} is being repartitioned ({config.repartition['op']}); retry when it is done")
-    op = request["op"]
-    if op == "split":
-        pmap.check_split(request["partition"], None if request.get("at_hash") is None else int(request["at_hash"]))
-    elif op == "merge":
-        pmap.check_merge(*request["partitions"])
-    elif op == "scale":
-        pmap.next_scale_step(request["target"])     # range check
-    else:
-        raise errors.InvalidArgument(f"repartition op {op!r}; expected split, merge or scale")
-    steps = steps_needed(request, pmap)
-    recent = len(recent_repartitions(config, now_ms))
-    if recent + steps > limits.REPARTITIONS_PER_DAY_MAX:
-        raise errors.RescaleTooSoon(f"stream {config.name!r}: {recent} splits and merges in the last day, this "
-                                    f"request needs {steps}; at most {limits.REPARTITIONS_PER_DAY_MAX} a day")
-    return steps
+def new_request(kind: Kind | str, *, parents: tuple[int, ...] | list[int] = (), target: int = 0,
+                at_hash: int | None = None, request_id: str | None = None, auto: bool = False) -> RepartitionRequest:
+    """A new request with a fresh id (or the client's) and the time it was asked."""
+    return RepartitionRequest(id=request_id or secrets.token_hex(8), kind=Kind(kind), parents=tuple(parents),
+                              target=target, at_hash=at_hash, requested_ms=_now_ms(), auto=auto)
 
 
 class Repartitioner:
@@ -205,133 +161,131 @@ class Repartitioner:
             self._last_sample = now
         return busy
 
-    # --- one step of a request ------------------------------------------------------------
+    # --- one action of a request ----------------------------------------------------------
     async def _chain(self, stream: str, ordinal: int) -> tuple[ChainConfig, int] | None:
         entry = await self.store.get(metadata.chain_path(metadata.chain_id(stream, ordinal)))
         if entry is None or not entry.value:
             return None
         return ChainConfig.from_bytes(entry.value), entry.version
 
-    async def _finish(self, config: StreamConfig, version: int, error: SmsError | None = None,
-                      unseal: list[tuple[ChainConfig, int]] = ()) -> None:
-        done = {**config.repartition, "done": True, "done_ms": int(time.time() * 1000),
-                "error": None if error is None else [error.name, error.message]}
-        ops = [Set(metadata.stream_path(config.name), replace(config, repartition=done).to_bytes(), version)]
-        for chain, chain_version in unseal:
-            if chain.sealed:
-                ops.append(Set(metadata.chain_path(chain.chain_id), replace(chain, sealed=False).to_bytes(),
-                               chain_version))
-        if unseal:
-            ops.append(Set(metadata.CHAINS, str(int(time.time() * 1000)).encode()))
+    async def advance(self, config: StreamConfig, version: int) -> Action | None:
+        """Decide the request's next action from what the store and the heads show, and
+        execute it; the action (None: nothing done)."""
+        try:
+            state = RepartitionState.from_record(config.repartition)
+        except SmsError as e:       # (a record of a newer version, say: left as it is, for it)
+            log.warning("stream %s: repartition record %r not understood (%s); left as it is", config.name,
+                        config.repartition, e)
+            return None
+        map_entry = await self.store.get(metadata.map_path(config.name))
+        if map_entry is None:
+            return None
+        pmap = PartitionMap.from_bytes(map_entry.value, version=map_entry.version)
+        facts = Facts(config=config, pmap=pmap, now_ms=_now_ms())
+        chains: dict[int, tuple[ChainConfig, int]] = {}      # what was read, with the store versions
+        for _ in range(OBSERVATIONS_MAX):
+            action = phases.decide(state, facts)
+            if isinstance(action, ReadChains):
+                for o in action.ordinals:
+                    if (got := await self._chain(config.name, o)) is not None:
+                        chains[o] = got
+                facts = replace(facts, chains={o: chains[o][0] if o in chains else None for o in action.ordinals})
+            elif isinstance(action, ProbeHeads):
+                nodes = await reads.live_storage(self.store)
+                facts = replace(facts, heads={o: await self._head_reports(facts.chains[o], nodes)
+                                              for o in action.ordinals})
+            elif isinstance(action, ReadNodes):
+                # children go to live nodes that are not draining (unless every one is)
+                nodes = await reads.live_storage(self.store)
+                draining = await reads.draining(self.store)
+                nodes = {n: info for n, info in nodes.items() if n not in draining} or nodes
+                replicas, heads = await reads.chain_load(self.store)
+                facts = replace(facts, nodes={n: info.started_ms for n, info in nodes.items()},
+                                replicas=replicas, head_load=heads)
+            else:
+                break
+            facts = replace(facts, now_ms=_now_ms())
+        else:
+            log.error("stream %s: the repartition decision kept asking for facts (%s); the next round retries",
+                      config.name, action)
+            return None
+        await self._execute(config, version, state, pmap, chains, action)
+        return action
+
+    async def _execute(self, config: StreamConfig, version: int, state: RepartitionState, pmap: PartitionMap,
+                       chains: dict[int, tuple[ChainConfig, int]], action: Action) -> None:
+        if isinstance(action, Wait):
+            return
+        if isinstance(action, (Finish, Fail)):
+            await self._finish(config, version, state, action)
+        elif isinstance(action, Seal):
+            await self._seal(config, version, state, chains, action)
+        elif isinstance(action, Commit):
+            await self._commit_step(config, version, state, pmap, chains, action)
+        else:
+            raise InvariantViolation(f"stream {config.name}: no driver for {action}")
+
+    async def _seal(self, config: StreamConfig, version: int, state: RepartitionState,
+                    chains: dict[int, tuple[ChainConfig, int]], action: Seal) -> None:
+        ops = [Set(metadata.chain_path(chains[o][0].chain_id), replace(chains[o][0], sealed=True).to_bytes(),
+                   chains[o][1]) for o in action.seal]
+        # conditional on the request too: a deposed leader must not seal for a request
+        # that the new leader has ended meanwhile
+        ops.append(Set(metadata.stream_path(config.name), phases.config_after(config, state, action).to_bytes(),
+                       version))
+        if action.seal:
+            ops.append(Set(metadata.CHAINS, metadata.chains_note(chains[o][0].chain_id for o in action.seal)))
+        try:
+            await self.store.commit(ops)
+        except (BadVersionError, NoNodeError):
+            pass
+        # the next round waits for the heads to drain
+
+    async def _finish(self, config: StreamConfig, version: int, state: RepartitionState,
+                      action: Finish | Fail) -> None:
+        ops = [Set(metadata.stream_path(config.name), phases.config_after(config, state, action).to_bytes(),
+                   version)]
+        unsealed = []
+        for o in action.unseal:
+            if (got := await self._chain(config.name, o)) is not None and got[0].sealed:
+                ops.append(Set(metadata.chain_path(got[0].chain_id), replace(got[0], sealed=False).to_bytes(),
+                               got[1]))
+                unsealed.append(got[0].chain_id)
+        if unsealed:
+            ops.append(Set(metadata.CHAINS, metadata.chains_note(unsealed)))
         try:
             await self.store.commit(ops)
         except (BadVersionError, NoNodeError):
             return
-        if error is not None:
-            log.warning("stream %s: repartition %s failed: %s", config.name, config.repartition["op"], error)
+        if isinstance(action, Fail):
+            log.warning("stream %s: repartition %s failed: %s", config.name, state.request.kind.value, action.error)
 
-    async def advance(self, config: StreamConfig, version: int) -> None:
-        request = config.repartition
-        map_entry = await self.store.get(metadata.map_path(config.name))
-        if map_entry is None:
-            return
-        pmap = PartitionMap.from_bytes(map_entry.value, version=map_entry.version)
-        try:
-            step = next_step(request, pmap)
-            if step is not None:      # will the step's map be valid? (limits, split point)
-                apply_step(pmap, step, 0, {o: 0 for o in step_parents(step)})
-        except SmsError as e:
-            await self._finish(config, version, e, unseal=[c for o in _parents_of(request, pmap)
-                                                          if (c := await self._chain(config.name, o))])
-            return
-        if step is None:
-            await self._finish(config, version)
-            return
-        parents = step_parents(step)
-        chains = {}
-        for o in parents:
-            chain = await self._chain(config.name, o)
-            if chain is None:
-                return
-            chains[o] = chain
-        unsealed = [o for o in parents if not chains[o][0].sealed]
-        if unsealed:
-            now_ms = int(time.time() * 1000)
-            ops = [Set(metadata.chain_path(chains[o][0].chain_id),
-                       replace(chains[o][0], sealed=True).to_bytes(), chains[o][1]) for o in unsealed]
-            # conditional on the request too: a deposed leader must not seal for a request
-            # that the new leader has ended meanwhile
-            ops.append(Set(metadata.stream_path(config.name),
-                           replace(config, repartition={**request, "sealed_ms": now_ms}).to_bytes(), version))
-            ops.append(Set(metadata.CHAINS, str(now_ms).encode()))
-            try:
-                await self.store.commit(ops)
-            except (BadVersionError, NoNodeError):
-                pass
-            return                      # the next round waits for the heads to drain
-        endings = {}
-        for o in parents:
-            ending = await self._drained(chains[o][0])
-            if ending is None:
-                sealed_ms = request.get("sealed_ms", int(time.time() * 1000))
-                if time.time() * 1000 - sealed_ms > limits.REPARTITION_DRAIN_TIMEOUT_S * 1000:
-                    await self._finish(config, version, errors.Timeout(
-                        f"p{o:04d}'s head did not drain within {limits.REPARTITION_DRAIN_TIMEOUT_S:.0f} s (its chain "
-                        "has no live head); the partitions are unsealed"), unseal=list(chains.values()))
-                return
-            endings[o] = ending
-        await self._commit_step(config, version, pmap, step, chains, endings)
-
-    async def _drained(self, chain: ChainConfig) -> int | None:
-        """The head's last SN once it is sealed, idle and has committed all it holds."""
-        nodes = await reads.live_storage(self.store)
+    async def _head_reports(self, chain: ChainConfig, nodes: dict) -> tuple[HeadReport, ...]:
+        """What the chain's head reports of it (nothing if the head is not live or not reached)."""
         head = nodes.get(chain.head)
         if head is None:
-            return None
+            return ()
         try:
             async with rpc.aio_channel(head.address) as channel:
                 status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
                     sms_pb2.NodeStatusRequest(chain_ids=[chain.chain_id]), timeout=limits.RPC_TIMEOUT_S)
         except (grpc.aio.AioRpcError, OSError):
             raise_if_cancelling()
-            return None
-        for r in status.replicas:
-            if r.chain_id == chain.chain_id and r.epoch == chain.epoch and r.role.startswith("head") \
-                    and r.sealed and r.last_sn == r.committed_sn:
-                return int(r.last_sn)
-        return None
+            return ()
+        return tuple(HeadReport(chain_id=r.chain_id, epoch=r.epoch, role=r.role, sealed=r.sealed,
+                                last_sn=int(r.last_sn or 0), committed_sn=int(r.committed_sn or 0))
+                     for r in status.replicas if r.chain_id == chain.chain_id)
 
-    async def _commit_step(self, config: StreamConfig, version: int, pmap: PartitionMap, step: tuple,
-                           chains: dict[int, tuple[ChainConfig, int]], endings: dict[int, int]) -> None:
-        now_ms = int(time.time() * 1000)
-        boundary_ms = max([now_ms] + [seqno.timestamp_ms_of(e) + 1 for e in endings.values() if e])
-        new_map = apply_step(pmap, step, boundary_ms, endings)
-        children = new_map.entries[len(pmap.entries):]
-        nodes = await reads.live_storage(self.store)
-        replicas, heads = await reads.chain_load(self.store, sealed=False)
-        try:
-            placed = placement.place(list(nodes), len(children), config.replication_factor, replicas, heads)
-        except SmsError as e:
-            await self._finish(config, version, e, unseal=list(chains.values()))
-            return
-        what = (f"split of p{step[1]:04d}" if step[0] == "split"
-                else f"merge of p{step[1]:04d} and p{step[2]:04d}")
-        ops = [Set(metadata.map_path(config.name), new_map.to_bytes(), pmap.version)]
-        ops += [Check(metadata.chain_path(chain.chain_id), v) for chain, v in chains.values()]
-        for child, members in zip(children, placed):
-            cid = metadata.chain_id(config.name, child.ordinal)
-            ops.append(Create(metadata.chain_path(cid), ChainConfig(
-                chain_id=cid, stream=config.name, ordinal=child.ordinal, epoch=1, members=members,
-                persistence=config.persistence, from_ms=boundary_ms,
-                incarnations=tuple(sorted((n, nodes[n].started_ms) for n in members)),
-                history=(ChainChange(1, now_ms, "created", members[0],
-                                     f"{what}; placed on " + " -> ".join(members)),)).to_bytes()))
-        request = {k: v for k, v in config.repartition.items() if k != "sealed_ms"}
-        request["steps_done"] = request.get("steps_done", 0) + 1
-        recent = recent_repartitions(config, now_ms) + (now_ms,)
-        new_config = replace(config, repartition=request, repartitions_ms=recent[-limits.REPARTITION_HISTORY_MAX:])
-        ops.append(Set(metadata.stream_path(config.name), new_config.to_bytes(), version))
-        ops.append(Set(metadata.CHAINS, str(now_ms).encode()))
+    async def _commit_step(self, config: StreamConfig, version: int, state: RepartitionState, pmap: PartitionMap,
+                           chains: dict[int, tuple[ChainConfig, int]], action: Commit) -> None:
+        what = action.step.describe()
+        ops = [Set(metadata.map_path(config.name), action.new_map.to_bytes(), pmap.version)]
+        ops += [Check(metadata.chain_path(chains[o][0].chain_id), chains[o][1]) for o in action.step.parents]
+        ops += [Create(metadata.chain_path(child.chain_id), child.to_bytes()) for child in action.children]
+        ops.append(Set(metadata.stream_path(config.name), phases.config_after(config, state, action).to_bytes(),
+                       version))
+        ops.append(Set(metadata.CHAINS, metadata.chains_note(
+            [*(chains[o][0].chain_id for o in action.step.parents), *(c.chain_id for c in action.children)])))
         try:
             await self.store.commit(ops)
         except (BadVersionError, NoNodeError, NodeExistsError) as e:
@@ -340,7 +294,8 @@ class Repartitioner:
             return
         self.steps += 1
         log.warning("stream %s: %s committed, map version %d; ending SNs %s, children %s from %d",
-                    config.name, what, pmap.version + 1, endings, [c.ordinal for c in children], boundary_ms)
+                    config.name, what, pmap.version + 1, dict(action.endings),
+                    [c.ordinal for c in action.children], action.boundary_ms)
 
     # --- retention: closed partitions that hold nothing more ------------------------------
     async def _consumers(self, stream: str) -> list[ConsumerRecord]:
@@ -368,7 +323,7 @@ class Repartitioner:
             path = metadata.chain_path(metadata.chain_id(config.name, o))
             if await self.store.get(path) is not None:
                 ops.append(Delete(path))
-        ops.append(Set(metadata.CHAINS, str(int(time.time() * 1000)).encode()))
+        ops.append(Set(metadata.CHAINS, metadata.chains_note(metadata.chain_id(config.name, o) for o in gone)))
         try:
             await self.store.commit(ops)
         except (BadVersionError, NoNodeError):
@@ -411,9 +366,9 @@ class Repartitioner:
             since = self._hot_since.setdefault(key, last[0])
             if now - since < config.auto_split_period_s:
                 continue
-            request = new_request("split", partition=e.ordinal, auto=True)
+            request = new_request(Kind.SPLIT, parents=(e.ordinal,), auto=True)
             try:
-                check_request(config, pmap, request, int(time.time() * 1000))
+                check_request(config, pmap, request, _now_ms())
             except SmsError as err:
                 log.info("stream %s: p%04d is hot (%.0f records/s) but is not split: %s", config.name, e.ordinal,
                          rate, err)
@@ -421,7 +376,7 @@ class Repartitioner:
                 continue
             try:
                 await self.store.set(metadata.stream_path(config.name),
-                                     replace(config, repartition=request).to_bytes(), version)
+                                     replace(config, repartition=request.record()).to_bytes(), version)
             except (BadVersionError, NoNodeError):
                 return
             log.warning("stream %s: p%04d wrote %.0f records/s for %.0f s (threshold %d): splitting it",
@@ -440,10 +395,3 @@ class Repartitioner:
             return {}
         return {r.chain_id: seqno.counter_of(int(r.last_sn)) for r in status.replicas if r.role.startswith("head")}
 
-
-def _parents_of(request: dict, pmap: PartitionMap) -> list[int]:
-    if request["op"] == "split":
-        return [request["partition"]]
-    if request["op"] == "merge":
-        return list(request["partitions"])
-    return [e.ordinal for e in pmap.open_entries()]

@@ -6,6 +6,7 @@ one address; only a process with the control role accepts CreateStream/DeleteStr
 from __future__ import annotations
 
 from control import repartition
+from control.phases import Kind
 from control.admin import StreamAdmin, validate_create
 from metastore.view import ClusterView
 from sms import convert, seqno
@@ -13,6 +14,35 @@ from sms.errors import FailedPrecondition, InvalidArgument, InvalidSplitPoint, U
 from sms.metadata import ConsumerRecord
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors
+
+
+def repartition_request(request: sms_pb2.RepartitionStreamRequest) -> repartition.RepartitionRequest:
+    """The typed request a RepartitionStream call asks for (named errors for a malformed one;
+    `request_id`, if given, is the request's id: a retry of a recorded request is the same)."""
+    if request.op in ("split", "merge", "scale") and len(request.request_id) > 64:
+        raise InvalidArgument("request_id of more than 64 characters")
+    op = request.op
+    if op == "split":
+        if len(request.partitions) != 1:
+            raise InvalidArgument(f"split names one partition; {len(request.partitions)} given")
+        at_hash = None
+        if request.at_hash:
+            try:
+                at_hash = int(request.at_hash)
+            except ValueError:
+                raise InvalidSplitPoint(f"split point {request.at_hash[:64]!r}; expected a decimal "
+                                        "hash key") from None
+        return repartition.new_request(Kind.SPLIT, parents=(request.partitions[0],), at_hash=at_hash,
+                                       request_id=request.request_id or None)
+    if op == "merge":
+        if len(request.partitions) != 2:
+            raise InvalidArgument(f"merge names two partitions; {len(request.partitions)} given")
+        return repartition.new_request(Kind.MERGE, parents=tuple(request.partitions),
+                                       request_id=request.request_id or None)
+    if op == "scale":
+        return repartition.new_request(Kind.SCALE, target=request.target_partitions,
+                                       request_id=request.request_id or None)
+    raise InvalidArgument(f"repartition op {op[:32]!r}; expected split, merge or scale")
 
 
 class ControlService(sms_pb2_grpc.ControlServicer):
@@ -58,32 +88,8 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     @rpc_errors
     async def RepartitionStream(self, request, context):
         admin = self._admin()
-        op = request.op
-        if op == "split":
-            if len(request.partitions) != 1:
-                raise InvalidArgument(f"split names one partition; {len(request.partitions)} given")
-            at_hash = None
-            if request.at_hash:
-                try:
-                    at_hash = int(request.at_hash)
-                except ValueError:
-                    raise InvalidSplitPoint(f"split point {request.at_hash[:64]!r}; expected a decimal "
-                                            "hash key") from None
-            req = repartition.new_request("split", partition=request.partitions[0],
-                                          at_hash=None if at_hash is None else str(at_hash))
-        elif op == "merge":
-            if len(request.partitions) != 2:
-                raise InvalidArgument(f"merge names two partitions; {len(request.partitions)} given")
-            req = repartition.new_request("merge", partitions=list(request.partitions))
-        elif op == "scale":
-            req = repartition.new_request("scale", target=request.target_partitions)
-        else:
-            raise InvalidArgument(f"repartition op {op[:32]!r}; expected split, merge or scale")
-        if request.request_id:
-            if len(request.request_id) > 64:
-                raise InvalidArgument("request_id of more than 64 characters")
-            req["id"] = request.request_id
-        await admin.repartition_stream(request.name, req)
+        req = repartition_request(request)
+        await admin.repartition_stream(request.name, req.record())
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 
     @rpc_errors
