@@ -26,12 +26,13 @@ which incarnation, each chain's config, how far each learner has copied -- and a
 7. Moves (`move=True`, given while the manager's budget of moves allows): a chain with
    exactly its factor of members and no learner on a draining node takes a learner on
    the least-loaded live node that is not draining; so does a chain with a member on a
-   node holding at least REBALANCE_IMBALANCE_MIN more replicas than that node. Rule 4
+   node holding at least REBALANCE_IMBALANCE_MIN more replicas than that node, once the
+   chain has not changed for REBALANCE_SETTLE_MS. Rule 4
    promotes it and rule 6 removes the member it replaces: the replication factor never
    falls below its setting, and writes pause only for the epoch switch.
 8. Heads (`move=True` too): when a chain's head is on a node heading at least
-   HEAD_IMBALANCE_MIN more chains than another member's node, the head role is handed
-   to that member. It takes two epochs. First `handoff` names the member, and the head
+   HEAD_IMBALANCE_MIN more open chains than another member's node, and the chain has
+   not changed for REBALANCE_SETTLE_MS, the head role is handed to that member. It takes two epochs. First `handoff` names the member, and the head
    stops taking new batches (HeadMoving: the ingestion writer resends them later).
    Once the manager sees the head frozen and the member's log equal to the head's
    (`handoff_ready`), every member holds the same log. Any order is then a valid
@@ -180,6 +181,14 @@ def _remove_extra(config: ChainConfig, replication_factor: int, load: Counter, d
     return new
 
 
+def settled(config: ChainConfig, now_ms: int) -> bool:
+    """No change to the chain for REBALANCE_SETTLE_MS: a chain just created, moved or
+    repaired is not moved again for balance (a burst of new streams, or a move that has
+    just finished, would otherwise make churn)."""
+    last = max((c.at_ms for c in config.history), default=0)
+    return now_ms - last >= limits.REBALANCE_SETTLE_MS
+
+
 def imbalance(donor_load: int, receiver_load: int) -> bool:
     """Whether moving one replica from a node with `donor_load` replicas to one with
     `receiver_load` makes the cluster more even (never a swap back and forth)."""
@@ -201,6 +210,8 @@ def _move(config: ChainConfig, live: dict[str, int], replication_factor: int, lo
         reason = f"replaces {leaving[0]}, which is draining; copies the tail's log"
     elif config.sealed:
         return None       # a partition being split or merged (or closed) moves only off a draining node
+    elif not settled(config, now_ms):
+        return None
     else:
         donor = max(config.members, key=lambda n: (load[n], n != config.tail, n))
         if not imbalance(load[donor], load[receiver]):
@@ -217,7 +228,7 @@ HANDOFF_ACTION = "head handoff"
 
 def _start_handoff(config: ChainConfig, heads: Counter, draining: frozenset[str], now_ms: int) -> ChainConfig | None:
     """Rule 8, first step: name the member that takes the head role over."""
-    if config.sealed or config.learners or len(config.members) < 2:
+    if config.sealed or config.learners or len(config.members) < 2 or not settled(config, now_ms):
         return None
     head = config.head
     target = min((m for m in config.members[1:] if m not in draining), key=lambda m: (heads[m], m), default=None)

@@ -50,16 +50,18 @@ class ChainManager:
         self._cancel: list = []
         self._task: asyncio.Task | None = None
         self.changes = 0
-        # node -> the incarnation (started_ms) that refused the manager's probes: failed,
-        # although still registered until its session expires
+        # node -> the incarnation (started_ms) that refused the manager's probes, or whose
+        # disk failed: failed, although still registered (until its session expires, or
+        # until it restarts), with why
         self.down: dict[str, int] = {}
+        self.down_reasons: dict[str, str] = {}
         self.configs: reads.ChainConfigs | None = None
         self._stream_configs = reads.DecodedReads(store)      # stream configs, decoded once per value
         self._busy = True                  # learners copying, or a change last round: look again soon
         self.rounds = 0
 
     def start(self) -> None:
-        for path in (metadata.NODES, metadata.CHAINS, metadata.SUSPECTS, metadata.DRAINING):
+        for path in (metadata.NODES, metadata.CHAINS, metadata.SUSPECTS, metadata.DRAINING, metadata.DISK_FAILED):
             self._cancel.append(self.store.watch(path, self._changed.set))
         self._task = asyncio.get_running_loop().create_task(self._run(), name="chain-manager")
 
@@ -104,6 +106,7 @@ class ChainManager:
             info = nodes.get(name)
             if info is not None and self.down.get(name) != info.started_ms and await _refuses(info.address):
                 self.down[name] = info.started_ms
+                self.down_reasons[name] = "node refuses connections (its process is gone); confirmed by probes"
                 found += 1
                 log.warning("node %s refuses connections at %s: taken as failed before its session expires",
                             name, info.address)
@@ -111,6 +114,36 @@ class ChainManager:
                 await self.store.delete(metadata.suspect_path(name))
             except NoNodeError:
                 pass
+        return found
+
+    async def disk_failures(self, nodes: dict[str, NodeInfo]) -> int:
+        """Nodes that reported under /disk_failed that their disk failed (storage/log.py
+        StorageHealth): that incarnation is down, although it still answers: it refuses
+        every write until it is restarted, so its chains go on without it. A report of an
+        earlier incarnation is deleted (the node restarted)."""
+        try:
+            names = await self.store.children(metadata.DISK_FAILED)
+        except NoNodeError:
+            return 0
+        found = 0
+        for name in names[:limits.SUSPECTS_MAX]:
+            entry = await self.store.get(metadata.disk_failed_path(name))
+            try:
+                incarnation = int(entry.value) if entry is not None else None
+            except ValueError:
+                incarnation = None
+            info = nodes.get(name)
+            if info is not None and info.started_ms == incarnation:
+                if self.down.get(name) != incarnation:
+                    self.down[name] = incarnation
+                    self.down_reasons[name] = "its disk failed a write (StorageFailed); restart it to rejoin"
+                    found += 1
+                    log.warning("node %s reports a failed disk: taken out of its chains", name)
+            elif info is not None or entry is None or incarnation is None:
+                try:       # a restarted node's old report (or a bad one): no longer true
+                    await self.store.delete(metadata.disk_failed_path(name))
+                except NoNodeError:
+                    pass
         return found
 
     async def _chains(self) -> list[tuple[ChainConfig, int]]:
@@ -172,21 +205,21 @@ class ChainManager:
         given: a caller may decide on an earlier read, as a deposed leader would."""
         nodes = await self._live_storage()
         await self.confirm_suspects(nodes)
+        await self.disk_failures(nodes)
         self.down = {n: inc for n, inc in self.down.items() if n in nodes and nodes[n].started_ms == inc}
+        self.down_reasons = {n: why for n, why in self.down_reasons.items() if n in self.down}
         nodes = {n: info for n, info in nodes.items() if self.down.get(n) != info.started_ms}
         live = {n: info.started_ms for n, info in nodes.items()}
-        down_reasons = {n: "node refuses connections (its process is gone); confirmed by probes"
-                        for n in self.down}
+        down_reasons = dict(self.down_reasons)
         if configs is None:
             configs = await self._chains()
         draining = await reads.draining(self.store)
         self.rounds += 1
-        load, learning, heads = Counter(), Counter(), Counter()
+        load, heads = reads.load_of(c for c, _v in configs)     # as placement counts them
+        learning = Counter()
         for config, _v in configs:
-            load.update(config.members)
             load.update(config.learners)
             learning.update(config.learners)
-            heads[config.handoff or config.head] += 1      # a handoff under way: counted as done
         for n in nodes:
             load[n] += 0          # a live node with nothing yet counts, as the least loaded
         streams: dict = {}
@@ -242,12 +275,9 @@ class ChainManager:
                     load[n] -= 1
             for n in set(new.learners) - set(config.learners):
                 learning[n] += 1
-            if new.handoff and not config.handoff:      # counted as moved already, so one round moves no more
-                heads[config.head] -= 1
-                heads[new.handoff] += 1
-            elif new.head != config.head and not config.handoff:
-                heads[config.head] -= 1
-                heads[new.head] += 1
+            if not config.sealed:      # heads as reads.load_of counts them, so one round moves no more
+                heads[config.handoff or config.head] -= 1
+                heads[new.handoff or new.head] += 1
         self._busy = bool(changed or learning or self.down or any(c.handoff for c, _v in configs))
         if len(self._stream_configs) > 2 * len(streams) + 64:      # streams deleted meanwhile
             self._stream_configs.retain(lambda path: path.rpartition("/")[2] in streams)

@@ -29,18 +29,24 @@ async def live_storage(store: MetaStore) -> dict[str, NodeInfo]:
     return out
 
 
-async def chain_load(store: MetaStore, *, sealed: bool = True,
-                     configs: "ChainConfigs | None" = None) -> tuple[Counter, Counter]:
-    """(replicas, heads) per node over every chain config, for placement; `sealed=False`
-    leaves out sealed chains (closed partitions take no writes: they weigh little).
-    `configs`: a cache to read them from instead of the store."""
-    replicas, heads = Counter(), Counter()
+async def chain_load(store: MetaStore, *, configs: "ChainConfigs | None" = None) -> tuple[Counter, Counter]:
+    """(replicas, heads) per node, for placement: replicas of every chain (a closed
+    partition's log still takes room), heads of unsealed ones only (a sealed or closed
+    partition takes no writes, so its head does no ingestion). The chain manager counts
+    them the same way when it rebalances (control/manager.py). `configs`: a cache to read
+    them from instead of the store."""
     chains = ([c for c, _v in (await configs.all()).values()] if configs is not None
               else await all_chains(store))
+    return load_of(chains)
+
+
+def load_of(chains) -> tuple[Counter, Counter]:
+    """(replicas, heads) per node of these chain configs (see chain_load)."""
+    replicas, heads = Counter(), Counter()
     for chain in chains:
-        if sealed or not chain.sealed:
-            replicas.update(chain.members)
-            heads[chain.head] += 1
+        replicas.update(chain.members)
+        if not chain.sealed:
+            heads[chain.handoff or chain.head] += 1     # a handoff under way: counted as done
     return replicas, heads
 
 

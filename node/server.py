@@ -121,6 +121,30 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     if "storage" in roles:
         storage = StorageNode(node_id, data_dir, store, incarnation=started_ms)
         sms_pb2_grpc.add_StorageServicer_to_server(StorageService(storage, roles, os.getpid()), server)
+
+        async def report_disk_failed() -> None:
+            """Our disk failed (storage/log.py StorageHealth): say so under /disk_failed, so
+            the chain manager takes this incarnation out of its chains (control/manager.py)."""
+            path, value = metadata.disk_failed_path(node_id), str(started_ms).encode()
+            for _ in range(limits.DISK_FAILED_REPORT_ATTEMPTS):
+                try:
+                    try:
+                        await store.create(path, value)
+                    except NodeExistsError:
+                        await store.set(path, value)
+                    return
+                except Exception:       # the metadata store is unreachable: try again
+                    log.exception("reporting the failed disk failed; retrying")
+                    await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
+
+        reports: set[asyncio.Task] = set()
+
+        def report() -> None:
+            task = loop.create_task(report_disk_failed())
+            reports.add(task)
+            task.add_done_callback(reports.discard)
+        # called on the thread that found the failure
+        storage.logs.health.on_fence = lambda: loop.call_soon_threadsafe(report)
     if "ingestion" in roles:
         # the chain heads this node ingests for are its own storage role's replicas: batches
         # reach them by a direct call (storage/head.py), not over loopback gRPC

@@ -157,6 +157,7 @@ REBALANCE_MOVES_MAX = 8                        # replica moves under way at once
 REBALANCE_IMBALANCE_MIN = 2                    # a replica moves only from a node holding this many more
 HEAD_IMBALANCE_MIN = 2                         # a head role moves only from a node heading this many more
 HANDOFF_TIMEOUT_MS = 5_000                     # a head handoff not ready in this time is called off
+REBALANCE_SETTLE_MS = 10_000                   # a chain changed more recently is not moved for balance
 DORMANT_LOG_KEEP_S = 120.0                     # a removed replica's log is kept so long for a rejoin
 # failure detection faster than the metadata session (control/detector.py): a node whose link
 # to a peer breaks probes the peer's port; a refused connection (nothing listens: the process
@@ -170,6 +171,7 @@ FAILURE_PROBE_INTERVAL_S = 0.05                # between those probes
 SUSPECT_PROBE_INTERVAL_S = 0.1                 # a node probes one peer at most this often
 SUSPECT_REPORT_INTERVAL_S = 1.0                # and reports it (refused) at most this often
 SUSPECTS_MAX = 1_000                           # reports the chain manager looks at per round
+DISK_FAILED_REPORT_ATTEMPTS = 50               # a node whose disk failed tries so often to say so
 CONTROL_ELECTION_RETRY_S = 0.2                 # a standby control node retries the leader entry
 CLIENT_LEADER_WAIT_S = 4 * METASTORE_SESSION_TTL_S   # admin calls wait so long for a new control leader
 

@@ -30,6 +30,7 @@ NODES = "/nodes"
 STREAMS = "/streams"
 CHAINS = "/chains"
 DRAINING = "/draining"      # storage nodes being emptied (`sms node drain`), one child each
+DISK_FAILED = "/disk_failed"   # storage nodes whose disk failed, each child holding the incarnation
 SUSPECTS = "/suspects"      # storage nodes report peers that refused connections (control/detector.py)
 
 _STREAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,%d}" % limits.STREAM_NAME_CHARS_MAX)
@@ -63,6 +64,10 @@ def parse_chains_note(raw: bytes) -> list[str] | None:
         return None
     ids = note.get("changed") if isinstance(note, dict) else None
     return ids if isinstance(ids, list) and all(isinstance(i, str) for i in ids) else None
+
+
+def disk_failed_path(node_id: str) -> str:
+    return f"{DISK_FAILED}/{node_id}"
 
 
 def draining_path(node_id: str) -> str:

@@ -33,6 +33,7 @@ import shutil
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import lmdb
@@ -149,6 +150,9 @@ class StorageHealth:
         self.failures = 0                                   # failed write transactions
         self.last_error: tuple[str, int] | None = None      # (named error and text, wall-clock ms)
         self.failed: tuple[str, int] | None = None         # the fence: (what LMDB said, wall-clock ms)
+        # called once when the fence goes up, on the thread that found the failure: the node
+        # reports it, so the chain manager takes the node out of its chains (node/server.py)
+        self.on_fence: Callable[[], None] | None = None
         self._lock = threading.Lock()
 
     def record(self, e: Exception, path: str = "", txn_bytes: int = 0) -> errors.SmsError:
@@ -156,14 +160,18 @@ class StorageHealth:
         Returns the named error for its callers."""
         error = storage_error(e, path, txn_bytes)
         now_ms = int(time.time() * 1000)
+        fenced = False
         with self._lock:
             self.failures += 1
             if self.failed is None:      # once fenced, the status keeps showing why
                 self.last_error = (f"{error.name}: {error.message}", now_ms)
                 if isinstance(error, errors.StorageFailed):
                     self.failed = (str(e), now_ms)
+                    fenced = True
                     log.critical("the disk under %s failed a write (%s): refusing every write to the durable "
                                  "logs until this node is restarted", path or "the data directory", e)
+        if fenced and self.on_fence is not None:
+            self.on_fence()
         return error
 
     def check(self) -> None:

@@ -727,7 +727,8 @@ def _settle(configs: list[ChainConfig], live: dict[str, int], rf: int, draining=
             budget: int = limits.REBALANCE_MOVES_MAX, rounds: int = 500) -> list[ChainConfig]:
     """Manager rounds over `configs` with learners that catch up at once, as
     control/manager.py runs them (load updated as changes are made, a move budget)."""
-    for _ in range(rounds):
+    for r in range(rounds):
+        now = NOW + r * limits.REBALANCE_SETTLE_MS          # each round after the last change settled
         load = Counter({n: 0 for n in live})
         learning, heads = Counter(), Counter()
         for c in configs:
@@ -740,7 +741,7 @@ def _settle(configs: list[ChainConfig], live: dict[str, int], rf: int, draining=
         out = []
         for c in configs:
             progress = {n: LearnerProgress(True, 0) for n in c.learners}
-            new = plan(c, live, rf, load, progress, NOW, learning, None, draining, move=moves > 0,
+            new = plan(c, live, rf, load, progress, now, learning, None, draining, move=moves > 0,
                        heads=heads, handoff_ready=True)
             if new is None:
                 out.append(c)
@@ -837,3 +838,13 @@ def test_the_handoff_completes_when_ready_and_is_called_off_when_late_or_gone():
     # the head fails meanwhile: rule 1 removes it and calls the handoff off
     failed = plan(started, alive("b", "c"), 3, Counter(), {}, NOW + 100)
     assert failed.members == ("b", "c") and failed.handoff == ""
+
+
+def test_a_chain_changed_lately_is_not_moved_for_balance_but_is_drained():
+    recent = chain(["a", "b", "c"], history=[ChainChange(7, NOW - 1, "created", "a", "test")])
+    load = Counter(a=9, b=9, c=9, d=0)
+    assert plan(recent, alive("a", "b", "c", "d"), 3, load, {}, NOW, move=True, heads=Counter(a=9)) is None
+    later = NOW - 1 + limits.REBALANCE_SETTLE_MS
+    assert plan(recent, alive("a", "b", "c", "d"), 3, load, {}, later, move=True).learners == ("d",)
+    assert plan(recent, alive("a", "b", "c", "d"), 3, load, {}, NOW, move=True,
+                draining=frozenset({"a"})).learners == ("d",)
