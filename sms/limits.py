@@ -56,6 +56,7 @@ INGEST_PENDING_RECORDS_MAX = 50_000            # records queued per partition be
 APPEND_INFLIGHT_BATCHES_MAX = 1                # ingestion -> head batches in flight per partition: the
                                                # next batch fills while one commits (docs/performance.md)
 CHAIN_INFLIGHT_BATCHES_MAX = 16                # batches in flight on one chain link
+CHAIN_INFLIGHT_BYTES_MAX = 32 * 1024 * 1024    # and their bytes (one batch always goes: storage/link.py)
 STORAGE_WRITE_QUEUE_MAX = 256                  # appends waiting for a node's writer
 STORAGE_GROUP_COMMIT_BATCHES_MAX = 64          # batches folded into one LMDB txn
 STORAGE_FULL_FREE_BYTES = 16 * 1024 * 1024      # an LMDB I/O error with less room than this: the disk is full
@@ -90,6 +91,7 @@ CONFIG_REFRESH_INTERVAL_S = 1.0                # nodes re-read chain configs at 
 RPC_TIMEOUT_S = 10.0                           # unary RPCs between processes
 LINK_RETRY_INTERVAL_S = 0.2                    # a broken chain link reconnects after this
 LINK_IDLE_CHECK_S = 10.0                       # an idle chain link looks at its state at least so often
+LINK_RESET_TIMEOUT_S = 10.0                    # a link that sent a reset waits so long for its successor to end the stream
 GRPC_STREAMS_PER_CONNECTION_MAX = 65_536        # a node's links to one peer share one connection: a stream each
 PEER_RECONNECT_BACKOFF_MS_MAX = 1_000          # a peer's shared channel retries its connection at least so often
 CLIENT_REDIRECT_RETRIES_MAX = 8                # re-routes of one put before giving up
@@ -139,6 +141,7 @@ PRODUCER_ID_RANDOM_BYTES = 16
 assert PARTITION_KEY_CHARS_MIN <= PARTITION_KEY_CHARS_MAX
 assert RECORD_DATA_BYTES_MAX <= PUT_RECORDS_BYTES_MAX <= BATCH_BYTES_MAX
 assert BATCH_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX
+assert BATCH_BYTES_MAX <= CHAIN_INFLIGHT_BYTES_MAX
 assert GET_RECORDS_BYTES_MAX + BATCH_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX
 assert PUT_RECORDS_COUNT_MAX <= BATCH_RECORDS_MAX <= GET_RECORDS_COUNT_MAX
 assert APPEND_INFLIGHT_BATCHES_MAX < HEAD_ORIGIN_BATCHES_MAX   # every resendable batch is remembered

@@ -125,7 +125,8 @@ class StreamConfig:
     trim_before_sns: tuple[tuple[int, int], ...] = ()   # trim_stream(before_sn): per partition ordinal
     auto_split_records_per_s: int = 0     # 0: off; else the chain manager splits a partition
     auto_split_period_s: int = limits.AUTO_SPLIT_PERIOD_S_DEFAULT   # whose rate stays above it so long
-    repartition: dict | None = None       # the change under way: {"op": split|merge|scale, ...}
+    repartition: dict | None = None       # the change under way: {"op": split|merge|scale, "phase": ...}
+                                          # (control/phases.py RepartitionState reads and writes it)
     repartitions_ms: tuple[int, ...] = () # when recent splits and merges committed (rate limit)
 
     @property

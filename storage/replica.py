@@ -9,7 +9,10 @@ never read past `committed_sn`.
 The downstream link is a log-shipping cursor: on (re)connect the successor says its last
 SN and the link resends everything after it from the local log, so a broken link heals
 itself and each node's log stays a prefix of its predecessor's. Every message carries the
-chain epoch; a replica answers any other epoch with StaleEpoch.
+chain epoch; a replica answers any other epoch with StaleEpoch. The link protocol itself is
+storage/link.py (sans-IO state machines); `DownstreamLink` here is its gRPC driver on the
+predecessor's side, StorageService.Replicate (storage/service.py) the successor's, and
+`Replica.apply` carries out what the machines ask of a replica.
 """
 
 from __future__ import annotations
@@ -19,14 +22,16 @@ import collections
 import enum
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 
 from sms import wire, limits, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
-from sms.errors import HeadMoving, LogDiverged, PartitionClosed, PartitionSealed, StaleEpoch, WrongOwner, invariant
+from sms.errors import HeadMoving, LogDiverged, PartitionClosed, PartitionSealed, SmsError, StaleEpoch, WrongOwner, invariant
 from sms.metadata import ChainConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
+from storage import link
 from storage.log import LogStore, PartitionLog
 
 log = logging.getLogger(__name__)
@@ -37,16 +42,22 @@ class ReplicaState(enum.Enum):
     CLOSED = "closed"      # removed from the node; every waiter is released
 
 
+def _wall_clock() -> float:
+    return time.time()
+
+
 class Replica:
-    def __init__(self, node_id: str, config: ChainConfig, store: LogStore, plog: PartitionLog):
+    def __init__(self, node_id: str, config: ChainConfig, store: LogStore, plog: PartitionLog,
+                 clock: Callable[[], float] = _wall_clock):
         self.node_id = node_id
+        self.clock = clock                          # wall-clock seconds: the sequencer's timestamps
         self.config = config
         self.store = store
         self.log = plog
         self.state = ReplicaState.ACTIVE
         self.progress = asyncio.Condition()        # notified on append and on commit
         self.sequence_lock = asyncio.Lock()        # one sequencer at a time (head)
-        self.links: dict[str, DownstreamLink] = {}   # successor (and, at the tail, learners)
+        self.links: dict[str, "DownstreamLink"] = {}   # successor (and, at the tail, learners)
         self.recent: collections.deque = collections.deque(maxlen=limits.CHAIN_INFLIGHT_BATCHES_MAX * 4)
         # origin id -> {origin seq: header} of recent batches, so a resent batch is
         # recognised (filled from the log's tail the first time this replica leads)
@@ -107,6 +118,10 @@ class Replica:
         return self.node_id in self.config.learners
 
     @property
+    def active(self) -> bool:
+        return self.state is ReplicaState.ACTIVE
+
+    @property
     def committed_sn(self) -> int:
         return self.log.committed_sn
 
@@ -125,7 +140,7 @@ class Replica:
     # --- write path ---------------------------------------------------------------
     def _next_first_sn(self) -> int:
         last = self.log.last_sn
-        now_ms = int(time.time() * 1000)
+        now_ms = int(self.clock() * 1000)
         ts = max(now_ms, seqno.timestamp_ms_of(last), self.config.from_ms)
         counter = seqno.counter_of(last) + 1 if last else 1
         return seqno.make(ts, counter, self.config.ordinal)
@@ -261,10 +276,17 @@ class Replica:
         if sn > self.log.committed_sn:
             self.store.set_committed(self.log, sn)
 
-    async def on_learner_acked(self, learner: str, acked_sn: int) -> None:
-        """A learner's link ack (tail only): its progress, and the gate once it caught up."""
+    async def on_learner_acked(self, learner: str, acked_sn: int, hello: bool = False) -> None:
+        """A learner's link ack (tail only): its progress, and the gate once it caught up.
+        `hello`: the learner's answer to a hello; holding less than it had acked, it lost
+        its log (a restart) or had it wiped: it is not the learner that caught up, and is
+        gated again only once it catches up again (else a learner of a new incarnation
+        inherited the gate of its old one, and was promoted without the committed batches)."""
         if not self.is_tail or learner not in self.config.learners:
             return
+        if hello and acked_sn < self.learner_acked.get(learner, 0):
+            self.gated.discard(learner)
+            self.learner_acked[learner] = acked_sn
         self.learner_acked[learner] = max(self.learner_acked.get(learner, 0), acked_sn)
         if learner not in self.gated and self.learner_acked[learner] >= self.log.last_sn:
             self.gated.add(learner)
@@ -316,6 +338,26 @@ class Replica:
                 break
         return out
 
+    async def apply(self, action: link.Action) -> SmsError | None:
+        """Carry out what a link state machine (storage/link.py) asks of this replica; the
+        named error a `Store` failed with goes back to the machine (`Receiver.store_failed`)."""
+        if isinstance(action, link.Store):
+            try:
+                await self.append_as_successor(action.batch, action.committed_sn, action.generation)
+            except SmsError as e:
+                return e
+        elif isinstance(action, link.Commit):
+            await self.on_successor_committed(action.sn)
+        elif isinstance(action, link.LearnerAcked):
+            await self.on_learner_acked(action.learner, action.sn, action.hello)
+        elif isinstance(action, link.MarkVerified):
+            self.verified = True
+        elif isinstance(action, link.ResetLog):
+            await self.reset()
+        else:
+            invariant(False, f"{self.chain_id}: {action} is not an action on a replica")
+        return None
+
     async def stop_links(self) -> None:
         links, self.links = self.links, {}
         for link in links.values():
@@ -335,8 +377,57 @@ class Replica:
                 "frozen": bool(self.config.sealed or self.config.handoff) and not self.sequence_lock.locked()}
 
 
+
+
+# --- the gRPC binding of storage/link.py ------------------------------------------------------
+
+def request_to_pb(m: link.Down) -> sms_pb2.ReplicateRequest:
+    if isinstance(m, link.Batch):
+        return sms_pb2.ReplicateRequest(chain_id=m.chain_id, epoch=m.epoch, batch=m.batch,
+                                        committed_sn=seqno.to_bytes(m.committed_sn))
+    return sms_pb2.ReplicateRequest(chain_id=m.chain_id, epoch=m.epoch, hello=isinstance(m, link.Hello),
+                                    reset=isinstance(m, link.Reset), verified=isinstance(m, link.Verified))
+
+
+def request_from_pb(pb: sms_pb2.ReplicateRequest) -> link.Down:
+    if pb.hello:
+        return link.Hello(pb.chain_id, pb.epoch)
+    if pb.reset:
+        return link.Reset(pb.chain_id, pb.epoch)
+    if pb.verified:
+        return link.Verified(pb.chain_id, pb.epoch)
+    return link.Batch(pb.chain_id, pb.epoch, pb.batch, seqno.from_bytes(pb.committed_sn))
+
+
+def reply_to_pb(m: link.Up) -> sms_pb2.ReplicateAck:
+    if isinstance(m, link.Refusal):
+        return sms_pb2.ReplicateAck(error_name=m.error_name, error_message=m.error_message, epoch=m.epoch)
+    if isinstance(m, link.Answer):
+        return sms_pb2.ReplicateAck(last_sn=seqno.to_bytes(m.last_sn), committed_sn=seqno.to_bytes(m.committed_sn),
+                                    last_first_sn=seqno.to_bytes(m.last_first_sn), last_checksum=m.last_checksum,
+                                    epoch=m.epoch)
+    return sms_pb2.ReplicateAck(last_sn=seqno.to_bytes(m.last_sn), committed_sn=seqno.to_bytes(m.committed_sn),
+                                epoch=m.epoch)
+
+
+def reply_from_pb(chain_id: str, pb: sms_pb2.ReplicateAck, first: bool) -> link.Up:
+    """A ReplicateAck of `chain_id`'s stream; the first one on a stream answers the hello."""
+    if pb.error_name:
+        return link.Refusal(chain_id, pb.epoch, pb.error_name, pb.error_message)
+    if first:
+        return link.Answer(chain_id, pb.epoch, seqno.from_bytes(pb.last_sn), seqno.from_bytes(pb.committed_sn),
+                           seqno.from_bytes(pb.last_first_sn), pb.last_checksum)
+    return link.Ack(chain_id, pb.epoch, seqno.from_bytes(pb.last_sn), seqno.from_bytes(pb.committed_sn))
+
+
+_STREAM_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError)
+
+
 class DownstreamLink:
-    """Ships a replica's log to its successor and feeds commit acks back."""
+    """Ships a replica's log to its successor and feeds commit acks back: the gRPC driver
+    of a `link.Sender`. One task feeds the machine what the current Replicate stream's
+    reader took in, polls it when the replica progresses or its timer is due, and carries
+    out its actions (open a stream, write, commit, close, report the peer)."""
 
     def __init__(self, replica: Replica, successor_address_fn, learner: bool = False, successor_id: str = "",
                  on_broken=None, channel_fn=None):
@@ -346,9 +437,22 @@ class DownstreamLink:
         self.channel_fn = channel_fn        # (address) -> a channel shared with the node's other links, or None
         self.successor_address_fn = successor_address_fn   # () -> address or None
         self.learner = learner     # a learner's acks are progress only: it commits nothing
+        self.sender = link.Sender(replica, successor_id, learner)
         self.task: asyncio.Task | None = None
-        self.connected = False
-        self.acked_sn = 0          # successor's last stored SN
+        self._call = None
+        self._own_channel: grpc.aio.Channel | None = None
+        self._reader: asyncio.Task | None = None
+        self._stream = 0           # numbers the streams: what an old stream's reader left is dropped
+        self._inbox: collections.deque = collections.deque()    # (stream number, message), not yet fed
+
+    @property
+    def acked_sn(self) -> int:
+        """The successor's last stored SN (retention keeps the batch it ends with)."""
+        return self.sender.acked_sn
+
+    @property
+    def connected(self) -> bool:
+        return self.sender.state is link.SenderState.STREAMING
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"link-{self.replica.chain_id}")
@@ -357,117 +461,110 @@ class DownstreamLink:
         await cancel_and_wait(self.task)
 
     async def _run(self) -> None:
-        while self.replica.state is ReplicaState.ACTIVE:
-            address = self.successor_address_fn()
-            if address:
-                try:
-                    await self._session(address)
-                except (grpc.aio.AioRpcError, ConnectionError, StaleEpoch) as e:
-                    raise_if_cancelling()
-                    log.info("link %s -> %s broken: %s", self.replica.chain_id, address, e)
-                    if self.on_broken is not None and not isinstance(e, StaleEpoch):
-                        self.on_broken(self.successor_id)
-            self.connected = False
-            await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
-
-    async def _session(self, address: str) -> None:
-        if self.channel_fn is not None:
-            await self._stream(self.channel_fn(address))
-            return
-        async with rpc.aio_channel(address) as channel:
-            await self._stream(channel)
-
-    async def _stream(self, channel) -> None:
-        r = self.replica
-        stub = sms_pb2_grpc.StorageStub(channel)
-        call = stub.Replicate()
-        epoch, generation = r.config.epoch, r.generation
-        await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=epoch, hello=True))
-        hello = await call.read()
-        if hello is grpc.aio.EOF:
-            raise ConnectionError("successor closed the link")
-        if hello.error_name:
-            if hello.error_name == "StaleEpoch":
-                raise StaleEpoch(hello.error_message)
-            raise ConnectionError(f"{hello.error_name}: {hello.error_message}")
-        if hello.epoch != epoch or r.config.epoch != epoch:
-            raise StaleEpoch(f"{r.chain_id}: hello answered in epoch {hello.epoch}; link of epoch {epoch}")
-        successor_last = seqno.from_bytes(hello.last_sn)
-        if successor_last and not r.holds_batch(seqno.from_bytes(hello.last_first_sn), successor_last,
-                                                hello.last_checksum):
-            # its log is not a prefix of ours (a restarted node that had taken writes we
-            # never saw, or lost some): it is wiped and copied from the start
-            await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=epoch, reset=True))
-            await call.done_writing()
-            await asyncio.wait_for(_drain(call), limits.RPC_TIMEOUT_S)   # it closes once wiped
-            raise ConnectionError(f"successor's log ended at {successor_last}, not a prefix of ours; "
-                                  f"it was wiped and is copied anew")
-        await call.write(sms_pb2.ReplicateRequest(chain_id=r.chain_id, epoch=epoch, verified=True))
-        self.acked_sn = successor_last
-        if self.learner:
-            await r.on_learner_acked(self.successor_id, successor_last)
-        else:
-            await r.on_successor_committed(seqno.from_bytes(hello.committed_sn))
-        self.connected = True
-        sent_sn = successor_last
-        inflight: collections.deque[int] = collections.deque()   # last SNs sent, not acked
-        reader = asyncio.get_running_loop().create_task(self._read_acks(call, epoch))
-        # the loop below waits on the replica's progress: wake it when the acks end
-        reader.add_done_callback(lambda _t: asyncio.get_running_loop().create_task(r.notify()))
-
-        def ready() -> bool:
-            while inflight and inflight[0] <= self.acked_sn:
-                inflight.popleft()
-            return (reader.done() or r.state is not ReplicaState.ACTIVE or r.config.epoch != epoch
-                    or r.generation != generation) or (
-                r.last_sn > sent_sn and len(inflight) < limits.CHAIN_INFLIGHT_BATCHES_MAX)
-
+        loop = asyncio.get_running_loop()
+        r, sender = self.replica, self.sender
+        pending = collections.deque(sender.start(loop.time()))
         try:
-            while r.state is ReplicaState.ACTIVE:
-                async with r.progress:
-                    try:
-                        # everything the loop waits for notifies `progress`; the timeout is a
-                        # safety net, long, since an idle node has a link per replica
-                        async with asyncio.timeout(limits.LINK_IDLE_CHECK_S):   # (not wait_for: see wait_committed)
-                            await r.progress.wait_for(ready)
-                    except TimeoutError:
-                        continue
-                if reader.done():
-                    reader.result()
-                    raise ConnectionError("successor closed the link")
-                if r.config.epoch != epoch:
-                    raise StaleEpoch(f"{r.chain_id}: moved to epoch {r.config.epoch}; link of epoch {epoch}")
-                if r.generation != generation:
-                    raise ConnectionError(f"{r.chain_id}: our log was wiped; the successor starts again")
-                room = limits.CHAIN_INFLIGHT_BATCHES_MAX - len(inflight)
-                for batch in r.batches_after(sent_sn, room):
-                    await call.write(sms_pb2.ReplicateRequest(
-                        chain_id=r.chain_id, epoch=epoch, batch=batch,
-                        committed_sn=seqno.to_bytes(r.committed_sn)))
-                    sent_sn = wire.read_header(batch).last_sn
-                    inflight.append(sent_sn)
+            while True:
+                while pending:
+                    pending.extend(await self._do(pending.popleft(), loop.time()))
+                if sender.state is link.SenderState.STOPPED or r.state is not ReplicaState.ACTIVE:
+                    return
+                await self._wait(loop)
+                while self._inbox:
+                    stream, message = self._inbox.popleft()
+                    if stream == self._stream:
+                        pending.extend(sender.receive(message, loop.time()))
+                pending.extend(sender.poll(loop.time()))
         finally:
-            reader.cancel()
-            call.cancel()
+            sender.stop()
+            await self._close_stream()
 
-    async def _read_acks(self, call, epoch: int) -> None:
-        r = self.replica
-        while True:
-            ack = await call.read()
-            if ack is grpc.aio.EOF:
-                return
-            if ack.error_name:
-                raise ConnectionError(f"{ack.error_name}: {ack.error_message}")
-            if ack.epoch != epoch or r.config.epoch != epoch:
-                raise ConnectionError(f"ack of epoch {ack.epoch} on a link of epoch {epoch}")
-            self.acked_sn = max(self.acked_sn, seqno.from_bytes(ack.last_sn))
-            if self.learner:
-                await r.on_learner_acked(self.successor_id, self.acked_sn)
+    async def _wait(self, loop) -> None:
+        """Until a message came in, the replica moved (everything the machine looks at
+        notifies `progress`), or the machine's timer is due. The idle timeout is a safety
+        net, long, since an idle node has a link per replica."""
+        r, sender = self.replica, self.sender
+        timeout = limits.LINK_IDLE_CHECK_S
+        if sender.deadline is not None:
+            timeout = min(timeout, max(0.0, sender.deadline - loop.time()))
+        async with r.progress:
+            try:
+                async with asyncio.timeout(timeout):          # (not wait_for: see Replica.wait_committed)
+                    await r.progress.wait_for(lambda: self._inbox or r.state is not ReplicaState.ACTIVE
+                                              or sender.due(loop.time()))
+            except TimeoutError:
+                pass
+
+    async def _do(self, action: link.Action, now: float) -> list[link.Action]:
+        sender = self.sender
+        if isinstance(action, link.Send):
+            try:
+                await self._call.write(request_to_pb(action.message))
+            except _STREAM_ERRORS as e:
+                raise_if_cancelling()
+                return sender.receive(link.Lost(sender.chain_id, _describe(e)), now)
+        elif isinstance(action, link.FinishSending):
+            try:
+                await self._call.done_writing()
+            except _STREAM_ERRORS as e:
+                raise_if_cancelling()
+                return sender.receive(link.Lost(sender.chain_id, _describe(e)), now)
+        elif isinstance(action, link.Open):
+            address = self.successor_address_fn()
+            if not address:
+                return sender.open_failed(now, f"no address known for {self.successor_id}")
+            await self._close_stream()
+            if self.channel_fn is not None:
+                channel = self.channel_fn(address)
             else:
-                await r.on_successor_committed(seqno.from_bytes(ack.committed_sn))
-            await r.notify()
+                channel = self._own_channel = rpc.aio_channel(address)
+            self._call = sms_pb2_grpc.StorageStub(channel).Replicate()
+            self._reader = asyncio.get_running_loop().create_task(self._read(self._call, self._stream),
+                                                                  name=f"link-acks-{self.replica.chain_id}")
+            # the main loop waits on the replica's progress: wake it when the reader ends
+            self._reader.add_done_callback(
+                lambda _t, r=self.replica: asyncio.get_running_loop().create_task(r.notify()))
+            return sender.opened(now)
+        elif isinstance(action, link.Close):
+            if sender.state is not link.SenderState.STOPPED:
+                log.info("link %s broken: %s", sender.name(), action.reason)
+            await self._close_stream()
+            if action.suspect and self.on_broken is not None:
+                self.on_broken(action.suspect)
+        elif isinstance(action, (link.Commit, link.LearnerAcked)):
+            await self.replica.apply(action)
+        # SetTimer: `_wait` reads sender.deadline
+        return []
+
+    async def _read(self, call, stream: int) -> None:
+        r = self.replica
+        first = True
+        try:
+            while True:
+                pb = await call.read()
+                if pb is grpc.aio.EOF:
+                    self._inbox.append((stream, link.End(r.chain_id)))
+                    return
+                self._inbox.append((stream, reply_from_pb(r.chain_id, pb, first)))
+                first = False
+                await r.notify()
+        except _STREAM_ERRORS as e:
+            raise_if_cancelling()
+            self._inbox.append((stream, link.Lost(r.chain_id, _describe(e))))
+
+    async def _close_stream(self) -> None:
+        reader, call, channel = self._reader, self._call, self._own_channel
+        self._reader = self._call = self._own_channel = None
+        self._stream += 1
+        if call is not None:
+            call.cancel()
+        await cancel_and_wait(reader)
+        if channel is not None:
+            await channel.close()
 
 
-async def _drain(call) -> None:
-    while await call.read() is not grpc.aio.EOF:
-        pass
+def _describe(e: Exception) -> str:
+    if isinstance(e, grpc.aio.AioRpcError):
+        return f"{e.code().name}: {e.details()}"
+    return f"{type(e).__name__}: {e}"

@@ -4,13 +4,15 @@ gRPC Storage service (Append from ingestion to heads, Replicate between chain li
 `StorageNode` watches `/chains` in the metadata store and opens, reconfigures or drops
 the replicas this node is a member of; its public read methods are what the retrieval
 role of the same process uses (`replica_for_read`). `StorageService` binds the
-protocol of storage/replica.py to grpc.aio streams: a reader task takes messages in,
-one writer loop sends acks out in order.
+protocols of storage/head.py (Append) and storage/link.py (Replicate, the successor's
+side) to grpc.aio streams: a reader task takes messages in, one writer loop sends acks
+out in order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import time
@@ -21,13 +23,14 @@ from metastore import MetaStore, NodeExistsError, NoNodeError
 from metastore.reads import ChainConfigs, DecodedReads
 from sms import limits, metadata, retention, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
-from sms.errors import InvariantViolation, SmsError, StaleEpoch, WrongOwner
+from sms.errors import InvariantViolation, WrongOwner
 from sms.metadata import ChainConfig, ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionMap
 from sms.proto import sms_pb2, sms_pb2_grpc
 from storage.head import HeadSession
 from storage.log import LogStore
-from storage.replica import DownstreamLink, Replica, ReplicaState
+from storage import link
+from storage.replica import DownstreamLink, Replica, ReplicaState, reply_to_pb, request_from_pb
 
 log = logging.getLogger(__name__)
 
@@ -305,10 +308,6 @@ class StorageNode:
         return [r.status() for r in self.replicas.values()]
 
 
-def _ack_error(e: SmsError) -> dict:
-    return {"error_name": e.name, "error_message": e.message}
-
-
 class StorageService(sms_pb2_grpc.StorageServicer):
     def __init__(self, node: StorageNode, roles: tuple[str, ...], pid: int):
         self.node = node
@@ -336,78 +335,78 @@ class StorageService(sms_pb2_grpc.StorageServicer):
             reader.cancel()
 
     async def Replicate(self, request_iterator, context):
-        """predecessor -> this node (its successor)."""
-        hello = await context.read()
-        if hello is grpc.aio.EOF:
+        """predecessor -> this node (its successor): the gRPC driver of a `link.Receiver`.
+        A reader task feeds it the requests and carries out the replica actions it returns
+        (store, reset, verified); this loop writes what it sends and polls it whenever the
+        replica progresses (acks), until it closes."""
+        first = await context.read()
+        if first is grpc.aio.EOF:
             return
-        try:
-            replica = self.node.replica(hello.chain_id)
-            replica.check_epoch(hello.epoch)
-            if replica.config.predecessor_of(self.node.node_id) is None:
-                raise WrongOwner(f"{hello.chain_id}: {self.node.node_id} has no predecessor")
-        except SmsError as e:
-            await context.write(sms_pb2.ReplicateAck(**_ack_error(e)))
-            return
-        sent = (replica.last_sn, replica.committed_sn)
-        last = replica.last_header()
-        epoch, generation = hello.epoch, replica.generation
-        await context.write(sms_pb2.ReplicateAck(
-            last_sn=seqno.to_bytes(sent[0]), committed_sn=seqno.to_bytes(sent[1]),
-            last_first_sn=seqno.to_bytes(last.first_sn if last else 0),
-            last_checksum=last.checksum if last else 0, epoch=epoch))
-        failure: list[SmsError] = []
+        hello = request_from_pb(first)
+        receiver = link.Receiver(self.node.node_id)
+        replica = self.node.replicas.get(hello.chain_id)
+        outbox: collections.deque = collections.deque()
+        applying = [0]            # replica actions under way (a reset must finish before the stream ends)
 
-        async def take_batches() -> None:
-            while True:
-                req = await context.read()
-                if req is grpc.aio.EOF:
-                    return
-                if req.epoch != replica.config.epoch:
-                    failure.append(StaleEpoch(f"{replica.chain_id}: epoch {req.epoch} != {replica.config.epoch}"))
-                    await replica.notify()
-                    return
-                if req.reset:
-                    await replica.reset()
-                    return          # the predecessor reconnects and copies from the start
-                if req.verified:
-                    replica.verified = True
-                    continue
+        async def perform(actions: list) -> None:
+            for action in actions:
+                if isinstance(action, link.Send):
+                    outbox.append(action.message)
+                elif isinstance(action, link.Close):
+                    if action.suspect:
+                        self.node.suspect(action.suspect)
+                else:
+                    applying[0] += 1
+                    try:
+                        error = await replica.apply(action)
+                    finally:
+                        applying[0] -= 1
+                    if error is not None:
+                        await perform(receiver.store_failed(error))
+
+        await perform(receiver.receive(hello, replica if replica is not None and replica.active else None))
+        while outbox:
+            await context.write(reply_to_pb(outbox.popleft()))
+        if receiver.state is link.ReceiverState.CLOSED:
+            return
+        chain_id = hello.chain_id
+
+        async def take_requests() -> None:
+            while receiver.state is not link.ReceiverState.CLOSED:
                 try:
-                    await replica.append_as_successor(req.batch, seqno.from_bytes(req.committed_sn), generation)
-                except SmsError as e:
-                    failure.append(e)
+                    req = await context.read()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:    # the stream failed under us: the predecessor went away
+                    raise_if_cancelling()
+                    message = link.Lost(chain_id, f"{type(e).__name__}: {e}")
+                else:
+                    message = link.End(chain_id) if req is grpc.aio.EOF else request_from_pb(req)
+                await perform(receiver.receive(message, replica))
+                if outbox or receiver.state is link.ReceiverState.CLOSED:
                     await replica.notify()
-                    return
 
-        reader = asyncio.get_running_loop().create_task(take_batches())
-        reader.add_done_callback(lambda t: t.cancelled() or t.exception() is None
-                                 or self.node.suspect(replica.config.predecessor_of(self.node.node_id)))
-        # the loop below waits on the replica's progress: wake it when the stream ends
+        def finished() -> bool:
+            return receiver.state is link.ReceiverState.CLOSED and not applying[0]
+
+        reader = asyncio.get_running_loop().create_task(take_requests())
+        # the loop below waits on the replica's progress: wake it when the reader ends
         reader.add_done_callback(lambda _t: asyncio.get_running_loop().create_task(replica.notify()))
         try:
-            while replica.state is ReplicaState.ACTIVE:
-                async with replica.progress:
-                    await replica.progress.wait_for(
-                        lambda: failure or reader.done() or replica.state is not ReplicaState.ACTIVE
-                        or replica.config.epoch != epoch or (replica.last_sn, replica.committed_sn) != sent)
-                if failure:
-                    await context.write(sms_pb2.ReplicateAck(**_ack_error(failure[0])))
-                    return
+            while True:
+                while outbox:
+                    await context.write(reply_to_pb(outbox.popleft()))
                 if reader.done():
                     reader.result()
+                if finished() or reader.done():
                     return
-                if replica.config.epoch != epoch:
-                    # acks of a newer epoch's log must not reach a predecessor of the old one:
-                    # it would commit batches of its own that no other node holds
-                    await context.write(sms_pb2.ReplicateAck(**_ack_error(StaleEpoch(
-                        f"{replica.chain_id}: moved from epoch {epoch} to {replica.config.epoch}"))))
-                    return
-                sent = (replica.last_sn, replica.committed_sn)
-                await context.write(sms_pb2.ReplicateAck(last_sn=seqno.to_bytes(sent[0]),
-                                                         committed_sn=seqno.to_bytes(sent[1]), epoch=epoch))
+                async with replica.progress:
+                    await replica.progress.wait_for(lambda: outbox or reader.done() or finished()
+                                                    or receiver.due(replica))
+                await perform(receiver.poll(replica))
         except asyncio.CancelledError:
             # the call was cancelled under us: the predecessor went away (or we are stopping)
-            self.node.suspect(replica.config.predecessor_of(self.node.node_id))
+            await perform(receiver.receive(link.Lost(chain_id, "call cancelled"), replica))
             raise
         finally:
             reader.cancel()

@@ -1,23 +1,24 @@
 """Deterministic simulation of the chain replication protocol (DESIGN sections 5 and 7).
 
 The REAL protocol objects run here: `storage.replica.Replica` over `storage.log.LogStore`
-(memory logs), `control.chains.plan` for every reconfiguration and
-`StorageNode._is_mine` for the incarnation rule. What is simulated is everything between
-them: the network, the processes, the clock and the control loop. One asyncio loop runs
+(memory logs), the chain link's state machines (`storage.link.Sender` and `Receiver`,
+the same code the gRPC binding drives), `control.chains.plan` for every reconfiguration
+and `StorageNode._is_mine` for the incarnation rule. What is simulated is everything
+between them: the network, the processes, the clocks and the control loop. One asyncio loop runs
 one event at a time, and a `random.Random(seed)` picks which event happens next, so a seed
 replays exactly (`run(seed, steps)`; two runs of one seed give the same trace).
 
 What a step can be (each enabled event has a weight; the seed picks one):
 
-* the link protocol of storage/replica.py `DownstreamLink` and storage/service.py
-  `StorageService.Replicate`, re-enacted message by message over simulated streams:
-  predecessor -> successor hello(epoch); the successor answers its last SN, commit
-  watermark and last batch header (or an error such as StaleEpoch); the predecessor checks
-  `holds_batch` and sends reset (the successor wipes its log and closes) or verified, then
-  batches (`batches_after`, each applied with `append_as_successor`); the successor's ack
-  loop sends (last SN, committed SN) back, applied with `on_successor_committed` (not for
-  learners). Every request carries the epoch and the receiver compares it with its
-  replica's config, exactly as the service does.
+* the link protocol (storage/link.py): each link's real `Sender` and, per stream, the
+  successor's real `Receiver`; the simulation only carries their messages (hello, answer,
+  reset, verified, batches, acks, refusals, end of stream) and carries out their actions
+  the way the gRPC drivers do (`Replica.apply` for store, reset, verified, commit, learner
+  progress; `sender_do` / `receiver_do` here, `DownstreamLink._do` and
+  `StorageService.Replicate` there). Events: a link's stream opens (`connect`), a
+  message is delivered, the successor's handler polls its replica (acks), the link polls
+  its replica (ships batches), and a link's timer fires -- which moves the simulated clock
+  to the timer's deadline (the retry after a break; rarely, a reset's drain timeout).
 * a stream is FIFO and exactly-once while it lives (gRPC over TCP). Faults on it:
   *drop* (the connection breaks, everything in flight is lost), *reorder* (it breaks, but
   the request the successor had already taken in is still applied by the old stream's
@@ -50,8 +51,9 @@ Invariants, checked after EVERY step (a violation raises `SimViolation` with the
 the replay command and the last events of the trace):
 
   I1  prefix: along the current config, each member's log is a prefix of its
-      predecessor's; a learner whose replica says `verified` holds a log that is a prefix
-      of the tail's or has the tail's log as its prefix (no divergence).
+      predecessor's; a learner whose replica says `verified` in the current epoch holds a
+      log that is a prefix of the tail's or has the tail's log as its prefix (no
+      divergence).
   I2  no acked loss: every acked batch is in the log of at least one current member; no
       current member (and no verified learner) holds anything else where an acked batch
       is (it holds the batch, or its log ends before it); with `strict`, every acked batch
@@ -89,19 +91,18 @@ import logging
 import os
 import random
 import sys
-import time as _time
 import types
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 
 from sortedcontainers import SortedDict, SortedList
 
-import storage.replica as replica_module
 from control import chains
 from sms import wire, limits, seqno
-from sms.errors import InvariantViolation, PartitionClosed, SmsError, StaleEpoch, WrongOwner
+from sms.errors import InvariantViolation, PartitionClosed, SmsError, WrongOwner
 from sms.metadata import ChainConfig
 from sms.types import Persistence
+from storage import link as chainlink
 from storage.service import link_targets
 from storage.log import LogStore, PartitionLog
 from storage.replica import Replica, ReplicaState
@@ -259,60 +260,42 @@ class SimNode:
         return "up" if self.acts else ("paused" if self.up else "down")
 
 
-@dataclass(eq=False)
-class Down:
-    """ReplicateRequest (predecessor -> successor)."""
-    epoch: int
-    hello: bool = False
-    batch: bytes = b""
-    committed_sn: int = 0
-    reset: bool = False
-    verified: bool = False
-
-    def show(self) -> str:
-        if self.hello:
-            return f"hello(e{self.epoch})"
-        if self.reset:
-            return f"reset(e{self.epoch})"
-        if self.verified:
-            return f"verified(e{self.epoch})"
-        if self.batch:
-            h = wire.read_header(self.batch)
-            return (f"batch(e{self.epoch} {sn_range(h.first_sn, h.last_sn)} o{h.origin_seq} "
-                    f"c={fmt_sn(self.committed_sn)})")
-        return f"empty(e{self.epoch})"
-
-
-@dataclass(eq=False)
-class Up:
-    """ReplicateAck (successor -> predecessor); eof: the successor's handler returned."""
-    last_sn: int = 0
-    committed_sn: int = 0
-    error_name: str = ""
-    last_first_sn: int = 0
-    last_checksum: int = 0
-    eof: bool = False
-    sim_epoch: int = 0       # ReplicateAck.epoch: the epoch of the stream it acks in
-
-    def show(self) -> str:
-        if self.eof:
-            return "EOF"
-        if self.error_name:
-            return f"error({self.error_name})"
-        return f"ack(last={fmt_sn(self.last_sn)} c={fmt_sn(self.committed_sn)})"
+def show(msg) -> str:
+    """A link message (storage/link.py) as the trace prints it."""
+    if isinstance(msg, chainlink.Hello):
+        return f"hello(e{msg.epoch})"
+    if isinstance(msg, chainlink.Reset):
+        return f"reset(e{msg.epoch})"
+    if isinstance(msg, chainlink.Verified):
+        return f"verified(e{msg.epoch})"
+    if isinstance(msg, chainlink.Batch):
+        if not msg.batch:
+            return f"empty(e{msg.epoch})"
+        h = wire.read_header(msg.batch)
+        return f"batch(e{msg.epoch} {sn_range(h.first_sn, h.last_sn)} o{h.origin_seq} c={fmt_sn(msg.committed_sn)})"
+    if isinstance(msg, chainlink.Answer):
+        return f"answer(e{msg.epoch} last={fmt_sn(msg.last_sn)} c={fmt_sn(msg.committed_sn)})"
+    if isinstance(msg, chainlink.Ack):
+        return f"ack(e{msg.epoch} last={fmt_sn(msg.last_sn)} c={fmt_sn(msg.committed_sn)})"
+    if isinstance(msg, chainlink.Refusal):
+        return f"error({msg.error_name})"
+    if isinstance(msg, chainlink.End):
+        return "EOF"
+    return repr(msg)
 
 
 class Handler:
-    """The successor's side of one Replicate stream (StorageService.Replicate)."""
+    """The successor's side of one Replicate stream: the real `link.Receiver`, with the
+    replica captured at the hello (as StorageService.Replicate does)."""
 
-    def __init__(self, replica: Replica, sent: tuple[int, int], epoch: int = 0):
-        self.replica = replica          # captured at hello, as the service does
-        self.sent = sent
-        self.epoch = epoch              # the hello's epoch: every ack carries it
-        self.generation = replica.generation if replica is not None else 0   # the log verified at hello
-        self.failure: SmsError | None = None
-        self.reader_done = False        # take_batches returned (reset, error, cancellation)
-        self.closed = False             # the handler returned
+    def __init__(self, node_id: str):
+        self.receiver = chainlink.Receiver(node_id)
+        self.replica: Replica | None = None
+        self.gone = False               # its process crashed: nothing runs it any more
+
+    @property
+    def closed(self) -> bool:
+        return self.gone or self.receiver.state is chainlink.ReceiverState.CLOSED
 
 
 class Session:
@@ -323,19 +306,19 @@ class Session:
         self.link = link
         self.sender = link.node_id
         self.receiver = link.successor
-        self.down: collections.deque[Down] = collections.deque()
-        self.up: collections.deque[Up] = collections.deque()
+        self.down: collections.deque = collections.deque()    # link.Hello | Verified | Reset | Batch
+        self.up: collections.deque = collections.deque()      # link.Answer | Ack | Refusal | End
         self.connected = True          # the stream holds; else only a lingering handler takes late requests
         self.handler: Handler | None = None
-        self.epoch = 0                 # the link's epoch at hello
 
     def name(self) -> str:
         return f"s{self.id}[{self.sender}->{self.receiver}]"
 
 
 class SimLink:
-    """The predecessor's side (storage/replica.py DownstreamLink), one state machine per
-    link; it lives in `replica.links`, so Replica.stop_links/close stop it."""
+    """The predecessor's side: the real `link.Sender`, driven by the simulation as
+    storage/replica.py DownstreamLink drives it over gRPC. It lives in `replica.links`, so
+    Replica.stop_links/close stop it."""
 
     def __init__(self, sim: "Simulation", replica: Replica, node_id: str, successor: str, learner: bool):
         self.sim = sim
@@ -343,18 +326,22 @@ class SimLink:
         self.node_id = node_id
         self.successor = successor
         self.learner = learner
-        self.state = "idle"            # idle | hello | reset | stream | stopped
+        self.sender = chainlink.Sender(replica, successor, learner)
         self.session: Session | None = None
-        self.acked_sn = 0
-        self.sent_sn = 0
-        self.inflight: collections.deque[int] = collections.deque()
-        self.generation = 0            # the replica's log generation at hello
 
-    async def stop(self) -> None:      # DownstreamLink.stop: cancel the task (and its stream)
+    @property
+    def state(self) -> chainlink.SenderState:
+        return self.sender.state
+
+    @property
+    def acked_sn(self) -> int:
+        return self.sender.acked_sn
+
+    async def stop(self) -> None:      # DownstreamLink.stop: the machine stops, its stream is cancelled
+        self.sender.stop()
         if self.session is not None:
             self.sim.disconnect(self.session, "link stopped")
         self.session = None
-        self.state = "stopped"
 
     def name(self) -> str:
         return f"{self.node_id}->{self.successor}{'(L)' if self.learner else ''}"
@@ -424,7 +411,6 @@ class Simulation:
         self.step = 0
         self.healing = False
         self.now_ms = T0_MS
-        self.current: SimNode | None = None           # whose clock time.time() reads
         self.node_ids = [f"n{i}" for i in range(1, self.options.nodes + 1)]
         self.nodes = {n: SimNode(n) for n in self.node_ids}
         self.registered: dict[str, int] = {}          # /nodes: node -> incarnation
@@ -440,6 +426,8 @@ class Simulation:
         self.inflight: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self.failed: set[int] = set()
         self.writer_view: ChainConfig | None = None
+        self.append_window = (self.options.append_inflight if self.options.append_inflight is not None
+                              else limits.APPEND_INFLIGHT_BATCHES_MAX)
         self.writer: WriterSession | None = None
         self.acked: dict[int, Acked] = {}
         self.acked_list: list[Acked] = []
@@ -462,9 +450,10 @@ class Simulation:
         self.false_verifies: dict[str, list[str]] = collections.defaultdict(list)  # node -> unsound hellos
 
     # --- the clock -----------------------------------------------------------------------------
-    def clock(self) -> float:
-        skew = self.current.skew_ms if self.current is not None else 0
-        return (self.now_ms + skew + 0.5) / 1000.0
+    def wall_clock(self, node: SimNode) -> float:
+        """A node's wall clock (seconds), skewed: what its replicas' sequencer reads
+        (Replica(clock=...)); the links read the unskewed `now`."""
+        return (self.now_ms + node.skew_ms + 0.5) / 1000.0
 
     def log(self, text: str) -> None:
         self.trace.append(f"{self.step:5d} {text}")
@@ -535,13 +524,13 @@ class Simulation:
         for other in self.sessions:
             h = other.handler
             if other is not session and h is not None and not h.closed and h.replica is r \
-                    and other.link.state == "stream" and other.link.session is other:
+                    and other.link.state is chainlink.SenderState.STREAMING and other.link.session is other:
                 self.splices[r.node_id].append(f"step {self.step}: {r.node_id} wiped by {session.name()} while "
-                                               f"{other.name()} streams after {fmt_sn(other.link.sent_sn)}")
+                                               f"{other.name()} streams after {fmt_sn(other.link.sender.sent_sn)}")
         for link in r.links.values():
-            if link.state == "stream" and link.sent_sn:
+            if link.state is chainlink.SenderState.STREAMING and link.sender.sent_sn:
                 self.splices[link.successor].append(f"step {self.step}: {r.node_id} wiped while its link to "
-                                                    f"{link.successor} streams after {fmt_sn(link.sent_sn)}")
+                                                    f"{link.successor} streams after {fmt_sn(link.sender.sent_sn)}")
 
     def hazard(self, position: int | None) -> str:
         """' [hazard: ...]' when that position of the committed history had been put at risk."""
@@ -601,11 +590,11 @@ class Simulation:
             self.log(f"{node.id} sync e{config.epoch}: closes its replica (not a member)")
         elif mine and r is None:
             plog = node.store.open_log(CHAIN_ID, config.persistence)
-            r = Replica(node.id, config, node.store, plog)
+            r = Replica(node.id, config, node.store, plog, clock=lambda node=node: self.wall_clock(node))
             self.replica_story[id(r)] = (r, [f"e{config.epoch}:{config.role_of(node.id)}"])
             self.born[id(r)] = self.cfg_version
             node.replica = r
-            self._start_links(node, r)
+            await self._start_links(node, r)
             self.log(f"{node.id} sync e{config.epoch}: opens replica as {config.role_of(node.id)} "
                      f"last={fmt_sn(r.last_sn)} c={fmt_sn(r.committed_sn)}")
         elif mine and r.config != config:
@@ -618,16 +607,17 @@ class Simulation:
             self.story(r).append(f"e{config.epoch}:{config.role_of(node.id)}")
             self.applied[id(r)].append(self.cfg_version)
             if changed:
-                self._start_links(node, r)
+                await self._start_links(node, r)
             await r.notify()
             self.log(f"{node.id} sync e{old}->e{config.epoch}: {config.role_of(node.id)} "
                      f"last={fmt_sn(r.last_sn)} c={fmt_sn(r.committed_sn)} verified={r.verified}")
         else:
             self.log(f"{node.id} sync e{config.epoch}: nothing to do")
 
-    def _start_links(self, node: SimNode, r: Replica) -> None:   # StorageNode._start_links
+    async def _start_links(self, node: SimNode, r: Replica) -> None:   # StorageNode._start_links
         for successor, learner in link_targets(r.config, node.id):
-            r.links[successor] = SimLink(self, r, node.id, successor, learner=learner)
+            link = r.links[successor] = SimLink(self, r, node.id, successor, learner=learner)
+            await self.sender_do(link, link.sender.start(self.now()))
 
     # --- chain manager (ChainManager.round, one chain) ------------------------------------------
     def node_status(self, node_id: str) -> tuple | None:
@@ -675,7 +665,11 @@ class Simulation:
         self.log(f"manager: e{old.epoch}->e{new.epoch} members={','.join(new.members)} "
                  f"learners={','.join(new.learners) or '-'} ({what})")
 
-    # --- streams -------------------------------------------------------------------------------
+    # --- streams: the real link state machines (storage/link.py), delivered by the simulation ----
+    def now(self) -> float:
+        """The links' clock (seconds): the simulated time, as loop.time() is DownstreamLink's."""
+        return self.now_ms / 1000.0
+
     def disconnect(self, session: Session, why: str, keep_late: bool | None = None) -> None:
         """The stream breaks: the predecessor stops reading; in-flight acks are lost; the
         successor's handler (if any) lingers until it notices, and may still take in the
@@ -692,21 +686,6 @@ class Simulation:
             session.down.append(late)
         self.log(f"  {session.name()} disconnected ({why}){' one request still in flight' if late else ''}")
 
-    def link_broken(self, link: SimLink, why: str) -> None:
-        """DownstreamLink._session raised: the call is cancelled, the link goes idle."""
-        if link.session is not None:
-            self.disconnect(link.session, why)
-        link.session = None
-        link.state = "idle"
-
-    def close_handler(self, session: Session) -> None:
-        h = session.handler
-        if h is None or h.closed:
-            return
-        h.closed = True
-        if session.connected:
-            session.up.append(Up(eof=True))
-
     def links(self) -> list[SimLink]:
         out = []
         for n in self.node_ids:
@@ -715,211 +694,162 @@ class Simulation:
                 out.extend(r.links.values())
         return out
 
-    async def link_connect(self, link: SimLink) -> None:
+    async def sender_do(self, link: SimLink, actions: list, ack_epoch: int = 0) -> None:
+        """Carry out a Sender's actions, as DownstreamLink._do does over gRPC."""
         r = link.replica
+        sent = []
+        for action in actions:
+            if isinstance(action, chainlink.Send):
+                msg = action.message
+                if link.session is not None and link.session.connected:
+                    link.session.down.append(msg)
+                if isinstance(msg, chainlink.Batch):
+                    h = wire.read_header(msg.batch)
+                    sent.append(f"{fmt_sn(h.first_sn)}/o{h.origin_seq}")
+                    self.stats["batches_sent"] += 1
+                else:
+                    self.log(f"  {link.name()} sends {show(msg)}")
+            elif isinstance(action, chainlink.Close):
+                if link.session is not None:
+                    self.disconnect(link.session, action.reason)
+                link.session = None
+                if action.suspect:
+                    self.stats["suspects"] += 1
+                self.log(f"  {link.name()} closes its stream ({action.reason})"
+                         f"{'; suspects ' + action.suspect if action.suspect else ''}")
+            elif isinstance(action, chainlink.SetTimer):
+                self.log(f"  {link.name()} timer at +{round(action.at * 1000) - T0_MS}ms")
+            elif isinstance(action, chainlink.Open):
+                self.log(f"  {link.name()} opens a stream to {link.successor}")
+            elif isinstance(action, chainlink.Commit):
+                before = r.committed_sn
+                await r.apply(action)
+                if ack_epoch and ack_epoch != r.config.epoch and r.committed_sn > before:
+                    self.cross_acks[link.node_id].append(
+                        f"step {self.step}: {link.node_id} at e{r.config.epoch} committed up to "
+                        f"{fmt_sn(r.committed_sn)} on an ack {link.successor} sent at e{ack_epoch}")
+                self.log(f"  {link.node_id} c={fmt_sn(r.committed_sn)}")
+            elif isinstance(action, chainlink.LearnerAcked):
+                await r.apply(action)
+                self.log(f"  {link.node_id} learner {action.learner} acked {fmt_sn(action.sn)} "
+                         f"c={fmt_sn(r.committed_sn)}")
+            elif not isinstance(action, chainlink.FinishSending):
+                raise AssertionError(f"unknown sender action {action}")
+        if sent:
+            self.log(f"  {link.name()} {link.session.name() if link.session else ''} sends {len(sent)}: "
+                     f"{' '.join(sent)}")
+
+    async def receiver_do(self, session: Session, actions: list) -> None:
+        """Carry out a Receiver's actions, as StorageService.Replicate does over gRPC."""
+        h = session.handler
+        r = h.replica
+        node = session.receiver
+        for action in actions:
+            if isinstance(action, chainlink.Send):
+                if session.connected:
+                    session.up.append(action.message)
+                self.log(f"  {node} answers {show(action.message)}")
+            elif isinstance(action, chainlink.Close):
+                if session.connected:
+                    session.up.append(chainlink.End(CHAIN_ID))
+                if action.suspect:
+                    self.stats["suspects"] += 1
+                self.log(f"  {node} ends {session.name()} ({action.reason})"
+                         f"{'; suspects ' + action.suspect if action.suspect else ''}")
+            elif isinstance(action, chainlink.ResetLog):
+                self.stats["reset"] += 1
+                before = r.last_sn
+                self.note_reset(session, r)
+                await r.apply(action)
+                self.story(r).append("reset")
+                self.log(f"  {node} wipes its log (last was {fmt_sn(before)})")
+            elif isinstance(action, chainlink.MarkVerified):
+                await r.apply(action)
+                self.log(f"  {node} verified")
+            elif isinstance(action, chainlink.Store):
+                before = r.last_sn
+                error = await r.apply(action)
+                if error is not None:
+                    self.log(f"  {node} fails: {error.name}: {error.message[:80]}")
+                    await self.receiver_do(session, h.receiver.store_failed(error))
+                elif r.last_sn != before:
+                    self.stats["successor_appends"] += 1
+                    self.log(f"  {node} appends -> last={fmt_sn(r.last_sn)} c={fmt_sn(r.committed_sn)}")
+                else:
+                    self.log(f"  {node} already holds it")
+            else:
+                raise AssertionError(f"unknown receiver action {action}")
+
+    async def link_connect(self, link: SimLink) -> None:
+        """The transport opened the stream the link asked for (its Open action)."""
         self.stats["hello"] += 1
         session = Session(self.next_sid, link)
         self.next_sid += 1
         self.sessions.append(session)
         link.session = session
-        link.state = "hello"
-        session.epoch = r.config.epoch
-        link.generation = r.generation
-        session.down.append(Down(epoch=r.config.epoch, hello=True))
-        self.log(f"{link.name()} connects {session.name()} hello(e{r.config.epoch})")
+        self.log(f"{link.name()} connects {session.name()}")
+        await self.sender_do(link, link.sender.opened(self.now()))
 
-    def link_ready(self, link: SimLink) -> bool:
-        r = link.replica
-        while link.inflight and link.inflight[0] <= link.acked_sn:
-            link.inflight.popleft()
-        return r.state is ReplicaState.ACTIVE and (r.generation != link.generation or (
-            r.last_sn > link.sent_sn and len(link.inflight) < limits.CHAIN_INFLIGHT_BATCHES_MAX))
+    async def link_poll(self, link: SimLink) -> None:
+        """The link's driver wakes (the replica progressed, or its epoch or log changed)."""
+        self.log(f"{link.name()} polls")
+        await self.sender_do(link, link.sender.poll(self.now()))
 
-    async def link_send(self, link: SimLink) -> None:
-        r = link.replica
-        if r.generation != link.generation:          # DownstreamLink: our log was wiped
-            self.link_broken(link, "our log was wiped; the successor starts again")
-            return
-        room = limits.CHAIN_INFLIGHT_BATCHES_MAX - len(link.inflight)
-        sent = []
-        for batch in r.batches_after(link.sent_sn, room):
-            link.session.down.append(Down(epoch=r.config.epoch, batch=batch, committed_sn=r.committed_sn))
-            h = wire.read_header(batch)
-            link.sent_sn = h.last_sn
-            link.inflight.append(link.sent_sn)
-            sent.append(f"{fmt_sn(h.first_sn)}/o{h.origin_seq}")
-        self.stats["batches_sent"] += len(sent)
-        self.log(f"{link.name()} {link.session.name()} sends {len(sent)}: {' '.join(sent) or '-'}")
+    async def link_timer(self, link: SimLink) -> None:
+        """The link's timer fires: the simulated clock moves to its deadline."""
+        deadline = link.sender.deadline
+        while self.now() < deadline:
+            self.now_ms = max(self.now_ms + 1, int(deadline * 1000))
+        self.log(f"{link.name()} timer ({link.state.value}) at +{self.now_ms - T0_MS}ms")
+        await self.sender_do(link, link.sender.poll(self.now()))
 
     async def deliver_down(self, session: Session, duplicate: bool = False) -> None:
         msg = session.down[0] if duplicate else session.down.popleft()
         node = self.nodes[session.receiver]
         late = "" if session.connected else " (late, old stream)"
         dup = " (duplicate)" if duplicate else ""
-        self.log(f"{session.name()} delivers {msg.show()} to {node.id}{late}{dup}")
-        if session.handler is None:
-            await self._hello(session, node, msg)
-            return
+        self.log(f"{session.name()} delivers {show(msg)} to {node.id}{late}{dup}")
         h = session.handler
-        if h.closed or h.reader_done:
+        if h is None:                       # the first request of the stream, whatever it is
+            h = session.handler = Handler(node.id)
+            r = node.replica
+            h.replica = r
+            view = r if r is not None and r.active else None
+        elif h.closed:
             self.log("  dropped: the handler no longer reads")
             return
-        r = h.replica
-        if msg.epoch != r.config.epoch:                     # take_batches
-            h.failure = StaleEpoch(f"{r.chain_id}: epoch {msg.epoch} != {r.config.epoch}")
-            h.reader_done = True
-            self.log(f"  {node.id} rejects: StaleEpoch (at e{r.config.epoch})")
-            return
-        if msg.reset:
-            self.stats["reset"] += 1
-            before = r.last_sn
-            self.note_reset(session, r)
-            await r.reset()
-            self.story(r).append("reset")
-            h.reader_done = True
-            self.log(f"  {node.id} wipes its log (last was {fmt_sn(before)})")
-            return
-        if msg.verified:
-            r.verified = True
-            self.log(f"  {node.id} verified")
-            return
-        try:
-            before = r.last_sn
-            await r.append_as_successor(msg.batch, msg.committed_sn, h.generation)
-            if r.last_sn != before:
-                self.stats["successor_appends"] += 1
-                self.log(f"  {node.id} appends -> last={fmt_sn(r.last_sn)} c={fmt_sn(r.committed_sn)}")
-            else:
-                self.log(f"  {node.id} already holds it")
-        except SmsError as e:
-            h.failure = e
-            h.reader_done = True
-            self.log(f"  {node.id} fails: {e.name}: {e.message[:80]}")
-
-    async def _hello(self, session: Session, node: SimNode, msg: Down) -> None:
-        """The first request of a Replicate stream (whatever it is, as the service reads it)."""
-        try:
-            r = node.replica
-            if r is None or r.state is not ReplicaState.ACTIVE:
-                raise WrongOwner(f"node {node.id} holds no replica of {CHAIN_ID}")
-            r.check_epoch(msg.epoch)
-            if r.config.predecessor_of(node.id) is None:
-                raise WrongOwner(f"{CHAIN_ID}: {node.id} has no predecessor")
-        except SmsError as e:
-            session.handler = Handler(node.replica, (0, 0))
-            session.handler.closed = True
-            if session.connected:
-                session.up.append(Up(error_name=e.name))
-                session.up.append(Up(eof=True))
-            self.log(f"  {node.id} answers {e.name}")
-            return
-        sent = (r.last_sn, r.committed_sn)
-        last = r.last_header()
-        session.handler = Handler(r, sent, msg.epoch)
-        if session.connected:
-            session.up.append(Up(last_sn=sent[0], committed_sn=sent[1],
-                                 last_first_sn=last.first_sn if last else 0,
-                                 last_checksum=last.checksum if last else 0, sim_epoch=msg.epoch))
-        self.log(f"  {node.id} answers last={fmt_sn(sent[0])} c={fmt_sn(sent[1])}")
+        else:
+            view = h.replica
+        await self.receiver_do(session, h.receiver.receive(msg, view))
 
     def handler_due(self, session: Session) -> bool:
         h = session.handler
         if h is None or h.closed or not session.connected:
             return False
-        r = h.replica
-        return (h.failure is not None or h.reader_done or r.state is not ReplicaState.ACTIVE
-                or (r.last_sn, r.committed_sn) != h.sent)
+        return h.receiver.due(h.replica)
 
     async def handler_tick(self, session: Session) -> None:
         """One turn of the Replicate handler's ack loop."""
         h = session.handler
-        r = h.replica
-        if r.state is not ReplicaState.ACTIVE:
-            self.close_handler(session)
-            self.log(f"{session.name()} handler on {session.receiver}: replica closed, stream ends")
-        elif h.failure is not None:
-            session.up.append(Up(error_name=h.failure.name))
-            self.close_handler(session)
-            self.log(f"{session.name()} handler on {session.receiver}: sends error {h.failure.name}, ends")
-        elif h.reader_done:
-            self.close_handler(session)
-            self.log(f"{session.name()} handler on {session.receiver}: stream ends")
-        elif r.config.epoch != h.epoch:       # StorageService.Replicate: no acks across epochs
-            session.up.append(Up(error_name="StaleEpoch"))
-            self.close_handler(session)
-            self.log(f"{session.name()} handler on {session.receiver}: moved to e{r.config.epoch}; "
-                     f"sends StaleEpoch, ends")
-        else:
-            h.sent = (r.last_sn, r.committed_sn)
-            session.up.append(Up(last_sn=h.sent[0], committed_sn=h.sent[1], sim_epoch=h.epoch))
-            self.log(f"{session.name()} handler on {session.receiver}: acks last={fmt_sn(h.sent[0])} "
-                     f"c={fmt_sn(h.sent[1])}")
+        self.log(f"{session.name()} handler on {session.receiver} polls")
+        await self.receiver_do(session, h.receiver.poll(h.replica))
 
     async def deliver_up(self, session: Session, duplicate: bool = False) -> None:
         msg = session.up[0] if duplicate else session.up.popleft()
         link = session.link
-        r = link.replica
-        self.log(f"{session.name()} delivers {msg.show()} to {session.sender}"
+        self.log(f"{session.name()} delivers {show(msg)} to {session.sender}"
                  f"{' (duplicate)' if duplicate else ''}")
-        if msg.eof:
-            if link.state == "reset":
-                self.link_broken(link, "successor wiped its log; copy anew")
-            else:
-                self.link_broken(link, "successor closed the link")
-            return
-        if link.state == "hello":
-            if msg.error_name:
-                self.link_broken(link, f"hello answered {msg.error_name}")
-                return
-            if msg.sim_epoch != session.epoch or r.config.epoch != session.epoch:
-                self.link_broken(link, f"hello answered in e{msg.sim_epoch} on a link of e{session.epoch}")
-                return
-            successor_last = msg.last_sn
-            if successor_last and not r.holds_batch(msg.last_first_sn, successor_last, msg.last_checksum):
-                session.down.append(Down(epoch=r.config.epoch, reset=True))
-                link.state = "reset"
-                self.log(f"  {link.node_id} does not hold {link.successor}'s last batch: sends reset")
-                return
-            session.down.append(Down(epoch=r.config.epoch, verified=True))
-            self.note_verify(link, successor_last)
-            link.acked_sn = successor_last
-            if link.learner:
-                await r.on_learner_acked(link.successor, successor_last)
-            else:
-                await r.on_successor_committed(msg.committed_sn)
-            link.state = "stream"
-            link.sent_sn = successor_last
-            link.inflight.clear()
-            self.log(f"  {link.node_id} sends verified; ships after {fmt_sn(successor_last)}; "
-                     f"c={fmt_sn(r.committed_sn)}")
-        elif link.state == "reset":
-            self.log("  drained")
-        elif link.state == "stream":
-            if msg.error_name:
-                self.link_broken(link, f"ack error {msg.error_name}")
-                return
-            if msg.sim_epoch != session.epoch or r.config.epoch != session.epoch:   # DownstreamLink._read_acks
-                self.link_broken(link, f"ack of e{msg.sim_epoch} on a link of e{session.epoch}")
-                return
-            link.acked_sn = max(link.acked_sn, msg.last_sn)
-            if link.learner:
-                await r.on_learner_acked(link.successor, link.acked_sn)
-            else:
-                before = r.committed_sn
-                await r.on_successor_committed(msg.committed_sn)
-                if msg.sim_epoch and msg.sim_epoch != r.config.epoch and r.committed_sn > before:
-                    self.cross_acks[link.node_id].append(
-                        f"step {self.step}: {link.node_id} at e{r.config.epoch} committed up to "
-                        f"{fmt_sn(r.committed_sn)} on an ack {link.successor} sent at e{msg.sim_epoch}")
-            await r.notify()
-            self.log(f"  {link.node_id} c={fmt_sn(r.committed_sn)}")
+        before = link.state
+        actions = link.sender.receive(msg, self.now())
+        if before is chainlink.SenderState.HELLO_SENT and link.state is chainlink.SenderState.STREAMING:
+            self.note_verify(link, link.sender.acked_sn)
+        await self.sender_do(link, actions, getattr(msg, "epoch", 0))
 
     async def linger_close(self, session: Session) -> None:
         h = session.handler
-        h.reader_done = True
-        h.closed = True
         session.down.clear()
         self.log(f"{session.name()} handler on {session.receiver} sees the cancellation")
+        await self.receiver_do(session, h.receiver.receive(chainlink.Lost(CHAIN_ID, "call cancelled"), h.replica))
 
     # --- the writer (ingestion PartitionWriter + Storage.Append handler) ------------------------
     def writer_break(self, why: str) -> None:
@@ -956,7 +886,6 @@ class Simulation:
         if batch is None:
             self.log(f"w{w.sid} o{seq}: settled already")
             return
-        self.current = node
         try:
             r = node.replica
             if r is None or r.state is not ReplicaState.ACTIVE:
@@ -969,8 +898,6 @@ class Simulation:
         except SmsError as e:
             w.pending.append((seq, None, None, e))
             self.log(f"w{w.sid} {node.id} append_as_head o{seq} e{w.epoch} -> {e.name}")
-        finally:
-            self.current = None
 
     def writer_acks(self) -> None:
         """The Append handler's ack loop, in request order, and the writer's _read_acks."""
@@ -1041,7 +968,7 @@ class Simulation:
         self.log(f"CRASH {node.id} (inc {node.incarnation}, {node.state()}, replica "
                  f"{'last=' + fmt_sn(node.replica.last_sn) if node.replica else '-'}); "
                  f"{'log kept' if self.options.durable else 'log lost'}")
-        self._kill_streams(node)
+        await self._kill_streams(node)
         if node.replica is not None:
             node.replica.state = ReplicaState.CLOSED      # the process is gone: nothing runs it
         node.replica = None
@@ -1050,17 +977,17 @@ class Simulation:
         node.up, node.paused = False, False
         self.registered.pop(node.id, None)
 
-    def _kill_streams(self, node: SimNode) -> None:
-        for s in self.sessions:
+    async def _kill_streams(self, node: SimNode) -> None:
+        for s in list(self.sessions):
             if s.receiver == node.id:
-                if s.link.session is s and s.link.state != "stopped":   # connection reset
-                    s.link.session = None
-                    s.link.state = "idle"
                 s.connected = False
                 s.up.clear()
                 s.down.clear()
                 if s.handler is not None:
-                    s.handler.closed = True
+                    s.handler.gone = True
+                if s.link.session is s:                 # connection reset
+                    await self.sender_do(s.link, s.link.sender.receive(
+                        chainlink.Lost(CHAIN_ID, f"connection reset: {node.id} crashed"), self.now()))
             elif s.sender == node.id:
                 self.disconnect(s, f"{node.id} crashed")
         if self.writer is not None and self.writer.head == node.id:
@@ -1101,7 +1028,7 @@ class Simulation:
                 add(3, "writer-connect", self.writer_connect)
         else:
             w = self.writer
-            if not self.healing and len(self.inflight) < limits.APPEND_INFLIGHT_BATCHES_MAX:
+            if not self.healing and len(self.inflight) < self.append_window:
                 add(3, "writer-new", self.writer_new_batch)
             if w.queue and self.nodes[w.head].acts:
                 add(4, "writer-deliver", self.writer_deliver)
@@ -1109,16 +1036,23 @@ class Simulation:
         if self.writer_view != self.meta:
             add(1, "writer-refresh", self.writer_refresh)
         # links
+        now = self.now()
         for link in self.links():
             node = self.nodes[link.node_id]
-            if not node.acts or link.state == "stopped":
+            state = link.state
+            if not node.acts or state is chainlink.SenderState.STOPPED:
                 continue
-            if link.state == "idle":
+            if state is chainlink.SenderState.CONNECTING:
                 succ = self.nodes[link.successor]
                 if link.successor in self.registered and succ.up:
                     add(3, f"connect {link.name()}", lambda link=link: self.link_connect(link))
-            elif link.state == "stream" and link.session.connected and self.link_ready(link):
-                add(4, f"send {link.name()}", lambda link=link: self.link_send(link))
+            elif link.sender.deadline is not None:
+                # the retry timer; a reset's drain timeout (10 s) only rarely
+                add(3 if state is chainlink.SenderState.BROKEN else 0.05 * chaos, f"timer {link.name()}",
+                    lambda link=link: self.link_timer(link))
+            if state is chainlink.SenderState.STREAMING and link.session is not None and link.session.connected \
+                    and link.sender.due(now):
+                add(4, f"send {link.name()}", lambda link=link: self.link_poll(link))
         for s in self.sessions:
             if s.down and self.nodes[s.receiver].acts:
                 add(4, f"deliver-down {s.name()}", lambda s=s: self.deliver_down(s))
@@ -1170,8 +1104,7 @@ class Simulation:
         link = session.link
         self.disconnect(session, "dropped" if not keep else "broken, old stream lingers", keep_late=keep)
         if link.session is session:
-            link.session = None
-            link.state = "idle"
+            await self.sender_do(link, link.sender.receive(chainlink.Lost(CHAIN_ID, "connection lost"), self.now()))
 
     # --- the run -------------------------------------------------------------------------------
     async def main(self) -> "Result":
@@ -1380,6 +1313,12 @@ class Simulation:
             if not node.up or r is None or r.state is not ReplicaState.ACTIVE or not r.verified \
                     or not r.is_learner or tail_info is None:
                 continue
+            if r.config.epoch != cfg.epoch:
+                # verified by the tail of an older epoch, and not synced since (Replica.apply_config
+                # clears `verified` when the tail changes): the manager trusts no learner progress
+                # but a replica's at its epoch (ChainManager.round), and such a learner may hold
+                # what the old tail had and the new one never got
+                continue
             li = self.info_of(node)
             a, b = (li.headers, tail_info.headers) if len(li.headers) <= len(tail_info.headers) \
                 else (tail_info.headers, li.headers)
@@ -1455,25 +1394,20 @@ class Result:
 
 @contextlib.contextmanager
 def patched(sim: Simulation):
-    """The simulated clock for the sequencer; optional promotion lag; quiet product logs."""
-    saved_time = replica_module.time
+    """An optional promotion lag (control.chains.plan reads it from sms.limits); quiet
+    product logs. (The clocks need no patch: each Replica is given its node's simulated
+    wall clock, and the link machines take `now` from the simulation.)"""
     saved_lag = limits.LEARNER_PROMOTE_LAG_RECORDS
-    saved_window = limits.APPEND_INFLIGHT_BATCHES_MAX
     loggers = [logging.getLogger(n) for n in ("storage.replica", "storage.log", "storage.service")]
     levels = [lg.level for lg in loggers]
-    replica_module.time = types.SimpleNamespace(time=sim.clock, monotonic=_time.monotonic)
     if sim.options.promote_lag_records is not None:
         limits.LEARNER_PROMOTE_LAG_RECORDS = sim.options.promote_lag_records
-    if sim.options.append_inflight is not None:
-        limits.APPEND_INFLIGHT_BATCHES_MAX = sim.options.append_inflight
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        replica_module.time = saved_time
         limits.LEARNER_PROMOTE_LAG_RECORDS = saved_lag
-        limits.APPEND_INFLIGHT_BATCHES_MAX = saved_window
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
 
