@@ -170,6 +170,22 @@ def extras(r: dict) -> list[str]:
                        f"{_n(o.get('p50_ms'))} / {_n(o.get('max_ms'))} ms |")
         b = rp.get("baseline_outside_switches") or {}
         out.append(f"| (outside any switch) | | {_n(b.get('p50_ms'))} / {_n(b.get('max_ms'))} ms | |")
+    rb = e.get("rebalance") or {}
+    if rb.get("add_to_replicas_even_s") is not None:
+        base, add, drain = (rb.get(k, {}).get("write_pause") or {} for k in ("baseline", "while_adding",
+                                                                             "while_draining"))
+        back = rb.get("read_back") or {}
+        out += ["", "A node added under load, then one drained (RF 3; the longest ack latency per key of "
+                    "records sent meanwhile):", "",
+                "| step | done after | write pause p50 / max |", "|---|---|---|",
+                f"| (before) | | {_n(base.get('p50_ms'))} / {_n(base.get('max_ms'))} ms |",
+                f"| node added: replicas even | {rb.get('add_to_replicas_even_s')} s | |",
+                f"| node added: it heads a chain | {rb.get('add_to_new_node_heading_s')} s | "
+                f"{_n(add.get('p50_ms'))} / {_n(add.get('max_ms'))} ms |",
+                f"| node drained | {rb.get('drain_to_empty_s')} s | {_n(drain.get('p50_ms'))} / "
+                f"{_n(drain.get('max_ms'))} ms |",
+                "", f"Read back: {_n(back.get('acked_lost'))} acknowledged records lost, "
+                    f"{_n(back.get('duplicated_records'))} duplicated."]
     g = e.get("growth") or {}
     rows = []
     for sweep in ("partitions", "producers", "stored_data"):

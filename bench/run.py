@@ -66,6 +66,7 @@ MODES: dict[str, dict] = {
                    "repartition_pause": {"keys": 10, "interval_ms": 100.0, "partitions": 2, "rf": 2,
                                          "warmup_s": 0.5, "settle_s": 0.2},
                    "growth": {"smoke": True},
+                   "rebalance": {"smoke": True},
                    "idle_cost": {"steps": [40], "idle_s": 1.0, "settle_s": 1.0}},
     },
     "quick": {
@@ -88,6 +89,7 @@ MODES: dict[str, dict] = {
                    "repartition_pause": {"keys": 20, "interval_ms": 50.0, "partitions": 2, "rf": 2,
                                          "warmup_s": 1.0, "settle_s": 0.5},
                    "growth": {"smoke": True},
+                   "rebalance": {"quick": True},
                    "idle_cost": {"steps": [40, 400], "idle_s": 3.0, "settle_s": 2.0}},
     },
     "full": {
@@ -111,6 +113,7 @@ MODES: dict[str, dict] = {
                    "repartition_pause": {"keys": 200, "interval_ms": 100.0, "partitions": 2, "rf": 2,
                                          "warmup_s": 2.0, "settle_s": 2.0},
                    "growth": {},
+                   "rebalance": {},
                    "idle_cost": {"steps": [40, 400, 4000], "idle_s": 5.0, "settle_s": 5.0}},
     },
 }
@@ -403,6 +406,9 @@ def extras(run: Run, cfg: dict, workdir: str) -> dict:
         elif name == "growth":
             from bench import growth
             out[name] = run.call("extra growth", growth.run, dict(params))
+        elif name == "rebalance":
+            from bench import rebalance
+            out[name] = run.call("extra rebalance", rebalance.run, dict(params))
         elif name == "repartition_pause":
             out[name] = run.call("extra repartition_pause", _repartition, params, workdir)
         elif name == "idle_cost":
@@ -588,6 +594,10 @@ def problems(result: dict) -> list[str]:
     rb = _get(result, "extras", "failover_pause", "read_back")
     if isinstance(rb, dict) and (rb.get("acked_lost") or rb.get("duplicated_records")):
         out.append(f"failover_pause: {rb.get('acked_lost')} acknowledged records lost, "
+                   f"{rb.get('duplicated_records')} duplicated")
+    rb = _get(result, "extras", "rebalance", "read_back")
+    if isinstance(rb, dict) and (rb.get("acked_lost") or rb.get("duplicated_records")):
+        out.append(f"rebalance: {rb.get('acked_lost')} acknowledged records lost, "
                    f"{rb.get('duplicated_records')} duplicated")
     rb = _get(result, "baselines", "redis_streams", "redis_benchmark")
     if isinstance(rb, dict) and (rb.get("error") or rb.get("stream_length_matches") is False):

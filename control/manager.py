@@ -58,6 +58,8 @@ class ChainManager:
         self.configs: reads.ChainConfigs | None = None
         self._stream_configs = reads.DecodedReads(store)      # stream configs, decoded once per value
         self._busy = True                  # learners copying, or a change last round: look again soon
+        self._handing_off = False          # a head handoff waits for its member: look again sooner still
+        self._started_handoffs: list[str] = []
         self.rounds = 0
 
     def start(self) -> None:
@@ -86,8 +88,8 @@ class ChainManager:
                 log.exception("chain manager round failed")
             # while learners copy (their progress is polled) or after a change, soon; else
             # only when /nodes, /chains or /suspects change, with an idle round now and then
-            await wait_event(self._changed, limits.CHAIN_MANAGER_INTERVAL_S if self._busy
-                             else limits.CHAIN_MANAGER_IDLE_ROUND_S)
+            await wait_event(self._changed, limits.HANDOFF_POLL_S if self._handing_off
+                             else limits.CHAIN_MANAGER_INTERVAL_S if self._busy else limits.CHAIN_MANAGER_IDLE_ROUND_S)
             self._changed.clear()
 
     async def _live_storage(self) -> dict[str, NodeInfo]:
@@ -264,6 +266,8 @@ class ChainManager:
                 continue        # changed or deleted meanwhile: the next round sees the new state
             changed += 1
             self.changes += 1
+            if new.handoff:
+                self._started_handoffs.append(new.handoff)
             for change in new.history[len(new.history) - _new_changes(config, new):]:
                 log.warning("chain %s epoch %d: %s %s (%s)", config.chain_id, change.epoch, change.action,
                             change.node, change.reason)
@@ -278,7 +282,10 @@ class ChainManager:
             if not config.sealed:      # heads as reads.load_of counts them, so one round moves no more
                 heads[config.handoff or config.head] -= 1
                 heads[new.handoff or new.head] += 1
-        self._busy = bool(changed or learning or self.down or any(c.handoff for c, _v in configs))
+        # (the configs read this round, or a handoff started in it)
+        self._handing_off = bool(self._started_handoffs) or any(c.handoff for c, _v in configs)
+        self._started_handoffs = []
+        self._busy = bool(changed or learning or self.down or self._handing_off)
         if len(self._stream_configs) > 2 * len(streams) + 64:      # streams deleted meanwhile
             self._stream_configs.retain(lambda path: path.rpartition("/")[2] in streams)
         return changed

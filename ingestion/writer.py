@@ -50,6 +50,7 @@ class PartitionWriter:
         # head is on this node): batches go to it by a direct call, not over loopback gRPC
         self.local_head = local_head
         self.head_address = ""
+        self.reconfigured = False             # the last session ended on a new epoch or a head handover
         self.origin_id = random.getrandbits(63) | 1
         self.queue: collections.deque = collections.deque()     # (entries, count, future) per chunk
         self.queued_records = 0
@@ -118,6 +119,7 @@ class PartitionWriter:
 
     async def _run(self) -> None:
         while not self.closed:
+            self.reconfigured = False
             try:
                 self.head_address, self.epoch = await self.resolve()
                 await self._session()
@@ -125,7 +127,9 @@ class PartitionWriter:
                 raise_if_cancelling()
                 log.info("append stream %s -> %s broken (%d batches in flight, resent next): %s",
                          self.chain_id, self.head_address, len(self.inflight), e)
-            await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
+            # a chain reconfigured under us (a new epoch, a head handing over) is resent to at
+            # once, as soon as the new config is known here; anything else waits a little longer
+            await asyncio.sleep(limits.APPEND_RESEND_DELAY_S if self.reconfigured else limits.LINK_RETRY_INTERVAL_S)
 
     async def _session(self) -> None:
         head = _LocalHead(self.local_head()) if self.local_head is not None else _GrpcHead(self.head_address)
@@ -157,6 +161,7 @@ class PartitionWriter:
     async def _read_acks(self, acks) -> None:
         async for ack in acks:
             if ack.error_name in _RESEND_ERRORS and ack.batch_id in self.inflight:
+                self.reconfigured = ack.error_name in _RECONFIGURED_ERRORS
                 raise ConnectionError(f"head answered {ack.error_name}: {ack.error_message}")
             entry = self.inflight.pop(ack.batch_id, None)
             if entry is None:
@@ -184,6 +189,7 @@ class PartitionWriter:
 # chain was reconfigured), a replica closed before commit (maybe stored), and a head
 # handing its role over (not stored; the new head takes it)
 _RESEND_ERRORS = frozenset({"StaleEpoch", "PartitionClosed", "HeadMoving"})
+_RECONFIGURED_ERRORS = frozenset({"StaleEpoch", "HeadMoving"})
 
 
 def _fail(futures: list[asyncio.Future], error: errors.SmsError) -> None:

@@ -90,6 +90,7 @@ PARENT_CHECK_INTERVAL_S = 0.5                  # a launched node notices its lau
 CONFIG_REFRESH_INTERVAL_S = 1.0                # nodes re-read chain configs at least so often
 RPC_TIMEOUT_S = 10.0                           # unary RPCs between processes
 LINK_RETRY_INTERVAL_S = 0.2                    # a broken chain link reconnects after this
+APPEND_RESEND_DELAY_S = 0.02                   # an append stream ended by a new epoch or a head handover resends after this
 LINK_IDLE_CHECK_S = 10.0                       # an idle chain link looks at its state at least so often
 LINK_RESET_TIMEOUT_S = 10.0                    # a link that sent a reset waits so long for its successor to end the stream
 GRPC_STREAMS_PER_CONNECTION_MAX = 65_536        # a node's links to one peer share one connection: a stream each
@@ -160,6 +161,7 @@ REBALANCE_MOVES_MAX = 8                        # replica moves under way at once
 REBALANCE_IMBALANCE_MIN = 2                    # a replica moves only from a node holding this many more
 HEAD_IMBALANCE_MIN = 2                         # a head role moves only from a node heading this many more
 HANDOFF_TIMEOUT_MS = 5_000                     # a head handoff not ready in this time is called off
+HANDOFF_POLL_S = 0.05                          # the chain manager looks so often while a head handoff waits
 REBALANCE_SETTLE_MS = 10_000                   # a chain changed more recently is not moved for balance
 DORMANT_LOG_KEEP_S = 120.0                     # a removed replica's log is kept so long for a rejoin
 # failure detection faster than the metadata session (control/detector.py): a node whose link
