@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 
+from metastore import MetaStoreError
 from metastore.view import ClusterView
 from ingestion.partition import Outcome, PartitionIngest, Results, Submission
 from ingestion.writer import PartitionWriter
@@ -28,6 +29,15 @@ from sms.rpc import rpc_errors
 from sms.types import PartitionState, StreamStatus
 
 log = logging.getLogger(__name__)
+
+# PutRecords waits at most INGEST_METADATA_WAIT_S for the stream's metadata. A node that
+# cannot read it in that time may be cut off from the metadata store, its session (and
+# with it its ownership) gone, the chain moved on: it answers Unavailable, and the client
+# asks another node for the map. Without the bound, a head cut off from ZooKeeper (yet
+# reached by clients) held every call for the store's own timeout (ZK_OPERATION_TIMEOUT_S,
+# 30 s, as long as the client's PUT_TIMEOUT_S) and answered INTERNAL, so producers kept
+# sending to it and its partitions took no write until it could reach ZooKeeper again
+# (tests/netfault/trials.py head_isolated_from_zk).
 
 
 def parse_put_entries(count: int, blob: bytes, producer_id: bytes) -> list[tuple[int, Submission]]:
@@ -137,9 +147,23 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         self.partitions[chain.chain_id] = part
         return part
 
+    async def _stream_view(self, stream: str):
+        """The stream's view, or Unavailable if the metadata store does not answer in
+        INGEST_METADATA_WAIT_S (or fails)."""
+        try:
+            async with asyncio.timeout(limits.INGEST_METADATA_WAIT_S):
+                return await self.view.stream(stream)
+        except TimeoutError:
+            raise Unavailable(f"the metadata of {stream!r} is not readable on {self.node_id} within "
+                              f"{limits.INGEST_METADATA_WAIT_S}s (cut off from the metadata store?); ask another node "
+                              "for the map") from None
+        except MetaStoreError as e:
+            raise Unavailable(f"the metadata of {stream!r} is not readable on {self.node_id}: "
+                              f"{type(e).__name__}: {e}") from None
+
     @rpc_errors
     async def PutRecords(self, request, context):
-        view = await self.view.stream(request.stream)
+        view = await self._stream_view(request.stream)
         if view.config.status is not StreamStatus.ACTIVE:
             raise Unavailable(f"stream {request.stream!r} is {view.config.status.value}")
         records = parse_put_entries(request.count, request.entries, request.producer_id)

@@ -81,11 +81,17 @@ class LocalCluster:
         cmd += ["--exit-with-pid", str(self.launcher_pid)] if self.launcher_pid else ["--exit-with-parent"]
         if self.expose_sessions:
             cmd += ["--session-file", os.path.join(os.path.dirname(ready), f"{node_id}.session")]
+        cmd = self.command_prefix(node_id) + cmd
         # no preexec_fn: it runs Python between fork and exec, where gRPC's fork
         # handlers break a child of a process that has live channels
         with open(logfile, "ab") as log:
             node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=bool(self.launcher_pid))
+
+    def command_prefix(self, node_id: str) -> list[str]:
+        """What runs a node's command (none here; network-fault tests run each node in a
+        network namespace of its own: `ip netns exec NS`, tests/netfault/cluster.py)."""
+        return []
 
     def wait_ready(self, node_ids: list[str], timeout_s: float = limits.NODE_START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s

@@ -90,6 +90,7 @@ PARENT_CHECK_INTERVAL_S = 0.5                  # a launched node notices its lau
 CONFIG_REFRESH_INTERVAL_S = 1.0                # nodes re-read chain configs at least so often
 RPC_TIMEOUT_S = 10.0                           # unary RPCs between processes
 LINK_RETRY_INTERVAL_S = 0.2                    # a broken chain link reconnects after this
+INGEST_METADATA_WAIT_S = METASTORE_SESSION_TTL_S    # PutRecords waits so long for a stream's metadata, then Unavailable
 APPEND_RESEND_DELAY_S = 0.02                   # an append stream ended by a new epoch or a head handover resends after this
 LINK_IDLE_CHECK_S = 10.0                       # an idle chain link looks at its state at least so often
 LINK_RESET_TIMEOUT_S = 10.0                    # a link that sent a reset waits so long for its successor to end the stream

@@ -310,10 +310,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _probe(port: int) -> str | None:
-    """The server mode from `srvr` ("standalone", ...), or None if not serving yet."""
+def _probe(port: int, host: str = "127.0.0.1") -> str | None:
+    """The server mode from `srvr` ("standalone", "leader", "follower", ...), or None
+    if not serving yet."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT_S) as sock:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S) as sock:
             sock.sendall(b"srvr")
             chunks = []
             while True:
