@@ -8,7 +8,7 @@ from __future__ import annotations
 from control import repartition
 from control.phases import Kind
 from control.admin import StreamAdmin, validate_create
-from metastore.view import ClusterView
+from metastore.view import ClusterView, bounded
 from sms import convert, seqno
 from sms.errors import FailedPrecondition, InvalidArgument, InvalidSplitPoint, Unavailable
 from sms.metadata import ConsumerRecord
@@ -73,17 +73,20 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         await self._admin().delete_stream(request.name)
         return sms_pb2.Empty()
 
+    # the reads any node answers wait at most METADATA_READ_WAIT_S for the metadata, then
+    # say Unavailable: the client moves on to another node (tests/netfault)
     @rpc_errors
     async def ListStreams(self, request, context):
-        return sms_pb2.ListStreamsResponse(names=await self.view.list_streams())
+        return sms_pb2.ListStreamsResponse(names=await bounded(self.view.list_streams(), "ListStreams"))
 
     @rpc_errors
     async def DescribeStream(self, request, context):
-        return convert.stream_to_pb(await self.view.describe_stream(request.name))
+        return convert.stream_to_pb(await bounded(self.view.describe_stream(request.name),
+                                                  f"DescribeStream {request.name[:64]!r}"))
 
     @rpc_errors
     async def DescribeCluster(self, request, context):
-        return convert.cluster_to_pb(await self.view.describe_cluster())
+        return convert.cluster_to_pb(await bounded(self.view.describe_cluster(), "DescribeCluster"))
 
     @rpc_errors
     async def RepartitionStream(self, request, context):

@@ -15,8 +15,7 @@ import asyncio
 import logging
 import time
 
-from metastore import MetaStoreError
-from metastore.view import ClusterView
+from metastore.view import ClusterView, bounded
 from ingestion.partition import Outcome, PartitionIngest, Results, Submission
 from ingestion.writer import PartitionWriter
 from sms import wire, hashing, limits, seqno
@@ -30,7 +29,7 @@ from sms.types import PartitionState, StreamStatus
 
 log = logging.getLogger(__name__)
 
-# PutRecords waits at most INGEST_METADATA_WAIT_S for the stream's metadata. A node that
+# PutRecords waits at most METADATA_READ_WAIT_S for the stream's metadata. A node that
 # cannot read it in that time may be cut off from the metadata store, its session (and
 # with it its ownership) gone, the chain moved on: it answers Unavailable, and the client
 # asks another node for the map. Without the bound, a head cut off from ZooKeeper (yet
@@ -149,17 +148,8 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
 
     async def _stream_view(self, stream: str):
         """The stream's view, or Unavailable if the metadata store does not answer in
-        INGEST_METADATA_WAIT_S (or fails)."""
-        try:
-            async with asyncio.timeout(limits.INGEST_METADATA_WAIT_S):
-                return await self.view.stream(stream)
-        except TimeoutError:
-            raise Unavailable(f"the metadata of {stream!r} is not readable on {self.node_id} within "
-                              f"{limits.INGEST_METADATA_WAIT_S}s (cut off from the metadata store?); ask another node "
-                              "for the map") from None
-        except MetaStoreError as e:
-            raise Unavailable(f"the metadata of {stream!r} is not readable on {self.node_id}: "
-                              f"{type(e).__name__}: {e}") from None
+        METADATA_READ_WAIT_S (metastore/view.py bounded)."""
+        return await bounded(self.view.stream(stream), f"PutRecords to {stream[:64]!r} on {self.node_id}")
 
     @rpc_errors
     async def PutRecords(self, request, context):

@@ -117,6 +117,7 @@ class ChainConfigs:
         self._cancel: Callable[[], None] | None = store.watch(metadata.CHAINS, self.invalidate)
         self.reads = 0                      # full reads so far (for tests and the curious)
         self.partial_reads = 0              # reads of just the chains a note named
+        self.generation = 0                 # rises whenever what all() returns changes
 
     def invalidate(self) -> None:
         self._stale = True
@@ -138,10 +139,12 @@ class ChainConfigs:
                 for cid in changed:
                     got = await self._reads.get(metadata.chain_path(cid), ChainConfig.from_bytes)
                     if got is None:
-                        self._configs.pop(cid, None)
+                        if self._configs.pop(cid, None) is not None:
+                            self.generation += 1
                         gone.add(metadata.chain_path(cid))
-                    else:
+                    elif self._configs.get(cid) != got:
                         self._configs[cid] = got
+                        self.generation += 1
                 if gone:
                     self._reads.retain(lambda path: path not in gone)
                 self._version = note.version
@@ -161,6 +164,8 @@ class ChainConfigs:
                 if got is not None:
                     configs[name] = got
             self._reads.retain(lambda path: path.rpartition("/")[2] in configs)
+            if {cid: v for cid, (_c, v) in configs.items()} != {cid: v for cid, (_c, v) in self._configs.items()}:
+                self.generation += 1
             self._configs = configs
             self._version = note.version if note is not None else None
             self._read_at = now

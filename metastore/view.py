@@ -13,9 +13,9 @@ import json
 import time
 from dataclasses import dataclass
 
-from metastore import MetaStore, NoNodeError
+from metastore import MetaStore, MetaStoreError, NoNodeError
 from sms import limits, metadata
-from sms.errors import StreamNotFound
+from sms.errors import StreamNotFound, Unavailable
 from sms.metadata import ChainConfig, StreamConfig
 from sms.partition_map import PartitionMap
 from sms.types import ChainMember, ClusterInfo, NodeInfo, PartitionInfo, PartitionState, StreamInfo
@@ -133,3 +133,18 @@ class ClusterView:
                           protect_unread=c.protect_unread, auto_split_records_per_s=c.auto_split_records_per_s,
                           auto_split_period_s=c.auto_split_period_s, repartition=c.repartition,
                           consumers=tuple(view.consumers))
+
+
+async def bounded(read, what: str):
+    """Await `read` (a metadata read of a client call) for at most METADATA_READ_WAIT_S. A
+    node that cannot read the metadata in that time may be cut off from the store (its
+    session, and with it what it owns, gone): it answers Unavailable, and the client asks
+    another node, instead of holding the call for the store's own timeout."""
+    try:
+        async with asyncio.timeout(limits.METADATA_READ_WAIT_S):
+            return await read
+    except TimeoutError:
+        raise Unavailable(f"{what}: the metadata is not readable here within {limits.METADATA_READ_WAIT_S} s "
+                          "(cut off from the metadata store?); ask another node") from None
+    except MetaStoreError as e:
+        raise Unavailable(f"{what}: the metadata is not readable here: {type(e).__name__}: {e}") from None

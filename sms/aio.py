@@ -63,6 +63,7 @@ class Client:
         self._streams: dict[str, StreamInfo] = {}
         self._routes: dict[str, Routes] = {}
         self._cluster: ClusterInfo | None = None
+        self._shunned: dict[str, float] = {}       # address -> until when discovery asks it last
         self._read_member: dict[tuple[str, int], int] = {}
 
     async def __aenter__(self) -> "Client":
@@ -104,13 +105,18 @@ class Client:
         client outlives the node it was pointed at."""
         seeds = [a.strip() for a in self.address.split(",") if a.strip()]
         addresses = seeds + [n.address for n in (self._cluster.nodes if self._cluster else ())]
+        now = asyncio.get_running_loop().time()
+        # a node that failed a moment ago is asked last (stable: the given order otherwise)
+        ordered = sorted(dict.fromkeys(addresses), key=lambda a: self._shunned.get(a, 0.0) > now)
         last: errors.SmsError | None = None
-        for address in dict.fromkeys(addresses):
+        for address in ordered:
             try:
                 answer = await self._call(address, sms_pb2_grpc.ControlStub, method, request)
-            except errors.Unavailable as e:
+            except (errors.Unavailable, errors.Timeout) as e:     # down, or cut off: the next node
                 last = e
+                self._shunned[address] = asyncio.get_running_loop().time() + limits.CLIENT_SHUN_S
                 continue
+            self._shunned.pop(address, None)
             if learn_cluster and self._cluster is None:
                 try:
                     await self.describe_cluster()

@@ -32,6 +32,7 @@ REPARTITION_POLL_INTERVAL_S = 0.02             # the driver re-checks a sealed h
 REPARTITION_WAIT_S = 120.0                     # repartition_stream returns (or times out) within
 REPARTITION_HISTORY_MAX = REPARTITIONS_PER_DAY_MAX   # recent repartition times kept per stream
 RETENTION_CHECK_INTERVAL_S = 1.0               # storage nodes and control apply retention this often
+RETENTION_REPLICAS_PER_S = 1_000               # ... a node with more replicas looks at this many a second
 CONSUMERS_PER_STREAM_MAX = 64                  # registered consumers that protect unread records
 AUTO_SPLIT_SAMPLE_INTERVAL_S = 1.0             # the chain manager samples write rates this often
 AUTO_SPLIT_PERIOD_S_DEFAULT = 30               # a rate must stay above the threshold so long
@@ -90,12 +91,13 @@ PARENT_CHECK_INTERVAL_S = 0.5                  # a launched node notices its lau
 CONFIG_REFRESH_INTERVAL_S = 1.0                # nodes re-read chain configs at least so often
 RPC_TIMEOUT_S = 10.0                           # unary RPCs between processes
 LINK_RETRY_INTERVAL_S = 0.2                    # a broken chain link reconnects after this
-INGEST_METADATA_WAIT_S = METASTORE_SESSION_TTL_S    # PutRecords waits so long for a stream's metadata, then Unavailable
+METADATA_READ_WAIT_S = METASTORE_SESSION_TTL_S      # client calls wait so long for metadata, then Unavailable
 APPEND_RESEND_DELAY_S = 0.02                   # an append stream ended by a new epoch or a head handover resends after this
 LINK_IDLE_CHECK_S = 10.0                       # an idle chain link looks at its state at least so often
 LINK_RESET_TIMEOUT_S = 10.0                    # a link that sent a reset waits so long for its successor to end the stream
 GRPC_STREAMS_PER_CONNECTION_MAX = 65_536        # a node's links to one peer share one connection: a stream each
 PEER_RECONNECT_BACKOFF_MS_MAX = 1_000          # a peer's shared channel retries its connection at least so often
+CLIENT_SHUN_S = 10.0                           # a node that failed a discovery call is asked last so long
 CLIENT_REDIRECT_RETRIES_MAX = 8                # re-routes of one put before giving up
 CLIENT_UNAVAILABLE_RETRIES_MAX = 20
 READ_STREAM_PAGES_QUEUED_MAX = 16             # read_stream: pages fetched ahead of the caller
@@ -165,6 +167,7 @@ HANDOFF_TIMEOUT_MS = 5_000                     # a head handoff not ready in thi
 HANDOFF_POLL_S = 0.05                          # the chain manager looks so often while a head handoff waits
 REBALANCE_SETTLE_MS = 10_000                   # a chain changed more recently is not moved for balance
 DORMANT_LOG_KEEP_S = 120.0                     # a removed replica's log is kept so long for a rejoin
+DORMANT_CHECK_INTERVAL_S = 10.0                # a node looks for logs to drop so often when no config changes
 # failure detection faster than the metadata session (control/detector.py): a node whose link
 # to a peer breaks probes the peer's port; a refused connection (nothing listens: the process
 # is gone) is reported under /suspects, and the chain manager removes the peer from its chains

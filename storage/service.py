@@ -63,6 +63,8 @@ class StorageNode:
         self._suspected: dict[str, float] = {}       # peer -> loop time before which it is not probed again
         self._reports: set[asyncio.Task] = set()
         self._configs: ChainConfigs | None = None       # every chain config, read again when /chains changes
+        self._synced_generation = -1        # the ChainConfigs generation the replicas were last brought in line with
+        self._next_dormant_check = 0.0
         self._channels: dict[str, grpc.aio.Channel] = {}  # peer address -> the channel all links to it share
         self._decoded = DecodedReads(store)   # retention's metadata reads, decoded once per value
         self.suspects_reported = 0
@@ -84,8 +86,9 @@ class StorageNode:
         await cancel_and_wait(self._retention_task)
         for task in list(self._reports):
             await cancel_and_wait(task)
-        for replica in list(self.replicas.values()):
-            await replica.close()
+        # every replica at once: one by one, each waiting for its links' tasks to end, a
+        # node with thousands of replicas took longer to stop than its launcher waits
+        await asyncio.gather(*(replica.close() for replica in list(self.replicas.values())))
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
@@ -135,8 +138,13 @@ class StorageNode:
         await self._refresh_addresses()
         await self._close_unused_channels()
         configs = await self._chain_configs()
-        mine = {cid: c for cid, c in configs.items() if self._is_mine(c)}
         now = asyncio.get_running_loop().time()
+        if self._configs.generation == self._synced_generation and now < self._next_dormant_check:
+            self.synced.set()        # nothing changed: no pass over every config and every log
+            return
+        self._synced_generation = self._configs.generation
+        self._next_dormant_check = now + limits.DORMANT_CHECK_INTERVAL_S
+        mine = {cid: c for cid, c in configs.items() if self._is_mine(c)}
         for cid, replica in list(self.replicas.items()):
             if cid not in mine:
                 log.info("closing replica %s (no longer a member here)", cid)
@@ -181,7 +189,10 @@ class StorageNode:
             except Exception:   # a metadata hiccup: the next pass retries
                 raise_if_cancelling()
                 log.exception("retention pass failed")
-            await asyncio.sleep(limits.RETENTION_CHECK_INTERVAL_S)
+            # a pass looks at every replica: with many, passes come less often, so the
+            # cost stays flat (a replica is looked at within seconds, retention is hours)
+            await asyncio.sleep(max(limits.RETENTION_CHECK_INTERVAL_S,
+                                    len(self.replicas) / limits.RETENTION_REPLICAS_PER_S))
 
     async def _read_decoded(self, path: str, decode):
         got = await self._decoded.get(path, decode)

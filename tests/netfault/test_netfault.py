@@ -266,12 +266,6 @@ def test_network_fault_trial_slow(kind, tmp_path):
 MAP_REFRESH_LIMIT_S = 5.0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug outside the files this suite may touch (control/service.py, metastore/view.py, sms/aio.py): "
-    "a node cut off from ZooKeeper holds DescribeStream on its metadata read (ZK_OPERATION_TIMEOUT_S, 30 s), so "
-    "the client's call times out after RPC_TIMEOUT_S (10 s) with Timeout, and Client._discovery_call moves to "
-    "the next seed only on Unavailable: get_stream_info fails ('Timeout: Deadline Exceeded' after 10.0 s), "
-    "and a producer whose first seed is that node cannot re-route; see tests/netfault/README.md"))
 def test_map_refresh_gets_past_a_node_cut_off_from_zookeeper(tmp_path):
     """A client whose first seed is a node that is alive and reachable but cut off from
     ZooKeeper (and already removed from its chains) gets the current map from its next
