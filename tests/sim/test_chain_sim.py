@@ -307,13 +307,19 @@ def test_replay():
 
 # --- the long sweep -------------------------------------------------------------------------------
 
-LONG_SWEEP_SEEDS = range(10_000, 20_000)
+# The long sweep's seeds are 10,000..19,999. `make test` (and so CI, within its time
+# budget) runs every fifth of them, a slice spread over the whole range (~3 min);
+# SIM_LONG_STRIDE=1 runs all 10,000 (~13 min on one busy core: 764 s, none failed, on
+# 2026-11-25).
+LONG_SWEEP_STRIDE = int(os.environ.get("SIM_LONG_STRIDE", "5"))
+LONG_SWEEP_SEEDS = range(10_000, 20_000, LONG_SWEEP_STRIDE)
 LONG_SWEEP_STEPS = 500
 
 
 @pytest.mark.slow
 def test_long_sweep():
-    """10,000 seeds x 500 steps (~10 min on one core): no violation that no known bug explains."""
+    """Seeds of 10,000..19,999 (every LONG_SWEEP_STRIDE-th) x 500 steps: no violation that
+    no known bug explains."""
     hits: dict[str | None, list[int]] = collections.defaultdict(list)
     unexplained = []
     start = time.monotonic()
