@@ -60,7 +60,7 @@ from sms.errors import InvariantViolation, SmsError
 from sms.metadata import ChainConfig, ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionMap
 from sms.proto import sms_pb2, sms_pb2_grpc
-from sms.types import StreamStatus
+from sms.types import PartitionState, StreamStatus
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,9 @@ class Repartitioner:
         self._hot_since: dict[tuple[str, int], float] = {}
         self.steps = 0
         self.dropped = 0
+        # stream configs and maps decoded once per value: the round reads every stream
+        # each second, which at thousands of partitions was most of an idle control's CPU
+        self._decoded = reads.DecodedReads(store)
 
     def start(self) -> None:
         for path in (metadata.STREAMS, metadata.CHAINS):
@@ -133,9 +136,12 @@ class Repartitioner:
             return []
         out = []
         for name in names:
-            entry = await self.store.get(metadata.stream_path(name))
-            if entry is not None and entry.value:
-                out.append((StreamConfig.from_bytes(entry.value), entry.version))
+            got = await self._decoded.get(metadata.stream_path(name), StreamConfig.from_bytes)
+            if got is not None:
+                out.append(got)
+        if len(self._decoded) > 2 * (2 * len(names) + 64):       # streams deleted meanwhile
+            known = set(names)
+            self._decoded.retain(lambda path: path.split("/")[2] in known)
         return out
 
     async def round(self) -> bool:
@@ -311,6 +317,9 @@ class Repartitioner:
         return out
 
     async def drop_emptied(self, config: StreamConfig) -> list[int]:
+        cached = await self._decoded.get(metadata.map_path(config.name), PartitionMap.from_bytes)
+        if cached is None or not any(e.state is PartitionState.CLOSED for e in cached[0].entries):
+            return []          # no closed partition: nothing to drop (and no consumers to read)
         map_entry = await self.store.get(metadata.map_path(config.name))
         if map_entry is None:
             return []
