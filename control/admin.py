@@ -219,7 +219,8 @@ class StreamAdmin:
         and nothing new is placed on it. `undo` clears the mark."""
         if not isinstance(node_id, str) or not node_id:
             raise InvalidArgument("a node id is required")
-        known = {n.node_id for n in await self.list_nodes()}
+        loads = await self.list_nodes()
+        known = {n.node_id for n in loads}
         if node_id not in known:
             raise NodeNotFound(f"no storage node {node_id[:64]!r} is registered or holds a replica; "
                                f"the nodes are: {', '.join(sorted(known)) or '(none)'}")
@@ -235,7 +236,7 @@ class StreamAdmin:
                 log.info("node %s is draining: its replicas move to the other nodes", node_id)
             except NodeExistsError:
                 pass
-        return await self.list_nodes()
+        return [dataclasses.replace(n, draining=not undo) if n.node_id == node_id else n for n in loads]
 
     async def _stream_entry(self, name: str):
         metadata.validate_stream_name(name)

@@ -50,16 +50,14 @@ class ChainManager:
         self._cancel: list = []
         self._task: asyncio.Task | None = None
         self.changes = 0
-        # node -> the incarnation (started_ms) that refused the manager's probes, or whose
-        # disk failed: failed, although still registered (until its session expires, or
-        # until it restarts), with why
-        self.down: dict[str, int] = {}
-        self.down_reasons: dict[str, str] = {}
+        # node -> (the incarnation (started_ms) that refused the manager's probes, or whose
+        # disk failed, and why): failed, although still registered (until its session
+        # expires, or until it restarts)
+        self.down: dict[str, tuple[int, str]] = {}
         self.configs: reads.ChainConfigs | None = None
         self._stream_configs = reads.DecodedReads(store)      # stream configs, decoded once per value
         self._busy = True                  # learners copying, or a change last round: look again soon
         self._handing_off = False          # a head handoff waits for its member: look again sooner still
-        self._started_handoffs: list[str] = []
         self.rounds = 0
 
     def start(self) -> None:
@@ -106,9 +104,9 @@ class ChainManager:
         found = 0
         for name in names[:limits.SUSPECTS_MAX]:
             info = nodes.get(name)
-            if info is not None and self.down.get(name) != info.started_ms and await _refuses(info.address):
-                self.down[name] = info.started_ms
-                self.down_reasons[name] = "node refuses connections (its process is gone); confirmed by probes"
+            if info is not None and self._down_incarnation(name) != info.started_ms and await _refuses(info.address):
+                self.down[name] = (info.started_ms,
+                                   "node refuses connections (its process is gone); confirmed by probes")
                 found += 1
                 log.warning("node %s refuses connections at %s: taken as failed before its session expires",
                             name, info.address)
@@ -136,9 +134,8 @@ class ChainManager:
                 incarnation = None
             info = nodes.get(name)
             if info is not None and info.started_ms == incarnation:
-                if self.down.get(name) != incarnation:
-                    self.down[name] = incarnation
-                    self.down_reasons[name] = "its disk failed a write (StorageFailed); restart it to rejoin"
+                if self._down_incarnation(name) != incarnation:
+                    self.down[name] = (incarnation, "its disk failed a write (StorageFailed); restart it to rejoin")
                     found += 1
                     log.warning("node %s reports a failed disk: taken out of its chains", name)
             elif info is not None or entry is None or incarnation is None:
@@ -147,6 +144,9 @@ class ChainManager:
                 except NoNodeError:
                     pass
         return found
+
+    def _down_incarnation(self, node: str) -> int | None:
+        return self.down[node][0] if node in self.down else None
 
     async def _chains(self) -> list[tuple[ChainConfig, int]]:
         if self.configs is None:
@@ -208,11 +208,10 @@ class ChainManager:
         nodes = await self._live_storage()
         await self.confirm_suspects(nodes)
         await self.disk_failures(nodes)
-        self.down = {n: inc for n, inc in self.down.items() if n in nodes and nodes[n].started_ms == inc}
-        self.down_reasons = {n: why for n, why in self.down_reasons.items() if n in self.down}
-        nodes = {n: info for n, info in nodes.items() if self.down.get(n) != info.started_ms}
+        self.down = {n: d for n, d in self.down.items() if n in nodes and nodes[n].started_ms == d[0]}
+        nodes = {n: info for n, info in nodes.items() if self._down_incarnation(n) != info.started_ms}
         live = {n: info.started_ms for n, info in nodes.items()}
-        down_reasons = dict(self.down_reasons)
+        down_reasons = {n: why for n, (_inc, why) in self.down.items()}
         if configs is None:
             configs = await self._chains()
         draining = await reads.draining(self.store)
@@ -230,6 +229,7 @@ class ChainManager:
         moves = 0 if self.down else limits.REBALANCE_MOVES_MAX - await self._moves_under_way(configs, streams)
         statuses: dict = {}
         changed = 0
+        handoff_started = False
         now_ms = int(time.time() * 1000)
         for config, version in configs:
             stream = await self._stream(config.stream, streams)
@@ -254,8 +254,8 @@ class ChainManager:
                               down_reasons, draining, move=moves > 0, heads=heads, handoff_ready=ready)
             if new is None:
                 continue
-            if (not config.learners and new.learners and len(new.members) + len(new.learners) > stream.replication_factor
-                    or new.handoff and not config.handoff):
+            moving = len(new.members) + len(new.learners) > stream.replication_factor
+            if not config.learners and new.learners and moving or new.handoff and not config.handoff:
                 moves -= 1
             try:
                 # the chain's config, and /chains itself, so that every watcher of /chains
@@ -266,8 +266,7 @@ class ChainManager:
                 continue        # changed or deleted meanwhile: the next round sees the new state
             changed += 1
             self.changes += 1
-            if new.handoff:
-                self._started_handoffs.append(new.handoff)
+            handoff_started = handoff_started or bool(new.handoff)
             for change in new.history[len(new.history) - _new_changes(config, new):]:
                 log.warning("chain %s epoch %d: %s %s (%s)", config.chain_id, change.epoch, change.action,
                             change.node, change.reason)
@@ -283,8 +282,7 @@ class ChainManager:
                 heads[config.handoff or config.head] -= 1
                 heads[new.handoff or new.head] += 1
         # (the configs read this round, or a handoff started in it)
-        self._handing_off = bool(self._started_handoffs) or any(c.handoff for c, _v in configs)
-        self._started_handoffs = []
+        self._handing_off = handoff_started or any(c.handoff for c, _v in configs)
         self._busy = bool(changed or learning or self.down or self._handing_off)
         if len(self._stream_configs) > 2 * len(streams) + 64:      # streams deleted meanwhile
             self._stream_configs.retain(lambda path: path.rpartition("/")[2] in streams)

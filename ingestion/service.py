@@ -23,6 +23,7 @@ from sms.aiotools import cancel_and_wait, wait_event
 from sms.errors import (InvalidArgument, PartitionClosed, RecordTooLarge, RequestTooLarge, SmsError, StreamNotFound,
                         Unavailable, WrongOwner)
 from sms.metadata import ChainConfig
+from sms.ports import HeadPort
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors
 from sms.types import PartitionState, StreamStatus
@@ -47,10 +48,10 @@ def parse_put_entries(count: int, blob: bytes, producer_id: bytes) -> list[tuple
 
 
 class IngestionService(sms_pb2_grpc.IngestionServicer):
-    def __init__(self, node_id: str, view: ClusterView, local_head=None):
+    def __init__(self, node_id: str, view: ClusterView, local_head: HeadPort | None = None):
         self.node_id = node_id
         self.view = view
-        self.local_head = local_head      # () -> a HeadSession of this process's storage role, or None
+        self.local_head = local_head      # this process's storage role's heads (sms/ports.py), or None
         self.partitions: dict[str, PartitionIngest] = {}
         self._pruner: asyncio.Task | None = None
         self._closing: set[asyncio.Task] = set()

@@ -35,6 +35,7 @@ import grpc
 
 from sms import wire, errors, limits, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
+from sms.ports import HeadPort
 from sms.proto import sms_pb2, sms_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 
 class PartitionWriter:
     def __init__(self, chain_id: str, epoch: int, resolve: Callable[[], Awaitable[tuple[str, int]]],
-                 local_head: Callable[[], object] | None = None):
+                 local_head: HeadPort | None = None):
         self.chain_id = chain_id
         self.epoch = epoch
         self.resolve = resolve                # () -> the head's current (address, chain epoch)

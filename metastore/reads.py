@@ -130,47 +130,52 @@ class ChainConfigs:
     async def all(self) -> dict[str, tuple[ChainConfig, int]]:
         """chain id -> (config, version), read again if anything changed since the last read."""
         now = time.monotonic()
-        if self._stale and now - self._read_at < limits.CHAIN_CONFIGS_FULL_READ_S and self._version is not None:
-            self._stale = False
-            note = await self.store.get(metadata.CHAINS)
-            changed = metadata.parse_chains_note(note.value) if note is not None else None
-            if note is not None and note.version == self._version + 1 and changed is not None:
-                gone = set()
-                for cid in changed:
-                    got = await self._reads.get(metadata.chain_path(cid), ChainConfig.from_bytes)
-                    if got is None:
-                        if self._configs.pop(cid, None) is not None:
-                            self.generation += 1
-                        gone.add(metadata.chain_path(cid))
-                    elif self._configs.get(cid) != got:
-                        self._configs[cid] = got
-                        self.generation += 1
-                if gone:
-                    self._reads.retain(lambda path: path not in gone)
-                self._version = note.version
-                self.partial_reads += 1
-                return dict(self._configs)
-            self._stale = True
-        if self._stale or now - self._read_at >= limits.CHAIN_CONFIGS_FULL_READ_S:
-            self._stale = False             # (before reading: a change during the read marks it again)
-            note = await self.store.get(metadata.CHAINS)
-            try:
-                names = await self.store.children(metadata.CHAINS)
-            except NoNodeError:
-                names = []
-            configs = {}
-            for name in names:
-                got = await self._reads.get(metadata.chain_path(name), ChainConfig.from_bytes)
-                if got is not None:
-                    configs[name] = got
-            self._reads.retain(lambda path: path.rpartition("/")[2] in configs)
-            if {cid: v for cid, (_c, v) in configs.items()} != {cid: v for cid, (_c, v) in self._configs.items()}:
-                self.generation += 1
-            self._configs = configs
-            self._version = note.version if note is not None else None
+        full_due = now - self._read_at >= limits.CHAIN_CONFIGS_FULL_READ_S
+        if not (self._stale or full_due):
+            return dict(self._configs)
+        self._stale = False                 # (before reading: a change during the read marks it again)
+        note = await self.store.get(metadata.CHAINS)
+        changed = metadata.parse_chains_note(note.value) if note is not None else None
+        if (not full_due and changed is not None and self._version is not None
+                and note.version == self._version + 1):
+            await self._read_some(changed)
+            self.partial_reads += 1
+        else:
+            await self._read_all()
             self._read_at = now
             self.reads += 1
+        self._version = note.version if note is not None else None
         return dict(self._configs)
+
+    async def _read_some(self, changed: list[str]) -> None:
+        """Read again the chains a note named (created, changed or deleted)."""
+        gone = set()
+        for cid in changed:
+            got = await self._reads.get(metadata.chain_path(cid), ChainConfig.from_bytes)
+            if got is None:
+                if self._configs.pop(cid, None) is not None:
+                    self.generation += 1
+                gone.add(metadata.chain_path(cid))
+            elif self._configs.get(cid) != got:
+                self._configs[cid] = got
+                self.generation += 1
+        if gone:
+            self._reads.retain(lambda path: path not in gone)
+
+    async def _read_all(self) -> None:
+        try:
+            names = await self.store.children(metadata.CHAINS)
+        except NoNodeError:
+            names = []
+        configs = {}
+        for name in names:
+            got = await self._reads.get(metadata.chain_path(name), ChainConfig.from_bytes)
+            if got is not None:
+                configs[name] = got
+        self._reads.retain(lambda path: path.rpartition("/")[2] in configs)
+        if {cid: v for cid, (_c, v) in configs.items()} != {cid: v for cid, (_c, v) in self._configs.items()}:
+            self.generation += 1
+        self._configs = configs
 
 
 async def draining(store: MetaStore) -> frozenset[str]:

@@ -128,10 +128,7 @@ class LocalCluster:
         info = {"address": self.address, "launcher_pid": os.getpid(), "metastore": self.metastore,
                 "nodes": [{"node_id": n.node_id, "roles": n.roles, "pid": n.pid, "address": n.address}
                           for n in self.procs.values()]}
-        path = os.path.join(self.data_dir, "cluster.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(info, f, indent=2)
-        os.replace(path + ".tmp", path)
+        _write_json(os.path.join(self.data_dir, "cluster.json"), info)
 
     def signal(self, node_id: str, sig: int) -> None:
         self.procs[node_id].proc.send_signal(sig)
@@ -230,7 +227,12 @@ def add_node(data_dir: str, timeout_s: float = limits.NODE_START_TIMEOUT_S) -> N
     cluster.wait_ready([node_id], timeout_s)
     node = cluster.procs[node_id]
     info["nodes"].append({"node_id": node_id, "roles": node.roles, "pid": node.pid, "address": node.address})
-    with open(path + ".tmp", "w") as f:
-        json.dump(info, f, indent=2)
-    os.replace(path + ".tmp", path)
+    _write_json(path, info)
     return node
+
+
+def _write_json(path: str, obj) -> None:
+    """Replace the file at `path` with `obj` as JSON, atomically."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(path + ".tmp", path)

@@ -83,7 +83,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     from control.election import LeaderElection
     from control.manager import ChainManager
     from control.repartition import Repartitioner
-    from metastore import NodeExistsError, open_metastore
+    from metastore import MetaStoreError, NodeExistsError, open_metastore
     from metastore.view import ClusterView
     from control.service import ControlService
     from ingestion.service import IngestionService
@@ -133,7 +133,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
                     except NodeExistsError:
                         await store.set(path, value)
                     return
-                except Exception:       # the metadata store is unreachable: try again
+                except MetaStoreError:       # the metadata store is unreachable: try again
                     log.exception("reporting the failed disk failed; retrying")
                     await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
 

@@ -230,7 +230,7 @@ class GroupCommitWriter:
                 self.health.check()          # a failed disk is not written again (StorageHealth)
                 try:
                     await loop.run_in_executor(self.executor, self._commit, items)
-                except Exception as e:  # disk full, map full, I/O error: fail these appends
+                except (lmdb.Error, OSError) as e:  # disk full, map full, I/O error: fail these appends
                     error = self.health.record(e, self.env.path(), sum(len(item[2]) for item in items))
                     log.error("LMDB commit of %d batches failed (%s): %s", len(items), error.name, e)
                     raise error from e

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 64 * 1024
+DELAYED_CHUNKS_MAX = 1_024           # chunks held back by a delayed route; more: the sender waits
 CONNECT_TIMEOUT_S = 5.0
 START_TIMEOUT_S = 15.0
 CALL_TIMEOUT_S = 10.0
@@ -136,17 +137,17 @@ class Proxy:
     async def _pump(self, route: Route, direction: str, reader: asyncio.StreamReader,
                     writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue = asyncio.Queue(DELAYED_CHUNKS_MAX)
 
         async def read() -> None:
             try:
                 while True:
                     data = await reader.read(CHUNK_BYTES)
-                    queue.put_nowait((loop.time(), data))
+                    await queue.put((loop.time(), data))
                     if not data:
                         return
             except OSError:
-                queue.put_nowait((loop.time(), b""))
+                await queue.put((loop.time(), b""))
 
         reading = asyncio.create_task(read())
         try:
