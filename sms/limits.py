@@ -58,6 +58,10 @@ APPEND_INFLIGHT_BATCHES_MAX = 1                # ingestion -> head batches in fl
                                                # next batch fills while one commits (docs/performance.md)
 CHAIN_INFLIGHT_BATCHES_MAX = 16                # batches in flight on one chain link
 CHAIN_INFLIGHT_BYTES_MAX = 32 * 1024 * 1024    # and their bytes (one batch always goes: storage/link.py)
+LINK_INFLIGHT_BYTES_MAX = 64 * 1024 * 1024     # batch bytes in flight on one node's stream to a successor
+                                               # node, all its chains together (storage/peerlink.py)
+LINK_FRAME_BYTES_MAX = 4 * 1024 * 1024         # link messages sent as one frame of that stream (one item
+                                               # always goes, so a frame is at most this plus one batch)
 STORAGE_WRITE_QUEUE_MAX = 256                  # appends waiting for a node's writer
 STORAGE_GROUP_COMMIT_BATCHES_MAX = 64          # batches folded into one LMDB txn
 STORAGE_FULL_FREE_BYTES = 16 * 1024 * 1024      # an LMDB I/O error with less room than this: the disk is full
@@ -145,7 +149,8 @@ PRODUCER_ID_RANDOM_BYTES = 16
 assert PARTITION_KEY_CHARS_MIN <= PARTITION_KEY_CHARS_MAX
 assert RECORD_DATA_BYTES_MAX <= PUT_RECORDS_BYTES_MAX <= BATCH_BYTES_MAX
 assert BATCH_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX
-assert BATCH_BYTES_MAX <= CHAIN_INFLIGHT_BYTES_MAX
+assert BATCH_BYTES_MAX <= CHAIN_INFLIGHT_BYTES_MAX <= LINK_INFLIGHT_BYTES_MAX
+assert LINK_FRAME_BYTES_MAX + BATCH_BYTES_MAX + 64 * 1024 < GRPC_MESSAGE_BYTES_MAX
 assert GET_RECORDS_BYTES_MAX + BATCH_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX
 assert PUT_RECORDS_COUNT_MAX <= BATCH_RECORDS_MAX <= GET_RECORDS_COUNT_MAX
 assert APPEND_INFLIGHT_BATCHES_MAX < HEAD_ORIGIN_BATCHES_MAX   # every resendable batch is remembered

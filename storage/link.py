@@ -6,7 +6,7 @@ are plain synchronous objects. They never await, never touch a socket or a clock
 driver feeds them what arrived (`receive`), asks them to look at their replica again
 (`poll`, with `now` from the driver's clock for the sender's timers) and carries out the
 actions they return, in order. Two drivers run them: the gRPC binding
-(storage/replica.py `DownstreamLink`, storage/service.py `StorageService.Replicate`) and
+(storage/peerlink.py: `PeerLink` and `IncomingLinks`, one stream per pair of nodes) and
 the simulation (tests/sim/harness.py), which delivers, drops, reorders and duplicates
 their messages under a simulated clock.
 
@@ -16,8 +16,10 @@ nothing there itself: every change is an action (`Commit`, `LearnerAcked`, `Stor
 `ResetLog`, `MarkVerified`).
 
 One machine serves one (chain, successor) pair and knows nothing of the transport; every
-message names its chain, so one stream per pair of nodes could carry many chains' links
-(issue 14 item 3) with a driver that routes by `chain_id`.
+message names its chain, so one stream per pair of nodes carries every chain link between
+them (storage/peerlink.py): its driver routes by `chain_id`, numbers each hello's
+session, and drops what arrives for a session that ended. The senders sharing a stream
+share a `LinkBudget`, the bound on the batch bytes they have in flight together.
 
 The protocol (docs/architecture.md, "The chain link protocol"):
 
@@ -232,6 +234,21 @@ def _kind(message) -> str:
 
 # --- the predecessor's side ----------------------------------------------------------------
 
+class LinkBudget:
+    """Batch bytes in flight on one transport stream, over every sender it carries: a
+    sender ships only while the total is under `limit` (one batch always goes when
+    nothing at all is in flight)."""
+
+    __slots__ = ("bytes", "limit")
+
+    def __init__(self, limit: int):
+        self.bytes = 0
+        self.limit = limit
+
+    def room(self) -> bool:
+        return self.bytes < self.limit
+
+
 class SenderState(enum.Enum):
     IDLE = "idle"                  # created; `start` opens the first stream
     CONNECTING = "connecting"      # Open asked of the transport; `opened` follows
@@ -248,8 +265,9 @@ class Sender:
     `learner`: the successor is a learner of the chain (this is its tail); its acks are
     progress for the tail's commit gate, not a commit watermark."""
 
-    def __init__(self, view: LogView, successor: str, learner: bool = False):
+    def __init__(self, view: LogView, successor: str, learner: bool = False, budget: LinkBudget | None = None):
         self.view = view
+        self.budget = budget if budget is not None else LinkBudget(limits.LINK_INFLIGHT_BYTES_MAX)
         self.chain_id = view.config.chain_id
         self.successor = successor
         self.learner = learner
@@ -320,7 +338,9 @@ class Sender:
         if message.last_sn > self.acked_sn:
             self.acked_sn = message.last_sn
         while self.inflight and self.inflight[0][0] <= self.acked_sn:
-            self.inflight_bytes -= self.inflight.popleft()[1]
+            size = self.inflight.popleft()[1]
+            self.inflight_bytes -= size
+            self.budget.bytes -= size
         return [self._progress(message.committed_sn)] + self._ship()
 
     def _answered(self, answer: Answer, now: float) -> list[Action]:
@@ -336,8 +356,7 @@ class Sender:
             return [Send(Reset(self.chain_id, self.epoch)), FinishSending(), SetTimer(self.deadline)]
         self.state = SenderState.STREAMING
         self.acked_sn = self.sent_sn = answer.last_sn
-        self.inflight.clear()
-        self.inflight_bytes = 0
+        self._drop_inflight()
         # the progress first: a learner's gate is settled before it hears it is verified
         return [self._progress(answer.committed_sn, hello=True), Send(Verified(self.chain_id, self.epoch))] \
             + self._ship()
@@ -392,12 +411,18 @@ class Sender:
         had_stream = self.state in (SenderState.HELLO_SENT, SenderState.RESETTING, SenderState.STREAMING)
         self.state = SenderState.STOPPED
         self.deadline = None
+        self._drop_inflight()
         return [Close(reason)] if had_stream else []
 
     # --- helpers -----------------------------------------------------------------------
     def _room(self) -> bool:
         return len(self.inflight) < limits.CHAIN_INFLIGHT_BATCHES_MAX and \
-            self.inflight_bytes < limits.CHAIN_INFLIGHT_BYTES_MAX
+            self.inflight_bytes < limits.CHAIN_INFLIGHT_BYTES_MAX and self.budget.room()
+
+    def _drop_inflight(self) -> None:
+        self.budget.bytes -= self.inflight_bytes
+        self.inflight.clear()
+        self.inflight_bytes = 0
 
     def _ship(self) -> list[Action]:
         """Batches after `sent_sn`, as many as the window (batches and bytes) allows."""
@@ -409,9 +434,12 @@ class Sender:
         for batch in view.batches_after(self.sent_sn, limits.CHAIN_INFLIGHT_BATCHES_MAX - len(self.inflight)):
             if self.inflight and self.inflight_bytes + len(batch) > limits.CHAIN_INFLIGHT_BYTES_MAX:
                 break           # (one batch always goes: a batch is at most BATCH_BYTES_MAX)
+            if self.budget.bytes and self.budget.bytes + len(batch) > self.budget.limit:
+                break           # the stream's bound, over every chain it carries
             self.sent_sn = wire.read_header(batch).last_sn
             self.inflight.append((self.sent_sn, len(batch)))
             self.inflight_bytes += len(batch)
+            self.budget.bytes += len(batch)
             out.append(Send(Batch(self.chain_id, self.epoch, batch, committed)))
         return out
 
@@ -423,8 +451,7 @@ class Sender:
         self.state = SenderState.BROKEN
         self.broken_reason = reason
         self.deadline = now + limits.LINK_RETRY_INTERVAL_S
-        self.inflight.clear()
-        self.inflight_bytes = 0
+        self._drop_inflight()
         return [Close(reason, self.successor if suspect else ""), SetTimer(self.deadline)]
 
 

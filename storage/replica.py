@@ -10,9 +10,9 @@ The downstream link is a log-shipping cursor: on (re)connect the successor says 
 SN and the link resends everything after it from the local log, so a broken link heals
 itself and each node's log stays a prefix of its predecessor's. Every message carries the
 chain epoch; a replica answers any other epoch with StaleEpoch. The link protocol itself is
-storage/link.py (sans-IO state machines); `DownstreamLink` here is its gRPC driver on the
-predecessor's side, StorageService.Replicate (storage/service.py) the successor's, and
-`Replica.apply` carries out what the machines ask of a replica.
+storage/link.py (sans-IO state machines); storage/peerlink.py drives them over one gRPC
+stream per pair of nodes, and `Replica.apply` carries out what the machines ask of a
+replica.
 """
 
 from __future__ import annotations
@@ -57,7 +57,10 @@ class Replica:
         self.state = ReplicaState.ACTIVE
         self.progress = asyncio.Condition()        # notified on append and on commit
         self.sequence_lock = asyncio.Lock()        # one sequencer at a time (head)
-        self.links: dict[str, "DownstreamLink"] = {}   # successor (and, at the tail, learners)
+        self.links: dict[str, "ChainSend"] = {}   # successor (and, at the tail, learners): storage/peerlink.py
+        # called with the chain id on every `notify`: the drivers of the node-pair streams
+        # (storage/peerlink.py) learn which of their chains to look at again
+        self.watchers: set[Callable[[str], None]] = set()
         self.recent: collections.deque = collections.deque(maxlen=limits.CHAIN_INFLIGHT_BATCHES_MAX * 4)
         # origin id -> {origin seq: header} of recent batches, so a resent batch is
         # recognised (filled from the log's tail the first time this replica leads)
@@ -300,6 +303,8 @@ class Replica:
             await self.notify()
 
     async def notify(self) -> None:
+        for watcher in list(self.watchers):
+            watcher(self.config.chain_id)
         async with self.progress:
             self.progress.notify_all()
 
@@ -323,9 +328,15 @@ class Replica:
 
     def batches_after(self, after_sn: int, limit: int) -> list[bytes]:
         """Up to `limit` stored batches whose records all follow after_sn."""
-        if self.recent and self.recent[0][0] <= after_sn + 1 <= self.recent[-1][1] + 1:
-            out = [b for first, _last, b in self.recent if first > after_sn]
+        recent = self.recent
+        if recent and recent[0][0] <= after_sn + 1 <= recent[-1][1] + 1:
+            out = []
+            for first, _last, b in reversed(recent):     # (the newest are the ones wanted)
+                if first <= after_sn:
+                    break
+                out.append(b)
             if out:
+                out.reverse()
                 return out[:limit]
         slices = self.store.read(self.log, after_sn + 1, self.log.last_sn,
                                  max_records=limits.BATCH_RECORDS_MAX * limit,
@@ -375,196 +386,3 @@ class Replica:
                 "gated": sorted(self.gated), "first_sn": self.log.first_sn, "trimmed_before": self.trimmed_before,
                 "sealed": self.config.sealed and not self.sequence_lock.locked(),
                 "frozen": bool(self.config.sealed or self.config.handoff) and not self.sequence_lock.locked()}
-
-
-
-
-# --- the gRPC binding of storage/link.py ------------------------------------------------------
-
-def request_to_pb(m: link.Down) -> sms_pb2.ReplicateRequest:
-    if isinstance(m, link.Batch):
-        return sms_pb2.ReplicateRequest(chain_id=m.chain_id, epoch=m.epoch, batch=m.batch,
-                                        committed_sn=seqno.to_bytes(m.committed_sn))
-    return sms_pb2.ReplicateRequest(chain_id=m.chain_id, epoch=m.epoch, hello=isinstance(m, link.Hello),
-                                    reset=isinstance(m, link.Reset), verified=isinstance(m, link.Verified))
-
-
-def request_from_pb(pb: sms_pb2.ReplicateRequest) -> link.Down:
-    if pb.hello:
-        return link.Hello(pb.chain_id, pb.epoch)
-    if pb.reset:
-        return link.Reset(pb.chain_id, pb.epoch)
-    if pb.verified:
-        return link.Verified(pb.chain_id, pb.epoch)
-    return link.Batch(pb.chain_id, pb.epoch, pb.batch, seqno.from_bytes(pb.committed_sn))
-
-
-def reply_to_pb(m: link.Up) -> sms_pb2.ReplicateAck:
-    if isinstance(m, link.Refusal):
-        return sms_pb2.ReplicateAck(error_name=m.error_name, error_message=m.error_message, epoch=m.epoch)
-    if isinstance(m, link.Answer):
-        return sms_pb2.ReplicateAck(last_sn=seqno.to_bytes(m.last_sn), committed_sn=seqno.to_bytes(m.committed_sn),
-                                    last_first_sn=seqno.to_bytes(m.last_first_sn), last_checksum=m.last_checksum,
-                                    epoch=m.epoch)
-    return sms_pb2.ReplicateAck(last_sn=seqno.to_bytes(m.last_sn), committed_sn=seqno.to_bytes(m.committed_sn),
-                                epoch=m.epoch)
-
-
-def reply_from_pb(chain_id: str, pb: sms_pb2.ReplicateAck, first: bool) -> link.Up:
-    """A ReplicateAck of `chain_id`'s stream; the first one on a stream answers the hello."""
-    if pb.error_name:
-        return link.Refusal(chain_id, pb.epoch, pb.error_name, pb.error_message)
-    if first:
-        return link.Answer(chain_id, pb.epoch, seqno.from_bytes(pb.last_sn), seqno.from_bytes(pb.committed_sn),
-                           seqno.from_bytes(pb.last_first_sn), pb.last_checksum)
-    return link.Ack(chain_id, pb.epoch, seqno.from_bytes(pb.last_sn), seqno.from_bytes(pb.committed_sn))
-
-
-_STREAM_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError)
-
-
-class DownstreamLink:
-    """Ships a replica's log to its successor and feeds commit acks back: the gRPC driver
-    of a `link.Sender`. One task feeds the machine what the current Replicate stream's
-    reader took in, polls it when the replica progresses or its timer is due, and carries
-    out its actions (open a stream, write, commit, close, report the peer)."""
-
-    def __init__(self, replica: Replica, successor_address_fn, learner: bool = False, successor_id: str = "",
-                 on_broken=None, channel_fn=None):
-        self.replica = replica
-        self.successor_id = successor_id
-        self.on_broken = on_broken          # (successor id) -> None: the link broke (failure detection)
-        self.channel_fn = channel_fn        # (address) -> a channel shared with the node's other links, or None
-        self.successor_address_fn = successor_address_fn   # () -> address or None
-        self.learner = learner     # a learner's acks are progress only: it commits nothing
-        self.sender = link.Sender(replica, successor_id, learner)
-        self.task: asyncio.Task | None = None
-        self._call = None
-        self._own_channel: grpc.aio.Channel | None = None
-        self._reader: asyncio.Task | None = None
-        self._stream = 0           # numbers the streams: what an old stream's reader left is dropped
-        self._inbox: collections.deque = collections.deque()    # (stream number, message), not yet fed
-
-    @property
-    def acked_sn(self) -> int:
-        """The successor's last stored SN (retention keeps the batch it ends with)."""
-        return self.sender.acked_sn
-
-    @property
-    def connected(self) -> bool:
-        return self.sender.state is link.SenderState.STREAMING
-
-    def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"link-{self.replica.chain_id}")
-
-    async def stop(self) -> None:
-        await cancel_and_wait(self.task)
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        r, sender = self.replica, self.sender
-        pending = collections.deque(sender.start(loop.time()))
-        try:
-            while True:
-                while pending:
-                    pending.extend(await self._do(pending.popleft(), loop.time()))
-                if sender.state is link.SenderState.STOPPED or r.state is not ReplicaState.ACTIVE:
-                    return
-                await self._wait(loop)
-                while self._inbox:
-                    stream, message = self._inbox.popleft()
-                    if stream == self._stream:
-                        pending.extend(sender.receive(message, loop.time()))
-                pending.extend(sender.poll(loop.time()))
-        finally:
-            sender.stop()
-            await self._close_stream()
-
-    async def _wait(self, loop) -> None:
-        """Until a message came in, the replica moved (everything the machine looks at
-        notifies `progress`), or the machine's timer is due. The idle timeout is a safety
-        net, long, since an idle node has a link per replica."""
-        r, sender = self.replica, self.sender
-        timeout = limits.LINK_IDLE_CHECK_S
-        if sender.deadline is not None:
-            timeout = min(timeout, max(0.0, sender.deadline - loop.time()))
-        async with r.progress:
-            try:
-                async with asyncio.timeout(timeout):          # (not wait_for: see Replica.wait_committed)
-                    await r.progress.wait_for(lambda: self._inbox or r.state is not ReplicaState.ACTIVE
-                                              or sender.due(loop.time()))
-            except TimeoutError:
-                pass
-
-    async def _do(self, action: link.Action, now: float) -> list[link.Action]:
-        sender = self.sender
-        if isinstance(action, link.Send):
-            try:
-                await self._call.write(request_to_pb(action.message))
-            except _STREAM_ERRORS as e:
-                raise_if_cancelling()
-                return sender.receive(link.Lost(sender.chain_id, _describe(e)), now)
-        elif isinstance(action, link.FinishSending):
-            try:
-                await self._call.done_writing()
-            except _STREAM_ERRORS as e:
-                raise_if_cancelling()
-                return sender.receive(link.Lost(sender.chain_id, _describe(e)), now)
-        elif isinstance(action, link.Open):
-            address = self.successor_address_fn()
-            if not address:
-                return sender.open_failed(now, f"no address known for {self.successor_id}")
-            await self._close_stream()
-            if self.channel_fn is not None:
-                channel = self.channel_fn(address)
-            else:
-                channel = self._own_channel = rpc.aio_channel(address)
-            self._call = sms_pb2_grpc.StorageStub(channel).Replicate()
-            self._reader = asyncio.get_running_loop().create_task(self._read(self._call, self._stream),
-                                                                  name=f"link-acks-{self.replica.chain_id}")
-            # the main loop waits on the replica's progress: wake it when the reader ends
-            self._reader.add_done_callback(
-                lambda _t, r=self.replica: asyncio.get_running_loop().create_task(r.notify()))
-            return sender.opened(now)
-        elif isinstance(action, link.Close):
-            if sender.state is not link.SenderState.STOPPED:
-                log.info("link %s broken: %s", sender.name(), action.reason)
-            await self._close_stream()
-            if action.suspect and self.on_broken is not None:
-                self.on_broken(action.suspect)
-        elif isinstance(action, (link.Commit, link.LearnerAcked)):
-            await self.replica.apply(action)
-        # SetTimer: `_wait` reads sender.deadline
-        return []
-
-    async def _read(self, call, stream: int) -> None:
-        r = self.replica
-        first = True
-        try:
-            while True:
-                pb = await call.read()
-                if pb is grpc.aio.EOF:
-                    self._inbox.append((stream, link.End(r.chain_id)))
-                    return
-                self._inbox.append((stream, reply_from_pb(r.chain_id, pb, first)))
-                first = False
-                await r.notify()
-        except _STREAM_ERRORS as e:
-            raise_if_cancelling()
-            self._inbox.append((stream, link.Lost(r.chain_id, _describe(e))))
-
-    async def _close_stream(self) -> None:
-        reader, call, channel = self._reader, self._call, self._own_channel
-        self._reader = self._call = self._own_channel = None
-        self._stream += 1
-        if call is not None:
-            call.cancel()
-        await cancel_and_wait(reader)
-        if channel is not None:
-            await channel.close()
-
-
-def _describe(e: Exception) -> str:
-    if isinstance(e, grpc.aio.AioRpcError):
-        return f"{e.code().name}: {e.details()}"
-    return f"{type(e).__name__}: {e}"

@@ -1,18 +1,17 @@
 """The storage role of a node: its replicas, kept in step with chain configs, and the
-gRPC Storage service (Append from ingestion to heads, Replicate between chain links).
+gRPC Storage service (Append from ingestion to heads, ReplicateLinks between nodes: one
+stream per pair of nodes carries every chain link between them, storage/peerlink.py).
 
 `StorageNode` watches `/chains` in the metadata store and opens, reconfigures or drops
 the replicas this node is a member of; its public read methods are what the retrieval
 role of the same process uses (`replica_for_read`). `StorageService` binds the
-protocols of storage/head.py (Append) and storage/link.py (Replicate, the successor's
-side) to grpc.aio streams: a reader task takes messages in, one writer loop sends acks
-out in order.
+protocols of storage/head.py (Append) and storage/link.py (through storage/peerlink.py)
+to grpc.aio streams.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import time
@@ -29,8 +28,8 @@ from sms.partition_map import PartitionMap
 from sms.proto import sms_pb2, sms_pb2_grpc
 from storage.head import HeadSession
 from storage.log import LogStore
-from storage import link
-from storage.replica import DownstreamLink, Replica, ReplicaState, reply_to_pb, request_from_pb
+from storage.peerlink import IncomingLinks, PeerLink
+from storage.replica import Replica, ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +65,8 @@ class StorageNode:
         self._synced_generation = -1        # the ChainConfigs generation the replicas were last brought in line with
         self._next_dormant_check = 0.0
         self._channels: dict[str, grpc.aio.Channel] = {}  # peer address -> the channel all links to it share
+        self.peer_links: dict[str, PeerLink] = {}          # successor node -> the stream carrying our links to it
+        self.incoming_links: dict[int, IncomingLinks] = {}  # the streams from predecessors, being served
         self._decoded = DecodedReads(store)   # retention's metadata reads, decoded once per value
         self.suspects_reported = 0
 
@@ -89,6 +90,8 @@ class StorageNode:
         # every replica at once: one by one, each waiting for its links' tasks to end, a
         # node with thousands of replicas took longer to stop than its launcher waits
         await asyncio.gather(*(replica.close() for replica in list(self.replicas.values())))
+        await asyncio.gather(*(peer.stop() for peer in list(self.peer_links.values())))
+        self.peer_links.clear()
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
@@ -231,9 +234,9 @@ class StorageNode:
             point = min(point, replica.committed_sn + 1)     # never what is not committed
             replica.trimmed_before = max(replica.trimmed_before, point)    # readers never see below
             delete = min(point, retention.dedup_floor(config, now_ms))
-            for link in list(replica.links.values()):
+            for chain_link in list(replica.links.values()):
                 # nor the batch a successor or learner ends with: its next hello verifies it
-                delete = min(delete, link.acked_sn)
+                delete = min(delete, chain_link.acked_sn)
             if replica.log.first_sn and replica.log.first_sn < delete:
                 n = await self.logs.trim(replica.log, delete)
                 if n:
@@ -295,11 +298,15 @@ class StorageNode:
 
     def _start_links(self, replica: Replica) -> None:
         for successor, learner in link_targets(replica.config, self.node_id):
-            link = DownstreamLink(replica, lambda s=successor: self.addresses.get(s),
-                                  learner=learner, successor_id=successor, on_broken=self.suspect,
-                                  channel_fn=self.peer_channel)
-            replica.links[successor] = link
-            link.start()
+            peer = self.peer_links.get(successor)
+            if peer is None:
+                peer = self.peer_links[successor] = PeerLink(
+                    self.node_id, successor, lambda s=successor: self.addresses.get(s),
+                    channel_fn=self.peer_channel, on_broken=self.suspect)
+            replica.links[successor] = peer.add(replica, learner)
+
+    def link_status(self) -> list:
+        return [p.status() for p in self.peer_links.values()] + [i.status() for i in self.incoming_links.values()]
 
     # --- public API for the roles of this process ------------------------------------
     def replica(self, chain_id: str) -> Replica:
@@ -345,82 +352,10 @@ class StorageService(sms_pb2_grpc.StorageServicer):
         finally:
             reader.cancel()
 
-    async def Replicate(self, request_iterator, context):
-        """predecessor -> this node (its successor): the gRPC driver of a `link.Receiver`.
-        A reader task feeds it the requests and carries out the replica actions it returns
-        (store, reset, verified); this loop writes what it sends and polls it whenever the
-        replica progresses (acks), until it closes."""
-        first = await context.read()
-        if first is grpc.aio.EOF:
-            return
-        hello = request_from_pb(first)
-        receiver = link.Receiver(self.node.node_id)
-        replica = self.node.replicas.get(hello.chain_id)
-        outbox: collections.deque = collections.deque()
-        applying = [0]            # replica actions under way (a reset must finish before the stream ends)
-
-        async def perform(actions: list) -> None:
-            for action in actions:
-                if isinstance(action, link.Send):
-                    outbox.append(action.message)
-                elif isinstance(action, link.Close):
-                    if action.suspect:
-                        self.node.suspect(action.suspect)
-                else:
-                    applying[0] += 1
-                    try:
-                        error = await replica.apply(action)
-                    finally:
-                        applying[0] -= 1
-                    if error is not None:
-                        await perform(receiver.store_failed(error))
-
-        await perform(receiver.receive(hello, replica if replica is not None and replica.active else None))
-        while outbox:
-            await context.write(reply_to_pb(outbox.popleft()))
-        if receiver.state is link.ReceiverState.CLOSED:
-            return
-        chain_id = hello.chain_id
-
-        async def take_requests() -> None:
-            while receiver.state is not link.ReceiverState.CLOSED:
-                try:
-                    req = await context.read()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:    # the stream failed under us: the predecessor went away
-                    raise_if_cancelling()
-                    message = link.Lost(chain_id, f"{type(e).__name__}: {e}")
-                else:
-                    message = link.End(chain_id) if req is grpc.aio.EOF else request_from_pb(req)
-                await perform(receiver.receive(message, replica))
-                if outbox or receiver.state is link.ReceiverState.CLOSED:
-                    await replica.notify()
-
-        def finished() -> bool:
-            return receiver.state is link.ReceiverState.CLOSED and not applying[0]
-
-        reader = asyncio.get_running_loop().create_task(take_requests())
-        # the loop below waits on the replica's progress: wake it when the reader ends
-        reader.add_done_callback(lambda _t: asyncio.get_running_loop().create_task(replica.notify()))
-        try:
-            while True:
-                while outbox:
-                    await context.write(reply_to_pb(outbox.popleft()))
-                if reader.done():
-                    reader.result()
-                if finished() or reader.done():
-                    return
-                async with replica.progress:
-                    await replica.progress.wait_for(lambda: outbox or reader.done() or finished()
-                                                    or receiver.due(replica))
-                await perform(receiver.poll(replica))
-        except asyncio.CancelledError:
-            # the call was cancelled under us: the predecessor went away (or we are stopping)
-            await perform(receiver.receive(link.Lost(chain_id, "call cancelled"), replica))
-            raise
-        finally:
-            reader.cancel()
+    async def ReplicateLinks(self, request_iterator, context):
+        """A predecessor node -> this node: every chain link between the two
+        (storage/peerlink.py IncomingLinks)."""
+        await IncomingLinks(self.node, self.node.incoming_links).serve(context)
 
     async def NodeStatus(self, request, context):
         failures, last = self.node.logs.write_failures()
@@ -434,7 +369,8 @@ class StorageService(sms_pb2_grpc.StorageServicer):
                                             verified=s["verified"], gated_learners=s["gated"],
                                             sealed=s["sealed"], first_sn=str(s["first_sn"]),
                                             trimmed_before=str(s["trimmed_before"]), frozen=s["frozen"])
-                      for s in self.node.status(request.chain_ids)])
+                      for s in self.node.status(request.chain_ids)],
+            peer_links=self.node.link_status())
 
 
 

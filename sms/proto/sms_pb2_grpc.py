@@ -875,10 +875,10 @@ class StorageStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.AppendRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.AppendAck.FromString,
                 _registered_method=True)
-        self.Replicate = channel.stream_stream(
-                '/sms.v1.Storage/Replicate',
-                request_serializer=sms_dot_proto_dot_sms__pb2.ReplicateRequest.SerializeToString,
-                response_deserializer=sms_dot_proto_dot_sms__pb2.ReplicateAck.FromString,
+        self.ReplicateLinks = channel.stream_stream(
+                '/sms.v1.Storage/ReplicateLinks',
+                request_serializer=sms_dot_proto_dot_sms__pb2.LinkFrame.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.LinkAckFrame.FromString,
                 _registered_method=True)
         self.NodeStatus = channel.unary_unary(
                 '/sms.v1.Storage/NodeStatus',
@@ -898,9 +898,10 @@ class StorageServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Replicate(self, request_iterator, context):
-        """predecessor -> successor: first message is a hello, the successor answers with
-        its last SN; then sequenced batches flow down and commit watermarks flow up.
+    def ReplicateLinks(self, request_iterator, context):
+        """predecessor node -> successor node: one stream per pair of nodes carries every
+        chain link between them (storage/peerlink.py). Per chain: a hello, the successor's
+        answer with its last batch, then sequenced batches down and commit watermarks up.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -920,10 +921,10 @@ def add_StorageServicer_to_server(servicer, server):
                     request_deserializer=sms_dot_proto_dot_sms__pb2.AppendRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.AppendAck.SerializeToString,
             ),
-            'Replicate': grpc.stream_stream_rpc_method_handler(
-                    servicer.Replicate,
-                    request_deserializer=sms_dot_proto_dot_sms__pb2.ReplicateRequest.FromString,
-                    response_serializer=sms_dot_proto_dot_sms__pb2.ReplicateAck.SerializeToString,
+            'ReplicateLinks': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReplicateLinks,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.LinkFrame.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.LinkAckFrame.SerializeToString,
             ),
             'NodeStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeStatus,
@@ -970,7 +971,7 @@ class Storage:
             _registered_method=True)
 
     @staticmethod
-    def Replicate(request_iterator,
+    def ReplicateLinks(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -983,9 +984,9 @@ class Storage:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/sms.v1.Storage/Replicate',
-            sms_dot_proto_dot_sms__pb2.ReplicateRequest.SerializeToString,
-            sms_dot_proto_dot_sms__pb2.ReplicateAck.FromString,
+            '/sms.v1.Storage/ReplicateLinks',
+            sms_dot_proto_dot_sms__pb2.LinkFrame.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.LinkAckFrame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -14,8 +14,8 @@ What a step can be (each enabled event has a weight; the seed picks one):
   successor's real `Receiver`; the simulation only carries their messages (hello, answer,
   reset, verified, batches, acks, refusals, end of stream) and carries out their actions
   the way the gRPC drivers do (`Replica.apply` for store, reset, verified, commit, learner
-  progress; `sender_do` / `receiver_do` here, `DownstreamLink._do` and
-  `StorageService.Replicate` there). Events: a link's stream opens (`connect`), a
+  progress; `sender_do` / `receiver_do` here, `PeerLink._act` and
+  `IncomingLinks._perform` there). Events: a link's stream opens (`connect`), a
   message is delivered, the successor's handler polls its replica (acks), the link polls
   its replica (ships batches), and a link's timer fires -- which moves the simulated clock
   to the timer's deadline (the retry after a break; rarely, a reset's drain timeout).
@@ -286,7 +286,7 @@ def show(msg) -> str:
 
 class Handler:
     """The successor's side of one Replicate stream: the real `link.Receiver`, with the
-    replica captured at the hello (as StorageService.Replicate does)."""
+    replica captured at the hello (as storage/peerlink.py IncomingLinks does)."""
 
     def __init__(self, node_id: str):
         self.receiver = chainlink.Receiver(node_id)
@@ -317,7 +317,7 @@ class Session:
 
 class SimLink:
     """The predecessor's side: the real `link.Sender`, driven by the simulation as
-    storage/replica.py DownstreamLink drives it over gRPC. It lives in `replica.links`, so
+    storage/peerlink.py PeerLink drives it over gRPC. It lives in `replica.links`, so
     Replica.stop_links/close stop it."""
 
     def __init__(self, sim: "Simulation", replica: Replica, node_id: str, successor: str, learner: bool):
@@ -337,7 +337,7 @@ class SimLink:
     def acked_sn(self) -> int:
         return self.sender.acked_sn
 
-    async def stop(self) -> None:      # DownstreamLink.stop: the machine stops, its stream is cancelled
+    async def stop(self) -> None:      # ChainSend.stop: the machine stops, its session ends
         self.sender.stop()
         if self.session is not None:
             self.sim.disconnect(self.session, "link stopped")
@@ -667,7 +667,7 @@ class Simulation:
 
     # --- streams: the real link state machines (storage/link.py), delivered by the simulation ----
     def now(self) -> float:
-        """The links' clock (seconds): the simulated time, as loop.time() is DownstreamLink's."""
+        """The links' clock (seconds): the simulated time, as loop.time() is PeerLink's."""
         return self.now_ms / 1000.0
 
     def disconnect(self, session: Session, why: str, keep_late: bool | None = None) -> None:
@@ -695,7 +695,7 @@ class Simulation:
         return out
 
     async def sender_do(self, link: SimLink, actions: list, ack_epoch: int = 0) -> None:
-        """Carry out a Sender's actions, as DownstreamLink._do does over gRPC."""
+        """Carry out a Sender's actions, as PeerLink._act does over gRPC."""
         r = link.replica
         sent = []
         for action in actions:
@@ -740,7 +740,7 @@ class Simulation:
                      f"{' '.join(sent)}")
 
     async def receiver_do(self, session: Session, actions: list) -> None:
-        """Carry out a Receiver's actions, as StorageService.Replicate does over gRPC."""
+        """Carry out a Receiver's actions, as IncomingLinks does over gRPC."""
         h = session.handler
         r = h.replica
         node = session.receiver
@@ -829,7 +829,7 @@ class Simulation:
         return h.receiver.due(h.replica)
 
     async def handler_tick(self, session: Session) -> None:
-        """One turn of the Replicate handler's ack loop."""
+        """One turn of IncomingLinks' ack loop."""
         h = session.handler
         self.log(f"{session.name()} handler on {session.receiver} polls")
         await self.receiver_do(session, h.receiver.poll(h.replica))
