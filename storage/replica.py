@@ -175,7 +175,7 @@ class Replica:
                                  f"the batch was not stored")
             last = self.last_header()
             batch = wire.sequence(unsequenced, self._next_first_sn(), last.checksum if last else 0)
-            header = await self.store.append(self.log, batch)
+            header = await self.store.append_verified(self.log, wire.read_header(batch), batch)   # (shielded above)
             self.recent.append((header.first_sn, header.last_sn, batch))
             self._remember(header)
         if self.is_tail:
@@ -231,7 +231,7 @@ class Replica:
             # (the hello found the logs equal up to our last batch: only a bug gets here)
             raise LogDiverged(f"{self.chain_id}: batch {header.first_sn} follows checksum {header.prev_checksum:#x}; "
                               f"the log on {self.node_id} ends with {last.checksum:#x}")
-        await self.store.append(self.log, batch)
+        await self.store.append_verified(self.log, header, batch)       # (verified and shielded above)
         self.recent.append((header.first_sn, header.last_sn, batch))
         if self.is_tail:
             self._commit_as_tail(header.last_sn)
