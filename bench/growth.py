@@ -208,7 +208,10 @@ def _summary(sweep: str, small: dict, big: dict) -> dict:
 
 async def sweep_partitions(args, clusters: Clusters) -> dict:
     points = []
-    for partitions in (args.partitions_small, args.partitions_small * FACTOR):
+    sizes = [args.partitions_small, args.partitions_small * FACTOR]
+    if args.partitions_target and args.partitions_target not in sizes:
+        sizes.append(args.partitions_target)
+    for partitions in sizes:
         async with clusters.one() as cluster:
             async with aio.Client(cluster.address) as client:
                 name = _stream_name(f"p{partitions}")
@@ -222,7 +225,13 @@ async def sweep_partitions(args, clusters: Clusters) -> dict:
                                 f"storage nodes {after['storage_nodes_rss_mib']} MiB")
                 points.append({"partitions": partitions, "create_stream_s": create_s, "ingest": ingest,
                                "memory_before_load": before, "memory_after": after})
-    return _summary("partitions", *points)
+    out = _summary("partitions", *points[:2])
+    if len(points) > 2:
+        # issue 14's target: ingest at 64 partitions >= 0.8x ingest at 4, the same load
+        out["target"] = points[2]
+        out["throughput_ratio_target_to_small"] = common.ratio(points[2]["ingest"]["records_per_s"],
+                                                               points[0]["ingest"]["records_per_s"])
+    return out
 
 
 async def sweep_producers(args, clusters: Clusters) -> dict:
@@ -315,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--writers", type=int, default=4, help="concurrent put_records loops")
     p.add_argument("--partitions", type=int, default=4, help="partitions of the producers and stored-data sweeps")
     p.add_argument("--partitions-small", type=int, default=4)
+    p.add_argument("--partitions-target", type=int, default=64,
+                   help="one more point of the partitions sweep, compared with the small one (0: none)")
     p.add_argument("--producers-small", type=int, default=4)
     p.add_argument("--records-partitions", type=int, default=None)
     p.add_argument("--records-producers", type=int, default=None)
@@ -327,7 +338,7 @@ def _defaults(args) -> argparse.Namespace:
     """The options: parser defaults, under what `args` gives, then the mode's values."""
     args = common.mode_options(build_parser(), args, {
         "smoke": dict(records_partitions=4_000, records_producers=2_000, stored_small=2_000, measure_records=2_000),
-        "quick": dict(records_partitions=30_000, records_producers=16_000, stored_small=10_000, measure_records=15_000),
+        "quick": dict(records_partitions=100_000, records_producers=16_000, stored_small=10_000, measure_records=15_000),
         "full": dict(records_partitions=200_000, records_producers=80_000, stored_small=100_000, measure_records=50_000),
     })
     if isinstance(args.sweeps, str):
