@@ -465,7 +465,9 @@ class IncomingLinks:
                 self._end_all(lost=f"{type(e).__name__}: {e}")
                 return
             if frame is grpc.aio.EOF:
-                self._end_all(lost="")
+                # a predecessor never ends its stream on purpose (it cancels it when it
+                # stops), and a killed one shows as an end here: its node is suspected
+                self._end_all(lost="the predecessor's stream ended")
                 return
             self.peer = frame.from_node or self.peer
             self.frames += 1
@@ -536,11 +538,10 @@ class IncomingLinks:
                     self.node.suspect(action.suspect)
 
     def _end_all(self, lost: str) -> None:
-        """The stream ended (EOF: `lost` is ""), or was lost: every session with it."""
+        """The stream ended or was lost: every session on it, each suspecting its predecessor."""
         for s in list(self.sessions.values()):
             s.ended_by_peer = True
-            message = link.Lost(s.chain_id, lost) if lost else link.End(s.chain_id)
-            self._perform_sync(s, s.receiver.receive(message, s.replica))
+            self._perform_sync(s, s.receiver.receive(link.Lost(s.chain_id, lost), s.replica))
         self.sessions.clear()
 
     def status(self) -> sms_pb2.PeerLinkStatus:

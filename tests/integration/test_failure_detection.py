@@ -65,12 +65,15 @@ def _removal(client: sms.Client, victim: str, epochs: dict[int, int]):
             and c["epoch"] > epochs[p.ordinal]]
 
 
-@pytest.mark.parametrize("role", ["head", "middle", "tail"])
+@pytest.mark.parametrize("role", ["head", "middle", "tail", "only_a_head"])
 def test_a_killed_node_is_removed_because_its_port_refuses(make_cluster, role):
+    """`only_a_head`: one chain, so the victim ships to its successor and takes no stream
+    from any peer: only the successor's incoming stream (storage/peerlink.py
+    IncomingLinks), which ends when the victim dies, can find it before its session does."""
     cluster = make_cluster(nodes=4)
     with sms.Client(cluster.address) as client:
-        info = client.create_stream(STREAM, partitions=2, replication_factor=3)
-        index = {"head": 0, "middle": 1, "tail": 2}[role]
+        info = client.create_stream(STREAM, partitions=1 if role == "only_a_head" else 2, replication_factor=3)
+        index = {"head": 0, "middle": 1, "tail": 2, "only_a_head": 0}[role]
         victim = info.partition(0).chain[index].node_id
         epochs = {p.ordinal: p.chain_epoch for p in info.partitions if victim in [m.node_id for m in p.chain]}
         with Writer(cluster.address) as writer:
