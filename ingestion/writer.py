@@ -139,6 +139,7 @@ class PartitionWriter:
                 await head.send(self.chain_id, self.epoch, seq, batch)
                 self.resends += 1
             acks = asyncio.get_running_loop().create_task(self._read_acks(head.acks()))
+            acks.add_done_callback(lambda _t: self.wake.set())      # (one event to wait on, no task per wait)
             try:
                 while True:
                     while not self.queue or len(self.inflight) >= limits.APPEND_INFLIGHT_BATCHES_MAX:
@@ -146,9 +147,7 @@ class PartitionWriter:
                             acks.result()
                             raise ConnectionError("head closed the append stream")
                         self.wake.clear()
-                        waiter = asyncio.ensure_future(self.wake.wait())
-                        await asyncio.wait({waiter, acks}, return_when=asyncio.FIRST_COMPLETED)
-                        waiter.cancel()
+                        await self.wake.wait()
                     bodies, count, chunks = self._take_batch()
                     if not count:
                         continue

@@ -91,6 +91,7 @@ def cmd_status(args) -> int:
                     entry["storage_write_failures"] = status["storage_write_failures"]
                     entry["storage_last_error"] = status["storage_last_error"]
                     entry["storage_last_error_ms"] = status["storage_last_error_ms"]
+                    entry["links"] = status["links"]
                 if "ingestion" in n.roles:
                     entry["ingestion"] = client.ingestion_status(n.address)["partitions"]
             except errors.SmsError as e:
@@ -112,6 +113,10 @@ def cmd_status(args) -> int:
         for r in n.get("replicas", []):
             lines.append(f"    {r['chain_id']:<28} {r['role']:<9} epoch {r['epoch']:<3} records {r['records']:<9} "
                          f"committed {r['committed_sn']}")
+        for link in n.get("links", []):
+            arrow = "->" if link["direction"] == "out" else "<-"
+            lines.append(f"    link {arrow} {link['peer'] or '?':<20} chains {link['chains']:<6} frames {link['frames']:<9} "
+                         f"messages {link['messages']:<10} {'connected' if link['connected'] else 'DISCONNECTED'}")
         for p in n.get("ingestion", []):
             t = p["table"]
             lines.append(f"    ingest {p['chain_id']:<21} {p['policy']:<27} {'ready' if p['ready'] else 'REBUILDING'} "

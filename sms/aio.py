@@ -584,7 +584,11 @@ class Client:
                               "committed_sn": r.committed_sn, "batches": r.batches, "records": r.records}
                              for r in pb.replicas],
                 "storage_write_failures": pb.storage_write_failures,
-                "storage_last_error": pb.storage_last_error, "storage_last_error_ms": pb.storage_last_error_ms}
+                "storage_last_error": pb.storage_last_error, "storage_last_error_ms": pb.storage_last_error_ms,
+                # its replication streams, one per peer and direction (storage/peerlink.py)
+                "links": [{"peer": p.peer, "direction": "out" if p.outgoing else "in", "chains": p.chains,
+                           "frames": p.frames, "messages": p.items, "streams_opened": p.streams,
+                           "connected": p.connected} for p in pb.peer_links]}
 
     async def ingestion_status(self, address: str) -> dict:
         """Per partition owned by the ingestion node at `address`: dedup table sizes, queue."""

@@ -188,6 +188,13 @@ def test_up_streams_put_read_status_and_sigterm(up_factory):
         assert chains == {"s1:0", "s1:1"}, f"{node_id} replicas {chains}"
     records = sum(r["records"] for r in by_id["n1"]["replicas"])
     assert records == 6
+    # every head and middle ships its chains to a successor node on one stream per peer
+    outgoing = [(node_id, link["peer"]) for node_id in ("n1", "n2", "n3")
+                for link in by_id[node_id]["links"] if link["direction"] == "out"]
+    assert outgoing and len(outgoing) == len(set(outgoing))
+    assert all(link["connected"] for n in ("n1", "n2", "n3") for link in by_id[n]["links"] if link["chains"])
+    text = ok(sms_cmd(d, "status"))
+    assert "link -> " in text and "link <- " in text
 
     missing = sms_cmd(d, "stream", "describe", "nope")
     assert missing.returncode == 1
