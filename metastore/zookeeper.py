@@ -310,7 +310,8 @@ class ZooKeeperMetaStore(MetaStore):
         try:
             await running.run_in_executor(None, client.start_async)
             try:
-                await asyncio.wait_for(self._connected.wait(), ZK_CONNECT_TIMEOUT_S)
+                async with asyncio.timeout(ZK_CONNECT_TIMEOUT_S):     # (not wait_for: see _await)
+                    await self._connected.wait()
             except TimeoutError:
                 raise MetaStoreError(f"metadata store {self._url!r}: no ZooKeeper server"
                                      f" answered within {ZK_CONNECT_TIMEOUT_S} s") from None
@@ -933,7 +934,11 @@ class ZooKeeperMetaStore(MetaStore):
         assert self._loop is not None
         future = self._future(result)
         try:
-            return await asyncio.wait_for(future, max(deadline - self._loop.time(), 0))
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for loses a cancel that
+            # lands as the reply does, and a node's stop then waited for a task that had
+            # swallowed its cancel (seen in the disk-fault trials, tests/diskfault)
+            async with asyncio.timeout(max(deadline - self._loop.time(), 0)):
+                return await future
         except TimeoutError:
             raise ConnectionLossError(
                 f"no answer from ZooKeeper ({self._hosts}) within"
