@@ -52,7 +52,9 @@ async def ensure_roots(store: MetaStore) -> None:
 
 
 def validate_create(name: str, partitions: int, replication_factor: int, persistence: str,
-                    ingestion_policy: str, retention_hours: int, dedup_window_s: int = 0) -> StreamConfig:
+                    ingestion_policy: str, retention_hours: int, dedup_window_s: int = 0,
+                    min_in_sync: int = 0) -> StreamConfig:
+    """The config of a new stream; a 0 (an unset proto field) takes the default."""
     metadata.validate_stream_name(name)
     if not 1 <= partitions <= limits.STREAM_PARTITIONS_MAX:
         raise InvalidStreamConfig(f"{partitions} partitions; expected 1..{limits.STREAM_PARTITIONS_MAX}")
@@ -76,10 +78,14 @@ def validate_create(name: str, partitions: int, replication_factor: int, persist
     if not limits.DEDUP_WINDOW_MS_MIN <= window_ms <= limits.DEDUP_WINDOW_MS_MAX:
         raise InvalidStreamConfig(f"dedup window {dedup_window_s} s; expected {limits.DEDUP_WINDOW_MS_MIN // 1000}.."
                                   f"{limits.DEDUP_WINDOW_MS_MAX // 1000}")
+    in_sync = min_in_sync or 1
+    if not 1 <= in_sync <= replication_factor:
+        raise InvalidStreamConfig(f"min_in_sync {min_in_sync}; expected 1..{replication_factor} (at most the "
+                                  f"replication factor: a chain never has more members)")
     return StreamConfig(name=name, partitions=partitions, replication_factor=replication_factor,
                         persistence=persistence_v, ingestion_policy=policy, retention_hours=retention,
                         created_ms=int(time.time() * 1000), status=StreamStatus.CREATING,
-                        dedup_window_ms=window_ms)
+                        dedup_window_ms=window_ms, min_in_sync=in_sync)
 
 
 class StreamAdmin:
@@ -115,7 +121,7 @@ class StreamAdmin:
                 cid = metadata.chain_id(config.name, entry.ordinal)
                 ops.append(Create(metadata.chain_path(cid), ChainConfig(
                     chain_id=cid, stream=config.name, ordinal=entry.ordinal, epoch=1, members=members,
-                    persistence=config.persistence,
+                    persistence=config.persistence, min_in_sync=config.min_in_sync,
                     incarnations=tuple(sorted((n, nodes[n].started_ms) for n in members)),
                     history=(ChainChange(1, config.created_ms, "created", members[0],
                                          "placed on " + " -> ".join(members)),)).to_bytes()))

@@ -514,7 +514,7 @@ def decide(state: RepartitionState, facts: Facts) -> Action:
         cid = chain_id(facts.config.name, child.ordinal)
         children.append(ChainConfig(
             chain_id=cid, stream=facts.config.name, ordinal=child.ordinal, epoch=1, members=members,
-            persistence=facts.config.persistence, from_ms=boundary_ms,
+            persistence=facts.config.persistence, from_ms=boundary_ms, min_in_sync=facts.config.min_in_sync,
             incarnations=tuple(sorted((n, facts.nodes[n]) for n in members)),
             history=(ChainChange(1, now_ms, "created", members[0], f"{what}; placed on " + " -> ".join(members)),)))
     return Commit(step, tuple(sorted(endings.items())), boundary_ms, new_map, tuple(children), now_ms)

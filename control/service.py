@@ -64,7 +64,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         admin = self._admin()
         config = validate_create(request.name, request.partitions, request.replication_factor,
                                  request.persistence, request.ingestion_policy, request.retention_hours,
-                                 request.dedup_window_s)
+                                 request.dedup_window_s, request.min_in_sync)
         await admin.create_stream(config)
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 

@@ -132,7 +132,7 @@ class ClusterView:
                           dedup_window_s=c.dedup_window_ms // 1000, retention_s=c.retention_ms // 1000,
                           protect_unread=c.protect_unread, auto_split_records_per_s=c.auto_split_records_per_s,
                           auto_split_period_s=c.auto_split_period_s, repartition=c.repartition,
-                          consumers=tuple(view.consumers))
+                          consumers=tuple(view.consumers), min_in_sync=c.min_in_sync)
 
 
 async def bounded(read, what: str):

@@ -195,6 +195,7 @@ def cmd_node(args) -> int:
 def _describe(info) -> dict:
     return {
         "name": info.name, "status": info.status.value, "replication_factor": info.replication_factor,
+        "min_in_sync": info.min_in_sync,
         "persistence": info.persistence.value, "ingestion_policy": info.ingestion_policy.value,
         "retention_hours": info.retention_hours, "map_version": info.map_version,
         "partitions": [{
@@ -214,7 +215,8 @@ def _describe(info) -> dict:
 
 def _describe_text(d: dict) -> str:
     lines = [f"stream {d['name']}: {d['status']}, {len(d['partitions'])} partitions, replication "
-             f"{d['replication_factor']}, {d['persistence']}, {d['ingestion_policy']}, "
+             f"{d['replication_factor']} (min in-sync {d.get('min_in_sync', 1)}), {d['persistence']}, "
+             f"{d['ingestion_policy']}, "
              f"retention {d['retention_hours']} h, map version {d['map_version']}"]
     for p in d["partitions"]:
         chain = " -> ".join(m["node_id"] for m in p["chain"])
@@ -231,6 +233,9 @@ def _describe_text(d: dict) -> str:
             lines.append("      " + "; ".join(lineage))
         if p["learners"]:
             lines.append(f"      copying to join: {', '.join(p['learners'])}")
+        if p["state"] == "OPEN" and p["chain"] and len(p["chain"]) < d.get("min_in_sync", 1):
+            lines.append(f"      refusing new records (NotEnoughReplicas): {len(p['chain'])} member(s), "
+                         f"min in-sync {d['min_in_sync']}")
         for h in p["history"]:
             if h["action"] == "created":
                 continue
@@ -245,7 +250,7 @@ def cmd_stream(args) -> int:
             info = client.create_stream(args.name, args.partitions, args.replication_factor,
                                         persistence=args.persistence, ingestion_policy=args.ingestion_policy,
                                         retention_hours=args.retention_hours,
-                                        dedup_window_s=args.dedup_window_s)
+                                        dedup_window_s=args.dedup_window_s, min_in_sync=args.min_in_sync)
             d = _describe(info)
             _emit(args, d, _describe_text(d))
         elif args.stream_cmd == "describe":
@@ -551,6 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ingestion-policy", default="at_least_once_no_dup")
     c.add_argument("--retention-hours", type=int, default=limits.RETENTION_HOURS_DEFAULT)
     c.add_argument("--dedup-window-s", type=int, default=limits.DEDUP_WINDOW_MS_DEFAULT // 1000)
+    c.add_argument("--min-in-sync", type=int, default=1, metavar="N",
+                   help="refuse new records (NotEnoughReplicas, retried) while a partition's chain has fewer "
+                        "than N members (1..replication factor; default 1)")
     for name in ("describe", "delete"):
         s = ssub.add_parser(name, parents=[common])
         s.add_argument("name")

@@ -150,10 +150,19 @@ class Client:
     async def create_stream(self, name: str, partitions: int = 1, replication_factor: int = 1, *,
                             persistence: str = "disk", ingestion_policy: str = "at_least_once_no_dup",
                             retention_hours: int = limits.RETENTION_HOURS_DEFAULT,
-                            dedup_window_s: int = limits.DEDUP_WINDOW_MS_DEFAULT // 1000) -> StreamInfo:
+                            dedup_window_s: int = limits.DEDUP_WINDOW_MS_DEFAULT // 1000,
+                            min_in_sync: int = 1) -> StreamInfo:
+        """`min_in_sync` (1..replication_factor): a partition takes new records only while its
+        chain has at least that many members; else they fail with the retriable
+        NotEnoughReplicas (docs/operations.md, "Minimum in-sync replicas")."""
+        if isinstance(min_in_sync, bool) or not isinstance(min_in_sync, int) or min_in_sync < 1:
+            # (0 on the wire means "the default"; a caller's 0 or -1 is a mistake)
+            raise errors.InvalidStreamConfig(f"min_in_sync {min_in_sync!r}; expected 1..{replication_factor} "
+                                             f"(at most the replication factor)")
         req = sms_pb2.CreateStreamRequest(name=name, partitions=partitions, replication_factor=replication_factor,
                                           persistence=persistence, ingestion_policy=ingestion_policy,
-                                          retention_hours=retention_hours, dedup_window_s=dedup_window_s)
+                                          retention_hours=retention_hours, dedup_window_s=dedup_window_s,
+                                          min_in_sync=min_in_sync)
         pb = await self._admin_call("CreateStream", req, timeout_s=60.0)
         info = convert.stream_from_pb(pb)
         self._streams[name] = info

@@ -254,6 +254,16 @@ class Unavailable(SmsError):
     refresh_map = True
 
 
+class NotEnoughReplicas(SmsError):
+    """The partition's chain has fewer members than the stream's `min_in_sync` (nodes
+    failed and their replacements are still copying): the head takes no new batch, so
+    nothing is acknowledged that fewer nodes hold (Kafka's min.insync.replicas). The
+    batch was not stored. Retriable: writes go on once the chain has enough members
+    again; the owner stays the same, so no map refresh is needed."""
+    code = grpc.StatusCode.UNAVAILABLE
+    retriable = True
+
+
 class StorageFailed(Unavailable):
     """A storage node's disk failed a write or an fsync (an I/O error, not a full disk):
     what reached the disk is unknown, so the batch was not acknowledged, and the node

@@ -128,6 +128,8 @@ class StreamConfig:
     repartition: dict | None = None       # the change under way: {"op": split|merge|scale, "phase": ...}
                                           # (control/phases.py RepartitionState reads and writes it)
     repartitions_ms: tuple[int, ...] = () # when recent splits and merges committed (rate limit)
+    min_in_sync: int = 1                  # a chain takes and commits new batches only while it has
+                                          # at least this many members (1..replication_factor)
 
     @property
     def retention_ms(self) -> int:
@@ -199,6 +201,10 @@ class ChainConfig:
     # the member that becomes head once every member holds the same log: meanwhile the
     # head takes no new batches (control/chains.py rule 8)
     handoff: str = ""
+    # the stream's min_in_sync: while fewer members than this remain (learners do not
+    # count), the head takes no new batches (NotEnoughReplicas; a resend of a batch it
+    # holds is still answered) and the tail commits nothing new
+    min_in_sync: int = 1
 
     @property
     def head(self) -> str:
@@ -235,6 +241,12 @@ class ChainConfig:
             return "tail"
         return "middle"
 
+    @property
+    def below_min_in_sync(self) -> bool:
+        """Fewer members than min_in_sync (learners do not count): the head takes no new
+        batches and the tail commits nothing new."""
+        return len(self.members) < self.min_in_sync
+
     def holds(self, node_id: str) -> bool:
         return node_id in self.members or node_id in self.learners
 
@@ -245,7 +257,8 @@ class ChainConfig:
                            "incarnations": dict(self.incarnations),
                            "history": [c.to_dict() for c in self.history],
                            "sealed": self.sealed, "from_ms": self.from_ms,
-                           **({"handoff": self.handoff} if self.handoff else {})}).encode()
+                           **({"handoff": self.handoff} if self.handoff else {}),
+                           **({"min_in_sync": self.min_in_sync} if self.min_in_sync != 1 else {})}).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "ChainConfig":
@@ -255,7 +268,8 @@ class ChainConfig:
                    learners=tuple(d.get("learners", ())),
                    incarnations=tuple(sorted(d.get("incarnations", {}).items())),
                    history=tuple(ChainChange(**c) for c in d.get("history", ())),
-                   sealed=d.get("sealed", False), from_ms=d.get("from_ms", 0), handoff=d.get("handoff", ""))
+                   sealed=d.get("sealed", False), from_ms=d.get("from_ms", 0), handoff=d.get("handoff", ""),
+                   min_in_sync=d.get("min_in_sync", 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -169,6 +169,8 @@ class StreamInfo:
     auto_split_period_s: int = 0
     repartition: dict | None = None             # the split / merge / scale under way (or last done)
     consumers: tuple[str, ...] = ()
+    min_in_sync: int = 1                        # a partition takes new records only while its chain
+                                                # has at least this many members
 
     def lineage(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
         """ordinal -> (parents, children) of every partition the map still holds."""

@@ -28,7 +28,8 @@ import grpc
 
 from sms import wire, limits, rpc, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
-from sms.errors import HeadMoving, LogDiverged, PartitionClosed, PartitionSealed, SmsError, StaleEpoch, WrongOwner, invariant
+from sms.errors import (HeadMoving, LogDiverged, NotEnoughReplicas, PartitionClosed, PartitionSealed, SmsError,
+                        StaleEpoch, WrongOwner, invariant)
 from sms.metadata import ChainConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
 from storage import link
@@ -83,7 +84,8 @@ class Replica:
     def apply_config(self, config: ChainConfig) -> None:
         """Adopt a (new) chain config. A tail's whole log is committed by definition (every
         member before it holds it too); the watermark stored on disk may lag it by one
-        batch, so a tail takes its last SN."""
+        batch, so a tail takes its last SN -- unless the chain has fewer members than
+        min_in_sync: then it commits nothing new until enough members hold its log."""
         was_learner = self.node_id in self.config.learners
         old_tail = self.config.tail
         self.config = config
@@ -173,6 +175,15 @@ class Replica:
                 # log: checked under the sequence lock, as `sealed` (control/chains.py rule 8)
                 raise HeadMoving(f"{self.chain_id}: the head moves from {self.node_id} to {self.config.handoff}; "
                                  f"the batch was not stored")
+            if self.config.below_min_in_sync:
+                # a chain that lost members (their replacements still learners) takes nothing
+                # new that fewer than min_in_sync nodes would hold. A batch that passed this
+                # check before the short config arrived is held back by the tail's commit
+                # rule (`_commit_as_tail`) instead
+                raise NotEnoughReplicas(
+                    f"{self.chain_id}: the chain has {len(self.config.members)} member(s) "
+                    f"({', '.join(self.config.members)}), fewer than the stream's min_in_sync "
+                    f"{self.config.min_in_sync}; the batch was not stored")
             last = self.last_header()
             batch = wire.sequence(unsequenced, self._next_first_sn(), last.checksum if last else 0)
             header = await self.store.append_verified(self.log, wire.read_header(batch), batch)   # (shielded above)
@@ -272,7 +283,12 @@ class Replica:
         await self.notify()
 
     def _commit_as_tail(self, sn: int) -> None:
-        """A tail commits what it holds, but no more than its gated learners have acked."""
+        """A tail commits what it holds, but no more than its gated learners have acked, and
+        nothing while its chain has fewer members than min_in_sync: a batch the head
+        sequenced before the chain lost its members stays uncommitted (not acknowledged,
+        not read) until a learner has copied it and joined (docs/architecture.md)."""
+        if self.config.below_min_in_sync:
+            return
         for n in self.gated:
             sn = min(sn, self.learner_acked.get(n, 0))
         sn = min(sn, self.log.last_sn)

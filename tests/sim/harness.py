@@ -59,8 +59,9 @@ the replay command and the last events of the trace):
       is (it holds the batch, or its log ends before it); with `strict`, every acked batch
       is in EVERY current member's log.
   I3  on every live replica committed_sn <= last_sn, and a tail (in its own config) has
-      committed_sn == last_sn; a replica's log is its store's log; a log's watermark never
-      goes down.
+      committed_sn == last_sn (gated learners aside) -- unless its chain has fewer members
+      than min_in_sync, when it commits nothing new at all; a replica's log is its store's
+      log; a log's watermark never goes down.
   I4  no batch is stored twice (same origin) in any log.
   I5  SNs strictly increase along every log.
   I6  commits are final: there is one committed history. Every replica's committed prefix
@@ -79,7 +80,13 @@ whether it outlived a config in which its node had no place (`survived_removal`)
 positions of the committed history put at risk by a promotion or by a tail behind the
 manager's epoch (`hazards`); resets under live sessions (`splices`); commit watermarks
 taken from an ack of another epoch (`cross_acks`); hello checks that passed on a log that
-is not a prefix (`false_verifies`). None of it changes what the run does.
+is not a prefix (`false_verifies`); which nodes held each batch when it was first committed
+(`commit_copies`) and which crashes lost a log (`log_losses`), which tell a chain degraded
+to one member apart from every copy lost. None of it changes what the run does.
+
+The chain's `min_in_sync` is an option (`min_in_sync=2`; default 1, the product's default):
+the head refuses new batches while its chain has fewer members (NotEnoughReplicas, which
+the writer, as the real one, fails rather than resends) and its tail commits nothing new.
 """
 
 from __future__ import annotations
@@ -134,6 +141,8 @@ class SimViolation(AssertionError):
 class Options:
     nodes: int = 5
     rf: int = 3
+    min_in_sync: int = 1          # the chain's min_in_sync: while it has fewer members, its head refuses
+                                  # new batches (NotEnoughReplicas) and its tail commits nothing new
     durable: bool = True          # a crashed node keeps its log (False: the `memory` persistence variant)
     bound: str = "holder"         # "holder": at most RF-1 nodes down AND a live member holding every acked
                                   # batch always survives; "rf": only at most RF-1 nodes down at once
@@ -448,6 +457,13 @@ class Simulation:
         self.splices: dict[str, list[str]] = collections.defaultdict(list)   # victim node -> resets
         self.cross_acks: dict[str, list[str]] = collections.defaultdict(list)  # node -> acks across epochs
         self.false_verifies: dict[str, list[str]] = collections.defaultdict(list)  # node -> unsound hellos
+        # diagnosis: the nodes whose logs held each batch when it was first committed
+        # (first_sn -> (step, nodes)), and the steps at which a node's crash lost its log
+        # (the memory variant)
+        self.commit_copies: dict[int, tuple[int, tuple[str, ...]]] = {}
+        self.log_losses: dict[str, list[int]] = collections.defaultdict(list)
+        # I3: each replica object's commit watermark at the last check (id -> (replica, sn))
+        self.seen_committed: dict[int, tuple[Replica, int]] = {}
 
     # --- the clock -----------------------------------------------------------------------------
     def wall_clock(self, node: SimNode) -> float:
@@ -473,7 +489,7 @@ class Simulation:
             self._boot(node)
         members = tuple(self.rng.sample(self.node_ids, self.options.rf))
         self.meta = ChainConfig(chain_id=CHAIN_ID, stream=STREAM, ordinal=ORDINAL, epoch=1, members=members,
-                                persistence=self.persistence,
+                                persistence=self.persistence, min_in_sync=self.options.min_in_sync,
                                 incarnations=tuple(sorted((m, self.registered[m]) for m in members)))
         self.writer_view = self.meta
         self.log(f"chain e1 members={','.join(members)} variant={self.options.describe() or 'default'}")
@@ -922,6 +938,8 @@ class Simulation:
                 if self.inflight.pop(seq, None) is not None:
                     self.failed.add(seq)
                     self.stats["writer_failed"] += 1
+                    if error.name == "NotEnoughReplicas":
+                        self.stats["refused_min_in_sync"] += 1
                     self.log(f"  writer: o{seq} failed ({error.name})")
                 continue
             if self.inflight.pop(seq, None) is None:
@@ -939,6 +957,17 @@ class Simulation:
             self.acked_list.append(a)
             self.stats["acked"] += 1
             self.log(f"  writer: o{seq} ACKED at {sn_range(a.first_sn, a.last_sn)} by {w.head}")
+
+    def copies_of(self, header: tuple[int, int, int]) -> tuple[str, ...]:
+        """Diagnosis: the nodes whose log holds this batch (live, or on the disk of a crashed
+        durable node), members or not."""
+        out = []
+        for n in self.node_ids:
+            info = self.info_of(self.nodes[n])
+            i = info.index.get(header[0]) if info is not None else None
+            if i is not None and info.headers[i] == header:
+                out.append(n)
+        return tuple(out)
 
     # --- faults --------------------------------------------------------------------------------
     def down_count(self) -> int:
@@ -969,6 +998,8 @@ class Simulation:
                  f"{'last=' + fmt_sn(node.replica.last_sn) if node.replica else '-'}); "
                  f"{'log kept' if self.options.durable else 'log lost'}")
         await self._kill_streams(node)
+        if not self.options.durable and node.store is not None and CHAIN_ID in node.store.logs:
+            self.log_losses[node.id].append(self.step)
         if node.replica is not None:
             node.replica.state = ReplicaState.CLOSED      # the process is gone: nothing runs it
         node.replica = None
@@ -1255,6 +1286,7 @@ class Simulation:
                     return
             else:
                 self.g_index[h[0]] = len(g)
+                self.commit_copies[h[0]] = (self.step, self.copies_of(h))
                 if risk:
                     self.hazards.setdefault(len(g), f"{risk} (step {self.step})")
                 g.append(h)
@@ -1277,9 +1309,17 @@ class Simulation:
             if r.committed_sn > r.last_sn:
                 self.fail(f"I3 {node.id}: committed {fmt_sn(r.committed_sn)} > last {fmt_sn(r.last_sn)}")
             gate = min([r.learner_acked.get(n, 0) for n in r.gated] + [r.last_sn])
-            if r.is_tail and r.committed_sn != gate:
+            seen = self.seen_committed.get(id(r))
+            if r.is_tail and r.config.below_min_in_sync:
+                # a tail of a chain below min_in_sync commits nothing new (not even what it holds)
+                if seen is not None and seen[0] is r and r.committed_sn > seen[1]:
+                    self.fail(f"I3 {node.id} is tail of e{r.config.epoch} with {len(r.config.members)} member(s), "
+                              f"below min_in_sync {r.config.min_in_sync}, yet committed "
+                              f"{fmt_sn(seen[1])} -> {fmt_sn(r.committed_sn)}")
+            elif r.is_tail and r.committed_sn != gate:
                 self.fail(f"I3 {node.id} is tail at e{r.config.epoch} but committed {fmt_sn(r.committed_sn)} "
                           f"!= last {fmt_sn(r.last_sn)} (gated by learners {sorted(r.gated)}: {fmt_sn(gate)})")
+            self.seen_committed[id(r)] = (r, r.committed_sn)
             if r.committed_sn < info.watermark:
                 self.fail(f"I3 {node.id}: watermark went down {fmt_sn(info.watermark)} -> {fmt_sn(r.committed_sn)}")
             info.watermark = r.committed_sn

@@ -5,11 +5,22 @@ and chains.plan; every invariant checked after every step.
 * `test_sweep`: SWEEP_SEEDS x SWEEP_STEPS in the product's default configuration; every seed
   must pass except the ones in KNOWN_SWEEP_FAILURES, which hit a known protocol bug and are
   pinned, one test each, as xfail(strict=True) in `test_known_sweep_failure`: a fix of the
-  bug turns them into XPASS, which fails, so the list is kept honest.
+  bug turns them into XPASS, which fails, so the list is kept honest. It keeps the default
+  min_in_sync=1: its holder bound never lets the last holder of an acked batch fail, so
+  the degraded-chain loss cannot happen there (a min_in_sync=2 run of it is clean too).
 * `test_finding_*`: one pinned seed per protocol bug the simulation found, run in the
   variant that shows it best; each is xfail(strict=True, raises=KnownBug) and only counts
   as the expected failure when the violation is attributed (by evidence the simulation
   recorded, not by the message alone) to that bug; any other failure fails the test.
+* the limits of the `bound=rf` fault model (not bugs; `LIMITS`, attributed by `limit_of`
+  from recorded evidence) and the min_in_sync policy against them:
+  `test_finding_degraded_chain_loses_what_its_last_member_acked` shows, with the default
+  min_in_sync=1, a chain degraded to one member committing and acking a batch only it
+  holds, then losing it; `test_min_in_sync_keeps_a_degraded_chain_from_acknowledging_alone`
+  runs the same seed with min_in_sync=2: that loss is gone, and the loss the run still
+  finds later is two crashes of the two members that held a batch (copies-lost: bound=rf
+  bounds the nodes down at once, not the copies lost over a run); `test_min_in_sync_sweep_*`
+  holds every SWEEP_SEEDS run under bound=rf with min_in_sync=2 to copies-lost losses only.
 * `test_same_seed_same_trace`: a seed replays exactly, in this process and in others
   (different PYTHONHASHSEED).
 * `test_replay`: SIM_SEED=<n> [SIM_STEPS=<n>] [SIM_OPTIONS='name=value,...'] replays one run
@@ -168,22 +179,6 @@ def _xfail(bug: str):
     return pytest.mark.xfail(strict=True, raises=KnownBug, reason=f"{bug}: {BUGS[bug]}")
 
 
-DEGRADED_CHAIN_SEED = 62     # (was 4 until the simulation drove storage/link.py: other timing, same finding)
-
-
-@pytest.mark.xfail(strict=True, raises=SimViolation, reason=(
-    "degraded-chain: two crashes leave chain [n1] alone; it acks o1 while its learner copies, "
-    "then n1 crashes too (bound=rf allows two nodes down): o1 is on no member. A chain of "
-    "one member tolerates no failure; plan does not promote a learner when every member is "
-    "gone, and there is no min-in-sync policy that would refuse writes to a degraded chain"))
-def test_finding_degraded_chain_loses_what_its_last_member_acked():
-    """Seed 4 showed promotion-gap (fixed: promotion now waits for a gated learner), then
-    the limit of a chain degraded to one member; seed 62 shows that limit since the
-    simulation runs the real link machines (storage/link.py), whose retry timers changed
-    the timing of every seed."""
-    run(DEGRADED_CHAIN_SEED, 300, options_for_seed(DEGRADED_CHAIN_SEED).parse("bound=rf,pauses=False"))
-
-
 def test_finding_old_tail_commits_after_a_caught_up_promotion():
     """Even at promotion lag 0: n3 joins as tail of e3 holding everything n4 (the tail of e2)
     had -- nothing yet; n4, not yet at e3, then commits o1 and o2 at e2 and the head acks
@@ -263,6 +258,109 @@ def test_finding_new_learner_incarnation_does_not_inherit_the_gate():
     expect_clean(122, 300, "bound=rf,pauses=False")
 
 
+# --- the fault model's limits (not bugs), and the min_in_sync policy -----------------------------
+# `bound=rf` keeps at most RF-1 nodes down at once, but with memory logs a crashed node that
+# restarts comes back empty: over a run, every copy of a batch can be lost. Two losses it
+# explains, attributed by `limit_of` from evidence the simulation recorded (which nodes held
+# each batch when it was first committed, `Simulation.commit_copies`; which crashes lost a
+# log, `Simulation.log_losses`), never from the message alone:
+
+LIMITS = {
+    "degraded-chain": (
+        "a chain that lost members to crashes committed (and acked) a batch that only one node "
+        "held -- its last member, as tail -- and that node crashed too: a chain of one member "
+        "tolerates no failure. min_in_sync=2 keeps a chain of one member from committing or "
+        "taking anything new"),
+    "copies-lost": (
+        "a batch committed while at least two nodes held it, every one of which later crashed with "
+        "its memory log before a learner holding it joined: more losses than min_in_sync=2 tolerates "
+        "(bound=rf bounds the nodes down at once; a restarted memory node is up, but empty)"),
+}
+
+
+def limit_of(v: SimViolation) -> str | None:
+    """Which limit of the fault model explains an acked batch lost (I2), or None."""
+    sim = v.sim
+    m = re.match(r"I2 acked batch o(\d+) ", v.message)
+    if sim is None or m is None or int(m.group(1)) not in sim.acked:
+        return None
+    at, copies = sim.commit_copies.get(sim.acked[int(m.group(1))].first_sn, (0, ()))
+    if len(copies) == 1:
+        return "degraded-chain"
+    if copies and all(any(step >= at for step in sim.log_losses.get(n, ())) for n in copies):
+        return "copies-lost"
+    return None
+
+
+DEGRADED_CHAIN_SEED = 62     # (was 4 until the simulation drove storage/link.py: other timing, same finding)
+DEGRADED_CHAIN_OPTIONS = "bound=rf,pauses=False"
+
+
+def test_finding_degraded_chain_loses_what_its_last_member_acked():
+    """The default min_in_sync=1, under bound=rf: n2 and n5 crash (memory logs) and leave
+    chain [n1]; o1, sequenced while n5 was still a member, is committed by n1 alone as the
+    new tail and acked while its learner copies; then n1 crashes too: o1 is on no member.
+    Attributed by evidence: when o1 was committed, n1 was the only node holding it.
+    (Seed 4 showed promotion-gap first -- fixed: promotion waits for a gated learner -- then
+    this limit; seed 62 shows it since the simulation runs the real link machines.)"""
+    with pytest.raises(SimViolation) as caught:
+        run(DEGRADED_CHAIN_SEED, 300, options_for_seed(DEGRADED_CHAIN_SEED).parse(DEGRADED_CHAIN_OPTIONS))
+    v = caught.value
+    assert v.step == 53 and re.match(r"I2 acked batch o1 ", v.message), v
+    assert classify(v) is None and limit_of(v) == "degraded-chain", v
+    assert v.sim.commit_copies[v.sim.acked[1].first_sn][1] == ("n1",)
+
+
+def test_min_in_sync_keeps_a_degraded_chain_from_acknowledging_alone():
+    """The same seed, steps and faults with min_in_sync=2. [n1] alone does not commit o1,
+    which it took while n5 was a member (and would refuse a new batch: NotEnoughReplicas;
+    the writer, its one batch in flight, sends none): o1 is committed at step 147 and acked
+    at step 160, once the learner n5 holding it has joined ([n1, n5]). The degraded-chain
+    loss of step 53 is gone, and no batch is ever committed on one copy.
+
+    The run is not clean, though, and cannot be under bound=rf: n1 (step 189) and then n5
+    (step 225), the two members holding o1, both crash with their memory logs before the
+    next learner has copied it -- two losses, beyond what min_in_sync=2 tolerates, which
+    bound=rf allows (it bounds the nodes down at once; n1 restarted, empty, at step 192).
+    So the test asserts that this later loss is exactly that one, by evidence (`limit_of`:
+    copies-lost), rather than a clean run."""
+    options = options_for_seed(DEGRADED_CHAIN_SEED).parse(DEGRADED_CHAIN_OPTIONS + ",min_in_sync=2")
+    with pytest.raises(SimViolation) as caught:
+        run(DEGRADED_CHAIN_SEED, 300, options)
+    v = caught.value
+    assert limit_of(v) == "copies-lost" and classify(v) is None, v
+    sim = v.sim
+    assert all(len(copies) >= 2 for _step, copies in sim.commit_copies.values())
+    step, copies = sim.commit_copies[sim.acked[1].first_sn]
+    assert step > 53 and set(copies) == {"n1", "n5"}
+    assert all(any(s >= step for s in sim.log_losses[n]) for n in copies)
+
+
+@pytest.mark.parametrize("start", range(SWEEP_SEEDS.start, SWEEP_SEEDS.stop, CHUNK))
+def test_min_in_sync_sweep_loses_nothing_a_degraded_chain_acked(start):
+    """SWEEP_SEEDS under bound=rf without pauses, with min_in_sync=2: every violation must
+    be an exhausted set of copies (copies-lost), none a degraded-chain loss. (The same
+    sweep with min_in_sync=1 finds degraded-chain losses, e.g. seed 62; the product
+    default is kept in `test_sweep`, whose holder bound never lets the last holder of an
+    acked batch fail -- a min_in_sync=2 run of it is clean too, it only trades acks for
+    refusals.)"""
+    unexplained, stats = [], collections.Counter()
+    for seed in range(start, min(start + CHUNK, SWEEP_SEEDS.stop)):
+        try:
+            options = options_for_seed(seed).parse(DEGRADED_CHAIN_OPTIONS + ",min_in_sync=2")
+            stats += run(seed, SWEEP_STEPS, options).stats
+        except SimViolation as e:
+            stats += e.sim.stats
+            if limit_of(e) != "copies-lost":
+                unexplained.append(e)
+    assert stats["acked"] > 0 and stats["refused_min_in_sync"] > 0, dict(stats)     # writes go on; refusals happen
+    if unexplained:
+        raise AssertionError(f"{len(unexplained)} seeds lost what min_in_sync=2 should keep "
+                             f"({[e.seed for e in unexplained]}); the first "
+                             f"({limit_of(unexplained[0]) or classify(unexplained[0]) or 'unattributed'}):\n"
+                             f"{unexplained[0]}")
+
+
 # --- determinism and replay ---------------------------------------------------------------------
 
 def _digest(result) -> str:
@@ -276,7 +374,7 @@ def test_same_seed_same_trace():
     violations = []
     for _ in range(2):
         try:
-            run(DEGRADED_CHAIN_SEED, 300, options_for_seed(DEGRADED_CHAIN_SEED).parse("bound=rf,pauses=False"))
+            run(DEGRADED_CHAIN_SEED, 300, options_for_seed(DEGRADED_CHAIN_SEED).parse(DEGRADED_CHAIN_OPTIONS))
         except SimViolation as e:
             violations.append((e.message, e.trace))
     assert len(violations) == 2 and violations[0] == violations[1]
@@ -300,7 +398,7 @@ def test_replay():
     try:
         result = run(seed, steps, options)
     except SimViolation as e:
-        raise AssertionError(f"{e}\n  attributed to: {classify(e) or 'no known bug'}") from None
+        raise AssertionError(f"{e}\n  attributed to: {classify(e) or limit_of(e) or 'no known bug'}") from None
     print("\n".join(result.trace[-40:]))
     print(result.digest, dict(result.stats))
 

@@ -318,6 +318,15 @@ def test_sealed_commits_once_every_head_drained():
     assert config.repartitions_ms == (NOW_MS,) and config.repartition == committed.to_record()
 
 
+def test_children_take_the_streams_min_in_sync():
+    pmap = PartitionMap.even(1, NOW_MS - 10_000).with_version(3)
+    chains = {0: replace(make_chain(0, sealed=True), min_in_sync=2)}
+    state = split_state(Phase.SEALED, sealed_ms=NOW_MS)
+    config = replace(make_config(partitions=1, rf=2), min_in_sync=2)
+    action, _ = observe(state, Facts(config, pmap, NOW_MS + 3), chains, {0: drained(chains[0], 0)})
+    assert isinstance(action, Commit) and [c.min_in_sync for c in action.children] == [2, 2]
+
+
 def test_an_empty_parent_ends_at_sn_zero_and_the_boundary_is_now():
     chains = {0: make_chain(0, sealed=True)}
     state = split_state(Phase.SEALED, sealed_ms=NOW_MS)

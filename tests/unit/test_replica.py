@@ -15,7 +15,7 @@ import pytest
 
 import storage.replica as replica_module
 from sms import wire, seqno
-from sms.errors import InvariantViolation, LogDiverged, PartitionClosed, StaleEpoch, WrongOwner
+from sms.errors import InvariantViolation, LogDiverged, NotEnoughReplicas, PartitionClosed, StaleEpoch, WrongOwner
 from sms.metadata import ChainConfig
 from sms.types import Persistence
 from storage.log import LogStore
@@ -26,13 +26,15 @@ ORDINAL = 7
 WAIT_S = 0.05
 
 
-def chain(*members: str, epoch: int = EPOCH) -> ChainConfig:
+def chain(*members: str, epoch: int = EPOCH, min_in_sync: int = 1, learners: tuple[str, ...] = ()) -> ChainConfig:
     return ChainConfig(chain_id=f"s:{ORDINAL}", stream="s", ordinal=ORDINAL, epoch=epoch,
-                       members=tuple(members), persistence=Persistence.DISK)
+                       members=tuple(members), persistence=Persistence.DISK, min_in_sync=min_in_sync,
+                       learners=learners)
 
 
-def unsequenced(count: int, tag: str = "r") -> bytes:
-    return wire.build_batch([wire.encode_entry(f"k{i}".encode(), f"{tag}{i}".encode()) for i in range(count)])
+def unsequenced(count: int, tag: str = "r", origin: tuple[int, int] = (0, 0)) -> bytes:
+    return wire.build_batch([wire.encode_entry(f"k{i}".encode(), f"{tag}{i}".encode()) for i in range(count)],
+                            origin_id=origin[0], origin_seq=origin[1])
 
 
 @contextlib.asynccontextmanager
@@ -377,5 +379,86 @@ def test_a_new_tail_commits_its_whole_log(tmp_path):
             with pytest.raises(StaleEpoch):
                 await head.append_as_head(EPOCH, unsequenced(1))
             await head.append_as_head(EPOCH + 1, unsequenced(1))
+
+    asyncio.run(scenario())
+
+
+# --- min_in_sync --------------------------------------------------------------------------------
+
+WRITER = 0x5EED                       # an ingestion writer's origin id
+
+
+def test_a_head_below_min_in_sync_refuses_new_batches_and_stores_nothing(tmp_path):
+    async def scenario():
+        async with running_store(tmp_path) as store:
+            # one member left, a learner copying: learners do not count
+            r = replica_on(store, "n1", chain("n1", min_in_sync=2, learners=("n3",)))
+            with pytest.raises(NotEnoughReplicas, match="1 member.*min_in_sync 2"):
+                await r.append_as_head(EPOCH, unsequenced(2, origin=(WRITER, 1)))
+            assert (r.last_sn, r.committed_sn, r.log.batches) == (0, 0, 0)
+            assert not r.sequence_lock.locked()
+            # the learner joins (a new epoch): the chain has its two members, writes go on
+            r.apply_config(chain("n1", "n3", epoch=EPOCH + 1, min_in_sync=2))
+            header = await r.append_as_head(EPOCH + 1, unsequenced(2, origin=(WRITER, 1)))
+            assert r.last_sn == header.last_sn and r.committed_sn == 0      # the tail n3 commits
+            await r.on_successor_committed(header.last_sn)
+            assert r.committed_sn == header.last_sn
+
+    asyncio.run(scenario())
+
+
+def test_min_in_sync_one_is_todays_behaviour(tmp_path):
+    async def scenario():
+        async with running_store(tmp_path) as store:
+            r = replica_on(store, "n1", chain("n1", learners=("n3",)))
+            header = await r.append_as_head(EPOCH, unsequenced(1))
+            assert r.committed_sn == header.last_sn
+
+    asyncio.run(scenario())
+
+
+def test_a_chain_that_degrades_holds_what_it_had_and_still_answers_its_resends(tmp_path):
+    """o1 is sequenced while the chain has two members; the successor is removed before it
+    acks: the lone head, now tail, does not commit o1 (one copy) -- it waits, answering a
+    resend of o1 with the batch it holds (not NotEnoughReplicas, not stored twice) -- and
+    refuses o2. Once a second member joins and holds o1, it is committed."""
+    async def scenario():
+        async with running_store(tmp_path) as store:
+            r = replica_on(store, "n1", chain("n1", "n2", min_in_sync=2))
+            o1 = await r.append_as_head(EPOCH, unsequenced(3, origin=(WRITER, 1)))
+            r.apply_config(chain("n1", epoch=EPOCH + 1, min_in_sync=2, learners=("n3",)))
+            assert r.is_tail and r.committed_sn == 0
+            assert not await r.wait_committed(o1.last_sn, timeout_s=WAIT_S)
+            again = await r.append_as_head(EPOCH + 1, unsequenced(3, origin=(WRITER, 1)))
+            assert again == o1 and r.log.batches == 1
+            with pytest.raises(NotEnoughReplicas):
+                await r.append_as_head(EPOCH + 1, unsequenced(1, origin=(WRITER, 2)))
+            assert r.last_sn == o1.last_sn and r.log.batches == 1
+            # a learner's progress does not commit it either (it is not a member yet)
+            await r.on_learner_acked("n3", o1.last_sn)
+            assert r.committed_sn == 0
+            # n3, which holds o1, joins as the tail: its commit reaches the head
+            r.apply_config(chain("n1", "n3", epoch=EPOCH + 2, min_in_sync=2))
+            assert not r.is_tail and r.committed_sn == 0
+            await r.on_successor_committed(o1.last_sn)
+            assert await r.wait_committed(o1.last_sn, timeout_s=WAIT_S)
+            assert await r.append_as_head(EPOCH + 2, unsequenced(3, origin=(WRITER, 1))) == o1
+            o2 = await r.append_as_head(EPOCH + 2, unsequenced(1, origin=(WRITER, 2)))
+            assert o2.first_sn > o1.last_sn
+
+    asyncio.run(scenario())
+
+
+def test_a_tail_commits_its_log_once_its_chain_has_min_in_sync_members_again(tmp_path):
+    async def scenario():
+        async with running_store(tmp_path) as store:
+            r = replica_on(store, "n1", chain("n1", "n2", min_in_sync=2))
+            o1 = await r.append_as_head(EPOCH, unsequenced(2))
+            r.apply_config(chain("n1", epoch=EPOCH + 1, min_in_sync=2))
+            assert r.committed_sn == 0
+            # two members again, n1 still the tail (n3 holds the same log, as after a head
+            # handoff, control/chains.py rule 8): the tail commits everything it holds
+            r.apply_config(chain("n3", "n1", epoch=EPOCH + 2, min_in_sync=2))
+            assert r.is_tail and r.committed_sn == o1.last_sn
 
     asyncio.run(scenario())
