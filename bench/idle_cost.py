@@ -5,10 +5,14 @@ Starts `LocalCluster` (control + `--nodes` storage nodes, separate processes, th
 metadata store), then for each step of `--steps` (total partitions: 40, 400, ...) creates
 streams of `--per-stream` partitions (RF 3) up to that total, timing the creations, waits
 until every chain is ACTIVE, lets the cluster settle, and reads each process's CPU over
-`--idle-s` seconds of nothing: percent of one core per process. Prints one JSON document
-on stdout, progress on stderr; nothing here asserts a timing.
+`--idle-s` seconds of nothing: percent of one core per process. Then, loaded: it puts
+`--load-records` records into the first stream (`--per-stream` partitions; 4 writers of
+`put_records` calls of 500, as bench/growth.py) and reports its ingest rate and each
+process's CPU meanwhile, so a step shows whether a busy stream pays for the idle ones
+beside it. Prints one JSON document on stdout, progress on stderr; nothing here asserts a
+timing.
 
-    .venv/bin/python -m bench.idle_cost [--steps 40,400,1000] [--idle-s 5] [--per-stream 10]
+    .venv/bin/python -m bench.idle_cost [--steps 40,400,1000] [--idle-s 5] [--per-stream 10] [--load-records 40000]
 """
 
 from __future__ import annotations
@@ -41,10 +45,18 @@ async def _grow(address: str, have: int, want: int, per_stream: int, rf: int) ->
     return n, time.perf_counter() - t
 
 
-def run(steps: list[int], idle_s: float, per_stream: int, nodes: int, rf: int, settle_s: float) -> dict:
+async def _load(address: str, records: int) -> dict:
+    from bench.growth import put_load
+    async with aio.Client(address) as client:
+        return await put_load(client, "idle-0", records, writers=4, batch=500, size=100)
+
+
+def run(steps: list[int], idle_s: float, per_stream: int, nodes: int, rf: int, settle_s: float,
+        load_records: int = 0) -> dict:
     t0 = time.monotonic()
     out = {"bench": "idle_cost", "parameters": {"steps": steps, "idle_s": idle_s, "per_stream": per_stream,
-                                                "nodes": nodes, "rf": rf, "settle_s": settle_s}, "steps": []}
+                                                "nodes": nodes, "rf": rf, "settle_s": settle_s,
+                                                "load_records": load_records}, "steps": []}
     with tempfile.TemporaryDirectory(prefix="sms-bench-idle-") as directory, \
             LocalCluster(directory, nodes=nodes) as cluster:
         partitions = 0
@@ -66,6 +78,18 @@ def run(steps: list[int], idle_s: float, per_stream: int, nodes: int, rf: int, s
                     "idle_percent_of_a_core": percent,
                     "idle_percent_max": max(percent.values()) if percent else None}
             _progress(t0, f"{partitions} partitions: idle {percent}")
+            if load_records:
+                before_cpu = {name: cpu.cpu_seconds(pid) for name, pid in pids.items()}
+                load = asyncio.run(_load(cluster.address, load_records))
+                after_cpu = {name: cpu.cpu_seconds(pid) for name, pid in pids.items()}
+                step["loaded"] = {
+                    "stream_partitions": min(per_stream, partitions), "records": load["records"],
+                    "failed": load["failed"], "records_per_s": load["records_per_s"],
+                    "cpu_us_per_record": {name: round((after_cpu[name] - before_cpu[name]) / load["records"] * 1e6, 1)
+                                          for name in pids if before_cpu[name] is not None
+                                          and after_cpu[name] is not None}}
+                _progress(t0, f"{partitions} partitions, loaded: {load['records_per_s']:,} records/s into "
+                              f"one stream of {min(per_stream, partitions)}")
             out["steps"].append(step)
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return out
@@ -79,9 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-stream", type=int, default=10)
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--rf", type=int, default=3)
+    ap.add_argument("--load-records", type=int, default=40_000,
+                    help="records put into the first stream after each idle measurement (0: none)")
     args = ap.parse_args(argv)
     result = run([int(s) for s in args.steps.split(",")], args.idle_s, args.per_stream, args.nodes, args.rf,
-                 args.settle_s)
+                 args.settle_s, args.load_records)
     json.dump(result, sys.stdout, indent=2)
     print()
     return 0

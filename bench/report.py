@@ -205,11 +205,15 @@ def extras(r: dict) -> list[str]:
     idle = e.get("idle_cost") or {}
     if idle.get("steps"):
         out += ["", "An idle cluster as partitions grow (RF 3, 3 storage nodes; CPU over seconds of nothing):", "",
-                "| partitions | created in | idle CPU, % of a core per process (max) |", "|---|---|---|"]
+                "| partitions | created in | idle CPU, % of a core per process (max) | loaded: one stream's ingest |",
+                "|---|---|---|---|"]
         for st in idle["steps"]:
             per = ", ".join(f"{k} {v}" for k, v in sorted((st.get("idle_percent_of_a_core") or {}).items()))
+            loaded = st.get("loaded") or {}
+            load = (f"{_n(loaded.get('records_per_s'))} records/s into {loaded.get('stream_partitions')} partitions"
+                    if loaded else "-")
             out.append(f"| {_n(st.get('partitions'))} | {st.get('created')} in {st.get('create_s')} s | "
-                       f"{per} ({st.get('idle_percent_max')}) |")
+                       f"{per} ({st.get('idle_percent_max')}) | {load} |")
     return out
 
 

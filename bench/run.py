@@ -67,7 +67,7 @@ MODES: dict[str, dict] = {
                                          "warmup_s": 0.5, "settle_s": 0.2},
                    "growth": {"smoke": True},
                    "rebalance": {"smoke": True},
-                   "idle_cost": {"steps": [40], "idle_s": 1.0, "settle_s": 1.0}},
+                   "idle_cost": {"steps": [40], "idle_s": 1.0, "settle_s": 1.0, "load_records": 4_000}},
     },
     "quick": {
         "reference_records": 1_000_000,       # also the catch-up read: the 1M records
@@ -90,7 +90,7 @@ MODES: dict[str, dict] = {
                                          "warmup_s": 1.0, "settle_s": 0.5},
                    "growth": {"smoke": True},
                    "rebalance": {"quick": True},
-                   "idle_cost": {"steps": [40, 400], "idle_s": 3.0, "settle_s": 2.0}},
+                   "idle_cost": {"steps": [40, 400], "idle_s": 3.0, "settle_s": 2.0, "load_records": 20_000}},
     },
     "full": {
         "reference_records": 1_000_000,
@@ -114,7 +114,8 @@ MODES: dict[str, dict] = {
                                          "warmup_s": 2.0, "settle_s": 2.0},
                    "growth": {},
                    "rebalance": {},
-                   "idle_cost": {"steps": [40, 400, 4000], "idle_s": 5.0, "settle_s": 5.0}},
+                   "idle_cost": {"steps": [40, 400, 4000], "idle_s": 5.0, "settle_s": 12.0,
+                                 "load_records": 40_000}},
     },
 }
 
