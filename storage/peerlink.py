@@ -32,7 +32,6 @@ import asyncio
 import collections
 import heapq
 import logging
-import time
 from collections.abc import Callable
 
 import grpc
@@ -137,10 +136,6 @@ class ChainSend:
     def acked_sn(self) -> int:
         """The successor's last stored SN (retention keeps the batch it ends with)."""
         return self.sender.acked_sn
-
-    @property
-    def connected(self) -> bool:
-        return self.sender.state is link.SenderState.STREAMING
 
     async def stop(self) -> None:
         self.peer.remove(self)
@@ -407,7 +402,6 @@ class IncomingLinks:
         self._out: list[sms_pb2.ReplicateAck] = []
         self._dirty: dict[str, None] = {}
         self._wake = asyncio.Event()
-        self._applying = 0
         self._taking = False              # a frame's actions are under way
         self.frames = self.items = 0
 
@@ -438,11 +432,9 @@ class IncomingLinks:
                     s = self.sessions.get(cid)
                     if s is not None and s.replica is not None and s.receiver.due(s.replica):
                         self._perform_sync(s, s.receiver.poll(s.replica))
-        except asyncio.CancelledError:
-            # the call was cancelled under us: the predecessor went away (or we are stopping)
-            self._end_all(lost="call cancelled")
-            raise
         finally:
+            # the stream ended, or the call was cancelled under us (the predecessor went away,
+            # or we are stopping): every session still open ends with it
             reader.cancel()
             self._end_all(lost="stream ended")
             self.registry.pop(id(self), None)
@@ -515,11 +507,7 @@ class IncomingLinks:
             elif isinstance(action, link.Store) and s.receiver.state is link.ReceiverState.CLOSED:
                 continue                        # refused meanwhile: nothing more is stored
             else:
-                self._applying += 1
-                try:
-                    error = await s.replica.apply(action)
-                finally:
-                    self._applying -= 1
+                error = await s.replica.apply(action)
                 if error is not None:
                     await self._perform(s, s.receiver.store_failed(error))
 

@@ -24,14 +24,10 @@ import logging
 import time
 from collections.abc import Callable
 
-import grpc
-
-from sms import wire, limits, rpc, seqno
-from sms.aiotools import cancel_and_wait, raise_if_cancelling
+from sms import wire, limits, seqno
 from sms.errors import (HeadMoving, LogDiverged, NotEnoughReplicas, PartitionClosed, PartitionSealed, SmsError,
                         StaleEpoch, WrongOwner, invariant)
 from sms.metadata import ChainConfig
-from sms.proto import sms_pb2, sms_pb2_grpc
 from storage import link
 from storage.log import LogStore, PartitionLog
 
