@@ -269,8 +269,17 @@ class StorageNode:
             task.add_done_callback(self._reports.discard)
 
     async def _report(self, peer: str, address: str) -> None:
-        if await rpc.probe_port(address, limits.FAILURE_PROBE_TIMEOUT_S) != rpc.PROBE_REFUSED:
-            return
+        # a few probes apart: the kernel ends a killed process's connections and closes its
+        # listening socket in no set order, so the first probe can still be accepted
+        loop = asyncio.get_running_loop()
+        for attempt in range(limits.SUSPECT_PROBE_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(limits.SUSPECT_PROBE_RETRY_S)
+            self._suspected[peer] = max(self._suspected.get(peer, 0.0), loop.time() + limits.SUSPECT_PROBE_INTERVAL_S)
+            if await rpc.probe_port(address, limits.FAILURE_PROBE_TIMEOUT_S) == rpc.PROBE_REFUSED:
+                break
+        else:
+            return                                 # it listens (alive, or paused): the session TTL decides
         self._suspected[peer] = asyncio.get_running_loop().time() + limits.SUSPECT_REPORT_INTERVAL_S
         log.info("%s refuses connections at %s: reported to the chain manager", peer, address)
         self.suspects_reported += 1
