@@ -45,6 +45,7 @@ async def one_round(client: aio.Client, stream: str, args, round_no: int) -> flo
 
 async def run(args, directory: str) -> dict:
     with LocalCluster(directory, nodes=3, port=0) as cluster:
+        os.environ.update(cluster.client_env())     # its clients trust its CA
         async with aio.Client(cluster.address) as client:
             for policy in POLICIES:
                 await client.create_stream(policy, partitions=args.partitions, replication_factor=args.rf,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sms-bench-soak-") as directory, \
             LocalCluster(directory, nodes=args.nodes) as cluster:
+        os.environ.update(cluster.client_env())     # its clients trust its CA
         result = asyncio.run(_load(cluster.address, args.partitions, args.rate, args.duration_s))
         suspects = []
         for node_id in cluster.procs:

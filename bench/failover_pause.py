@@ -242,6 +242,7 @@ async def _read_back(client: aio.Client, load: Load) -> dict:
 async def _run(args, directory: str) -> dict:
     roles = ("head",) if args.quick or args.smoke else ROLES
     cluster = LocalCluster(os.path.join(directory, "cluster"), nodes=args.nodes, port=0)
+    os.environ.update(cluster.client_env())     # its clients trust its CA
     common.progress(f"starting a cluster of {args.nodes} storage nodes in {directory}")
     cluster.start()
     try:

@@ -104,6 +104,7 @@ class Clusters:
         path = os.path.join(self.directory, f"cluster{self._n}")
         t0 = time.perf_counter()
         cluster = LocalCluster(path, nodes=self.nodes, port=0).start()
+        os.environ.update(cluster.client_env())     # its clients trust its CA
         self.start_s.append(round(time.perf_counter() - t0, 1))
         return cluster
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -59,6 +60,7 @@ def run(steps: list[int], idle_s: float, per_stream: int, nodes: int, rf: int, s
                                                 "load_records": load_records}, "steps": []}
     with tempfile.TemporaryDirectory(prefix="sms-bench-idle-") as directory, \
             LocalCluster(directory, nodes=nodes) as cluster:
+        os.environ.update(cluster.client_env())     # its clients trust its CA
         partitions = 0
         for want in steps:
             _progress(t0, f"creating streams up to {want} partitions")

@@ -47,6 +47,7 @@ def raw_lmdb(records: int, size: int, batch: int, directory: str) -> dict:
 
 async def run_cluster(args, directory: str) -> dict:
     with LocalCluster(os.path.join(directory, "cluster"), nodes=3, port=0) as cluster:
+        os.environ.update(cluster.client_env())     # its clients trust its CA
         async with aio.Client(cluster.address) as client:
             info = await client.create_stream("bench", partitions=args.partitions, replication_factor=args.rf,
                                               persistence=args.persistence)

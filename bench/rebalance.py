@@ -49,6 +49,7 @@ def _even(loads, nodes: set[str]) -> bool:
 
 async def _run(args, directory: str) -> dict:
     cluster = LocalCluster(os.path.join(directory, "cluster"), nodes=args.nodes, port=0)
+    os.environ.update(cluster.client_env())     # its clients trust its CA
     common.progress(f"starting a cluster of {args.nodes} storage nodes in {directory}")
     cluster.start()
     try:

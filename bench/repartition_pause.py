@@ -48,6 +48,7 @@ async def run(args) -> dict:
 
 async def _run(args, directory: str) -> dict:
     with LocalCluster(os.path.join(directory, "cluster"), nodes=3, port=0) as cluster:
+        os.environ.update(cluster.client_env())     # its clients trust its CA
         async with aio.Client(cluster.address) as client:
             await client.create_stream("bench", partitions=args.partitions, replication_factor=args.rf)
             keys = [f"key-{i}" for i in range(args.keys)]

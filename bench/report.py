@@ -214,6 +214,17 @@ def extras(r: dict) -> list[str]:
                     if loaded else "-")
             out.append(f"| {_n(st.get('partitions'))} | {st.get('created')} in {st.get('create_s')} s | "
                        f"{per} ({st.get('idle_percent_max')}) | {load} |")
+    tls = e.get("tls_cost") or {}
+    if tls.get("tls"):
+        out += ["", f"TLS against plaintext (the same load, clusters taken in turns; issue 15's limit: a cost of at "
+                    f"most {tls.get('target_cost_pct_max')}%):", "",
+                "| cluster | ingest records/s, median (best) | cluster CPU us per record, median |", "|---|---|---|"]
+        for mode in ("tls", "plaintext"):
+            m = tls.get(mode) or {}
+            out.append(f"| {mode} | {_n(m.get('records_per_s_median'))} ({_n(m.get('records_per_s_best'))}) | "
+                       f"{m.get('cluster_cpu_us_per_record_median')} |")
+        out += ["", f"TLS / plaintext: {tls.get('throughput_ratio_tls_to_plaintext')} "
+                    f"(a cost of {tls.get('tls_cost_pct')}%)."]
     return out
 
 

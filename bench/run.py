@@ -67,7 +67,8 @@ MODES: dict[str, dict] = {
                                          "warmup_s": 0.5, "settle_s": 0.2},
                    "growth": {"smoke": True},
                    "rebalance": {"smoke": True},
-                   "idle_cost": {"steps": [40], "idle_s": 1.0, "settle_s": 1.0, "load_records": 4_000}},
+                   "idle_cost": {"steps": [40], "idle_s": 1.0, "settle_s": 1.0, "load_records": 4_000},
+                   "tls_cost": {"preset": "smoke"}},
     },
     "quick": {
         "reference_records": 1_000_000,       # also the catch-up read: the 1M records
@@ -90,7 +91,8 @@ MODES: dict[str, dict] = {
                                          "warmup_s": 1.0, "settle_s": 0.5},
                    "growth": {"smoke": True},
                    "rebalance": {"quick": True},
-                   "idle_cost": {"steps": [40, 400], "idle_s": 3.0, "settle_s": 2.0, "load_records": 20_000}},
+                   "idle_cost": {"steps": [40, 400], "idle_s": 3.0, "settle_s": 2.0, "load_records": 20_000},
+                   "tls_cost": {"preset": "quick"}},
     },
     "full": {
         "reference_records": 1_000_000,
@@ -115,7 +117,8 @@ MODES: dict[str, dict] = {
                    "growth": {},
                    "rebalance": {},
                    "idle_cost": {"steps": [40, 400, 4000], "idle_s": 5.0, "settle_s": 12.0,
-                                 "load_records": 40_000}},
+                                 "load_records": 40_000},
+                   "tls_cost": {"preset": "full"}},
     },
 }
 
@@ -319,6 +322,7 @@ async def _on_cluster(run: Run, cfg: dict, workdir: str, nodes: int, points: lis
     common.progress(f"== sms: starting LocalCluster, control + {nodes} storage nodes")
     try:
         cluster = LocalCluster(os.path.join(workdir, f"sms-{nodes}"), nodes=nodes, port=0).start()
+        os.environ.update(cluster.client_env())     # its clients trust its CA
     except Exception as e:
         out["clusters"].append({"storage_nodes": nodes, **run.failed(f"sms cluster of {nodes} nodes", e)})
         return
@@ -415,6 +419,9 @@ def extras(run: Run, cfg: dict, workdir: str) -> dict:
         elif name == "idle_cost":
             from bench import idle_cost
             out[name] = run.call("extra idle_cost", idle_cost.run, per_stream=10, nodes=3, rf=3, **params)
+        elif name == "tls_cost":
+            from bench import tls_cost
+            out[name] = run.call("extra tls_cost", tls_cost.run_preset, params["preset"])
     return out
 
 
@@ -600,6 +607,10 @@ def problems(result: dict) -> list[str]:
     if isinstance(rb, dict) and (rb.get("acked_lost") or rb.get("duplicated_records")):
         out.append(f"rebalance: {rb.get('acked_lost')} acknowledged records lost, "
                    f"{rb.get('duplicated_records')} duplicated")
+    for mode in ("tls", "plaintext"):
+        failed = sum(r.get("failed") or 0 for r in _get(result, "extras", "tls_cost", mode, "rounds") or [])
+        if failed:
+            out.append(f"tls_cost: {failed} records failed on the {mode} cluster")
     rb = _get(result, "baselines", "redis_streams", "redis_benchmark")
     if isinstance(rb, dict) and (rb.get("error") or rb.get("stream_length_matches") is False):
         out.append(f"redis-benchmark: {rb.get('error') or ''} stream length {rb.get('stream_length')} "

@@ -163,7 +163,7 @@ class StreamAdmin:
                 if node is None:
                     continue
                 try:
-                    async with rpc.aio_channel(node.address) as channel:
+                    async with rpc.node_channel(node.internal_address) as channel:
                         status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
                             sms_pb2.NodeStatusRequest(chain_ids=cids), timeout=limits.RPC_TIMEOUT_S)
                 except grpc.aio.AioRpcError:

@@ -104,7 +104,7 @@ class ChainManager:
         found = 0
         for name in names[:limits.SUSPECTS_MAX]:
             info = nodes.get(name)
-            if info is not None and self._down_incarnation(name) != info.started_ms and await _refuses(info.address):
+            if info is not None and self._down_incarnation(name) != info.started_ms and await _refuses(info.internal_address):
                 self.down[name] = (info.started_ms,
                                    "node refuses connections (its process is gone); confirmed by probes")
                 found += 1
@@ -189,7 +189,7 @@ class ChainManager:
         node; {} when it does not answer."""
         if node.node_id not in cache:
             try:
-                async with rpc.aio_channel(node.address) as channel:
+                async with rpc.node_channel(node.internal_address) as channel:
                     status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
                         sms_pb2.NodeStatusRequest(), timeout=limits.CHAIN_MANAGER_INTERVAL_S * 4)
                 cache[node.node_id] = {r.chain_id: (r.records, r.verified, int(r.last_sn), r.role, r.epoch,

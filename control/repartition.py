@@ -272,7 +272,7 @@ class Repartitioner:
         if head is None:
             return ()
         try:
-            async with rpc.aio_channel(head.address) as channel:
+            async with rpc.node_channel(head.internal_address) as channel:
                 status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
                     sms_pb2.NodeStatusRequest(chain_ids=[chain.chain_id]), timeout=limits.RPC_TIMEOUT_S)
         except (grpc.aio.AioRpcError, OSError):
@@ -360,7 +360,7 @@ class Repartitioner:
                 continue
             head = chain[0].head
             if head not in statuses:
-                statuses[head] = await self._counters(nodes[head].address)
+                statuses[head] = await self._counters(nodes[head].internal_address)
             counter = statuses[head].get(chain[0].chain_id)
             if counter is None:
                 continue
@@ -396,7 +396,7 @@ class Repartitioner:
     async def _counters(self, address: str) -> dict[str, int]:
         """chain id -> the head's record counter (the per-partition counter in its last SN)."""
         try:
-            async with rpc.aio_channel(address) as channel:
+            async with rpc.node_channel(address) as channel:
                 status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(sms_pb2.NodeStatusRequest(),
                                                                               timeout=limits.RPC_TIMEOUT_S)
         except (grpc.aio.AioRpcError, OSError):

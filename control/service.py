@@ -50,6 +50,15 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         self.view = view
         self.admin = admin                  # set while this process leads the control plane
         self.control_role = control_role
+        self.storage_service = None         # storage.service.StorageService of this process, if it stores
+
+    @rpc_errors
+    async def NodeStatus(self, request, context):
+        """This node's storage status (`sms status`): what Storage.NodeStatus answers other
+        nodes on the cluster port."""
+        if self.storage_service is None:
+            raise FailedPrecondition("this node has no storage role")
+        return await self.storage_service.NodeStatus(request, context)
 
     def _admin(self) -> StreamAdmin:
         if self.admin is None:

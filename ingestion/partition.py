@@ -142,7 +142,7 @@ class PartitionIngest:
         last: Exception | None = None
         for address in addresses:     # a closed partition is sealed and drained: any replica will do
             try:
-                async with rpc.aio_channel(address) as channel:
+                async with rpc.node_channel(address) as channel:
                     return await self._read_partition(sms_pb2_grpc.RetrievalStub(channel), ordinal,
                                                       window_start_ms, to_end=True)
             except (grpc.aio.AioRpcError, SmsError) as e:
@@ -152,7 +152,7 @@ class PartitionIngest:
 
     async def _read_own(self, window_start_ms: int) -> list[dedup.StoredRecord]:
         address = await self.resolve_head()
-        async with rpc.aio_channel(address) as channel:
+        async with rpc.node_channel(address) as channel:
             storage = sms_pb2_grpc.StorageStub(channel)
             retrieval = sms_pb2_grpc.RetrievalStub(channel)
             deadline = time.monotonic() + REBUILD_TIMEOUT_S

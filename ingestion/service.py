@@ -121,7 +121,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             if head is None:
                 self.view.invalidate()
                 raise Unavailable(f"{chain.chain_id}: head {current.head} is not registered")
-            return head.address, current.epoch
+            return head.internal_address, current.epoch
 
         async def ancestors() -> list[tuple[int, list[str], int | None]]:
             """(ordinal, replica addresses, valid_to_ms) of every ancestor still in the map."""
@@ -135,7 +135,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                     continue
                 seen.add(o)
                 c = current.chains.get(o)
-                addresses = [nodes[n].address for n in (c.members if c else ()) if n in nodes]
+                addresses = [nodes[n].internal_address for n in (c.members if c else ()) if n in nodes]
                 out.append((o, addresses, by_ordinal[o].valid_to_ms))
                 todo.extend(by_ordinal[o].parents)
             return out

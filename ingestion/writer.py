@@ -206,7 +206,7 @@ class _GrpcHead:
         self.channel = self.call = None
 
     async def __aenter__(self) -> "_GrpcHead":
-        self.channel = rpc.aio_channel(self.address)
+        self.channel = rpc.node_channel(self.address)
         self.call = sms_pb2_grpc.StorageStub(self.channel).Append()
         return self
 

@@ -25,6 +25,12 @@ DEFAULT_PORT = 7480
 
 
 def _address(args) -> str:
+    """The cluster's address. Its CA, when known here (--ca-file, or the cluster.json of
+    `sms up`), goes into $SMS_CA_FILE, which every client of this process and of the
+    workers it starts reads (sms/security.py); "" there means plaintext."""
+    from sms import security
+    if getattr(args, "ca_file", None):
+        os.environ[security.ENV_CA_FILE] = os.path.abspath(args.ca_file)
     if args.address:
         return args.address
     if os.environ.get("SMS_ADDRESS"):
@@ -32,10 +38,14 @@ def _address(args) -> str:
     path = os.path.join(args.data_dir, "cluster.json")
     try:
         with open(path) as f:
-            return json.load(f)["address"]
+            info = json.load(f)
+        address = info["address"]
     except (OSError, ValueError, KeyError):
         raise SystemExit(f"error: no cluster address: pass --address, set SMS_ADDRESS, or run `sms up` "
                          f"(looked for {path})") from None
+    if not getattr(args, "ca_file", None):
+        os.environ[security.ENV_CA_FILE] = info.get("ca_file", "")
+    return address
 
 
 def _client(args):
@@ -52,12 +62,18 @@ def _emit(args, obj, human: str) -> None:
 def cmd_up(args) -> int:
     from node.launcher import LocalCluster
     cluster = LocalCluster(args.data_dir, nodes=args.nodes, port=args.port, metastore=args.metastore,
-                           controls=args.controls)
+                           controls=args.controls, tls=not args.insecure, ca_dir=args.ca_dir)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if args.insecure:
+        print("warning: --insecure: plaintext on every port, and any process that reaches one may call "
+              "anything; for local experiments only", file=sys.stderr, flush=True)
     cluster.start()
     print(f"address: {cluster.address}", flush=True)
+    if cluster.tls:
+        print(f"tls: CA {cluster.ca_file} (the sms command and sms.Client.from_cluster_file("
+              f"{os.path.join(cluster.data_dir, 'cluster.json')!r}) use it)", flush=True)
     print(f"data: {cluster.data_dir} ({args.nodes} storage nodes, {args.controls} control; metadata in "
           f"{cluster.metastore}); Ctrl-C stops", flush=True)
     reported: set[str] = set()
@@ -70,6 +86,21 @@ def cmd_up(args) -> int:
     finally:
         cluster.stop()
         print("stopped", flush=True)
+    return 0
+
+
+def cmd_certs(args) -> int:
+    from node import certs
+    if args.certs_cmd == "init":
+        out = certs.init_ca(args.dir, days=args.days)
+        _emit(args, {"ca_file": os.path.abspath(out.cert_file), "key_file": os.path.abspath(out.key_file)},
+              f"CA certificate {out.cert_file} (clients and nodes trust it)\n"
+              f"CA key         {out.key_file} (mode 0600: whoever holds it can issue certificates)")
+        return 0
+    out = certs.issue(args.ca_dir, args.out, node=args.node or "", client=args.client or "",
+                      hosts=tuple(args.host), days=args.days)
+    _emit(args, {"cert_file": os.path.abspath(out.cert_file), "key_file": os.path.abspath(out.key_file)},
+          f"certificate {out.cert_file}\nkey         {out.key_file} (mode 0600)")
     return 0
 
 
@@ -473,7 +504,8 @@ def _demo(args, data_dir: str) -> int:
     from sms.client import Client
     from node.launcher import LocalCluster
     print(f"starting a local cluster: control + {args.nodes} storage nodes (data in {data_dir})", flush=True)
-    with LocalCluster(data_dir, nodes=args.nodes, port=0) as cluster, Client(cluster.address) as client:
+    with LocalCluster(data_dir, nodes=args.nodes, port=0) as cluster, \
+            Client(cluster.address, **cluster.client_options()) as client:
         print(f"address: {cluster.address}")
         stream = f"demo-{int(time.time())}"
         info = client.create_stream(stream, partitions=4, replication_factor=min(3, args.nodes))
@@ -522,6 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--address", help="any node's HOST:PORT (default: $SMS_ADDRESS or DIR/cluster.json)")
     common.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="local cluster directory (default ./sms-data)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument("--ca-file", help="the cluster CA's certificate, to reach a TLS cluster by --address "
+                                          "(default: $SMS_CA_FILE, or the one DIR/cluster.json names)")
 
     p = argparse.ArgumentParser(prog="sms", description="SMS: chained-replication stream storage")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -531,6 +565,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=DEFAULT_PORT, help="client port of the control node")
     up.add_argument("--controls", type=int, default=1, help="control processes (more than one elect a leader)")
     up.add_argument("--metastore", help="zk://host:port[,host:port]/prefix (default: an embedded store in DIR)")
+    up.add_argument("--insecure", action="store_true",
+                    help="plaintext, no certificates (local experiments only; TLS is the default)")
+    up.add_argument("--ca-dir", help="the CA that issues the node certificates (default: $SMS_CA_DIR, else "
+                                     "DIR/tls/ca, created when missing)")
     up.set_defaults(func=cmd_up)
 
     serve = sub.add_parser("serve", help="run one node process")
@@ -539,7 +577,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--metastore", required=True,
                        help="zk://host:port[,host:port...]/prefix, or embedded:///path/meta.lmdb (one host only)")
     serve.add_argument("--data-dir", required=True)
-    serve.add_argument("--listen", default="127.0.0.1:0")
+    serve.add_argument("--listen", default="127.0.0.1:0", help="the client port, HOST:PORT (0: any free port)")
+    serve.add_argument("--cluster-listen", help="the cluster port of a TLS node (default: the --listen host, "
+                                                "any free port)")
+    serve.add_argument("--ca-file", help="the cluster CA's certificate (PEM)")
+    serve.add_argument("--cert-file", help="this node's certificate (PEM, from `sms certs issue --node ID`)")
+    serve.add_argument("--key-file", help="this node's private key (PEM)")
+    serve.add_argument("--insecure", action="store_true", help="serve plaintext on one port, without TLS")
     serve.add_argument("--ready-file")
     serve.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process dies")
     serve.add_argument("--exit-with-pid", type=int, default=0, help="stop when process PID is gone")
@@ -628,6 +672,24 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--wait", action="store_true", help="return once the node holds nothing, showing progress")
     d.add_argument("--timeout", type=float, default=NODE_DRAIN_WAIT_S, help="seconds --wait waits (default 600)")
     node.set_defaults(func=cmd_node)
+
+    certs = sub.add_parser("certs", help="a cluster CA, and certificates for nodes and clients (TLS)")
+    csub = certs.add_subparsers(dest="certs_cmd", required=True)
+    ci = csub.add_parser("init", help="create a CA: DIR/ca.pem (give it to clients) and DIR/ca.key (keep it safe)")
+    ci.add_argument("--dir", required=True, help="where the CA goes")
+    ci.add_argument("--days", type=int, default=3650)
+    ci.add_argument("--json", action="store_true", help="machine-readable output")
+    cs = csub.add_parser("issue", help="a node's or a client's certificate and key, signed by the CA")
+    cs.add_argument("--ca-dir", required=True, help="the CA's directory (`sms certs init --dir`)")
+    who = cs.add_mutually_exclusive_group(required=True)
+    who.add_argument("--node", help="a node id: the certificate `sms serve --node-id ID` serves with")
+    who.add_argument("--client", help="a client's name: a certificate a client may present")
+    cs.add_argument("--host", action="append", default=[],
+                    help="a name or address clients reach the node at (repeat; localhost is always in)")
+    cs.add_argument("--out", default=".", help="directory for NAME.pem and NAME.key (default .)")
+    cs.add_argument("--days", type=int, default=825)
+    cs.add_argument("--json", action="store_true", help="machine-readable output")
+    certs.set_defaults(func=cmd_certs)
 
     status = sub.add_parser("status", parents=[common], help="nodes, chains, roles, process ids")
     status.set_defaults(func=cmd_status)

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from sms import limits
 
 STORAGE_ROLES = "storage,ingestion,retrieval"
+ENV_CA_DIR = "SMS_CA_DIR"        # the CA a local cluster issues its node certificates from
 STACK_DUMP_WAIT_S = 0.5          # a hung node writes its stacks to its log in this time, then is killed
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,7 @@ class NodeProcess:
     listen: str
     proc: subprocess.Popen | None = None
     address: str = ""
+    cluster_address: str = ""      # a TLS node's cluster port ("" when plaintext: the one address)
 
     @property
     def pid(self) -> int:
@@ -44,8 +47,13 @@ class NodeProcess:
 
 class LocalCluster:
     def __init__(self, data_dir: str, nodes: int = 3, port: int = 0, host: str = "127.0.0.1",
-                 metastore: str | None = None, controls: int = 1, expose_sessions: bool = False):
+                 metastore: str | None = None, controls: int = 1, expose_sessions: bool = False,
+                 tls: bool = True, ca_dir: str | None = None):
         self.data_dir = os.path.abspath(data_dir)
+        # secure by default: a CA (ca_dir, else $SMS_CA_DIR, else DIR/tls/ca; created when
+        # missing) issues every node a certificate in DIR/tls/nodes (docs/security.md)
+        self.tls = tls
+        self.ca_dir = os.path.abspath(ca_dir or os.environ.get(ENV_CA_DIR) or os.path.join(self.data_dir, "tls", "ca"))
         self.expose_sessions = expose_sessions     # fault tests: nodes write their ZooKeeper session
         self.launcher_pid = 0        # set by `sms node add`: new nodes live as long as this process
         self.host = host
@@ -59,6 +67,29 @@ class LocalCluster:
     @property
     def address(self) -> str:
         return self.procs["control"].address
+
+    @property
+    def ca_file(self) -> str:
+        """The CA certificate clients trust ("" for a plaintext cluster)."""
+        return os.path.join(self.ca_dir, "ca.pem") if self.tls else ""
+
+    def client_env(self) -> dict[str, str]:
+        """The environment under which clients (and the workers a harness starts) reach
+        this cluster: $SMS_CA_FILE ("" for plaintext; sms/security.py)."""
+        return {"SMS_CA_FILE": self.ca_file}
+
+    def client_options(self) -> dict:
+        """What `sms.Client(cluster.address, **options)` needs to reach this cluster."""
+        return {"ca_file": self.ca_file}
+
+    def _tls_args(self, node: "NodeProcess") -> list[str]:
+        if not self.tls:
+            return ["--insecure"]
+        from node import certs
+        host = node.listen.rsplit(":", 1)[0]
+        issued = certs.ensure_node_cert(self.ca_dir, os.path.join(self.data_dir, "tls", "nodes"), node.node_id,
+                                        hosts=(host, socket.gethostname()))
+        return ["--ca-file", self.ca_file, "--cert-file", issued.cert_file, "--key-file", issued.key_file]
 
     def _paths(self, node_id: str) -> tuple[str, str]:
         run = os.path.join(self.data_dir, "run")
@@ -76,7 +107,7 @@ class LocalCluster:
             listen = node.address   # keep the client address stable across restarts
         cmd = [sys.executable, "-m", "node", "serve", "--node-id", node_id, "--roles", node.roles,
                "--metastore", self.metastore, "--data-dir", os.path.join(self.data_dir, node_id),
-               "--listen", listen, "--ready-file", ready]
+               "--listen", listen, "--ready-file", ready] + self._tls_args(node)
         # a node added to a running `sms up` (`sms node add`) lives as long as that launcher
         cmd += ["--exit-with-pid", str(self.launcher_pid)] if self.launcher_pid else ["--exit-with-parent"]
         if self.expose_sessions:
@@ -105,7 +136,9 @@ class LocalCluster:
                                        + _tail(logfile))
                 if os.path.exists(ready):
                     with open(ready) as f:
-                        node.address = json.load(f)["address"]
+                        facts = json.load(f)
+                    node.address = facts["address"]
+                    node.cluster_address = facts.get("cluster_address", "")
                     pending.remove(node_id)
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"nodes {pending} not ready after {timeout_s}s")
@@ -125,7 +158,8 @@ class LocalCluster:
         return self
 
     def _write_cluster_json(self) -> None:
-        info = {"address": self.address, "launcher_pid": os.getpid(), "metastore": self.metastore,
+        info = {"address": self.address, "ca_file": self.ca_file, "launcher_pid": os.getpid(),
+                "metastore": self.metastore,
                 "nodes": [{"node_id": n.node_id, "roles": n.roles, "pid": n.pid, "address": n.address}
                           for n in self.procs.values()]}
         _write_json(os.path.join(self.data_dir, "cluster.json"), info)
@@ -219,7 +253,9 @@ def add_node(data_dir: str, timeout_s: float = limits.NODE_START_TIMEOUT_S) -> N
     while f"n{ordinal}" in taken:
         ordinal += 1
     node_id = f"n{ordinal}"
-    cluster = LocalCluster(data_dir, nodes=0, metastore=info["metastore"])
+    ca_file = info.get("ca_file", "")
+    cluster = LocalCluster(data_dir, nodes=0, metastore=info["metastore"], tls=bool(ca_file),
+                           ca_dir=os.path.dirname(ca_file) if ca_file else None)
     cluster.launcher_pid = info["launcher_pid"]
     host = info["address"].rsplit(":", 1)[0]
     cluster.procs = {node_id: NodeProcess(node_id, STORAGE_ROLES, f"{host}:0")}

@@ -22,7 +22,8 @@ import time
 
 import grpc
 
-from sms import limits, metadata, rpc, wire
+from node import tls as node_tls
+from sms import limits, metadata, rpc, security, wire
 from sms.errors import InvalidArgument
 from sms.types import NodeInfo
 
@@ -78,7 +79,9 @@ def _write_session_file(path: str, store) -> None:
 
 async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_dir: str, listen: str,
                 ready_file: str | None = None, exit_with_parent: bool = False, session_file: str = "",
-                exit_with_pid: int = 0) -> None:
+                exit_with_pid: int = 0, tls: security.TlsConfig | None = None, cluster_listen: str = "") -> None:
+    """`tls`: this node's certificate and the cluster's CA (node/tls.py: a client port and
+    a cluster port); None: one plaintext port for everything."""
     from control.admin import StreamAdmin, ensure_roots
     from control.election import LeaderElection
     from control.manager import ChainManager
@@ -107,20 +110,38 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     view = ClusterView(store)
     await view.start()
 
-    server = grpc.aio.server(options=rpc.SERVER_OPTIONS)
-    port = server.add_insecure_port(listen)
+    rpc.use_node_tls(tls)
+    host = listen.rsplit(":", 1)[0]
+    cluster_address = ""
+    if tls is None:
+        server = grpc.aio.server(options=rpc.SERVER_OPTIONS)
+        servers = [server]
+        port = server.add_insecure_port(listen)
+    else:
+        server = grpc.aio.server(options=rpc.SERVER_OPTIONS, interceptors=[node_tls.ClientPortGuard()])
+        port = server.add_secure_port(listen, node_tls.client_port_credentials(tls))
+        inner = grpc.aio.server(options=rpc.SERVER_OPTIONS, interceptors=[node_tls.ClusterPortGuard()])
+        servers = [server, inner]
+        cluster_listen = cluster_listen or f"{host}:0"
+        cluster_port = inner.add_secure_port(cluster_listen, node_tls.cluster_port_credentials(tls))
+        if cluster_port == 0:
+            raise SystemExit(f"cannot listen on {cluster_listen}")
+        cluster_address = f"{cluster_listen.rsplit(':', 1)[0]}:{cluster_port}"
     if port == 0:
         raise SystemExit(f"cannot listen on {listen}")
-    host = listen.rsplit(":", 1)[0]
     address = f"{host}:{port}"
 
     started_ms = int(time.time() * 1000)      # this process's incarnation
     control = ControlService(view, None, control_role="control" in roles)
-    sms_pb2_grpc.add_ControlServicer_to_server(control, server)
+    for srv in servers:
+        sms_pb2_grpc.add_ControlServicer_to_server(control, srv)
     storage = ingestion = election = None
     if "storage" in roles:
         storage = StorageNode(node_id, data_dir, store, incarnation=started_ms)
-        sms_pb2_grpc.add_StorageServicer_to_server(StorageService(storage, roles, os.getpid()), server)
+        storage_service = StorageService(storage, roles, os.getpid())
+        control.storage_service = storage_service
+        for srv in servers:
+            sms_pb2_grpc.add_StorageServicer_to_server(storage_service, srv)
 
         async def report_disk_failed() -> None:
             """Our disk failed (storage/log.py StorageHealth): say so under /disk_failed, so
@@ -151,16 +172,21 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         local_head = (lambda: HeadSession(storage)) if storage is not None else None
         ingestion = IngestionService(node_id, view, local_head=local_head)
         ingestion.start()
-        sms_pb2_grpc.add_IngestionServicer_to_server(ingestion, server)
+        for srv in servers:
+            sms_pb2_grpc.add_IngestionServicer_to_server(ingestion, srv)
     if "retrieval" in roles:
         secret = await store.get(metadata.CLUSTER_SECRET)
         tokens = TokenCodec(bytes.fromhex(secret.value.decode()))
-        sms_pb2_grpc.add_RetrievalServicer_to_server(RetrievalService(storage, view, tokens), server)
-    await server.start()
+        retrieval = RetrievalService(storage, view, tokens)
+        for srv in servers:
+            sms_pb2_grpc.add_RetrievalServicer_to_server(retrieval, srv)
+    for srv in servers:
+        await srv.start()
     if storage is not None:
         await storage.start()
 
-    info = NodeInfo(node_id=node_id, address=address, roles=roles, pid=os.getpid(), started_ms=started_ms)
+    info = NodeInfo(node_id=node_id, address=address, roles=roles, pid=os.getpid(), started_ms=started_ms,
+                    cluster_address=cluster_address)
     async def register(path: str, value: bytes) -> None:
         """Create our ephemeral entry; an entry left by our own killed predecessor
         vanishes when its session expires, so wait that long before giving up."""
@@ -210,11 +236,13 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
 
     store.on_session_lost(reregister)
     _write_session_file(session_file, store)
-    log.info("node %s serving %s on %s (wire codec: %s)", node_id, ",".join(roles), address, wire.IMPLEMENTATION)
+    log.info("node %s serving %s on %s (%s; wire codec: %s)", node_id, ",".join(roles), address,
+             f"TLS, cluster port {cluster_address}" if tls else "plaintext: --insecure", wire.IMPLEMENTATION)
     if ready_file:
         tmp = ready_file + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"node_id": node_id, "address": address, "pid": os.getpid()}, f)
+            json.dump({"node_id": node_id, "address": address, "cluster_address": cluster_address,
+                       "pid": os.getpid(), "tls": tls is not None}, f)
         os.replace(tmp, ready_file)
 
     await stop.wait()
@@ -223,7 +251,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         await election.stop()
     if parent_watch is not None:
         parent_watch.cancel()
-    await server.stop(grace=1.0)
+    await asyncio.gather(*(srv.stop(grace=1.0) for srv in servers))
     if ingestion is not None:
         await ingestion.close()
     if storage is not None:
@@ -252,6 +280,30 @@ def run(args) -> int:
     # modules loaded so far are frozen out of every collection.
     gc.freeze()
     gc.set_threshold(*limits.SERVER_GC_THRESHOLDS)
+    tls = node_tls_config(args)
     asyncio.run(serve(args.node_id, roles, args.metastore, args.data_dir, args.listen, args.ready_file,
-                      args.exit_with_parent, args.session_file or "", args.exit_with_pid or 0))
+                      args.exit_with_parent, args.session_file or "", args.exit_with_pid or 0,
+                      tls=tls, cluster_listen=args.cluster_listen or ""))
     return 0
+
+
+def node_tls_config(args) -> security.TlsConfig | None:
+    """The node's certificate, key and CA (`--ca-file --cert-file --key-file`), checked to
+    be a node certificate for this node id; None with `--insecure`."""
+    files = (args.ca_file, args.cert_file, args.key_file)
+    if args.insecure:
+        if any(files):
+            raise SystemExit("sms serve: --insecure and TLS files exclude each other")
+        return None
+    if not all(files):
+        raise SystemExit("sms serve: a node needs --ca-file, --cert-file and --key-file (issue them with "
+                         "`sms certs issue --node ID`), or --insecure to serve plaintext")
+    try:
+        tls = security.TlsConfig.from_files(*files)
+    except InvalidArgument as e:
+        raise SystemExit(f"sms serve: {e.message}") from None
+    cert = security.parse_cert(tls.cert)
+    if cert.unit != security.NODE_UNIT or cert.name != args.node_id:
+        raise SystemExit(f"sms serve: {args.cert_file} is a certificate of {cert.unit or 'no unit'} "
+                         f"{cert.name!r}, not of node {args.node_id!r}")
+    return tls

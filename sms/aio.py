@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 import grpc
 
-from sms import wire, convert, errors, limits, rpc, seqno
+from sms import wire, convert, errors, limits, rpc, security, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.records import encode_put
 from sms.tokens import peek
@@ -56,15 +56,33 @@ def _descendants_and(by: dict, ordinals: set[int]) -> set[int]:
 
 
 class Client:
-    def __init__(self, address: str, *, timeout_s: float = limits.RPC_TIMEOUT_S):
+    """A client of the cluster at `address` ("host:port[,host:port...]", any nodes).
+
+    TLS (docs/security.md): `ca_file` is the cluster CA's certificate to trust, and
+    `cert_file`/`key_file` an optional client certificate to present. Without `ca_file`
+    the client reads $SMS_CA_FILE ($SMS_CERT_FILE, $SMS_KEY_FILE); with neither, or with
+    `ca_file=""`, it speaks plaintext (a cluster started with `sms up --insecure`).
+    `Client.from_cluster_file(path)` takes all of it from `sms up`'s DIR/cluster.json."""
+
+    def __init__(self, address: str, *, timeout_s: float = limits.RPC_TIMEOUT_S, ca_file: str | None = None,
+                 cert_file: str | None = None, key_file: str | None = None):
         self.address = address
         self.timeout_s = timeout_s
+        self.tls = security.TlsConfig.resolve(ca_file, cert_file, key_file)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[str, StreamInfo] = {}
         self._routes: dict[str, Routes] = {}
         self._cluster: ClusterInfo | None = None
         self._shunned: dict[str, float] = {}       # address -> until when discovery asks it last
         self._read_member: dict[tuple[str, int], int] = {}
+
+    @classmethod
+    def from_cluster_file(cls, path: str, **kwargs) -> "Client":
+        """A client of the cluster `sms up` runs: its DIR/cluster.json (or DIR) names the
+        address and the CA."""
+        info = security.read_cluster_file(path)
+        kwargs.setdefault("ca_file", info.get("ca_file", ""))
+        return cls(info["address"], **kwargs)
 
     async def __aenter__(self) -> "Client":
         return self
@@ -81,7 +99,7 @@ class Client:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = rpc.aio_channel(address)
+            channel = self._channels[address] = rpc.aio_channel(address, self.tls)
         return channel
 
     async def _call(self, address: str, stub_cls, method: str, request, timeout_s: float | None = None):
@@ -89,7 +107,8 @@ class Client:
         try:
             return await getattr(stub, method)(request, timeout=timeout_s or self.timeout_s)
         except grpc.aio.AioRpcError as e:
-            raise rpc.to_sms_error(e) from None
+            error = rpc.to_sms_error(e)
+            raise (rpc.plaintext_refused(error) if self.tls is None else error) from None
 
     async def send_put_records(self, address: str, request: sms_pb2.PutRecordsRequest, *,
                                timeout_s: float = limits.PUT_TIMEOUT_S) -> sms_pb2.PutRecordsResponse:
@@ -587,7 +606,7 @@ class Client:
 
     async def node_status(self, address: str) -> dict:
         """Replicas held by the storage node at `address` (operators; `sms status`)."""
-        pb = await self._call(address, sms_pb2_grpc.StorageStub, "NodeStatus", sms_pb2.NodeStatusRequest())
+        pb = await self._call(address, sms_pb2_grpc.ControlStub, "NodeStatus", sms_pb2.NodeStatusRequest())
         return {"node_id": pb.node_id, "pid": pb.pid, "roles": list(pb.roles),
                 "replicas": [{"chain_id": r.chain_id, "epoch": r.epoch, "role": r.role, "last_sn": r.last_sn,
                               "committed_sn": r.committed_sn, "batches": r.batches, "records": r.records}

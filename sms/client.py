@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from sms import aio
+from sms import aio, security
 
 
 class Client:
@@ -21,6 +21,14 @@ class Client:
 
     async def _make(self, address, kwargs) -> aio.Client:
         return aio.Client(address, **kwargs)
+
+    @classmethod
+    def from_cluster_file(cls, path: str, **kwargs) -> "Client":
+        """A client of the cluster `sms up` runs: its DIR/cluster.json (or DIR) names the
+        address and the CA (see `sms.aio.Client` for TLS)."""
+        info = security.read_cluster_file(path)
+        kwargs.setdefault("ca_file", info.get("ca_file", ""))
+        return cls(info["address"], **kwargs)
 
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

@@ -271,6 +271,14 @@ class StorageFailed(Unavailable):
     "A failing disk"). Retriable: the chain goes on once the node restarts."""
 
 
+class TlsHandshakeFailed(Unavailable):
+    """The connection's TLS handshake failed: a TLS client met a plaintext port, a
+    plaintext client a TLS one, or the server's certificate is not from the CA the client
+    trusts (or has expired). Not retriable: the same settings fail again."""
+    retriable = False
+    refresh_map = False
+
+
 class Unauthenticated(SmsError):
     code = grpc.StatusCode.UNAUTHENTICATED
 

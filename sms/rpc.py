@@ -15,7 +15,7 @@ import logging
 
 import grpc
 
-from sms import errors, limits
+from sms import errors, limits, security
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,8 @@ def to_sms_error(e: grpc.aio.AioRpcError | grpc.RpcError) -> errors.SmsError:
     if name:
         return errors.from_name(name, details)
     code = e.code()
+    if code == grpc.StatusCode.UNAVAILABLE and "handshake failed" in details.lower():
+        return errors.TlsHandshakeFailed(_handshake_hint(details))
     if code == grpc.StatusCode.UNAVAILABLE:
         return errors.Unavailable(details or "node unavailable")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -155,10 +157,66 @@ def to_sms_error(e: grpc.aio.AioRpcError | grpc.RpcError) -> errors.SmsError:
     return errors.InternalError(f"{code.name}: {details}")
 
 
-def aio_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+_HANDSHAKE_HINTS = (
+    ("WRONG_VERSION_NUMBER", "the server does not speak TLS (a cluster started with --insecure?): connect "
+                             "without a CA"),
+    ("CERTIFICATE_VERIFY_FAILED", "the server's certificate is not one the given CA issued, or it expired"),
+    ("CERTIFICATE_REQUIRED", "the server requires a client certificate"),
+)
+
+
+def _handshake_hint(details: str) -> str:
+    for marker, hint in _HANDSHAKE_HINTS:
+        if marker in details:
+            return f"TLS handshake failed: {hint} ({details})"
+    return f"TLS handshake failed ({details})"
+
+
+def plaintext_refused(error: errors.SmsError) -> errors.SmsError:
+    """A plaintext client's connection closed at once by the server: what a TLS port does
+    with plaintext. Named so, with what to do."""
+    if type(error) is errors.Unavailable and "Socket closed" in error.message and "failed to connect" in error.message:
+        return errors.TlsHandshakeFailed(f"the server closed the connection at once; it may require TLS: give "
+                                         f"its CA (ca_file=, --ca-file or $SMS_CA_FILE) ({error.message})")
+    return error
+
+
+def aio_channel(address: str, tls: "security.TlsConfig | None" = None) -> grpc.aio.Channel:
+    """A client's channel: TLS when `tls` is given (the server checked by its address
+    against the CA), else plaintext."""
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(address, tls.channel_credentials(), options=CHANNEL_OPTIONS)
+
+
+# A node of a secure cluster: its certificate, presented on every call to another node's
+# cluster port (node/server.py sets it once at start; None: the cluster is plaintext)
+_node_tls: "security.TlsConfig | None" = None
+_node_credentials: grpc.ChannelCredentials | None = None
+
+
+def use_node_tls(tls: "security.TlsConfig | None") -> None:
+    global _node_tls, _node_credentials
+    _node_tls = tls
+    _node_credentials = tls.channel_credentials() if tls is not None else None
+
+
+def _node_channel(address: str, options: list) -> grpc.aio.Channel:
+    if _node_credentials is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    # every node certificate names NODE_TARGET_NAME: a peer is checked as a node of this
+    # cluster's CA, whatever address it was reached at
+    return grpc.aio.secure_channel(address, _node_credentials,
+                                   options=options + [("grpc.ssl_target_name_override", security.NODE_TARGET_NAME)])
+
+
+def node_channel(address: str) -> grpc.aio.Channel:
+    """A node's channel to another node's cluster port (NodeInfo.internal_address), with
+    this node's certificate when the cluster is secure."""
+    return _node_channel(address, CHANNEL_OPTIONS)
 
 
 def peer_channel(address: str) -> grpc.aio.Channel:
-    """A long-lived channel to another node, to be shared (see PEER_CHANNEL_OPTIONS)."""
-    return grpc.aio.insecure_channel(address, options=PEER_CHANNEL_OPTIONS)
+    """A long-lived channel to another node's cluster port, to be shared (see
+    PEER_CHANNEL_OPTIONS)."""
+    return _node_channel(address, PEER_CHANNEL_OPTIONS)

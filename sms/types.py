@@ -248,10 +248,16 @@ class GetRecordBatchResult:
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
     node_id: str
-    address: str
+    address: str                 # the client port
     roles: tuple[str, ...]
     pid: int
     started_ms: int
+    cluster_address: str = ""    # the cluster port of a secure node (mutual TLS); "": the client port
+
+    @property
+    def internal_address(self) -> str:
+        """Where other nodes call this one (append, replication, node status)."""
+        return self.cluster_address or self.address
 
 
 @dataclass(frozen=True, slots=True)

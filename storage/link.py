@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sms import limits, wire
-from sms.errors import FailedPrecondition, SmsError, StaleEpoch, WrongOwner
+from sms.errors import FailedPrecondition, PermissionDenied, SmsError, StaleEpoch, WrongOwner
 from sms.metadata import ChainConfig
 
 
@@ -468,8 +468,11 @@ class Receiver:
     """The successor's side of one incoming stream (one hello). It has no timers: its
     predecessor's sender reconnects, and the stream ends with the transport."""
 
-    def __init__(self, node_id: str):
+    def __init__(self, node_id: str, sender: str = ""):
         self.node_id = node_id
+        # the node at the other end, as its certificate names it (a TLS cluster's cluster
+        # port); "": not authenticated (a plaintext cluster), and not checked
+        self.sender = sender
         self.state = ReceiverState.AWAIT_HELLO
         self.chain_id = ""
         self.epoch = 0
@@ -524,6 +527,9 @@ class Receiver:
         predecessor = config.predecessor_of(self.node_id)
         if predecessor is None:
             return self._refuse(WrongOwner(f"{config.chain_id}: {self.node_id} has no predecessor"))
+        if self.sender and self.sender != predecessor:
+            return self._refuse(PermissionDenied(f"{config.chain_id}: {self.node_id} takes this chain's log only "
+                                                 f"from its predecessor {predecessor}, not from node {self.sender}"))
         self.state = ReceiverState.VERIFYING
         self.predecessor = predecessor
         self.generation = view.generation

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import grpc
 
-from sms import limits, seqno
+from sms import limits, security, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.proto import sms_pb2, sms_pb2_grpc
 from storage import link
@@ -398,6 +398,7 @@ class IncomingLinks:
         self.node = node                   # storage.service.StorageNode: replicas, suspect()
         self.registry = registry           # every IncomingLinks of the node (NodeStatus)
         self.peer = ""
+        self.sender = ""
         self.sessions: dict[str, _Session] = {}
         self._out: list[sms_pb2.ReplicateAck] = []
         self._dirty: dict[str, None] = {}
@@ -410,6 +411,10 @@ class IncomingLinks:
         self._wake.set()
 
     async def serve(self, context) -> None:
+        # on a TLS cluster's cluster port, the predecessor as its certificate names it: a
+        # hello from any other node is refused (link.Receiver), whatever its frames say
+        self.sender = security.peer_node_id(context) or ""
+        self.peer = self.sender
         self.registry[id(self)] = self
         reader = asyncio.get_running_loop().create_task(self._take(context), name="incoming-links")
         reader.add_done_callback(lambda _t: self._wake.set())
@@ -461,7 +466,7 @@ class IncomingLinks:
                 # stops), and a killed one shows as an end here: its node is suspected
                 self._end_all(lost="the predecessor's stream ended")
                 return
-            self.peer = frame.from_node or self.peer
+            self.peer = self.sender or frame.from_node or self.peer
             self.frames += 1
             self.items += len(frame.items)
             work: dict[str, list] = {}          # chain id -> [(session, actions)], in order
@@ -473,7 +478,7 @@ class IncomingLinks:
                         s.ended_by_peer = True
                         work.setdefault(cid, []).append((s, s.receiver.receive(link.End(cid), s.replica)))
                     replica = self.node.replicas.get(cid)
-                    s = _Session(cid, pb.session, link.Receiver(self.node.node_id),
+                    s = _Session(cid, pb.session, link.Receiver(self.node.node_id, self.sender),
                                  replica if replica is not None and replica.active else None)
                     self.sessions[cid] = s
                     if s.replica is not None:

@@ -123,7 +123,7 @@ class StorageNode:
         for name in names:
             entry = await self.meta.get(metadata.node_path(name))
             if entry is not None and entry.value:
-                addresses[name] = metadata.node_from_bytes(entry.value).address
+                addresses[name] = metadata.node_from_bytes(entry.value).internal_address
         self.addresses = addresses
 
     def _is_mine(self, config: ChainConfig) -> bool:

@@ -9,16 +9,21 @@ predicate against a deadline: no test sleeps and hopes.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
 
+import grpc
 import pytest
 from hypothesis import settings
 
 import sms
-from node.launcher import LocalCluster
+from node.launcher import ENV_CA_DIR, LocalCluster
+from sms import security
 from sms.types import Record
 
 # No per-example deadlines (a loaded 2-core CI machine trips them) and a fixed seed
@@ -28,6 +33,52 @@ settings.load_profile("sms")
 
 CLUSTER_NODES = 3
 POLL_INTERVAL_S = 0.02
+_SESSION_CA_DIR = ""
+
+
+def pytest_configure(config) -> None:
+    """Every cluster of the run is a TLS cluster (secure by default, as `sms up`), its
+    node certificates issued by one CA made for this run: $SMS_CA_DIR tells each
+    LocalCluster to issue from it, and $SMS_CA_FILE makes every client, in this process
+    and in the ones it starts (workers, the CLI, Spark), trust it (sms/security.py)."""
+    global _SESSION_CA_DIR
+    if os.environ.get(ENV_CA_DIR):
+        return                                   # (a CA given from outside: used as it is)
+    from node import certs
+    _SESSION_CA_DIR = tempfile.mkdtemp(prefix="sms-test-ca-")
+    issued = certs.init_ca(_SESSION_CA_DIR, name="sms test CA")
+    os.environ[ENV_CA_DIR] = _SESSION_CA_DIR
+    os.environ[security.ENV_CA_FILE] = issued.cert_file
+
+
+def pytest_unconfigure(config) -> None:
+    if _SESSION_CA_DIR:
+        shutil.rmtree(_SESSION_CA_DIR, ignore_errors=True)
+
+
+def client_channel(address: str, options: list | None = None) -> grpc.Channel:
+    """A raw synchronous channel to a node's client port, as a client reaches it: TLS
+    with the run's CA ($SMS_CA_FILE), plaintext when that is ""."""
+    tls = security.TlsConfig.resolve()
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, tls.channel_credentials(), options=options)
+
+
+def node_channel(cluster: LocalCluster, address: str, node_id: str = "test-node",
+                 options: list | None = None) -> grpc.Channel:
+    """A raw synchronous channel to the cluster port of the node whose client port is
+    `address`, presenting a node certificate of the run's CA for `node_id`: a test
+    speaking the cluster's own protocols as a member would."""
+    node = next(n for n in cluster.procs.values() if address in (n.address, n.cluster_address))
+    if not cluster.tls:
+        return grpc.insecure_channel(node.address, options=options)
+    from node import certs
+    issued = certs.ensure_node_cert(cluster.ca_dir, os.path.join(cluster.data_dir, "tls", "callers"), node_id)
+    tls = security.TlsConfig.from_files(cluster.ca_file, issued.cert_file, issued.key_file)
+    return grpc.secure_channel(node.cluster_address, tls.channel_credentials(),
+                               options=(options or []) + [("grpc.ssl_target_name_override",
+                                                           security.NODE_TARGET_NAME)])
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, what: str) -> object:
@@ -108,8 +159,8 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
     starts one on an existing directory (a restart)."""
     started: list[LocalCluster] = []
 
-    def start(data_dir: str | None = None, nodes: int = CLUSTER_NODES) -> LocalCluster:
-        local = LocalCluster(data_dir or str(tmp_path_factory.mktemp("dedicated")), nodes=nodes, port=0)
+    def start(data_dir: str | None = None, nodes: int = CLUSTER_NODES, **options) -> LocalCluster:
+        local = LocalCluster(data_dir or str(tmp_path_factory.mktemp("dedicated")), nodes=nodes, port=0, **options)
         started.append(local)
         return local.start()
 

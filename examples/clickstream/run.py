@@ -74,6 +74,7 @@ async def counted(address: str) -> Counter:
 
 async def main_async(args, data_dir: str) -> dict:
     with LocalCluster(os.path.join(data_dir, "cluster"), nodes=3, port=0) as cluster:
+        os.environ.update(cluster.client_env())     # its clients trust its CA
         graph = load_graph(GRAPH)
         await apply_graph(cluster.address, cluster.metastore, graph)
         log_dir = os.path.join(data_dir, "workers")

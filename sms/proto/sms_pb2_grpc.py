@@ -90,6 +90,11 @@ class ControlStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.DrainNodeRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.ListNodesResponse.FromString,
                 _registered_method=True)
+        self.NodeStatus = channel.unary_unary(
+                '/sms.v1.Control/NodeStatus',
+                request_serializer=sms_dot_proto_dot_sms__pb2.NodeStatusRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.NodeStatusResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -167,6 +172,14 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def NodeStatus(self, request, context):
+        """this node's storage status, for operators on the client port (Storage.NodeStatus is
+        the cluster-internal form, on the cluster port)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -224,6 +237,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.DrainNode,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.DrainNodeRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'NodeStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.NodeStatus,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.NodeStatusRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.NodeStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -524,6 +542,33 @@ class Control:
             '/sms.v1.Control/DrainNode',
             sms_dot_proto_dot_sms__pb2.DrainNodeRequest.SerializeToString,
             sms_dot_proto_dot_sms__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NodeStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/NodeStatus',
+            sms_dot_proto_dot_sms__pb2.NodeStatusRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.NodeStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,6 +23,7 @@ import grpc
 from sms import wire, errors, hashing, limits, rpc, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import Record, StreamInfo
+from tests.conftest import client_channel
 
 RETRY_INTERVAL_S = 0.05            # pause between two attempts of one request
 SETTLE_TIMEOUT_S = 60.0            # put_until_settled gives up after this
@@ -105,7 +106,7 @@ class Channels:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = grpc.insecure_channel(address, options=rpc.CHANNEL_OPTIONS)
+                channel = self._channels[address] = client_channel(address, options=rpc.CHANNEL_OPTIONS)
             return sms_pb2_grpc.IngestionStub(channel)
 
     def close(self) -> None:

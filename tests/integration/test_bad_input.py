@@ -23,7 +23,7 @@ from sms import wire, errors, hashing, limits, metadata, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import ERROR_KEY
 from sms.tokens import Position, TokenCodec
-from tests.conftest import assert_all_alive, read_stream, stream_name
+from tests.conftest import assert_all_alive, client_channel, node_channel, read_stream, stream_name
 
 pytestmark = pytest.mark.integration
 
@@ -316,10 +316,11 @@ RAW_CASES = {
 def stubs(cluster, client, target):
     """Raw stubs: ingestion and retrieval on the head of the target's p0000, control."""
     head = client.get_stream_info(target).partition(0).chain[0].address
-    with grpc.insecure_channel(head, options=[("grpc.max_send_message_length", 64 << 20)]) as node, \
-            grpc.insecure_channel(cluster.address) as control:
+    big = [("grpc.max_send_message_length", 64 << 20)]
+    with client_channel(head, options=big) as node, node_channel(cluster, head, options=big) as internal, \
+            client_channel(cluster.address) as control:
         yield {"ingestion": sms_pb2_grpc.IngestionStub(node), "retrieval": sms_pb2_grpc.RetrievalStub(node),
-               "storage": sms_pb2_grpc.StorageStub(node), "storage_control": sms_pb2_grpc.ControlStub(node),
+               "storage": sms_pb2_grpc.StorageStub(internal), "storage_control": sms_pb2_grpc.ControlStub(node),
                "control": sms_pb2_grpc.ControlStub(control), "target": target}
 
 
@@ -369,12 +370,12 @@ APPEND_CASES = {
 
 
 @pytest.mark.parametrize("batch", list(APPEND_CASES.values()), ids=list(APPEND_CASES))
-def test_head_rejects_a_bad_append_batch(client, canary, batch):
+def test_head_rejects_a_bad_append_batch(cluster, client, canary, batch):
     stream = stream_name("append")
     client.create_stream(stream, partitions=1, replication_factor=3)
     head = client.get_stream_info(stream).partition(0).chain[0].address
     acked = client.put_record(stream, b"before", "k")
-    with grpc.insecure_channel(head) as channel:
+    with node_channel(cluster, head) as channel:
         ack = _append(sms_pb2_grpc.StorageStub(channel), f"{stream}:0", batch)
     assert ack.error_name == "CorruptBatch", f"the head acked a bad batch: {ack}"
     assert [(r.sn, r.data) for r in read_stream(client, stream)[0]] == [(acked.sn, b"before")]

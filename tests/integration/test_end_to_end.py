@@ -30,7 +30,7 @@ from sms import wire, convert, errors, limits, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import Persistence, Record
 from storage.log import LogStore
-from tests.conftest import read_stream, stream_name, wait_until
+from tests.conftest import client_channel, read_stream, stream_name, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -209,7 +209,7 @@ def test_every_replica_holds_the_same_batches(make_cluster):
 
 def _raw_read_all(address: str, stream: str, ordinal: int) -> list[Record]:
     """Everything one node's retrieval role serves of a partition from TRIM_HORIZON."""
-    with grpc.insecure_channel(address) as channel:
+    with client_channel(address) as channel:
         stub = sms_pb2_grpc.RetrievalStub(channel)
         iterator = stub.GetIterator(sms_pb2.GetIteratorRequest(
             stream=stream, partition_id=f"p{ordinal:04d}", iterator_type="TRIM_HORIZON"), timeout=5).iterator

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from sms.proto import sms_pb2, sms_pb2_grpc
-from tests.conftest import read_stream, wait_until
+from tests.conftest import client_channel, read_stream, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -20,8 +20,8 @@ RECORDS = 3_000
 
 
 def node_status(address: str) -> sms_pb2.NodeStatusResponse:
-    with grpc.insecure_channel(address) as channel:
-        return sms_pb2_grpc.StorageStub(channel).NodeStatus(sms_pb2.NodeStatusRequest(), timeout=5)
+    with client_channel(address) as channel:
+        return sms_pb2_grpc.ControlStub(channel).NodeStatus(sms_pb2.NodeStatusRequest(), timeout=5)
 
 
 def test_every_chain_link_to_a_node_shares_one_stream(cluster, client, unique_stream):

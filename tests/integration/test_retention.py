@@ -24,7 +24,7 @@ from sms import convert, errors, limits, seqno
 from sms.hashing import HASH_SPACE
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import PartitionState, Record
-from tests.conftest import wait_until
+from tests.conftest import client_channel, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -56,8 +56,8 @@ def put(client, stream: str, tag: str, count: int, hash_key: int | None = None) 
 
 def replica_status(address: str, chain_id: str):
     """This node's ReplicaStatus of the chain (first_sn, trimmed_before...), or None."""
-    with grpc.insecure_channel(address) as channel:
-        resp = sms_pb2_grpc.StorageStub(channel).NodeStatus(sms_pb2.Empty(), timeout=5)
+    with client_channel(address) as channel:
+        resp = sms_pb2_grpc.ControlStub(channel).NodeStatus(sms_pb2.NodeStatusRequest(), timeout=5)
     for r in resp.replicas:
         if r.chain_id == chain_id:
             return r
@@ -66,7 +66,7 @@ def replica_status(address: str, chain_id: str):
 
 def replica_reads(address: str, stream: str, ordinal: int) -> list[Record]:
     """Everything one node's retrieval role serves of a partition from TRIM_HORIZON."""
-    with grpc.insecure_channel(address) as channel:
+    with client_channel(address) as channel:
         stub = sms_pb2_grpc.RetrievalStub(channel)
         iterator = stub.GetIterator(sms_pb2.GetIteratorRequest(
             stream=stream, partition_id=f"p{ordinal:04d}", iterator_type="TRIM_HORIZON"), timeout=5).iterator

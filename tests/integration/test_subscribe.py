@@ -15,7 +15,7 @@ import pytest
 from sms import errors, limits
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import ERROR_KEY
-from tests.conftest import wait_until
+from tests.conftest import client_channel, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -142,7 +142,7 @@ def test_bad_subscriptions_are_refused_by_name(cluster, client, unique_stream, m
     client.create_stream(unique_stream, partitions=1, replication_factor=1)
     it = client.get_iterator(unique_stream, 0, "TRIM_HORIZON")
     node = client.get_stream_info(unique_stream).partition(0).chain[0].address
-    with grpc.insecure_channel(node) as channel:
+    with client_channel(node) as channel:
         stub = sms_pb2_grpc.RetrievalStub(channel)
         for request, expected in ((sms_pb2.SubscribeRequest(iterator=it, max_records=max_records),
                                    errors.InvalidArgument),

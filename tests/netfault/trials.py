@@ -296,7 +296,8 @@ def _run(kind: str, env: Env, seed: int, hold_override: float | None = None) -> 
         for a in cluster.storage_ids:
             for b in cluster.storage_ids:
                 if a != b:
-                    ip, port = cluster.procs[b].address.rsplit(":", 1)
+                    # nodes call each other at the cluster port (plaintext: the one port)
+                    ip, port = (cluster.procs[b].cluster_address or cluster.procs[b].address).rsplit(":", 1)
                     via = env.proxy.add(f"{a}->{b}", f"{ip}:{port}")
                     bed.redirect(host(a), (ip, int(port)), via)
                     routes[(a, b)] = f"{a}->{b}"

@@ -1,0 +1,96 @@
+"""A secure node's two ports (sms/security.py): server credentials, and the guard that
+keeps the cluster's own protocols off the client port and strangers off the cluster port.
+
+- Client port: TLS with the node's certificate; no client certificate is asked for.
+  Calls to the `Storage` service (append, replication, node status) are refused there
+  with PermissionDenied, whatever the caller holds.
+- Cluster port: mutual TLS; the handshake admits only certificates of this cluster's
+  CA, and the guard serves only those whose unit is `node` (a client certificate of
+  the same CA is refused with PermissionDenied).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import grpc
+
+from sms import rpc, security
+
+INTERNAL_SERVICES = ("/sms.v1.Storage/",)      # served to cluster nodes only, on the cluster port
+
+
+def client_port_credentials(tls: security.TlsConfig) -> grpc.ServerCredentials:
+    return grpc.ssl_server_credentials([(tls.key, tls.cert)])
+
+
+def cluster_port_credentials(tls: security.TlsConfig) -> grpc.ServerCredentials:
+    return grpc.ssl_server_credentials([(tls.key, tls.cert)], root_certificates=tls.ca, require_client_auth=True)
+
+
+async def _deny(context, message: str) -> None:
+    context.set_trailing_metadata(((rpc.ERROR_KEY, "PermissionDenied"),))
+    await context.abort(grpc.StatusCode.PERMISSION_DENIED, message)
+
+
+_KINDS = {(False, False): "unary_unary", (False, True): "unary_stream",
+          (True, False): "stream_unary", (True, True): "stream_stream"}
+
+
+def _behaviour(handler: grpc.RpcMethodHandler) -> tuple[str, object]:
+    kind = _KINDS[(bool(handler.request_streaming), bool(handler.response_streaming))]
+    return kind, getattr(handler, kind)
+
+
+def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    """`handler` with its behaviour replaced by a PermissionDenied answer (a coroutine
+    serves every kind of call: a streaming one that writes nothing)."""
+    kind, _inner = _behaviour(handler)
+
+    async def refuse(_request, context):
+        await _deny(context, message)
+    return handler._replace(**{kind: refuse})
+
+
+def _node_only(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    """`handler`, served only to a caller holding a node certificate. The wrapper is of
+    the behaviour's own kind: gRPC treats an async generator as the answer stream, and a
+    coroutine as a handler that reads and writes through its context."""
+    message = (f"{method} on a cluster port needs a node certificate of this cluster "
+               f"(organisational unit {security.NODE_UNIT!r})")
+    kind, inner = _behaviour(handler)
+    if inspect.isasyncgenfunction(inner):
+        async def generator(request, context):
+            if security.peer_node_id(context) is None:
+                await _deny(context, message)
+            async for answer in inner(request, context):
+                yield answer
+        return handler._replace(**{kind: generator})
+
+    async def coroutine(request, context):
+        if security.peer_node_id(context) is None:
+            await _deny(context, message)
+        return await inner(request, context)
+    return handler._replace(**{kind: coroutine})
+
+
+class ClientPortGuard(grpc.aio.ServerInterceptor):
+    """Refuses the cluster-internal services on the client port."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is not None and method.startswith(INTERNAL_SERVICES):
+            return _refusing(handler, f"{method} is a cluster-internal call: it is served on a node's cluster "
+                                      f"port to holders of a node certificate only")
+        return handler
+
+
+class ClusterPortGuard(grpc.aio.ServerInterceptor):
+    """Serves only holders of a node certificate (the handshake already checked the CA)."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        return _node_only(handler, handler_call_details.method)
