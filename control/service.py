@@ -5,7 +5,7 @@ one address; only a process with the control role accepts CreateStream/DeleteStr
 
 from __future__ import annotations
 
-from control import repartition
+from control import auth, repartition
 from control.phases import Kind
 from control.admin import StreamAdmin, validate_create
 from metastore.view import ClusterView, bounded
@@ -51,6 +51,22 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         self.admin = admin                  # set while this process leads the control plane
         self.control_role = control_role
         self.storage_service = None         # storage.service.StorageService of this process, if it stores
+
+    # --- credentials (control/auth.py; the guard lets admin keys only call these) --------
+    @rpc_errors
+    async def CreateKey(self, request, context):
+        entry, token = await auth.create_key(self._admin().store, request.role, list(request.streams),
+                                             request.name)
+        return sms_pb2.CreateKeyResponse(key=_key_pb(entry), token=token)
+
+    @rpc_errors
+    async def ListKeys(self, request, context):
+        return sms_pb2.ListKeysResponse(keys=[_key_pb(k) for k in await auth.list_keys(self._admin().store)])
+
+    @rpc_errors
+    async def RevokeKey(self, request, context):
+        await auth.revoke_key(self._admin().store, request.key_id)
+        return sms_pb2.Empty()
 
     @rpc_errors
     async def NodeStatus(self, request, context):
@@ -136,3 +152,8 @@ class ControlService(sms_pb2_grpc.ControlServicer):
             checkpoints[ordinal] = ConsumerRecord.SHARD_END_SN if sn == "SHARD_END" else seqno.parse(sn)
         await self._admin().update_consumer(request.stream, request.consumer, checkpoints, request.remove)
         return sms_pb2.Empty()
+
+
+def _key_pb(entry: auth.KeyEntry) -> sms_pb2.KeyInfo:
+    return sms_pb2.KeyInfo(key_id=entry.key_id, tenant=entry.tenant, role=entry.role, streams=list(entry.streams),
+                           name=entry.name, created_ms=entry.created_ms)

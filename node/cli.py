@@ -31,6 +31,8 @@ def _address(args) -> str:
     from sms import security
     if getattr(args, "ca_file", None):
         os.environ[security.ENV_CA_FILE] = os.path.abspath(args.ca_file)
+    if getattr(args, "token", None):
+        os.environ[security.ENV_TOKEN] = args.token
     if args.address:
         return args.address
     if os.environ.get("SMS_ADDRESS"):
@@ -45,6 +47,8 @@ def _address(args) -> str:
                          f"(looked for {path})") from None
     if not getattr(args, "ca_file", None):
         os.environ[security.ENV_CA_FILE] = info.get("ca_file", "")
+    if not getattr(args, "token", None) and not os.environ.get(security.ENV_TOKEN):
+        os.environ[security.ENV_TOKEN] = info.get("token", "")
     return address
 
 
@@ -72,8 +76,8 @@ def cmd_up(args) -> int:
     cluster.start()
     print(f"address: {cluster.address}", flush=True)
     if cluster.tls:
-        print(f"tls: CA {cluster.ca_file} (the sms command and sms.Client.from_cluster_file("
-              f"{os.path.join(cluster.data_dir, 'cluster.json')!r}) use it)", flush=True)
+        print(f"tls: CA {cluster.ca_file}; admin token in {os.path.join(cluster.data_dir, 'cluster.json')} "
+              f"(the sms command and sms.Client.from_cluster_file use both)", flush=True)
     print(f"data: {cluster.data_dir} ({args.nodes} storage nodes, {args.controls} control; metadata in "
           f"{cluster.metastore}); Ctrl-C stops", flush=True)
     reported: set[str] = set()
@@ -86,6 +90,26 @@ def cmd_up(args) -> int:
     finally:
         cluster.stop()
         print("stopped", flush=True)
+    return 0
+
+
+def cmd_key(args) -> int:
+    with _client(args) as client:
+        if args.key_cmd == "create":
+            info, token = client.create_key(args.role, streams=args.stream, name=args.name)
+            _emit(args, {**info, "token": token},
+                  f"key {info['key_id']} ({info['role']}"
+                  + (f" of {', '.join(info['streams'])}" if info["streams"] else "") + ")\n"
+                  f"token: {token}\n(shown this once: the cluster keeps only its hash)")
+        elif args.key_cmd == "list":
+            keys = client.list_keys()
+            lines = [f"{'key':<18} {'role':<9} {'streams':<30} name"]
+            lines += [f"{k['key_id']:<18} {k['role']:<9} {','.join(k['streams']) or '(all)':<30} {k['name']}"
+                      for k in keys]
+            _emit(args, keys, "\n".join(lines))
+        else:
+            client.revoke_key(args.key_id)
+            _emit(args, {"revoked": args.key_id}, f"revoked {args.key_id}")
     return 0
 
 
@@ -554,6 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--address", help="any node's HOST:PORT (default: $SMS_ADDRESS or DIR/cluster.json)")
     common.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="local cluster directory (default ./sms-data)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument("--token", help="a key's token (default: $SMS_TOKEN, or the admin token of "
+                                        "DIR/cluster.json); see `sms key create`")
     common.add_argument("--ca-file", help="the cluster CA's certificate, to reach a TLS cluster by --address "
                                           "(default: $SMS_CA_FILE, or the one DIR/cluster.json names)")
 
@@ -584,6 +610,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cert-file", help="this node's certificate (PEM, from `sms certs issue --node ID`)")
     serve.add_argument("--key-file", help="this node's private key (PEM)")
     serve.add_argument("--insecure", action="store_true", help="serve plaintext on one port, without TLS")
+    serve.add_argument("--bootstrap-token-file", help="a file holding the token of the cluster's first admin "
+                                                      "key, created once in the cluster's life (`sms up` sets it)")
     serve.add_argument("--ready-file")
     serve.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process dies")
     serve.add_argument("--exit-with-pid", type=int, default=0, help="stop when process PID is gone")
@@ -672,6 +700,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--wait", action="store_true", help="return once the node holds nothing, showing progress")
     d.add_argument("--timeout", type=float, default=NODE_DRAIN_WAIT_S, help="seconds --wait waits (default 600)")
     node.set_defaults(func=cmd_node)
+
+    key = sub.add_parser("key", help="credentials: keys with a role (admin, producer, consumer)")
+    ksub = key.add_subparsers(dest="key_cmd", required=True)
+    kc = ksub.add_parser("create", parents=[common], help="a new key; its token is printed this once")
+    kc.add_argument("--role", required=True, choices=["admin", "producer", "consumer"])
+    kc.add_argument("--stream", action="append", default=[], help="limit the key to this stream (repeat)")
+    kc.add_argument("--name", default="", help="what the key is for")
+    ksub.add_parser("list", parents=[common], help="every key: id, role, streams, name (never a secret)")
+    kr = ksub.add_parser("revoke", parents=[common], help="delete a key: its token stops working within a second")
+    kr.add_argument("key_id")
+    key.set_defaults(func=cmd_key)
 
     certs = sub.add_parser("certs", help="a cluster CA, and certificates for nodes and clients (TLS)")
     csub = certs.add_subparsers(dest="certs_cmd", required=True)

@@ -26,6 +26,7 @@ from sms import limits
 
 STORAGE_ROLES = "storage,ingestion,retrieval"
 ENV_CA_DIR = "SMS_CA_DIR"        # the CA a local cluster issues its node certificates from
+ENV_BOOTSTRAP_TOKEN = "SMS_BOOTSTRAP_TOKEN"   # the token of a new local cluster's first admin key
 STACK_DUMP_WAIT_S = 0.5          # a hung node writes its stacks to its log in this time, then is killed
 
 log = logging.getLogger(__name__)
@@ -48,12 +49,15 @@ class NodeProcess:
 class LocalCluster:
     def __init__(self, data_dir: str, nodes: int = 3, port: int = 0, host: str = "127.0.0.1",
                  metastore: str | None = None, controls: int = 1, expose_sessions: bool = False,
-                 tls: bool = True, ca_dir: str | None = None):
+                 tls: bool = True, ca_dir: str | None = None, admin_token: str | None = None):
         self.data_dir = os.path.abspath(data_dir)
         # secure by default: a CA (ca_dir, else $SMS_CA_DIR, else DIR/tls/ca; created when
         # missing) issues every node a certificate in DIR/tls/nodes (docs/security.md)
         self.tls = tls
         self.ca_dir = os.path.abspath(ca_dir or os.environ.get(ENV_CA_DIR) or os.path.join(self.data_dir, "tls", "ca"))
+        # and a first admin key (control/auth.py): its token is admin_token, else
+        # $SMS_BOOTSTRAP_TOKEN, else the one of an earlier start (DIR/tls/admin.token), else new
+        self._admin_token = admin_token or ""
         self.expose_sessions = expose_sessions     # fault tests: nodes write their ZooKeeper session
         self.launcher_pid = 0        # set by `sms node add`: new nodes live as long as this process
         self.host = host
@@ -73,14 +77,35 @@ class LocalCluster:
         """The CA certificate clients trust ("" for a plaintext cluster)."""
         return os.path.join(self.ca_dir, "ca.pem") if self.tls else ""
 
+    @property
+    def admin_token(self) -> str:
+        """The token of the cluster's first admin key ("" for a plaintext cluster: no keys)."""
+        if not self.tls:
+            return ""
+        if not self._admin_token:
+            from control import auth
+            path = os.path.join(self.data_dir, "tls", "admin.token")
+            token = os.environ.get(ENV_BOOTSTRAP_TOKEN, "")
+            if not token and os.path.exists(path):
+                with open(path) as f:
+                    token = f.read().strip()
+            self._admin_token = token or auth.new_token()[1]
+        return self._admin_token
+
+    def _admin_token_file(self) -> str:
+        path = os.path.join(self.data_dir, "tls", "admin.token")
+        _write_private(path, self.admin_token)
+        return path
+
     def client_env(self) -> dict[str, str]:
         """The environment under which clients (and the workers a harness starts) reach
-        this cluster: $SMS_CA_FILE ("" for plaintext; sms/security.py)."""
-        return {"SMS_CA_FILE": self.ca_file}
+        this cluster as its admin: $SMS_CA_FILE ("" for plaintext) and $SMS_TOKEN
+        (sms/security.py)."""
+        return {"SMS_CA_FILE": self.ca_file, "SMS_TOKEN": self.admin_token}
 
     def client_options(self) -> dict:
-        """What `sms.Client(cluster.address, **options)` needs to reach this cluster."""
-        return {"ca_file": self.ca_file}
+        """What `sms.Client(cluster.address, **options)` needs to reach this cluster as its admin."""
+        return {"ca_file": self.ca_file, "token": self.admin_token}
 
     def _tls_args(self, node: "NodeProcess") -> list[str]:
         if not self.tls:
@@ -89,7 +114,10 @@ class LocalCluster:
         host = node.listen.rsplit(":", 1)[0]
         issued = certs.ensure_node_cert(self.ca_dir, os.path.join(self.data_dir, "tls", "nodes"), node.node_id,
                                         hosts=(host, socket.gethostname()))
-        return ["--ca-file", self.ca_file, "--cert-file", issued.cert_file, "--key-file", issued.key_file]
+        args = ["--ca-file", self.ca_file, "--cert-file", issued.cert_file, "--key-file", issued.key_file]
+        if node.roles == "control":
+            args += ["--bootstrap-token-file", self._admin_token_file()]
+        return args
 
     def _paths(self, node_id: str) -> tuple[str, str]:
         run = os.path.join(self.data_dir, "run")
@@ -158,7 +186,8 @@ class LocalCluster:
         return self
 
     def _write_cluster_json(self) -> None:
-        info = {"address": self.address, "ca_file": self.ca_file, "launcher_pid": os.getpid(),
+        info = {"address": self.address, "ca_file": self.ca_file, "token": self.admin_token,
+                "launcher_pid": os.getpid(),
                 "metastore": self.metastore,
                 "nodes": [{"node_id": n.node_id, "roles": n.roles, "pid": n.pid, "address": n.address}
                           for n in self.procs.values()]}
@@ -255,7 +284,7 @@ def add_node(data_dir: str, timeout_s: float = limits.NODE_START_TIMEOUT_S) -> N
     node_id = f"n{ordinal}"
     ca_file = info.get("ca_file", "")
     cluster = LocalCluster(data_dir, nodes=0, metastore=info["metastore"], tls=bool(ca_file),
-                           ca_dir=os.path.dirname(ca_file) if ca_file else None)
+                           ca_dir=os.path.dirname(ca_file) if ca_file else None, admin_token=info.get("token") or None)
     cluster.launcher_pid = info["launcher_pid"]
     host = info["address"].rsplit(":", 1)[0]
     cluster.procs = {node_id: NodeProcess(node_id, STORAGE_ROLES, f"{host}:0")}
@@ -268,7 +297,14 @@ def add_node(data_dir: str, timeout_s: float = limits.NODE_START_TIMEOUT_S) -> N
 
 
 def _write_json(path: str, obj) -> None:
-    """Replace the file at `path` with `obj` as JSON, atomically."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=2)
+    """Replace the file at `path` with `obj` as JSON, atomically; mode 0600 (it holds the
+    admin token)."""
+    _write_private(path, json.dumps(obj, indent=2))
+
+
+def _write_private(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     os.replace(path + ".tmp", path)

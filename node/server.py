@@ -22,9 +22,10 @@ import time
 
 import grpc
 
+from control import auth
 from node import tls as node_tls
 from sms import limits, metadata, rpc, security, wire
-from sms.errors import InvalidArgument
+from sms.errors import InvalidArgument, SmsError
 from sms.types import NodeInfo
 
 log = logging.getLogger("node.server")
@@ -79,9 +80,12 @@ def _write_session_file(path: str, store) -> None:
 
 async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_dir: str, listen: str,
                 ready_file: str | None = None, exit_with_parent: bool = False, session_file: str = "",
-                exit_with_pid: int = 0, tls: security.TlsConfig | None = None, cluster_listen: str = "") -> None:
+                exit_with_pid: int = 0, tls: security.TlsConfig | None = None, cluster_listen: str = "",
+                bootstrap_token: str = "") -> None:
     """`tls`: this node's certificate and the cluster's CA (node/tls.py: a client port and
-    a cluster port); None: one plaintext port for everything."""
+    a cluster port, and every client call's key checked); None: one plaintext port for
+    everything, no credentials. `bootstrap_token`: the cluster's first admin key, made
+    once in its life (`sms up`)."""
     from control.admin import StreamAdmin, ensure_roots
     from control.election import LeaderElection
     from control.manager import ChainManager
@@ -118,7 +122,12 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         servers = [server]
         port = server.add_insecure_port(listen)
     else:
-        server = grpc.aio.server(options=rpc.SERVER_OPTIONS, interceptors=[node_tls.ClientPortGuard()])
+        # a TLS node checks every client call's key (control/auth.py)
+        keys = auth.KeyTable(store)
+        if bootstrap_token:
+            if await auth.bootstrap_admin_key(store, bootstrap_token):
+                log.info("created the cluster's first admin key (%s)", auth.parse_token(bootstrap_token)[0])
+        server = grpc.aio.server(options=rpc.SERVER_OPTIONS, interceptors=[node_tls.ClientPortGuard(keys)])
         port = server.add_secure_port(listen, node_tls.client_port_credentials(tls))
         inner = grpc.aio.server(options=rpc.SERVER_OPTIONS, interceptors=[node_tls.ClusterPortGuard()])
         servers = [server, inner]
@@ -281,9 +290,17 @@ def run(args) -> int:
     gc.freeze()
     gc.set_threshold(*limits.SERVER_GC_THRESHOLDS)
     tls = node_tls_config(args)
+    bootstrap_token = ""
+    if args.bootstrap_token_file:
+        try:
+            with open(args.bootstrap_token_file) as f:
+                bootstrap_token = f.read().strip()
+            auth.parse_token(bootstrap_token)
+        except (OSError, SmsError) as e:
+            raise SystemExit(f"sms serve: --bootstrap-token-file {args.bootstrap_token_file}: {e}") from None
     asyncio.run(serve(args.node_id, roles, args.metastore, args.data_dir, args.listen, args.ready_file,
                       args.exit_with_parent, args.session_file or "", args.exit_with_pid or 0,
-                      tls=tls, cluster_listen=args.cluster_listen or ""))
+                      tls=tls, cluster_listen=args.cluster_listen or "", bootstrap_token=bootstrap_token))
     return 0
 
 

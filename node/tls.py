@@ -3,7 +3,9 @@ keeps the cluster's own protocols off the client port and strangers off the clus
 
 - Client port: TLS with the node's certificate; no client certificate is asked for.
   Calls to the `Storage` service (append, replication, node status) are refused there
-  with PermissionDenied, whatever the caller holds.
+  with PermissionDenied, whatever the caller holds. Every other call needs a key whose
+  role grants it (control/auth.py): Unauthenticated without one, PermissionDenied
+  without the right.
 - Cluster port: mutual TLS; the handshake admits only certificates of this cluster's
   CA, and the guard serves only those whose unit is `node` (a client certificate of
   the same CA is refused with PermissionDenied).
@@ -15,7 +17,8 @@ import inspect
 
 import grpc
 
-from sms import rpc, security
+from control import auth
+from sms import errors, rpc, security
 
 INTERNAL_SERVICES = ("/sms.v1.Storage/",)      # served to cluster nodes only, on the cluster port
 
@@ -52,37 +55,82 @@ def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHan
     return handler._replace(**{kind: refuse})
 
 
-def _node_only(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    """`handler`, served only to a caller holding a node certificate. The wrapper is of
-    the behaviour's own kind: gRPC treats an async generator as the answer stream, and a
-    coroutine as a handler that reads and writes through its context."""
-    message = (f"{method} on a cluster port needs a node certificate of this cluster "
-               f"(organisational unit {security.NODE_UNIT!r})")
+def _guarded(handler: grpc.RpcMethodHandler, admit) -> grpc.RpcMethodHandler:
+    """`handler`, served once `await admit(request, context)` returns; it raises the
+    named error that refuses the call, or returns a function applied to a unary answer
+    (None: the answer as it is). The wrapper is of the behaviour's own kind: gRPC treats
+    an async generator as the answer stream, and a coroutine as a handler that reads and
+    writes through its context."""
     kind, inner = _behaviour(handler)
     if inspect.isasyncgenfunction(inner):
         async def generator(request, context):
-            if security.peer_node_id(context) is None:
-                await _deny(context, message)
+            try:
+                await admit(request, context)
+            except errors.SmsError as e:
+                await _abort(context, e)
             async for answer in inner(request, context):
                 yield answer
         return handler._replace(**{kind: generator})
 
     async def coroutine(request, context):
-        if security.peer_node_id(context) is None:
-            await _deny(context, message)
-        return await inner(request, context)
+        try:
+            after = await admit(request, context)
+        except errors.SmsError as e:
+            await _abort(context, e)
+        answer = await inner(request, context)
+        return after(answer) if after is not None else answer
     return handler._replace(**{kind: coroutine})
 
 
+async def _abort(context, e: errors.SmsError) -> None:
+    context.set_trailing_metadata(((rpc.ERROR_KEY, e.name),))
+    await context.abort(e.code, e.message or e.name)
+
+
+def _node_only(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    """`handler`, served only to a caller holding a node certificate."""
+    message = (f"{method} on a cluster port needs a node certificate of this cluster "
+               f"(organisational unit {security.NODE_UNIT!r})")
+
+    async def admit(_request, context):
+        if security.peer_node_id(context) is None:
+            raise errors.PermissionDenied(message)
+    return _guarded(handler, admit)
+
+
+def _authenticated(handler: grpc.RpcMethodHandler, method: str, keys: auth.KeyTable) -> grpc.RpcMethodHandler:
+    """`handler`, served to a caller whose key (control/auth.py) grants the call; a stream
+    list is cut to the streams the key may use."""
+
+    async def admit(request, context):
+        principal = await keys.authenticate(auth.bearer(context.invocation_metadata()))
+        auth.check(principal, method, request)
+        if method == LIST_STREAMS and principal.streams:
+            return lambda answer: type(answer)(names=[n for n in answer.names if principal.sees(n)])
+        return None
+    return _guarded(handler, admit)
+
+
+LIST_STREAMS = "/sms.v1.Control/ListStreams"
+
+
 class ClientPortGuard(grpc.aio.ServerInterceptor):
-    """Refuses the cluster-internal services on the client port."""
+    """Refuses the cluster-internal services on the client port; with a key table,
+    serves only callers with a key that grants the call (control/auth.py)."""
+
+    def __init__(self, keys: auth.KeyTable | None = None):
+        self.keys = keys
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
-        if handler is not None and method.startswith(INTERNAL_SERVICES):
+        if handler is None:
+            return None
+        if method.startswith(INTERNAL_SERVICES):
             return _refusing(handler, f"{method} is a cluster-internal call: it is served on a node's cluster "
                                       f"port to holders of a node certificate only")
+        if self.keys is not None:
+            return _authenticated(handler, method, self.keys)
         return handler
 
 

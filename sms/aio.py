@@ -55,6 +55,11 @@ def _descendants_and(by: dict, ordinals: set[int]) -> set[int]:
     return out
 
 
+def _key_info(pb: sms_pb2.KeyInfo) -> dict:
+    return {"key_id": pb.key_id, "tenant": pb.tenant, "role": pb.role, "streams": list(pb.streams), "name": pb.name,
+            "created_ms": pb.created_ms}
+
+
 class Client:
     """A client of the cluster at `address` ("host:port[,host:port...]", any nodes).
 
@@ -62,13 +67,18 @@ class Client:
     `cert_file`/`key_file` an optional client certificate to present. Without `ca_file`
     the client reads $SMS_CA_FILE ($SMS_CERT_FILE, $SMS_KEY_FILE); with neither, or with
     `ca_file=""`, it speaks plaintext (a cluster started with `sms up --insecure`).
+    `token`: the token of a key (`sms key create`; default $SMS_TOKEN), sent with every
+    call over TLS, never over plaintext.
     `Client.from_cluster_file(path)` takes all of it from `sms up`'s DIR/cluster.json."""
 
     def __init__(self, address: str, *, timeout_s: float = limits.RPC_TIMEOUT_S, ca_file: str | None = None,
-                 cert_file: str | None = None, key_file: str | None = None):
+                 cert_file: str | None = None, key_file: str | None = None, token: str | None = None):
         self.address = address
         self.timeout_s = timeout_s
         self.tls = security.TlsConfig.resolve(ca_file, cert_file, key_file)
+        # the key's token goes with every call, over TLS only: never in clear text
+        token = security.resolve_token(token)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token and self.tls is not None else None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[str, StreamInfo] = {}
         self._routes: dict[str, Routes] = {}
@@ -79,9 +89,10 @@ class Client:
     @classmethod
     def from_cluster_file(cls, path: str, **kwargs) -> "Client":
         """A client of the cluster `sms up` runs: its DIR/cluster.json (or DIR) names the
-        address and the CA."""
+        address, the CA and the admin token."""
         info = security.read_cluster_file(path)
         kwargs.setdefault("ca_file", info.get("ca_file", ""))
+        kwargs.setdefault("token", info.get("token", ""))
         return cls(info["address"], **kwargs)
 
     async def __aenter__(self) -> "Client":
@@ -105,7 +116,7 @@ class Client:
     async def _call(self, address: str, stub_cls, method: str, request, timeout_s: float | None = None):
         stub = stub_cls(self._channel(address))
         try:
-            return await getattr(stub, method)(request, timeout=timeout_s or self.timeout_s)
+            return await getattr(stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             error = rpc.to_sms_error(e)
             raise (rpc.plaintext_refused(error) if self.tls is None else error) from None
@@ -186,6 +197,20 @@ class Client:
         info = convert.stream_from_pb(pb)
         self._streams[name] = info
         return info
+
+    # --- credentials (admin keys only; docs/security.md) --------------------------------
+    async def create_key(self, role: str, *, streams: Iterable[str] = (), name: str = "") -> tuple[dict, str]:
+        """A new key of `role` ("admin", "producer" or "consumer"), limited to `streams`
+        when given: (its description, its token). The token is shown this once."""
+        pb = await self._admin_call("CreateKey", sms_pb2.CreateKeyRequest(role=role, streams=list(streams), name=name))
+        return _key_info(pb.key), pb.token
+
+    async def list_keys(self) -> list[dict]:
+        return [_key_info(k) for k in (await self._admin_call("ListKeys", sms_pb2.Empty())).keys]
+
+    async def revoke_key(self, key_id: str) -> None:
+        """Every node refuses the key's token within a second (KEY_CACHE_TTL_S)."""
+        await self._admin_call("RevokeKey", sms_pb2.RevokeKeyRequest(key_id=key_id))
 
     async def delete_stream(self, name: str) -> None:
         await self._admin_call("DeleteStream", sms_pb2.DeleteStreamRequest(name=name))
@@ -417,7 +442,7 @@ class Client:
         while True:
             address = await self._read_address(pos.stream, pos.ordinal, refresh=failures > 0)
             call = sms_pb2_grpc.RetrievalStub(self._channel(address)).Subscribe(
-                sms_pb2.SubscribeRequest(iterator=iterator, max_records=max_records))
+                sms_pb2.SubscribeRequest(iterator=iterator, max_records=max_records), metadata=self._metadata)
             try:
                 async for event in call:
                     failures = 0

@@ -25,9 +25,10 @@ class Client:
     @classmethod
     def from_cluster_file(cls, path: str, **kwargs) -> "Client":
         """A client of the cluster `sms up` runs: its DIR/cluster.json (or DIR) names the
-        address and the CA (see `sms.aio.Client` for TLS)."""
+        address, the CA and the admin token (see `sms.aio.Client`)."""
         info = security.read_cluster_file(path)
         kwargs.setdefault("ca_file", info.get("ca_file", ""))
+        kwargs.setdefault("token", info.get("token", ""))
         return cls(info["address"], **kwargs)
 
     def _run(self, coro):
@@ -51,6 +52,15 @@ class Client:
 
     def create_stream(self, name, partitions=1, replication_factor=1, **kwargs):
         return self._run(self._aio.create_stream(name, partitions, replication_factor, **kwargs))
+
+    def create_key(self, role, *, streams=(), name=""):
+        return self._run(self._aio.create_key(role, streams=streams, name=name))
+
+    def list_keys(self):
+        return self._run(self._aio.list_keys())
+
+    def revoke_key(self, key_id):
+        return self._run(self._aio.revoke_key(key_id))
 
     def delete_stream(self, name):
         return self._run(self._aio.delete_stream(name))

@@ -204,3 +204,11 @@ SPS_PARTITION_REFRESH_S = 10.0                 # workers re-read the input parti
 SPS_OUTPUT_RETRY_DEADLINE_S = 60.0             # a batch's outputs must be acknowledged within this
 STAGES_PER_GRAPH_MAX = 64
 assert SPS_CHECKPOINT_INTERVAL_S_MAX * 1000 < DEDUP_WINDOW_MS_MIN
+
+# credentials (control/auth.py): keys checked on every call to a TLS node's client port
+KEY_CACHE_TTL_S = 1.0                          # a node re-reads a key so often: a revoked key stops within it
+AUTH_CACHE_ENTRIES_MAX = 10_000                # verdicts on tokens a node keeps (then it starts afresh)
+AUTH_TOKEN_CHARS_MAX = 256                     # a longer credential is malformed
+KEY_STREAMS_MAX = 1_000                        # streams one key may be limited to
+KEY_NAME_CHARS_MAX = 200                       # a key's free-text name
+KEYS_LISTED_MAX = 10_000                       # keys `sms key list` shows

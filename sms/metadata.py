@@ -26,11 +26,13 @@ from sms.types import IngestionPolicy, NodeInfo, Persistence, StreamStatus
 
 CLUSTER_SECRET = "/cluster/secret"
 CLUSTER_CONTROL = "/cluster/control"
+CLUSTER_BOOTSTRAPPED = "/cluster/bootstrapped"   # the first admin key was made (control/auth.py)
 NODES = "/nodes"
 STREAMS = "/streams"
 CHAINS = "/chains"
 DRAINING = "/draining"      # storage nodes being emptied (`sms node drain`), one child each
 DISK_FAILED = "/disk_failed"   # storage nodes whose disk failed, each child holding the incarnation
+KEYS = "/keys"              # credentials (control/auth.py): one child per key, never its secret
 SUSPECTS = "/suspects"      # storage nodes report peers that refused connections (control/detector.py)
 
 _STREAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,%d}" % limits.STREAM_NAME_CHARS_MAX)

@@ -22,7 +22,8 @@ import pytest
 from hypothesis import settings
 
 import sms
-from node.launcher import ENV_CA_DIR, LocalCluster
+from control import auth
+from node.launcher import ENV_BOOTSTRAP_TOKEN, ENV_CA_DIR, LocalCluster
 from sms import security
 from sms.types import Record
 
@@ -49,6 +50,10 @@ def pytest_configure(config) -> None:
     issued = certs.init_ca(_SESSION_CA_DIR, name="sms test CA")
     os.environ[ENV_CA_DIR] = _SESSION_CA_DIR
     os.environ[security.ENV_CA_FILE] = issued.cert_file
+    # every cluster's first admin key has one token, which every client presents
+    token = auth.new_token()[1]
+    os.environ[ENV_BOOTSTRAP_TOKEN] = token
+    os.environ[security.ENV_TOKEN] = token
 
 
 def pytest_unconfigure(config) -> None:
@@ -56,13 +61,39 @@ def pytest_unconfigure(config) -> None:
         shutil.rmtree(_SESSION_CA_DIR, ignore_errors=True)
 
 
-def client_channel(address: str, options: list | None = None) -> grpc.Channel:
+class _Token(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+             grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call of a channel."""
+
+    def __init__(self, token: str):
+        self.header = ("authorization", f"Bearer {token}")
+
+    def _details(self, details):
+        return details._replace(metadata=list(details.metadata or ()) + [self.header])
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+
+def client_channel(address: str, options: list | None = None, token: str | None = None) -> grpc.Channel:
     """A raw synchronous channel to a node's client port, as a client reaches it: TLS
-    with the run's CA ($SMS_CA_FILE), plaintext when that is ""."""
+    with the run's CA ($SMS_CA_FILE) and the key's token ($SMS_TOKEN) on every call;
+    plaintext and no token when the CA is ""."""
     tls = security.TlsConfig.resolve()
     if tls is None:
         return grpc.insecure_channel(address, options=options)
-    return grpc.secure_channel(address, tls.channel_credentials(), options=options)
+    channel = grpc.secure_channel(address, tls.channel_credentials(), options=options)
+    token = security.resolve_token(token)
+    return grpc.intercept_channel(channel, _Token(token)) if token else channel
 
 
 def node_channel(cluster: LocalCluster, address: str, node_id: str = "test-node",

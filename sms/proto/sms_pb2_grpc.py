@@ -95,6 +95,21 @@ class ControlStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.NodeStatusRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.NodeStatusResponse.FromString,
                 _registered_method=True)
+        self.CreateKey = channel.unary_unary(
+                '/sms.v1.Control/CreateKey',
+                request_serializer=sms_dot_proto_dot_sms__pb2.CreateKeyRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.CreateKeyResponse.FromString,
+                _registered_method=True)
+        self.ListKeys = channel.unary_unary(
+                '/sms.v1.Control/ListKeys',
+                request_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.ListKeysResponse.FromString,
+                _registered_method=True)
+        self.RevokeKey = channel.unary_unary(
+                '/sms.v1.Control/RevokeKey',
+                request_serializer=sms_dot_proto_dot_sms__pb2.RevokeKeyRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -180,6 +195,25 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateKey(self, request, context):
+        """credentials (control/auth.py): admin keys only; a new key's token is answered once
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListKeys(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeKey(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -242,6 +276,21 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.NodeStatus,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.NodeStatusRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.NodeStatusResponse.SerializeToString,
+            ),
+            'CreateKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateKey,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.CreateKeyRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.CreateKeyResponse.SerializeToString,
+            ),
+            'ListKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListKeys,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.ListKeysResponse.SerializeToString,
+            ),
+            'RevokeKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeKey,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.RevokeKeyRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -569,6 +618,87 @@ class Control:
             '/sms.v1.Control/NodeStatus',
             sms_dot_proto_dot_sms__pb2.NodeStatusRequest.SerializeToString,
             sms_dot_proto_dot_sms__pb2.NodeStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/CreateKey',
+            sms_dot_proto_dot_sms__pb2.CreateKeyRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.CreateKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/ListKeys',
+            sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.ListKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/RevokeKey',
+            sms_dot_proto_dot_sms__pb2.RevokeKeyRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

@@ -11,6 +11,7 @@ import os
 import queue
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -29,8 +30,13 @@ COMMAND_TIMEOUT_S = 60
 ADDRESS_LINE = re.compile(r"^address: (\S+:\d+)$")
 
 
+# the suite's CA and admin token (tests/conftest.py) are left out: `sms up` here makes its
+# own, as on a new user's machine, and the commands find them in DIR/cluster.json
+_NOT_PASSED = {"SMS_ADDRESS", "SMS_CA_FILE", "SMS_CA_DIR", "SMS_TOKEN", "SMS_BOOTSTRAP_TOKEN"}
+
+
 def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "SMS_ADDRESS"}
+    return {k: v for k, v in os.environ.items() if k not in _NOT_PASSED}
 
 
 class Up:
@@ -142,6 +148,35 @@ def up_factory(tmp_path) -> Iterator:
     finally:
         for up in started:
             up.stop()
+
+
+def test_up_is_secure_by_default_and_keys_have_roles(up_factory):
+    """`sms up` makes a CA, node certificates and an admin key in its directory; the
+    commands use them through cluster.json (mode 0600); a consumer key cannot write, and
+    a revoked key is refused."""
+    up = up_factory(nodes=1)
+    d = up.data_dir
+    up.wait_for_address()
+    path = os.path.join(d, "cluster.json")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    with open(path) as f:
+        cluster = json.load(f)
+    assert cluster["ca_file"] == os.path.join(d, "tls", "ca", "ca.pem") and cluster["token"].startswith("sms_")
+    assert any(line.startswith("tls: CA ") for line in up.output + [up.lines.get(timeout=UP_READY_TIMEOUT_S)])
+    ok(sms_cmd(d, "stream", "create", "s", "--partitions", "1"))
+    key = json.loads(ok(sms_cmd(d, "key", "create", "--role", "consumer", "--stream", "s", "--name", "r", "--json")))
+    assert key["role"] == "consumer" and key["streams"] == ["s"] and key["token"].startswith("sms_")
+    refused = sms_cmd(d, "put", "s", "x", "--key", "k", "--token", key["token"])
+    assert refused.returncode == 1 and "PermissionDenied" in refused.stderr, refused
+    ok(sms_cmd(d, "put", "s", "x", "--key", "k"))                   # the admin token of cluster.json
+    assert "x" in ok(sms_cmd(d, "read", "s", "--token", key["token"]))
+    listed = json.loads(ok(sms_cmd(d, "key", "list", "--json")))
+    assert key["key_id"] in {k["key_id"] for k in listed} and all("sha256" not in k for k in listed)
+    ok(sms_cmd(d, "key", "revoke", key["key_id"]))
+    wait_until(lambda: "Unauthenticated" in sms_cmd(d, "read", "s", "--token", key["token"]).stderr,
+               COMMAND_TIMEOUT_S, "the revoked key refused")
+    plain = sms_cmd(d, "stream", "list", "--ca-file", "", "--address", cluster["address"])
+    assert plain.returncode == 1 and "TlsHandshakeFailed" in plain.stderr, plain
 
 
 @pytest.mark.slow

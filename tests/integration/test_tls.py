@@ -27,7 +27,7 @@ from node import certs
 from sms import errors, security, seqno, wire
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.records import encode_put
-from tests.conftest import read_stream, wait_until
+from tests.conftest import client_channel, read_stream, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +122,7 @@ def test_cluster_calls_are_refused_on_the_client_port(cluster, client, canary):
                 list(stub.ReplicateLinks(iter([sms_pb2.LinkFrame(from_node="n1")]), timeout=CALL_TIMEOUT_S))
             assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
     # the operators' form of node status is a client call
-    with _secure(tail, cluster.ca_file) as channel:
+    with client_channel(tail) as channel:
         status = sms_pb2_grpc.ControlStub(channel).NodeStatus(sms_pb2.NodeStatusRequest(), timeout=CALL_TIMEOUT_S)
     assert f"{canary}:0" in {r.chain_id for r in status.replicas}
     _assert_serving(client, canary)

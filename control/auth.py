@@ -1,0 +1,266 @@
+"""Credentials (issue 15 item 3; docs/security.md); the guard on the client port (node/tls.py) calls it: keys with a role, checked on every
+call to a TLS node's client port.
+
+A key is `/keys/<key id>` in the metadata store: its tenant, its role (`admin`,
+`producer` or `consumer`), optionally the streams it is limited to, and the SHA-256 of
+its secret. The secret itself is shown once, when the key is created, inside its token
+`sms_<key id>_<secret>`; the store never holds it. (Secrets are 256 random bits, so one
+SHA-256 is enough; a slow password hash is for secrets people choose.)
+
+Every client call carries the token as `authorization: Bearer <token>`. A missing,
+malformed, unknown, revoked or wrong token gets `Unauthenticated`; a valid one without
+the right gets `PermissionDenied`, which names neither the key's streams nor whether the
+stream asked for exists. A node caches what it read of a key for KEY_CACHE_TTL_S, so a
+revoked key stops working within that time on every node.
+
+What each role may do (`RIGHTS`): a consumer reads and checkpoints, a producer writes,
+both describe the streams they may use; an admin does all of it and manages streams,
+nodes and keys. Only keys of the `default` tenant exist so far; tenants of their own
+come next (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from metastore import MetaStore, MetaStoreError
+from sms import limits, metadata, tokens
+from sms.errors import InvalidArgument, KeyNotFound, PermissionDenied, SmsError, Unauthenticated, Unavailable
+
+ROLES = ("admin", "producer", "consumer")
+DEFAULT_TENANT = "default"
+TOKEN_PREFIX = "sms_"
+KEY_ID_HEX = 16
+AUTH_HEADER = "authorization"
+
+# rights, and the roles that hold them
+DESCRIBE, READ, WRITE, ADMIN = "describe", "read", "write", "admin"
+ROLE_RIGHTS = {"admin": {DESCRIBE, READ, WRITE, ADMIN}, "producer": {DESCRIBE, WRITE}, "consumer": {DESCRIBE, READ}}
+
+
+def _stream_of_iterator(request) -> str:
+    try:
+        return tokens.peek(request.iterator).stream
+    except SmsError:
+        return ""               # a malformed iterator: the handler names the error
+
+
+def _field(name: str) -> Callable:
+    return lambda request: getattr(request, name)
+
+
+# method -> (right, the stream the call is about, or None for calls about no one stream)
+POLICY: dict[str, tuple[str, Callable | None]] = {
+    "/sms.v1.Control/CreateStream": (ADMIN, _field("name")),
+    "/sms.v1.Control/DeleteStream": (ADMIN, _field("name")),
+    "/sms.v1.Control/UpdateStream": (ADMIN, _field("name")),
+    "/sms.v1.Control/RepartitionStream": (ADMIN, _field("name")),
+    "/sms.v1.Control/TrimStream": (ADMIN, _field("name")),
+    "/sms.v1.Control/ListNodes": (ADMIN, None),
+    "/sms.v1.Control/DrainNode": (ADMIN, None),
+    "/sms.v1.Control/NodeStatus": (ADMIN, None),
+    "/sms.v1.Control/CreateKey": (ADMIN, None),
+    "/sms.v1.Control/ListKeys": (ADMIN, None),
+    "/sms.v1.Control/RevokeKey": (ADMIN, None),
+    "/sms.v1.Control/DescribeStream": (DESCRIBE, _field("name")),
+    "/sms.v1.Control/ListStreams": (DESCRIBE, None),
+    "/sms.v1.Control/DescribeCluster": (DESCRIBE, None),
+    "/sms.v1.Control/UpdateConsumer": (READ, _field("stream")),
+    "/sms.v1.Ingestion/PutRecords": (WRITE, _field("stream")),
+    "/sms.v1.Ingestion/IngestionStatus": (ADMIN, None),
+    "/sms.v1.Retrieval/GetIterator": (READ, _field("stream")),
+    "/sms.v1.Retrieval/GetNextRecords": (READ, _stream_of_iterator),
+    "/sms.v1.Retrieval/Subscribe": (READ, _stream_of_iterator),
+    "/sms.v1.Retrieval/GetRecord": (READ, _field("stream")),
+}
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    key_id: str
+    tenant: str
+    role: str
+    streams: tuple[str, ...]          # () = every stream of the tenant
+    sha256: str                       # of the secret, hex
+    created_ms: int
+    name: str = ""
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"tenant": self.tenant, "role": self.role, "streams": list(self.streams),
+                           "sha256": self.sha256, "created_ms": self.created_ms, "name": self.name}).encode()
+
+    @classmethod
+    def from_bytes(cls, key_id: str, raw: bytes) -> "KeyEntry":
+        d = json.loads(raw)
+        return cls(key_id=key_id, tenant=d["tenant"], role=d["role"], streams=tuple(d.get("streams") or ()),
+                   sha256=d["sha256"], created_ms=d["created_ms"], name=d.get("name", ""))
+
+    def described(self) -> dict:
+        """What `sms key list` shows: never the hash."""
+        return {"key_id": self.key_id, "tenant": self.tenant, "role": self.role, "streams": list(self.streams),
+                "name": self.name, "created_ms": self.created_ms}
+
+
+@dataclass(frozen=True)
+class Principal:
+    key_id: str
+    tenant: str
+    role: str
+    streams: tuple[str, ...]
+
+    def allows(self, right: str, stream: str | None) -> bool:
+        if right not in ROLE_RIGHTS[self.role]:
+            return False
+        return not (self.streams and stream is not None and stream not in self.streams)
+
+    def sees(self, stream: str) -> bool:
+        return not self.streams or stream in self.streams
+
+
+def key_path(key_id: str) -> str:
+    return f"{metadata.KEYS}/{key_id}"
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def new_token() -> tuple[str, str]:
+    """(key id, token) of a new key."""
+    key_id = secrets.token_hex(KEY_ID_HEX // 2)
+    secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+    return key_id, f"{TOKEN_PREFIX}{key_id}_{secret}"
+
+
+def parse_token(token: str) -> tuple[str, str]:
+    """(key id, secret) of a token, or Unauthenticated for one of no valid form."""
+    if not token.startswith(TOKEN_PREFIX):
+        raise Unauthenticated("malformed credential: a token starts with 'sms_'")
+    key_id, sep, secret = token[len(TOKEN_PREFIX):].partition("_")
+    if not sep or len(key_id) != KEY_ID_HEX or not secret or len(token) > limits.AUTH_TOKEN_CHARS_MAX:
+        raise Unauthenticated("malformed credential: expected sms_<key id>_<secret>")
+    return key_id, secret
+
+
+def validate_key_request(role: str, streams: list[str]) -> tuple[str, tuple[str, ...]]:
+    if role not in ROLES:
+        raise InvalidArgument(f"role {role!r}; expected one of {', '.join(ROLES)}")
+    if len(streams) > limits.KEY_STREAMS_MAX:
+        raise InvalidArgument(f"{len(streams)} streams for one key; at most {limits.KEY_STREAMS_MAX}")
+    return role, tuple(metadata.validate_stream_name(s) for s in streams)
+
+
+async def create_key(store: MetaStore, role: str, streams: list[str], name: str = "",
+                     tenant: str = DEFAULT_TENANT, token: str | None = None) -> tuple[KeyEntry, str]:
+    """A new key in the store; (its entry, its token). `token`: a given one (a cluster's
+    bootstrap admin key)."""
+    role, scoped = validate_key_request(role, streams)
+    if len(name) > limits.KEY_NAME_CHARS_MAX:
+        raise InvalidArgument(f"a key name of {len(name)} characters; at most {limits.KEY_NAME_CHARS_MAX}")
+    if token is None:
+        key_id, token = new_token()
+    else:
+        key_id = parse_token(token)[0]
+    _id, secret = parse_token(token)
+    entry = KeyEntry(key_id=key_id, tenant=tenant, role=role, streams=scoped, sha256=hash_secret(secret),
+                     created_ms=int(time.time() * 1000), name=name)
+    await store.create(key_path(key_id), entry.to_bytes())
+    return entry, token
+
+
+class KeyTable:
+    """A node's view of the keys: each looked up in the store on first use and again
+    after KEY_CACHE_TTL_S; every verdict on a token string cached as long."""
+
+    def __init__(self, store: MetaStore):
+        self.store = store
+        self._verdicts: dict[str, tuple[float, Principal | SmsError]] = {}
+
+    async def authenticate(self, token: str) -> Principal:
+        if not token:
+            raise Unauthenticated("no credential: give a key's token (token=, --token or $SMS_TOKEN)")
+        now = time.monotonic()
+        cached = self._verdicts.get(token)
+        if cached is None or now > cached[0]:
+            verdict = await self._verdict(token)
+            if len(self._verdicts) >= limits.AUTH_CACHE_ENTRIES_MAX:
+                self._verdicts.clear()
+            cached = self._verdicts[token] = (now + limits.KEY_CACHE_TTL_S, verdict)
+        if isinstance(cached[1], SmsError):
+            raise cached[1]
+        return cached[1]
+
+    async def _verdict(self, token: str) -> Principal | SmsError:
+        try:
+            key_id, secret = parse_token(token)
+        except Unauthenticated as e:
+            return e
+        try:
+            entry = await self.store.get(key_path(key_id))
+        except MetaStoreError:
+            raise Unavailable("credentials cannot be checked now: the metadata store does not answer") from None
+        if entry is None:
+            return Unauthenticated("unknown or revoked key")
+        key = KeyEntry.from_bytes(key_id, entry.value)
+        if not hmac.compare_digest(key.sha256, hash_secret(secret)):
+            return Unauthenticated("unknown or revoked key")
+        return Principal(key_id=key.key_id, tenant=key.tenant, role=key.role, streams=key.streams)
+
+
+def bearer(invocation_metadata) -> str:
+    for key, value in invocation_metadata or ():
+        if key == AUTH_HEADER and isinstance(value, str) and value.startswith("Bearer "):
+            return value[len("Bearer "):].strip()
+    return ""
+
+
+def check(principal: Principal, method: str, request) -> None:
+    """PermissionDenied unless the principal may make this call."""
+    right, stream_of = POLICY.get(method, (ADMIN, None))
+    stream = stream_of(request) if stream_of is not None else None
+    if not principal.allows(right, stream):
+        raise PermissionDenied(f"key {principal.key_id} ({principal.role}) may not call "
+                               f"{method.rsplit('/', 1)[-1]}" + (f" on stream {stream!r}" if stream else ""))
+
+
+async def list_keys(store: MetaStore) -> list[KeyEntry]:
+    out = []
+    for key_id in sorted(await store.children(metadata.KEYS))[:limits.KEYS_LISTED_MAX]:
+        entry = await store.get(key_path(key_id))
+        if entry is not None:
+            out.append(KeyEntry.from_bytes(key_id, entry.value))
+    return out
+
+
+async def revoke_key(store: MetaStore, key_id: str) -> None:
+    """Delete the key; every node refuses its token within KEY_CACHE_TTL_S."""
+    from metastore import NoNodeError
+    if len(key_id) != KEY_ID_HEX or not all(c in "0123456789abcdef" for c in key_id):
+        raise InvalidArgument(f"key id {key_id[:40]!r}; expected {KEY_ID_HEX} hex digits (sms key list)")
+    try:
+        await store.delete(key_path(key_id))
+    except NoNodeError:
+        raise KeyNotFound(f"no key {key_id}") from None
+
+
+async def bootstrap_admin_key(store: MetaStore, token: str) -> bool:
+    """The cluster's first admin key, from a token its launcher chose (`sms up`), created
+    once in the cluster's life: a later start does not bring it back once revoked.
+    True if it was created now."""
+    from metastore import NodeExistsError
+    try:
+        await store.create(metadata.CLUSTER_BOOTSTRAPPED, b"1")
+    except NodeExistsError:
+        return False
+    try:
+        await create_key(store, "admin", [], name="bootstrap admin (sms up)", token=token)
+    except NodeExistsError:
+        pass
+    return True
