@@ -51,6 +51,24 @@ async def ensure_roots(store: MetaStore) -> None:
         pass
 
 
+_LIMIT_MAX = {"write_records_per_s": limits.PARTITION_WRITE_RECORDS_PER_S_MAX,
+              "write_bytes_per_s": limits.PARTITION_BYTES_PER_S_MAX,
+              "read_bytes_per_s": limits.PARTITION_BYTES_PER_S_MAX}
+
+
+def validate_partition_limits(wanted: dict[str, int]) -> dict[str, int]:
+    """The per-partition limits to set (-1: unchanged, 0: none), or InvalidStreamConfig."""
+    out = {}
+    for name, value in wanted.items():
+        if value == -1:
+            continue
+        if not 0 <= value <= _LIMIT_MAX[name]:
+            raise InvalidStreamConfig(f"{name} {value}; expected 0 (no limit) .. {_LIMIT_MAX[name]}, or -1 "
+                                      "(unchanged)")
+        out[name] = value
+    return out
+
+
 def validate_create(name: str, partitions: int, replication_factor: int, persistence: str,
                     ingestion_policy: str, retention_hours: int, dedup_window_s: int = 0,
                     min_in_sync: int = 0) -> StreamConfig:
@@ -292,8 +310,8 @@ class StreamAdmin:
 
     async def update_stream(self, name: str, retention_hours: int = 0, retention_s: int = 0,
                             protect_unread: bool | None = None, auto_split_records_per_s: int = -1,
-                            auto_split_period_s: int = 0) -> None:
-        changes: dict = {}
+                            auto_split_period_s: int = 0, partition_limits: dict[str, int] | None = None) -> None:
+        changes: dict = validate_partition_limits(partition_limits or {})
         if retention_hours:
             if not limits.RETENTION_HOURS_MIN <= retention_hours <= limits.RETENTION_HOURS_MAX:
                 raise InvalidStreamConfig(f"retention {retention_hours} h; expected {limits.RETENTION_HOURS_MIN}.."

@@ -127,7 +127,10 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         if protect == "bad":
             raise InvalidArgument(f"protect_unread {request.protect_unread[:16]!r}; expected true or false")
         await admin.update_stream(request.name, request.retention_hours, request.retention_s, protect,
-                                  request.auto_split_records_per_s, request.auto_split_period_s)
+                                  request.auto_split_records_per_s, request.auto_split_period_s,
+                                  partition_limits={"write_records_per_s": request.write_records_per_s,
+                                          "write_bytes_per_s": request.write_bytes_per_s,
+                                          "read_bytes_per_s": request.read_bytes_per_s})
         self.view.invalidate()
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 

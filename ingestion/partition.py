@@ -25,6 +25,7 @@ from sms import limits, rpc, seqno, wire
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.errors import SmsError, Throttled, Unavailable
 from sms.metadata import ChainConfig, StreamConfig
+from sms.ratelimit import PartitionLimits
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import IngestionPolicy
 
@@ -88,6 +89,7 @@ class PartitionIngest:
         self.chain = chain
         self.config = config
         self.writer = writer
+        self.limits: PartitionLimits | None = None     # write limits, made when the stream has some
         self.resolve_head = resolve_head
         self.ancestors = ancestors        # () -> [(ordinal, replica addresses, valid_to_ms)]
         self.policy = config.ingestion_policy

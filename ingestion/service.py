@@ -21,7 +21,8 @@ from ingestion.writer import PartitionWriter
 from sms import wire, hashing, limits, seqno
 from sms.aiotools import cancel_and_wait, wait_event
 from sms.errors import (InvalidArgument, PartitionClosed, RecordTooLarge, RequestTooLarge, SmsError, StreamNotFound,
-                        Unavailable, WrongOwner)
+                        Throttled, Unavailable, WrongOwner)
+from sms.ratelimit import PartitionLimits
 from sms.metadata import ChainConfig
 from sms.ports import HeadPort
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -100,6 +101,22 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
+    @staticmethod
+    def _within_limits(part: PartitionIngest, config, records: int, size: int) -> None:
+        """Take the records from the partition's write limits, or refuse them all with
+        Throttled and how long to wait (none of them is stored)."""
+        now = time.monotonic()
+        quota = part.limits
+        if quota is None or (quota.records_per_s, quota.bytes_per_s) != (config.write_records_per_s,
+                                                                         config.write_bytes_per_s):
+            quota = part.limits = PartitionLimits(config.write_records_per_s, config.write_bytes_per_s,
+                                                  limits.PARTITION_LIMIT_BURST_S, now)
+        wait = quota.take(records, size, now)
+        if wait:
+            raise Throttled(f"{part.chain.chain_id}: over its write limit ({config.write_records_per_s or '-'} "
+                            f"records/s, {config.write_bytes_per_s or '-'} bytes/s); retry in "
+                            f"{max(1, round(wait * 1000))} ms", retry_after_ms=max(1, round(wait * 1000)))
+
     def _partition(self, chain: ChainConfig, view) -> PartitionIngest:
         """The partition's ingest state, made at first use. No await in here: two
         concurrent requests must not both make one. A new epoch with the head still here
@@ -166,6 +183,9 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                 if sub.session_ordinal is None:
                     sub.session_ordinal = session_ordinal
         by_partition: dict[int, list[int]] = {}
+        sizes: dict[int, int] = {}              # bytes per partition, when a byte limit applies
+        limited = view.config.write_records_per_s or view.config.write_bytes_per_s
+        by_bytes = bool(view.config.write_bytes_per_s)
         ordinals = [0] * len(records)
         outcomes: list[Outcome | SmsError | None] = [None] * len(records)
         entries = {e.ordinal: e for e in view.map.entries}
@@ -192,6 +212,8 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             ordinals[i] = entry.ordinal
             sub.hwm = request.hwm.get(entry.ordinal if sub.session_ordinal is None else sub.session_ordinal, -1)
             by_partition.setdefault(entry.ordinal, []).append(i)
+            if by_bytes:
+                sizes[entry.ordinal] = sizes.get(entry.ordinal, 0) + len(sub.data) + len(sub.key)
         missing_out = []
         submitted: list[tuple[list[int], Results]] = []
         for ordinal, indexes in by_partition.items():
@@ -207,6 +229,8 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                     self._retire(chain.chain_id)
                     raise WrongOwner(f"partition {ordinal} of {request.stream} is owned by {chain.head}")
                 part = self._partition(chain, view)
+                if limited:
+                    self._within_limits(part, view.config, len(indexes), sizes.get(ordinal, 0))
                 if not part.ready.is_set():
                     if not await wait_event(part.ready, limits.APPEND_TIMEOUT_S):
                         raise Unavailable(f"{chain.chain_id}: de-duplication table still rebuilding")

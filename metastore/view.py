@@ -131,6 +131,8 @@ class ClusterView:
                           created_ms=c.created_ms, partitions=tuple(partitions),
                           dedup_window_s=c.dedup_window_ms // 1000, retention_s=c.retention_ms // 1000,
                           protect_unread=c.protect_unread, auto_split_records_per_s=c.auto_split_records_per_s,
+                          write_records_per_s=c.write_records_per_s, write_bytes_per_s=c.write_bytes_per_s,
+                          read_bytes_per_s=c.read_bytes_per_s,
                           auto_split_period_s=c.auto_split_period_s, repartition=c.repartition,
                           consumers=tuple(view.consumers), min_in_sync=c.min_in_sync)
 

@@ -265,7 +265,9 @@ def _describe(info) -> dict:
         } for p in info.partitions],
         "retention_s": info.retention_s, "protect_unread": info.protect_unread,
         "auto_split_records_per_s": info.auto_split_records_per_s, "repartition": info.repartition,
-        "consumers": list(info.consumers)}
+        "consumers": list(info.consumers),
+        "limits_per_partition": {"write_records_per_s": info.write_records_per_s,
+                                 "write_bytes_per_s": info.write_bytes_per_s, "read_bytes_per_s": info.read_bytes_per_s}}
 
 
 def _describe_text(d: dict) -> str:
@@ -273,6 +275,10 @@ def _describe_text(d: dict) -> str:
              f"{d['replication_factor']} (min in-sync {d.get('min_in_sync', 1)}), {d['persistence']}, "
              f"{d['ingestion_policy']}, "
              f"retention {d['retention_hours']} h, map version {d['map_version']}"]
+    set_limits = {k: v for k, v in (d.get("limits_per_partition") or {}).items() if v}
+    if set_limits:
+        lines.append("  limits per partition: " + ", ".join(f"{k.replace('_per_s', '')} {v:,}/s"
+                                                            for k, v in set_limits.items()))
     for p in d["partitions"]:
         chain = " -> ".join(m["node_id"] for m in p["chain"])
         lines.append(f"  {p['partition_id']} {p['state']:<6} chain {chain} (epoch {p['chain_epoch']}) "
@@ -330,7 +336,10 @@ def cmd_stream(args) -> int:
             protect = None if args.protect_unread is None else args.protect_unread == "true"
             info = client.update_stream(args.name, retention_hours=args.retention_hours, retention_s=args.retention_s,
                                         protect_unread=protect, auto_split_records_per_s=args.auto_split_rate,
-                                        auto_split_period_s=args.auto_split_period_s)
+                                        auto_split_period_s=args.auto_split_period_s,
+                                        write_records_per_s=args.write_records_per_s,
+                                        write_bytes_per_s=args.write_bytes_per_s,
+                                        read_bytes_per_s=args.read_bytes_per_s)
             d = _describe(info)
             _emit(args, d, _describe_text(d))
         elif args.stream_cmd == "trim":
@@ -649,6 +658,9 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--protect-unread", choices=["true", "false"])
     u.add_argument("--auto-split-rate", type=int, help="records/s per partition that triggers a split (0: off)")
     u.add_argument("--auto-split-period-s", type=int)
+    u.add_argument("--write-records-per-s", type=int, help="write limit per partition, records/s (0: none)")
+    u.add_argument("--write-bytes-per-s", type=int, help="write limit per partition, bytes/s (0: none)")
+    u.add_argument("--read-bytes-per-s", type=int, help="read limit per partition, bytes/s (0: none)")
     t = ssub.add_parser("trim", parents=[common], help="delete old records now")
     t.add_argument("name")
     t.add_argument("--before-sn", help="records of this SN's partition before it")

@@ -15,9 +15,11 @@ from typing import NamedTuple
 
 from metastore.view import ClusterView
 from sms import limits, seqno
-from sms.errors import InvalidArgument, InvalidIteratorType, InvalidSequenceNumber, PartitionNotFound, RecordNotFound
+from sms.errors import (InvalidArgument, InvalidIteratorType, InvalidSequenceNumber, PartitionNotFound, RecordNotFound,
+                        Throttled)
 from sms.metadata import chain_id
 from sms.ports import ReplicaReads
+from sms.ratelimit import TokenBucket
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors, rpc_stream_errors
 from sms.types import IteratorType, PartitionState, parse_partition_id, partition_id
@@ -36,6 +38,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         self.replicas = replicas       # this process's storage role (sms/ports.py)
         self.view = view
         self.tokens = tokens
+        self._read_buckets: dict[str, TokenBucket] = {}     # chain id -> its read limit's bucket
 
     async def _entry(self, stream: str, ordinal: int):
         view = await self.view.stream(stream)
@@ -43,6 +46,28 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             if e.ordinal == ordinal:
                 return e
         raise PartitionNotFound(f"stream {stream!r} has no partition p{ordinal:04d}")
+
+    async def _within_read_limit(self, pos: Position) -> TokenBucket | None:
+        """The partition's read bucket (None: the stream has no read limit) once it is out
+        of debt: a read over the limit waits here, up to READ_THROTTLE_WAIT_S_MAX, and is
+        refused with Throttled beyond that. Each read's bytes are charged after it."""
+        rate = (await self.view.stream(pos.stream)).config.read_bytes_per_s
+        if not rate:
+            return None
+        key = chain_id(pos.stream, pos.ordinal)
+        now = time.monotonic()
+        bucket = self._read_buckets.get(key)
+        if bucket is None or bucket.rate != rate:
+            if len(self._read_buckets) >= limits.READ_BUCKETS_MAX:
+                self._read_buckets.clear()
+            bucket = self._read_buckets[key] = TokenBucket(rate, limits.PARTITION_LIMIT_BURST_S, now)
+        wait = bucket.wait(now)
+        if wait > limits.READ_THROTTLE_WAIT_S_MAX:
+            raise Throttled(f"{key}: over its read limit of {rate} bytes/s; retry in {round(wait * 1000)} ms",
+                            retry_after_ms=round(wait * 1000))
+        if wait:
+            await asyncio.sleep(wait)
+        return bucket
 
     async def _replica(self, stream: str, ordinal: int):
         await self._entry(stream, ordinal)
@@ -79,6 +104,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         if not 1 <= max_records <= limits.GET_RECORDS_COUNT_MAX:
             raise InvalidArgument(f"max_records {max_records}; expected 1..{limits.GET_RECORDS_COUNT_MAX}")
         entry = await self._entry(pos.stream, pos.ordinal)
+        bucket = await self._within_read_limit(pos)
         replica = self.replicas.committed_log(chain_id(pos.stream, pos.ordinal))
         ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
         position = pos.position_sn if include_trimmed else max(pos.position_sn, replica.trimmed_before)
@@ -100,6 +126,8 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             next_position = position
             behind_ms = 0
         pb_slices = [sms_pb2.BatchSlice(batch=s.batch, start=s.start, end=s.end) for s in slices]
+        if bucket is not None and slices:
+            bucket.charge(sum(len(s.batch) for s in slices), time.monotonic())
         if ending is not None and (ending == 0 or next_position > ending) and replica.committed_sn >= ending:
             # a closed partition read to its end: no next position; the children go on
             return _Page(pb_slices, None, 0, [partition_id(c) for c in entry.children])

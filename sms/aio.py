@@ -244,13 +244,21 @@ class Client:
 
     async def update_stream(self, name: str, *, retention_hours: int | None = None, retention_s: int | None = None,
                             protect_unread: bool | None = None, auto_split_records_per_s: int | None = None,
-                            auto_split_period_s: int | None = None) -> StreamInfo:
-        """Change retention, unread-record protection or automatic splitting while it runs."""
+                            auto_split_period_s: int | None = None, write_records_per_s: int | None = None,
+                            write_bytes_per_s: int | None = None, read_bytes_per_s: int | None = None) -> StreamInfo:
+        """Change retention, unread-record protection, automatic splitting or the
+        per-partition limits while it runs. A limit of 0 removes it: writes over
+        `write_records_per_s` or `write_bytes_per_s` get `Throttled` (retriable, with the
+        wait in its message; producers back off by themselves); reads over
+        `read_bytes_per_s` are slowed down."""
         req = sms_pb2.UpdateStreamRequest(
             name=name, retention_hours=retention_hours or 0, retention_s=retention_s or 0,
             protect_unread="" if protect_unread is None else ("true" if protect_unread else "false"),
             auto_split_records_per_s=-1 if auto_split_records_per_s is None else auto_split_records_per_s,
-            auto_split_period_s=auto_split_period_s or 0)
+            auto_split_period_s=auto_split_period_s or 0,
+            write_records_per_s=-1 if write_records_per_s is None else write_records_per_s,
+            write_bytes_per_s=-1 if write_bytes_per_s is None else write_bytes_per_s,
+            read_bytes_per_s=-1 if read_bytes_per_s is None else read_bytes_per_s)
         info = convert.stream_from_pb(await self._admin_call("UpdateStream", req))
         self._streams[name] = info
         return info

@@ -212,3 +212,11 @@ AUTH_TOKEN_CHARS_MAX = 256                     # a longer credential is malforme
 KEY_STREAMS_MAX = 1_000                        # streams one key may be limited to
 KEY_NAME_CHARS_MAX = 200                       # a key's free-text name
 KEYS_LISTED_MAX = 10_000                       # keys `sms key list` shows
+
+# per-partition limits (sms/ratelimit.py; StreamConfig.write_records_per_s and the others)
+PARTITION_WRITE_RECORDS_PER_S_MAX = 10_000_000     # a larger limit is a mistake, refused
+PARTITION_BYTES_PER_S_MAX = 10 << 30               # 10 GiB/s
+PARTITION_LIMIT_BURST_S = 1.0                      # a partition may take this many seconds' worth at once
+READ_BUCKETS_MAX = 100_000                         # partitions a node keeps read buckets of (then afresh)
+READ_THROTTLE_WAIT_S_MAX = 5.0                     # a read over its limit waits at most this long, then
+                                                   # answers Throttled

@@ -132,6 +132,11 @@ class StreamConfig:
     repartitions_ms: tuple[int, ...] = () # when recent splits and merges committed (rate limit)
     min_in_sync: int = 1                  # a chain takes and commits new batches only while it has
                                           # at least this many members (1..replication_factor)
+    # per-partition limits (0: none; sms/ratelimit.py): writes over them get Throttled,
+    # reads over them wait
+    write_records_per_s: int = 0
+    write_bytes_per_s: int = 0
+    read_bytes_per_s: int = 0
 
     @property
     def retention_ms(self) -> int:

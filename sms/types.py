@@ -171,6 +171,9 @@ class StreamInfo:
     consumers: tuple[str, ...] = ()
     min_in_sync: int = 1                        # a partition takes new records only while its chain
                                                 # has at least this many members
+    write_records_per_s: int = 0                # per-partition limits; 0: none
+    write_bytes_per_s: int = 0
+    read_bytes_per_s: int = 0
 
     def lineage(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
         """ordinal -> (parents, children) of every partition the map still holds."""
