@@ -155,9 +155,16 @@ class _SharedEnv:
         try:
             self.env = lmdb.open(path, subdir=False, map_size=METASTORE_MAP_BYTES,
                                  max_readers=LMDB_MAX_READERS, max_dbs=len(_DB_NAMES),
-                                 lock=True)
+                                 lock=True, mode=0o600)
+            # it holds the cluster's token secret and the keys' hashes: its owner only
+            # (lmdb's mode applies to new files; an older store is tightened here)
         except lmdb.Error as exc:
             raise MetaStoreError(f"cannot open metadata store {path!r}: {exc}") from exc
+        for name in (path, path + "-lock"):
+            try:
+                os.chmod(name, 0o600)
+            except OSError as exc:       # (not ours to change: say so, and go on)
+                logger.warning("cannot make %s private (mode 0600): %s", name, exc)
         try:
             self._init_file()
         except BaseException:

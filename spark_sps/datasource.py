@@ -18,6 +18,11 @@ are read to their end before their children, so per key the records come in SN o
 Offsets are checkpointed by Spark; a restarted query resumes exactly after them.
 `startingPosition`: TRIM_HORIZON (default) only.
 
+**Security** (docs/security.md). Both take `caFile` (the cluster CA's certificate) and
+`token` (a key's token: the source needs a consumer key, the sink a producer key; the
+source also reads commit watermarks, an admin call, so it needs an admin key for now).
+Without them they read $SMS_CA_FILE and $SMS_TOKEN, in the driver and in the workers.
+
 **Sink.** Each Spark partition of a micro-batch writes its rows (`partition_key`, `data`)
 with the producer id `<producerId>:<partition index>` and SSSNs derived from the
 micro-batch id and the row's position (rows sorted by key and data first). A restarted
@@ -61,6 +66,11 @@ class SmsDataSource(DataSource):
         return SmsStreamWriter(self.options)
 
 
+def _credentials(options) -> dict:
+    """`caFile` and `token` (docs/security.md); absent: $SMS_CA_FILE and $SMS_TOKEN."""
+    return {"ca_file": options.get("caFile"), "token": options.get("token")}
+
+
 def _required(options, key: str) -> str:
     value = options.get(key)
     if not value:
@@ -69,8 +79,10 @@ def _required(options, key: str) -> str:
 
 
 class _Partition(InputPartition):
-    def __init__(self, address: str, stream: str, ordinal: int, after_sn: int, upto_sn: int):
+    def __init__(self, address: str, stream: str, ordinal: int, after_sn: int, upto_sn: int,
+                 credentials: dict | None = None):
         self.address = address
+        self.credentials = credentials or {}
         self.stream = stream
         self.ordinal = ordinal
         self.after_sn = after_sn
@@ -83,6 +95,7 @@ class SmsStreamReader(DataSourceStreamReader):
     def __init__(self, options):
         self.address = _required(options, "address")
         self.stream = _required(options, "stream")
+        self.credentials = _credentials(options)
         start = options.get("startingPosition", "TRIM_HORIZON").upper()
         if start != "TRIM_HORIZON":
             raise ValueError(f"startingPosition {start!r}: only TRIM_HORIZON is supported")
@@ -94,7 +107,7 @@ class SmsStreamReader(DataSourceStreamReader):
 
     async def _info_and_watermarks(self):
         from sms import aio
-        async with aio.Client(self.address) as client:
+        async with aio.Client(self.address, **self.credentials) as client:
             info = await client.get_stream_info(self.stream)
             marks: dict[int, int] = {}
             for p in info.partitions:
@@ -141,7 +154,7 @@ class SmsStreamReader(DataSourceStreamReader):
             if upto == END or after == END:
                 continue                  # (a partition goes to END after a batch read it to its ending SN)
             if int(upto) > int(after):
-                out.append(_Partition(self.address, self.stream, int(key), int(after), int(upto)))
+                out.append(_Partition(self.address, self.stream, int(key), int(after), int(upto), self.credentials))
         return out
 
     def commit(self, end: dict) -> None:
@@ -152,7 +165,7 @@ class SmsStreamReader(DataSourceStreamReader):
         """The partition's records after `after_sn` up to `upto_sn`, as Arrow record batches
         (one per stored batch, decoded without a Python object per record)."""
         from sms.client import Client
-        with Client(partition.address) as client:
+        with Client(partition.address, **partition.credentials) as client:
             if partition.after_sn:
                 it = client.get_iterator(partition.stream, partition.ordinal, "AFTER_SEQUENCE_NUMBER",
                                          sequence_number=partition.after_sn)
@@ -178,6 +191,7 @@ class SmsStreamWriter(DataSourceStreamWriter):
         self.address = _required(options, "address")
         self.stream = _required(options, "stream")
         self.producer_id = _required(options, "producerId")
+        self.credentials = _credentials(options)
 
     def write(self, iterator) -> _Written:
         from pyspark import TaskContext
@@ -199,7 +213,7 @@ class SmsStreamWriter(DataSourceStreamWriter):
         producer = f"{self.producer_id}:{ctx.partitionId()}".encode()
 
         async def send() -> _Written:
-            async with aio.Client(self.address) as client:
+            async with aio.Client(self.address, **self.credentials) as client:
                 # Spark starts micro-batch b once every earlier one committed: their SSSNs are settled
                 writer = OutputWriter(client, producer)
                 try:

@@ -96,3 +96,32 @@ def test_headers_travel_through_the_source_and_the_sink(cluster, client, spark, 
     copied = {bytes(r.data): r.headers for r in client.read_stream(sink)}
     assert copied == {**{b"%d" % i: {"n": b"%d" % i, "kind": b"even" if i % 2 == 0 else b"odd"} for i in range(20)},
                       b"no headers": {}}
+
+
+def test_the_source_and_the_sink_take_their_credentials_as_options(cluster, client, spark, tmp_path):
+    """`caFile` and `token` (docs/security.md): a sink given a producer key's token
+    writes with it; one given a key that does not exist fails its query with
+    Unauthenticated (so the option, not $SMS_TOKEN, is what it used)."""
+    source, sink = stream_name("cred-in"), stream_name("cred-out")
+    client.create_stream(source, partitions=1, replication_factor=1)
+    client.create_stream(sink, partitions=1, replication_factor=1)
+    client.put_records(source, [(f"k{i}", b"%d" % i) for i in range(10)])
+    _info, producer_token = client.create_key("producer", streams=[sink], name="spark sink")
+
+    def run(token: str, checkpoint: str):
+        df = (spark.readStream.format("sms").option("address", cluster.address).option("stream", source)
+              .option("caFile", cluster.ca_file).load())
+        return (df.select("partition_key", "data").writeStream.format("sms").option("address", cluster.address)
+                .option("stream", sink).option("producerId", "cred-query").option("caFile", cluster.ca_file)
+                .option("token", token).option("checkpointLocation", os.path.join(tmp_path, checkpoint)).start())
+
+    query = run("sms_0123456789abcdef_nosuchkey", "bad")
+    with pytest.raises(Exception, match="Unauthenticated"):
+        query.processAllAvailable()
+    query.stop()
+    assert list(client.read_stream(sink)) == []
+    query = run(producer_token, "good")
+    query.processAllAvailable()
+    assert query.exception() is None
+    query.stop()
+    assert sorted(bytes(r.data) for r in client.read_stream(sink)) == sorted(b"%d" % i for i in range(10))

@@ -127,3 +127,22 @@ def test_the_cluster_file(tmp_path):
     (tmp_path / "none.json").write_text("{}")
     with pytest.raises(errors.InvalidArgument, match="names no address"):
         security.read_cluster_file(str(tmp_path / "none.json"))
+
+
+def test_the_embedded_metadata_store_is_private(tmp_path):
+    """It holds the cluster's token secret and the keys' hashes: mode 0600, an older
+    file tightened on open."""
+    import asyncio
+
+    from metastore import open_metastore
+    path = tmp_path / "meta.lmdb"
+    path.write_bytes(b"")
+    os.chmod(path, 0o644)
+
+    async def open_and_close():
+        store = open_metastore(f"embedded://{path}")
+        await store.start()
+        await store.close()
+    asyncio.run(open_and_close())
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(str(path) + "-lock").st_mode) == 0o600
