@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import enum
 import itertools
 import logging
@@ -68,6 +69,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import kazoo.exceptions as kz
 from kazoo.client import KazooClient
+from kazoo.security import make_digest_acl
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent, ZnodeStat
 from kazoo.retry import KazooRetry
@@ -243,6 +245,23 @@ _CONNECTION_ERRORS = (kz.ConnectionLoss, kz.SessionMovedError, kz.OperationTimeo
 
 # --- the client -----------------------------------------------------------------------
 
+ENV_ZK_DIGEST = "SMS_ZK_DIGEST"     # "user:password": digest ACLs on every znode the cluster makes
+
+
+def zk_auth() -> dict:
+    """kazoo's arguments for the cluster's digest credential ($SMS_ZK_DIGEST,
+    "user:password"; docs/operations.md): the session authenticates with it, and every
+    znode it creates (the chroot too) may be read and changed by that user only. None
+    set: open ACLs, as before."""
+    digest = os.environ.get(ENV_ZK_DIGEST, "")
+    if not digest:
+        return {}
+    user, sep, password = digest.partition(":")
+    if not sep or not user or not password:
+        raise MetaStoreError(f"${ENV_ZK_DIGEST} must be user:password")
+    return {"auth_data": [("digest", digest)], "default_acl": [make_digest_acl(user, password, all=True)]}
+
+
 class ZooKeeperMetaStore(MetaStore):
     """A client of the ZooKeeper ensemble named by `url` (zk://...), with its own
     session. `loop`: the loop start() must run on (default: whichever runs it)."""
@@ -304,7 +323,7 @@ class ZooKeeperMetaStore(MetaStore):
         retry = KazooRetry(max_tries=-1, delay=ZK_RECONNECT_DELAY_S, backoff=2,
                            max_delay=ZK_RECONNECT_DELAY_MAX_S)
         client = KazooClient(hosts=self._hosts, timeout=METASTORE_SESSION_TTL_S,
-                             connection_retry=retry, randomize_hosts=True)
+                             connection_retry=retry, randomize_hosts=True, **zk_auth())
         client.add_listener(self._kazoo_listener)
         self._client = client
         try:

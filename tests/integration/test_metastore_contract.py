@@ -39,6 +39,7 @@ from metastore import (
     EmbeddedMetaStore,
     Entry,
     MetaStore,
+    MetaStoreError,
     MetaStoreClosedError,
     NoChildrenForEphemeralsError,
     NodeExistsError,
@@ -991,4 +992,56 @@ def test_zk_lost_answer_of_applied_write_is_recognised(zk_server: ZkServer) -> N
             with pytest.raises(NodeExistsError):                    # not recognised
                 await store.create("/svc/e", b"other", ephemeral=True)   # as ours
 
+    run(body())
+
+
+def test_zookeeper_digest_acls_keep_others_out(zk_server, monkeypatch):
+    """$SMS_ZK_DIGEST (docs/operations.md): every znode the store creates, the chroot
+    included, is readable and writable by that user only. A client without the
+    credential, or with another, gets NoAuth; the store itself works as before."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoAuthError
+
+    prefix = fresh_prefix()
+    monkeypatch.setenv("SMS_ZK_DIGEST", "sms:s3cret")
+
+    async def body() -> None:
+        store = open_metastore(zk_server.url(prefix))
+        await store.start()
+        try:
+            await store.create("/streams")
+            await store.create("/streams/orders", b"config")
+            assert (await store.get("/streams/orders")).value == b"config"
+        finally:
+            await store.close()
+    run(body())
+    hosts = zk_server.hosts
+    for auth in ([], [("digest", "sms:wrong")], [("digest", "other:s3cret")]):
+        outsider = KazooClient(hosts=hosts, auth_data=auth)
+        outsider.start(timeout=TEST_TIMEOUT_S)
+        try:
+            for path in (prefix, f"{prefix}/streams/orders"):
+                with pytest.raises(NoAuthError):
+                    outsider.get(path)
+            with pytest.raises(NoAuthError):
+                outsider.set(f"{prefix}/streams/orders", b"forged")
+        finally:
+            outsider.stop()
+            outsider.close()
+    insider = KazooClient(hosts=hosts, auth_data=[("digest", "sms:s3cret")])
+    insider.start(timeout=TEST_TIMEOUT_S)
+    try:
+        assert insider.get(f"{prefix}/streams/orders")[0] == b"config"
+    finally:
+        insider.stop()
+        insider.close()
+
+
+def test_a_malformed_zookeeper_digest_is_named(zk_server, monkeypatch):
+    monkeypatch.setenv("SMS_ZK_DIGEST", "no-colon")
+
+    async def body() -> None:
+        store = open_metastore(zk_server.url(fresh_prefix()))
+        with pytest.raises(MetaStoreError, match="user:password"):
+            await store.start()
     run(body())
