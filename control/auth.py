@@ -21,6 +21,7 @@ come next (docs/security.md).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -176,42 +177,77 @@ async def create_key(store: MetaStore, role: str, streams: list[str], name: str 
 
 
 class KeyTable:
-    """A node's view of the keys: each looked up in the store on first use and again
-    after KEY_CACHE_TTL_S; every verdict on a token string cached as long."""
+    """A node's view of the keys: each read from the store on first use, and again in
+    the background once its verdict is older than KEY_CACHE_TTL_S."""
 
     def __init__(self, store: MetaStore):
         self.store = store
+        # token -> (confirmed at, verdict)
         self._verdicts: dict[str, tuple[float, Principal | SmsError]] = {}
+        self._refreshing: dict[str, asyncio.Task] = {}
 
     async def authenticate(self, token: str) -> Principal:
+        """The key's principal, or the named error.
+
+        - A verdict younger than KEY_CACHE_TTL_S is used as it is.
+        - A key accepted within KEY_STALE_MAX_S is used at once while one background
+          read confirms it (a revoked key is refused from the call after that read), so
+          a node cut off from the store keeps serving the clients it knows, without a
+          wait per call.
+        - Anything else is read now, waiting at most METADATA_READ_WAIT_S, then
+          Unavailable (the client tries another node)."""
         if not token:
             raise Unauthenticated("no credential: give a key's token (token=, --token or $SMS_TOKEN)")
         now = time.monotonic()
         cached = self._verdicts.get(token)
-        if cached is None or now > cached[0]:
-            verdict = await self._verdict(token)
-            if len(self._verdicts) >= limits.AUTH_CACHE_ENTRIES_MAX:
-                self._verdicts.clear()
-            cached = self._verdicts[token] = (now + limits.KEY_CACHE_TTL_S, verdict)
-        if isinstance(cached[1], SmsError):
-            raise cached[1]
-        return cached[1]
+        if cached is not None:
+            age = now - cached[0]
+            if age <= limits.KEY_CACHE_TTL_S:
+                return _outcome(cached[1])
+            if isinstance(cached[1], Principal) and age <= limits.KEY_STALE_MAX_S:
+                if token not in self._refreshing:
+                    task = asyncio.get_running_loop().create_task(self._refresh(token), name="key-refresh")
+                    self._refreshing[token] = task
+                    task.add_done_callback(lambda _t: self._refreshing.pop(token, None))
+                return cached[1]
+        try:
+            async with asyncio.timeout(limits.METADATA_READ_WAIT_S):
+                verdict = await self._verdict(token)
+        except (TimeoutError, MetaStoreError):
+            raise Unavailable("credentials cannot be checked now: the metadata store does not answer this "
+                              "node; try another") from None
+        self._remember(token, now, verdict)
+        return _outcome(verdict)
+
+    async def _refresh(self, token: str) -> None:
+        try:
+            self._remember(token, time.monotonic(), await self._verdict(token))
+        except MetaStoreError:
+            pass                  # (still cut off: the stale verdict serves until KEY_STALE_MAX_S)
+
+    def _remember(self, token: str, at: float, verdict: Principal | SmsError) -> None:
+        if len(self._verdicts) >= limits.AUTH_CACHE_ENTRIES_MAX:
+            self._verdicts.clear()
+        self._verdicts[token] = (at, verdict)
 
     async def _verdict(self, token: str) -> Principal | SmsError:
         try:
             key_id, secret = parse_token(token)
         except Unauthenticated as e:
             return e
-        try:
-            entry = await self.store.get(key_path(key_id))
-        except MetaStoreError:
-            raise Unavailable("credentials cannot be checked now: the metadata store does not answer") from None
+        entry = await self.store.get(key_path(key_id))
         if entry is None:
             return Unauthenticated("unknown or revoked key")
         key = KeyEntry.from_bytes(key_id, entry.value)
         if not hmac.compare_digest(key.sha256, hash_secret(secret)):
             return Unauthenticated("unknown or revoked key")
         return Principal(key_id=key.key_id, tenant=key.tenant, role=key.role, streams=key.streams)
+
+
+def _outcome(verdict: Principal | SmsError) -> Principal:
+    if isinstance(verdict, SmsError):
+        raise type(verdict)(verdict.message)       # (a fresh one: a cached error is shared)
+    return verdict
 
 
 def bearer(invocation_metadata) -> str:
