@@ -26,6 +26,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -33,7 +34,10 @@ from dataclasses import dataclass
 
 from metastore import MetaStore, MetaStoreError
 from sms import limits, metadata, tokens
+from sms.aiotools import raise_if_cancelling
 from sms.errors import InvalidArgument, KeyNotFound, PermissionDenied, SmsError, Unauthenticated, Unavailable
+
+log = logging.getLogger(__name__)
 
 ROLES = ("admin", "producer", "consumer")
 DEFAULT_TENANT = "default"
@@ -145,9 +149,14 @@ def parse_token(token: str) -> tuple[str, str]:
     if not token.startswith(TOKEN_PREFIX):
         raise Unauthenticated("malformed credential: a token starts with 'sms_'")
     key_id, sep, secret = token[len(TOKEN_PREFIX):].partition("_")
-    if not sep or len(key_id) != KEY_ID_HEX or not secret or len(token) > limits.AUTH_TOKEN_CHARS_MAX:
+    if (not sep or not is_key_id(key_id) or not secret or len(token) > limits.AUTH_TOKEN_CHARS_MAX
+            or not secret.isascii() or not secret.replace("-", "").replace("_", "").isalnum()):
         raise Unauthenticated("malformed credential: expected sms_<key id>_<secret>")
     return key_id, secret
+
+
+def is_key_id(text: str) -> bool:
+    return len(text) == KEY_ID_HEX and all(c in "0123456789abcdef" for c in text)
 
 
 def validate_key_request(role: str, streams: list[str]) -> tuple[str, tuple[str, ...]]:
@@ -182,8 +191,10 @@ class KeyTable:
 
     def __init__(self, store: MetaStore):
         self.store = store
-        # token -> (confirmed at, verdict)
-        self._verdicts: dict[str, tuple[float, Principal | SmsError]] = {}
+        # token -> (confirmed at, principal) of keys that exist, and apart (so that callers
+        # without a key cannot push the good ones out) -> (at, error) of those that do not
+        self._known: dict[str, tuple[float, Principal]] = {}
+        self._refused: dict[str, tuple[float, SmsError]] = {}
         self._refreshing: dict[str, asyncio.Task] = {}
 
     async def authenticate(self, token: str) -> Principal:
@@ -195,59 +206,77 @@ class KeyTable:
           a node cut off from the store keeps serving the clients it knows, without a
           wait per call.
         - Anything else is read now, waiting at most METADATA_READ_WAIT_S, then
-          Unavailable (the client tries another node)."""
+          Unavailable (the client tries another node). A malformed token is refused
+          without a read and without a trace here."""
         if not token:
             raise Unauthenticated("no credential: give a key's token (token=, --token or $SMS_TOKEN)")
+        key_id, secret = parse_token(token)
         now = time.monotonic()
-        cached = self._verdicts.get(token)
-        if cached is not None:
-            age = now - cached[0]
+        known = self._known.get(token)
+        if known is not None:
+            age = now - known[0]
             if age <= limits.KEY_CACHE_TTL_S:
-                return _outcome(cached[1])
-            if isinstance(cached[1], Principal) and age <= limits.KEY_STALE_MAX_S:
+                return known[1]
+            if age <= limits.KEY_STALE_MAX_S:
                 if token not in self._refreshing:
-                    task = asyncio.get_running_loop().create_task(self._refresh(token), name="key-refresh")
+                    task = asyncio.get_running_loop().create_task(self._refresh(token, key_id, secret),
+                                                                  name="key-refresh")
                     self._refreshing[token] = task
                     task.add_done_callback(lambda _t: self._refreshing.pop(token, None))
-                return cached[1]
+                return known[1]
+        refused = self._refused.get(token)
+        if refused is not None and now - refused[0] <= limits.KEY_CACHE_TTL_S:
+            raise type(refused[1])(refused[1].message)
         try:
             async with asyncio.timeout(limits.METADATA_READ_WAIT_S):
-                verdict = await self._verdict(token)
+                verdict = await self._verdict(key_id, secret)
         except (TimeoutError, MetaStoreError):
             raise Unavailable("credentials cannot be checked now: the metadata store does not answer this "
                               "node; try another") from None
         self._remember(token, now, verdict)
-        return _outcome(verdict)
+        if isinstance(verdict, SmsError):
+            raise type(verdict)(verdict.message)
+        return verdict
 
-    async def _refresh(self, token: str) -> None:
+    async def _refresh(self, token: str, key_id: str, secret: str) -> None:
+        started = time.monotonic()
         try:
-            self._remember(token, time.monotonic(), await self._verdict(token))
-        except MetaStoreError:
-            pass                  # (still cut off: the stale verdict serves until KEY_STALE_MAX_S)
+            async with asyncio.timeout(limits.METADATA_READ_WAIT_S):
+                verdict = await self._verdict(key_id, secret)
+        except (TimeoutError, MetaStoreError):
+            return                # (still cut off: the stale verdict serves until KEY_STALE_MAX_S)
+        except Exception:         # (a key entry this version cannot read: refused from now on)
+            raise_if_cancelling()
+            log.exception("key %s could not be read", key_id)
+            verdict = Unauthenticated("unknown or revoked key")
+        self._remember(token, started, verdict)
 
     def _remember(self, token: str, at: float, verdict: Principal | SmsError) -> None:
-        if len(self._verdicts) >= limits.AUTH_CACHE_ENTRIES_MAX:
-            self._verdicts.clear()
-        self._verdicts[token] = (at, verdict)
+        if isinstance(verdict, Principal):
+            self._refused.pop(token, None)
+            if len(self._known) >= limits.AUTH_CACHE_ENTRIES_MAX:
+                self._known.clear()       # (that many distinct valid tokens: start afresh)
+            self._known[token] = (at, verdict)
+        else:
+            self._known.pop(token, None)
+            if len(self._refused) >= limits.AUTH_CACHE_ENTRIES_MAX:
+                self._refused.clear()
+            self._refused[token] = (at, verdict)
 
-    async def _verdict(self, token: str) -> Principal | SmsError:
-        try:
-            key_id, secret = parse_token(token)
-        except Unauthenticated as e:
-            return e
+    async def _verdict(self, key_id: str, secret: str) -> Principal | SmsError:
         entry = await self.store.get(key_path(key_id))
         if entry is None:
             return Unauthenticated("unknown or revoked key")
-        key = KeyEntry.from_bytes(key_id, entry.value)
+        try:
+            key = KeyEntry.from_bytes(key_id, entry.value)
+            if key.role not in ROLES:
+                raise ValueError(f"role {key.role!r}")
+        except (ValueError, KeyError, TypeError) as e:     # written by another version, or damaged
+            log.error("key %s: unreadable entry (%s): refused", key_id, e)
+            return Unauthenticated("unknown or revoked key")
         if not hmac.compare_digest(key.sha256, hash_secret(secret)):
             return Unauthenticated("unknown or revoked key")
         return Principal(key_id=key.key_id, tenant=key.tenant, role=key.role, streams=key.streams)
-
-
-def _outcome(verdict: Principal | SmsError) -> Principal:
-    if isinstance(verdict, SmsError):
-        raise type(verdict)(verdict.message)       # (a fresh one: a cached error is shared)
-    return verdict
 
 
 def bearer(invocation_metadata) -> str:
@@ -278,7 +307,7 @@ async def list_keys(store: MetaStore) -> list[KeyEntry]:
 async def revoke_key(store: MetaStore, key_id: str) -> None:
     """Delete the key; every node refuses its token within KEY_CACHE_TTL_S."""
     from metastore import NoNodeError
-    if len(key_id) != KEY_ID_HEX or not all(c in "0123456789abcdef" for c in key_id):
+    if not is_key_id(key_id):
         raise InvalidArgument(f"key id {key_id[:40]!r}; expected {KEY_ID_HEX} hex digits (sms key list)")
     try:
         await store.delete(key_path(key_id))
@@ -290,13 +319,14 @@ async def bootstrap_admin_key(store: MetaStore, token: str) -> bool:
     """The cluster's first admin key, from a token its launcher chose (`sms up`), created
     once in the cluster's life: a later start does not bring it back once revoked.
     True if it was created now."""
-    from metastore import NodeExistsError
-    try:
-        await store.create(metadata.CLUSTER_BOOTSTRAPPED, b"1")
-    except NodeExistsError:
+    from metastore import Create, NodeExistsError
+    if await store.get(metadata.CLUSTER_BOOTSTRAPPED) is not None:
         return False
-    try:
-        await create_key(store, "admin", [], name="bootstrap admin (sms up)", token=token)
+    key_id, secret = parse_token(token)
+    entry = KeyEntry(key_id=key_id, tenant=DEFAULT_TENANT, role="admin", streams=(), sha256=hash_secret(secret),
+                     created_ms=int(time.time() * 1000), name="bootstrap admin (sms up)")
+    try:     # the marker and the key together, or neither (a crash between would leave no admin)
+        await store.commit([Create(metadata.CLUSTER_BOOTSTRAPPED, b"1"), Create(key_path(key_id), entry.to_bytes())])
     except NodeExistsError:
-        pass
+        return False              # another control node did it first
     return True

@@ -48,9 +48,17 @@ def _now() -> datetime.datetime:
 
 
 def _write(path: str, data: bytes, private: bool) -> None:
+    """Replace `path` atomically, through a temporary file made anew (O_EXCL) with its
+    mode set on the descriptor: a file left at the temporary name, with whatever mode,
+    is never written into."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o644)
+    os.fchmod(fd, 0o600 if private else 0o644)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
@@ -96,6 +104,8 @@ def _load_ca(ca_dir: str):
     except FileNotFoundError:
         raise errors.FailedPrecondition(f"no CA in {ca_dir}: create one with `sms certs init --dir {ca_dir}`") \
             from None
+    except (OSError, ValueError, TypeError) as e:     # unreadable, damaged, or a key with a passphrase
+        raise errors.FailedPrecondition(f"the CA in {ca_dir} cannot be used: {e}") from None
     return cert, key
 
 
@@ -158,8 +168,13 @@ def ensure_node_cert(ca_dir: str, out_dir: str, node_id: str, hosts: tuple[str, 
         named = {str(v) for v in sans.get_values_for_type(x509.DNSName)} | \
                 {str(v) for v in sans.get_values_for_type(x509.IPAddress)}
         wanted = {str(_general_name(h).value) for h in hosts if h}
-        if (cert.issuer == ca_cert.subject and os.path.exists(out.key_file) and wanted <= named
-                and cert.not_valid_after_utc - _now() > datetime.timedelta(days=RENEW_BEFORE_DAYS)):
+        with open(out.key_file, "rb") as f:
+            key = serialization.load_pem_private_key(f.read(), password=None)
+        if (cert.issuer == ca_cert.subject and wanted <= named and key.public_key() == cert.public_key()
+                and cert.not_valid_before_utc <= _now()
+                and cert.not_valid_after_utc - _now() > datetime.timedelta(days=RENEW_BEFORE_DAYS)
+                and security.parse_cert(cert.public_bytes(serialization.Encoding.PEM))
+                == security.PeerCert(security.NODE_UNIT, node_id)):
             cert.verify_directly_issued_by(ca_cert)
             return out
     except (OSError, ValueError, TypeError, x509.ExtensionNotFound, InvalidSignature, errors.FailedPrecondition):

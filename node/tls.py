@@ -14,11 +14,12 @@ keeps the cluster's own protocols off the client port and strangers off the clus
 from __future__ import annotations
 
 import inspect
+import time
 
 import grpc
 
 from control import auth
-from sms import errors, rpc, security
+from sms import errors, limits, rpc, security
 
 INTERNAL_SERVICES = ("/sms.v1.Storage/",)      # served to cluster nodes only, on the cluster port
 
@@ -55,21 +56,26 @@ def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHan
     return handler._replace(**{kind: refuse})
 
 
-def _guarded(handler: grpc.RpcMethodHandler, admit) -> grpc.RpcMethodHandler:
+def _guarded(handler: grpc.RpcMethodHandler, admit, recheck_s: float = 0.0) -> grpc.RpcMethodHandler:
     """`handler`, served once `await admit(request, context)` returns; it raises the
     named error that refuses the call, or returns a function applied to a unary answer
     (None: the answer as it is). The wrapper is of the behaviour's own kind: gRPC treats
     an async generator as the answer stream, and a coroutine as a handler that reads and
-    writes through its context."""
+    writes through its context. `recheck_s`: an answer stream is admitted again before
+    an answer once this long has passed (a key revoked while a subscription runs)."""
     kind, inner = _behaviour(handler)
     if inspect.isasyncgenfunction(inner):
         async def generator(request, context):
             try:
                 await admit(request, context)
+                checked = time.monotonic()
+                async for answer in inner(request, context):
+                    if recheck_s and time.monotonic() - checked > recheck_s:
+                        await admit(request, context)
+                        checked = time.monotonic()
+                    yield answer
             except errors.SmsError as e:
                 await _abort(context, e)
-            async for answer in inner(request, context):
-                yield answer
         return handler._replace(**{kind: generator})
 
     async def coroutine(request, context):
@@ -108,7 +114,7 @@ def _authenticated(handler: grpc.RpcMethodHandler, method: str, keys: auth.KeyTa
         if method == LIST_STREAMS and principal.streams:
             return lambda answer: type(answer)(names=[n for n in answer.names if principal.sees(n)])
         return None
-    return _guarded(handler, admit)
+    return _guarded(handler, admit, recheck_s=limits.KEY_CACHE_TTL_S)
 
 
 LIST_STREAMS = "/sms.v1.Control/ListStreams"

@@ -61,12 +61,14 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             if len(self._read_buckets) >= limits.READ_BUCKETS_MAX:
                 self._read_buckets.clear()
             bucket = self._read_buckets[key] = TokenBucket(rate, limits.PARTITION_LIMIT_BURST_S, now)
-        wait = bucket.wait(now)
-        if wait > limits.READ_THROTTLE_WAIT_S_MAX:
-            raise Throttled(f"{key}: over its read limit of {rate} bytes/s; retry in {round(wait * 1000)} ms",
-                            retry_after_ms=round(wait * 1000))
-        if wait:
+        deadline = now + limits.READ_THROTTLE_WAIT_S_MAX
+        # (again after each wait: readers that waited together must not all read at once)
+        while (wait := bucket.wait(now)) > 0:
+            if now + wait > deadline:
+                raise Throttled(f"{key}: over its read limit of {rate} bytes/s; retry in {round(wait * 1000)} ms",
+                                retry_after_ms=round(wait * 1000))
             await asyncio.sleep(wait)
+            now = time.monotonic()
         return bucket
 
     async def _replica(self, stream: str, ordinal: int):
@@ -174,10 +176,13 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
     async def GetRecord(self, request, context):
         sn = seqno.parse(request.sequence_number)
         replica = await self._replica(request.stream, seqno.ordinal_of(sn))
+        bucket = await self._within_read_limit(Position(request.stream, seqno.ordinal_of(sn), sn))
         if replica.trimmed_before <= sn <= replica.committed_sn:
             slices = replica.read(sn, sn, 1, limits.GET_RECORDS_BYTES_MAX)
             if slices and slices[0].sn_at(slices[0].start) == sn:
                 s = slices[0]
+                if bucket is not None:
+                    bucket.charge(len(s.batch), time.monotonic())
                 return sms_pb2.GetRecordResponse(slice=sms_pb2.BatchSlice(batch=s.batch, start=s.start, end=s.end))
         raise RecordNotFound(f"no committed record {sn} in {request.stream!r}")
 

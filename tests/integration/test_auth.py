@@ -153,3 +153,24 @@ def test_a_plaintext_cluster_asks_for_no_token(make_cluster):
     with sms.Client(plain.address, ca_file="", token="anything") as c:
         c.create_stream("open", partitions=1)
         assert c.list_streams() == ["open"]
+
+
+def test_a_key_revoked_during_a_subscription_ends_it(cluster, client, streams):
+    """A subscription's key is checked again before each event once KEY_CACHE_TTL_S has
+    passed: revoking it ends the stream with Unauthenticated, not after the server
+    session (SUBSCRIBE_SESSION_S)."""
+    a = streams[0]
+    info, token = client.create_key("consumer", name="subscriber")
+    with _with(cluster, token) as c:
+        pages = c.subscribe(a, 0, "TRIM_HORIZON")
+        assert next(pages).records                 # the first page, while the key is good
+        client.revoke_key(info["key_id"])
+
+        def ended() -> bool:
+            client.put_record(a, b"to push an event", "k")
+            try:
+                next(pages)
+            except errors.Unauthenticated:
+                return True
+            return False
+        wait_until(ended, 30.0, "the subscription of a revoked key ended")

@@ -146,3 +146,32 @@ def test_the_embedded_metadata_store_is_private(tmp_path):
     asyncio.run(open_and_close())
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(str(path) + "-lock").st_mode) == 0o600
+
+
+def test_a_node_key_that_does_not_match_its_certificate_is_replaced(tmp_path):
+    ca_dir, out = str(tmp_path / "ca"), str(tmp_path / "nodes")
+    first = certs.ensure_node_cert(ca_dir, out, "n1")
+    serial = _load(first.cert_file).serial_number
+    other = certs.issue(ca_dir, str(tmp_path / "other"), node="n1")       # a key of another issue
+    os.replace(other.key_file, first.key_file)
+    again = certs.ensure_node_cert(ca_dir, out, "n1")
+    assert _load(again.cert_file).serial_number != serial
+
+
+def test_a_damaged_ca_is_a_named_error(tmp_path):
+    ca = certs.init_ca(str(tmp_path / "ca"))
+    with open(ca.key_file, "wb") as f:
+        f.write(b"-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n")
+    with pytest.raises(errors.FailedPrecondition, match="cannot be used"):
+        certs.issue(str(tmp_path / "ca"), str(tmp_path / "out"), node="n1")
+
+
+def test_a_leftover_temporary_file_never_keeps_its_mode(tmp_path):
+    certs.init_ca(str(tmp_path / "ca"))
+    out = tmp_path / "out"
+    out.mkdir()
+    leftover = out / "n1.key.tmp"
+    leftover.write_text("someone else's")
+    os.chmod(leftover, 0o666)
+    issued = certs.issue(str(tmp_path / "ca"), str(out), node="n1")
+    assert stat.S_IMODE(os.stat(issued.key_file).st_mode) == 0o600
