@@ -142,8 +142,10 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
 
     started_ms = int(time.time() * 1000)      # this process's incarnation
     control = ControlService(view, None, control_role="control" in roles)
-    for srv in servers:
-        sms_pb2_grpc.add_ControlServicer_to_server(control, srv)
+    # the cluster port (servers[1:]) serves what nodes call of each other: the chain's
+    # protocols and reads of other replicas; admin and client calls need the client port
+    # and a key, even for a holder of a node certificate
+    sms_pb2_grpc.add_ControlServicer_to_server(control, server)
     storage = ingestion = election = None
     if "storage" in roles:
         storage = StorageNode(node_id, data_dir, store, incarnation=started_ms)
@@ -181,8 +183,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         local_head = (lambda: HeadSession(storage)) if storage is not None else None
         ingestion = IngestionService(node_id, view, local_head=local_head)
         ingestion.start()
-        for srv in servers:
-            sms_pb2_grpc.add_IngestionServicer_to_server(ingestion, srv)
+        sms_pb2_grpc.add_IngestionServicer_to_server(ingestion, server)
     if "retrieval" in roles:
         secret = await store.get(metadata.CLUSTER_SECRET)
         tokens = TokenCodec(bytes.fromhex(secret.value.decode()))
