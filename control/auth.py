@@ -25,6 +25,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import contextvars
 import json
 import logging
 import secrets
@@ -35,7 +36,8 @@ from dataclasses import dataclass
 from metastore import MetaStore, MetaStoreError
 from sms import limits, metadata, tokens
 from sms.aiotools import raise_if_cancelling
-from sms.errors import InvalidArgument, KeyNotFound, PermissionDenied, SmsError, Unauthenticated, Unavailable
+from sms.errors import (FailedPrecondition, InvalidArgument, InvalidIterator, KeyNotFound, PermissionDenied, SmsError,
+                        TenantNotFound, Unauthenticated, Unavailable)
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +49,89 @@ AUTH_HEADER = "authorization"
 
 # rights, and the roles that hold them
 DESCRIBE, READ, WRITE, ADMIN = "describe", "read", "write", "admin"
+CLUSTER = "cluster"     # the cluster's own state (nodes, every tenant's replicas): admins of the default tenant
 ROLE_RIGHTS = {"admin": {DESCRIBE, READ, WRITE, ADMIN}, "producer": {DESCRIBE, WRITE}, "consumer": {DESCRIBE, READ}}
 
 
 def _stream_of_iterator(request) -> str:
     try:
-        return tokens.peek(request.iterator).stream
+        return unqualify(tokens.peek(request.iterator).stream)
     except SmsError:
         return ""               # a malformed iterator: the handler names the error
+
+
+# --- tenants: each sees its own streams, under its own names --------------------------
+# The principal of the call being served (set by the guard, node/tls.py): the key
+# management calls read it. None on a plaintext cluster (no keys): the default admin.
+CURRENT: contextvars.ContextVar["Principal | None"] = contextvars.ContextVar("sms_principal", default=None)
+
+
+def qualify(tenant: str, name: str) -> str:
+    """The stored name of a tenant's stream ("default": the name itself)."""
+    return name if tenant == DEFAULT_TENANT else f"{tenant}{metadata.TENANT_SEP}{name}"
+
+
+def tenant_of(stored: str) -> str:
+    tenant, sep, _name = stored.partition(metadata.TENANT_SEP)
+    return tenant if sep else DEFAULT_TENANT
+
+
+def unqualify(stored: str) -> str:
+    return stored.partition(metadata.TENANT_SEP)[2] or stored
+
+
+def validate_tenant(name: object) -> str:
+    if (not isinstance(name, str) or not 1 <= len(name) <= limits.TENANT_NAME_CHARS_MAX
+            or not all(c in "abcdefghijklmnopqrstuvwxyz0123456789-" for c in name)):
+        raise InvalidArgument(f"tenant name {str(name)[:60]!r}; expected [a-z0-9-]{{1,{limits.TENANT_NAME_CHARS_MAX}}}")
+    return name
+
+
+def tenant_path(name: str) -> str:
+    return f"{metadata.TENANTS}/{name}"
+
+
+# the calls that name a stream in a field, rewritten to its stored name
+STREAM_FIELDS = {
+    "/sms.v1.Control/CreateStream": "name", "/sms.v1.Control/DeleteStream": "name",
+    "/sms.v1.Control/UpdateStream": "name", "/sms.v1.Control/RepartitionStream": "name",
+    "/sms.v1.Control/TrimStream": "name", "/sms.v1.Control/DescribeStream": "name",
+    "/sms.v1.Control/UpdateConsumer": "stream", "/sms.v1.Ingestion/PutRecords": "stream",
+    "/sms.v1.Retrieval/GetIterator": "stream", "/sms.v1.Retrieval/GetRecord": "stream",
+}
+ITERATOR_CALLS = ("/sms.v1.Retrieval/GetNextRecords", "/sms.v1.Retrieval/Subscribe")
+DESCRIPTION_CALLS = ("/sms.v1.Control/CreateStream", "/sms.v1.Control/DescribeStream",
+                     "/sms.v1.Control/UpdateStream", "/sms.v1.Control/RepartitionStream")
+LIST_STREAMS = "/sms.v1.Control/ListStreams"
+
+
+def scope_request(principal: "Principal", method: str, request):
+    """Put the call in the caller's tenant: the stream it names becomes the stored name
+    (a name with the separator is refused), an iterator of another tenant's stream is
+    refused as invalid, and the answer's names are shown without the prefix. Returns the
+    function to apply to a unary answer, or None."""
+    field = STREAM_FIELDS.get(method)
+    if field is not None:
+        name = getattr(request, field)
+        metadata.validate_stream_name(name, stored=False)
+        setattr(request, field, qualify(principal.tenant, name))
+    elif method in ITERATOR_CALLS:
+        try:
+            stream = tokens.peek(request.iterator).stream
+        except SmsError:
+            return None            # (malformed: the handler names it)
+        if tenant_of(stream) != principal.tenant:
+            raise InvalidIterator("not an iterator of a stream of this tenant")
+    if method in DESCRIPTION_CALLS:
+        def shown(answer):
+            answer.name = unqualify(answer.name)
+            return answer
+        return shown
+    if method == LIST_STREAMS:
+        return lambda answer: type(answer)(names=[unqualify(n) for n in answer.names
+                                                  if tenant_of(n) == principal.tenant
+                                                  and principal.sees(unqualify(n))])
+    return None
 
 
 def _field(name: str) -> Callable:
@@ -68,18 +145,21 @@ POLICY: dict[str, tuple[str, Callable | None]] = {
     "/sms.v1.Control/UpdateStream": (ADMIN, _field("name")),
     "/sms.v1.Control/RepartitionStream": (ADMIN, _field("name")),
     "/sms.v1.Control/TrimStream": (ADMIN, _field("name")),
-    "/sms.v1.Control/ListNodes": (ADMIN, None),
-    "/sms.v1.Control/DrainNode": (ADMIN, None),
-    "/sms.v1.Control/NodeStatus": (ADMIN, None),
+    "/sms.v1.Control/ListNodes": (CLUSTER, None),
+    "/sms.v1.Control/DrainNode": (CLUSTER, None),
+    "/sms.v1.Control/NodeStatus": (CLUSTER, None),
     "/sms.v1.Control/CreateKey": (ADMIN, None),
     "/sms.v1.Control/ListKeys": (ADMIN, None),
     "/sms.v1.Control/RevokeKey": (ADMIN, None),
+    "/sms.v1.Control/CreateTenant": (CLUSTER, None),
+    "/sms.v1.Control/ListTenants": (CLUSTER, None),
+    "/sms.v1.Control/DeleteTenant": (CLUSTER, None),
     "/sms.v1.Control/DescribeStream": (DESCRIBE, _field("name")),
     "/sms.v1.Control/ListStreams": (DESCRIBE, None),
     "/sms.v1.Control/DescribeCluster": (DESCRIBE, None),
     "/sms.v1.Control/UpdateConsumer": (READ, _field("stream")),
     "/sms.v1.Ingestion/PutRecords": (WRITE, _field("stream")),
-    "/sms.v1.Ingestion/IngestionStatus": (ADMIN, None),
+    "/sms.v1.Ingestion/IngestionStatus": (CLUSTER, None),
     "/sms.v1.Retrieval/GetIterator": (READ, _field("stream")),
     "/sms.v1.Retrieval/GetNextRecords": (READ, _stream_of_iterator),
     "/sms.v1.Retrieval/Subscribe": (READ, _stream_of_iterator),
@@ -121,6 +201,8 @@ class Principal:
     streams: tuple[str, ...]
 
     def allows(self, right: str, stream: str | None) -> bool:
+        if right == CLUSTER:
+            return self.role == "admin" and self.tenant == DEFAULT_TENANT
         if right not in ROLE_RIGHTS[self.role]:
             return False
         return not (self.streams and stream is not None and stream not in self.streams)
@@ -164,14 +246,73 @@ def validate_key_request(role: str, streams: list[str]) -> tuple[str, tuple[str,
         raise InvalidArgument(f"role {role!r}; expected one of {', '.join(ROLES)}")
     if len(streams) > limits.KEY_STREAMS_MAX:
         raise InvalidArgument(f"{len(streams)} streams for one key; at most {limits.KEY_STREAMS_MAX}")
-    return role, tuple(metadata.validate_stream_name(s) for s in streams)
+    return role, tuple(metadata.validate_stream_name(s, stored=False) for s in streams)
+
+
+def acting_tenant(wanted: str) -> str:
+    """The tenant a key call acts on: the caller's own; an admin of the default tenant
+    (the cluster's administrators) may name another."""
+    caller = CURRENT.get()
+    own = caller.tenant if caller is not None else DEFAULT_TENANT
+    if not wanted or wanted == own:
+        return own
+    if own != DEFAULT_TENANT:
+        raise PermissionDenied("only an admin of the default tenant acts on other tenants")
+    return validate_tenant(wanted)
+
+
+def require_cluster_admin() -> None:
+    caller = CURRENT.get()
+    if caller is not None and caller.tenant != DEFAULT_TENANT:
+        raise PermissionDenied("only an admin of the default tenant manages tenants")
+
+
+async def create_tenant(store: MetaStore, name: str) -> None:
+    from metastore import NodeExistsError
+    require_cluster_admin()
+    validate_tenant(name)
+    if name == DEFAULT_TENANT:
+        raise InvalidArgument("the default tenant always exists")
+    if len(await store.children(metadata.TENANTS)) >= limits.TENANTS_MAX:
+        raise InvalidArgument(f"at most {limits.TENANTS_MAX} tenants")
+    try:
+        await store.create(tenant_path(name), json.dumps({"created_ms": int(time.time() * 1000)}).encode())
+    except NodeExistsError:
+        raise FailedPrecondition(f"tenant {name!r} exists") from None
+
+
+async def list_tenants(store: MetaStore) -> list[str]:
+    require_cluster_admin()
+    return [DEFAULT_TENANT] + sorted(await store.children(metadata.TENANTS))
+
+
+async def delete_tenant(store: MetaStore, name: str) -> None:
+    """Refused while the tenant has streams; its keys go with it."""
+    from metastore import NoNodeError
+    require_cluster_admin()
+    validate_tenant(name)
+    if name == DEFAULT_TENANT:
+        raise InvalidArgument("the default tenant cannot be deleted")
+    if await store.get(tenant_path(name)) is None:
+        raise TenantNotFound(f"no tenant {name!r}")
+    held = [s for s in await store.children(metadata.STREAMS) if tenant_of(s) == name]
+    if held:
+        raise FailedPrecondition(f"tenant {name!r} has {len(held)} streams; delete them first")
+    for key in await list_keys(store, name):
+        try:
+            await store.delete(key_path(key.key_id))
+        except NoNodeError:
+            pass
+    await store.delete(tenant_path(name))
 
 
 async def create_key(store: MetaStore, role: str, streams: list[str], name: str = "",
                      tenant: str = DEFAULT_TENANT, token: str | None = None) -> tuple[KeyEntry, str]:
     """A new key in the store; (its entry, its token). `token`: a given one (a cluster's
-    bootstrap admin key)."""
+    bootstrap admin key). The tenant must exist."""
     role, scoped = validate_key_request(role, streams)
+    if tenant != DEFAULT_TENANT and await store.get(tenant_path(validate_tenant(tenant))) is None:
+        raise TenantNotFound(f"no tenant {tenant!r} (sms tenant create)")
     if len(name) > limits.KEY_NAME_CHARS_MAX:
         raise InvalidArgument(f"a key name of {len(name)} characters; at most {limits.KEY_NAME_CHARS_MAX}")
     if token is None:
@@ -295,20 +436,30 @@ def check(principal: Principal, method: str, request) -> None:
                                f"{method.rsplit('/', 1)[-1]}" + (f" on stream {stream!r}" if stream else ""))
 
 
-async def list_keys(store: MetaStore) -> list[KeyEntry]:
+async def list_keys(store: MetaStore, tenant: str | None = None) -> list[KeyEntry]:
+    """The keys (of one tenant, when given)."""
     out = []
-    for key_id in sorted(await store.children(metadata.KEYS))[:limits.KEYS_LISTED_MAX]:
+    for key_id in sorted(await store.children(metadata.KEYS)):
         entry = await store.get(key_path(key_id))
         if entry is not None:
-            out.append(KeyEntry.from_bytes(key_id, entry.value))
+            key = KeyEntry.from_bytes(key_id, entry.value)
+            if tenant is None or key.tenant == tenant:
+                out.append(key)
+        if len(out) >= limits.KEYS_LISTED_MAX:
+            break
     return out
 
 
-async def revoke_key(store: MetaStore, key_id: str) -> None:
-    """Delete the key; every node refuses its token within KEY_CACHE_TTL_S."""
+async def revoke_key(store: MetaStore, key_id: str, tenant: str | None = None) -> None:
+    """Delete the key (only one of `tenant`, when given: another's is not found); every
+    node refuses its token within about KEY_CACHE_TTL_S."""
     from metastore import NoNodeError
     if not is_key_id(key_id):
         raise InvalidArgument(f"key id {key_id[:40]!r}; expected {KEY_ID_HEX} hex digits (sms key list)")
+    if tenant is not None:
+        entry = await store.get(key_path(key_id))
+        if entry is None or KeyEntry.from_bytes(key_id, entry.value).tenant != tenant:
+            raise KeyNotFound(f"no key {key_id}")
     try:
         await store.delete(key_path(key_id))
     except NoNodeError:

@@ -56,16 +56,33 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     @rpc_errors
     async def CreateKey(self, request, context):
         entry, token = await auth.create_key(self._admin().store, request.role, list(request.streams),
-                                             request.name)
+                                             request.name, tenant=auth.acting_tenant(request.tenant))
         return sms_pb2.CreateKeyResponse(key=_key_pb(entry), token=token)
 
     @rpc_errors
     async def ListKeys(self, request, context):
-        return sms_pb2.ListKeysResponse(keys=[_key_pb(k) for k in await auth.list_keys(self._admin().store)])
+        own = auth.acting_tenant("")
+        keys = await auth.list_keys(self._admin().store, None if own == auth.DEFAULT_TENANT else own)
+        return sms_pb2.ListKeysResponse(keys=[_key_pb(k) for k in keys])
 
     @rpc_errors
     async def RevokeKey(self, request, context):
-        await auth.revoke_key(self._admin().store, request.key_id)
+        own = auth.acting_tenant("")
+        await auth.revoke_key(self._admin().store, request.key_id, None if own == auth.DEFAULT_TENANT else own)
+        return sms_pb2.Empty()
+
+    @rpc_errors
+    async def CreateTenant(self, request, context):
+        await auth.create_tenant(self._admin().store, request.name)
+        return sms_pb2.Empty()
+
+    @rpc_errors
+    async def ListTenants(self, request, context):
+        return sms_pb2.ListTenantsResponse(names=await auth.list_tenants(self._admin().store))
+
+    @rpc_errors
+    async def DeleteTenant(self, request, context):
+        await auth.delete_tenant(self._admin().store, request.name)
         return sms_pb2.Empty()
 
     @rpc_errors

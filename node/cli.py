@@ -96,7 +96,7 @@ def cmd_up(args) -> int:
 def cmd_key(args) -> int:
     with _client(args) as client:
         if args.key_cmd == "create":
-            info, token = client.create_key(args.role, streams=args.stream, name=args.name)
+            info, token = client.create_key(args.role, streams=args.stream, name=args.name, tenant=args.tenant)
             _emit(args, {**info, "token": token},
                   f"key {info['key_id']} ({info['role']}"
                   + (f" of {', '.join(info['streams'])}" if info["streams"] else "") + ")\n"
@@ -110,6 +110,20 @@ def cmd_key(args) -> int:
         else:
             client.revoke_key(args.key_id)
             _emit(args, {"revoked": args.key_id}, f"revoked {args.key_id}")
+    return 0
+
+
+def cmd_tenant(args) -> int:
+    with _client(args) as client:
+        if args.tenant_cmd == "create":
+            client.create_tenant(args.name)
+            _emit(args, {"created": args.name}, f"tenant {args.name} created")
+        elif args.tenant_cmd == "list":
+            names = client.list_tenants()
+            _emit(args, names, "\n".join(names))
+        else:
+            client.delete_tenant(args.name)
+            _emit(args, {"deleted": args.name}, f"tenant {args.name} deleted")
     return 0
 
 
@@ -719,10 +733,20 @@ def build_parser() -> argparse.ArgumentParser:
     kc.add_argument("--role", required=True, choices=["admin", "producer", "consumer"])
     kc.add_argument("--stream", action="append", default=[], help="limit the key to this stream (repeat)")
     kc.add_argument("--name", default="", help="what the key is for")
+    kc.add_argument("--tenant", default="", help="the key's tenant (default: the caller's own)")
     ksub.add_parser("list", parents=[common], help="every key: id, role, streams, name (never a secret)")
     kr = ksub.add_parser("revoke", parents=[common], help="delete a key: its token stops working within a second")
     kr.add_argument("key_id")
     key.set_defaults(func=cmd_key)
+
+    tenant = sub.add_parser("tenant", help="tenants: each sees only its own streams, under its own names")
+    tsub = tenant.add_subparsers(dest="tenant_cmd", required=True)
+    tc = tsub.add_parser("create", parents=[common], help="a new tenant (then: sms key create --tenant NAME)")
+    tc.add_argument("name")
+    tsub.add_parser("list", parents=[common], help="every tenant")
+    td = tsub.add_parser("delete", parents=[common], help="delete a tenant without streams, and its keys")
+    td.add_argument("name")
+    tenant.set_defaults(func=cmd_tenant)
 
     certs = sub.add_parser("certs", help="a cluster CA, and certificates for nodes and clients (TLS)")
     csub = certs.add_subparsers(dest="certs_cmd", required=True)

@@ -199,11 +199,26 @@ class Client:
         return info
 
     # --- credentials (admin keys only; docs/security.md) --------------------------------
-    async def create_key(self, role: str, *, streams: Iterable[str] = (), name: str = "") -> tuple[dict, str]:
+    async def create_key(self, role: str, *, streams: Iterable[str] = (), name: str = "",
+                         tenant: str = "") -> tuple[dict, str]:
         """A new key of `role` ("admin", "producer" or "consumer"), limited to `streams`
-        when given: (its description, its token). The token is shown this once."""
-        pb = await self._admin_call("CreateKey", sms_pb2.CreateKeyRequest(role=role, streams=list(streams), name=name))
+        when given, of the caller's tenant or (an admin of the default tenant) of
+        `tenant`: (its description, its token). The token is shown this once."""
+        pb = await self._admin_call("CreateKey", sms_pb2.CreateKeyRequest(role=role, streams=list(streams), name=name,
+                                                                          tenant=tenant))
         return _key_info(pb.key), pb.token
+
+    async def create_tenant(self, name: str) -> None:
+        """A tenant: its keys see only its streams, under their own names (admins of the
+        default tenant only)."""
+        await self._admin_call("CreateTenant", sms_pb2.TenantRequest(name=name))
+
+    async def list_tenants(self) -> list[str]:
+        return list((await self._admin_call("ListTenants", sms_pb2.Empty())).names)
+
+    async def delete_tenant(self, name: str) -> None:
+        """Refused while it has streams; its keys go with it."""
+        await self._admin_call("DeleteTenant", sms_pb2.TenantRequest(name=name))
 
     async def list_keys(self) -> list[dict]:
         return [_key_info(k) for k in (await self._admin_call("ListKeys", sms_pb2.Empty())).keys]

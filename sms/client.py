@@ -53,8 +53,17 @@ class Client:
     def create_stream(self, name, partitions=1, replication_factor=1, **kwargs):
         return self._run(self._aio.create_stream(name, partitions, replication_factor, **kwargs))
 
-    def create_key(self, role, *, streams=(), name=""):
-        return self._run(self._aio.create_key(role, streams=streams, name=name))
+    def create_key(self, role, *, streams=(), name="", tenant=""):
+        return self._run(self._aio.create_key(role, streams=streams, name=name, tenant=tenant))
+
+    def create_tenant(self, name):
+        return self._run(self._aio.create_tenant(name))
+
+    def list_tenants(self):
+        return self._run(self._aio.list_tenants())
+
+    def delete_tenant(self, name):
+        return self._run(self._aio.delete_tenant(name))
 
     def list_keys(self):
         return self._run(self._aio.list_keys())

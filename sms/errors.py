@@ -50,6 +50,11 @@ class NodeNotFound(SmsError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class TenantNotFound(SmsError):
+    """No tenant of that name (`sms tenant create` makes one)."""
+    code = grpc.StatusCode.NOT_FOUND
+
+
 class KeyNotFound(SmsError):
     """No key of that id (revoked already, or never made)."""
     code = grpc.StatusCode.NOT_FOUND

@@ -214,6 +214,8 @@ AUTH_TOKEN_CHARS_MAX = 256                     # a longer credential is malforme
 KEY_STREAMS_MAX = 1_000                        # streams one key may be limited to
 KEY_NAME_CHARS_MAX = 200                       # a key's free-text name
 KEYS_LISTED_MAX = 10_000                       # keys `sms key list` shows
+TENANT_NAME_CHARS_MAX = 32                     # [a-z0-9-]
+TENANTS_MAX = 10_000
 
 # per-partition limits (sms/ratelimit.py; StreamConfig.write_records_per_s and the others)
 PARTITION_WRITE_RECORDS_PER_S_MAX = 10_000_000     # a larger limit is a mistake, refused

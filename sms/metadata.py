@@ -33,13 +33,22 @@ CHAINS = "/chains"
 DRAINING = "/draining"      # storage nodes being emptied (`sms node drain`), one child each
 DISK_FAILED = "/disk_failed"   # storage nodes whose disk failed, each child holding the incarnation
 KEYS = "/keys"              # credentials (control/auth.py): one child per key, never its secret
+TENANTS = "/tenants"        # tenants besides "default" (control/auth.py), one child each
+TENANT_SEP = "~"            # a tenant's stream "orders" is stored as "<tenant>~orders" ("default": "orders")
 SUSPECTS = "/suspects"      # storage nodes report peers that refused connections (control/detector.py)
 
 _STREAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,%d}" % limits.STREAM_NAME_CHARS_MAX)
+# the stored form: a tenant's streams carry its name in front (control/auth.py qualifies
+# what a caller names; a caller can never name the separator itself)
+_STORED_NAME = re.compile(r"(?:[a-z0-9-]{1,%d}~)?[A-Za-z0-9_.-]{1,%d}" % (limits.TENANT_NAME_CHARS_MAX,
+                                                                          limits.STREAM_NAME_CHARS_MAX))
 
 
-def validate_stream_name(name: object) -> str:
-    if not isinstance(name, str) or not _STREAM_NAME.fullmatch(name):
+def validate_stream_name(name: object, stored: bool = True) -> str:
+    """A stream name as stored (`stored`: a tenant's prefix allowed), or as a caller of a
+    secure cluster gives it (no prefix)."""
+    pattern = _STORED_NAME if stored else _STREAM_NAME
+    if not isinstance(name, str) or not pattern.fullmatch(name):
         shown = repr(name)[:80]
         raise InvalidStreamName(f"stream name {shown}; expected [A-Za-z0-9_.-]{{1,{limits.STREAM_NAME_CHARS_MAX}}}")
     return name

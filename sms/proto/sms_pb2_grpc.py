@@ -110,6 +110,21 @@ class ControlStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.RevokeKeyRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
                 _registered_method=True)
+        self.CreateTenant = channel.unary_unary(
+                '/sms.v1.Control/CreateTenant',
+                request_serializer=sms_dot_proto_dot_sms__pb2.TenantRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                _registered_method=True)
+        self.ListTenants = channel.unary_unary(
+                '/sms.v1.Control/ListTenants',
+                request_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.ListTenantsResponse.FromString,
+                _registered_method=True)
+        self.DeleteTenant = channel.unary_unary(
+                '/sms.v1.Control/DeleteTenant',
+                request_serializer=sms_dot_proto_dot_sms__pb2.TenantRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -214,6 +229,25 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateTenant(self, request, context):
+        """tenants (admins of the default tenant only): each sees only its own streams
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTenants(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -290,6 +324,21 @@ def add_ControlServicer_to_server(servicer, server):
             'RevokeKey': grpc.unary_unary_rpc_method_handler(
                     servicer.RevokeKey,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.RevokeKeyRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            ),
+            'CreateTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateTenant,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.TenantRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            ),
+            'ListTenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTenants,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.ListTenantsResponse.SerializeToString,
+            ),
+            'DeleteTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTenant,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.TenantRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
             ),
     }
@@ -698,6 +747,87 @@ class Control:
             target,
             '/sms.v1.Control/RevokeKey',
             sms_dot_proto_dot_sms__pb2.RevokeKeyRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/CreateTenant',
+            sms_dot_proto_dot_sms__pb2.TenantRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/ListTenants',
+            sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.ListTenantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/DeleteTenant',
+            sms_dot_proto_dot_sms__pb2.TenantRequest.SerializeToString,
             sms_dot_proto_dot_sms__pb2.Empty.FromString,
             options,
             channel_credentials,

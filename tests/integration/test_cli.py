@@ -177,6 +177,15 @@ def test_up_is_secure_by_default_and_keys_have_roles(up_factory):
                COMMAND_TIMEOUT_S, "the revoked key refused")
     plain = sms_cmd(d, "stream", "list", "--ca-file", "", "--address", cluster["address"])
     assert plain.returncode == 1 and "TlsHandshakeFailed" in plain.stderr, plain
+    # a tenant: its own streams under its own names
+    ok(sms_cmd(d, "tenant", "create", "acme"))
+    assert "acme" in json.loads(ok(sms_cmd(d, "tenant", "list", "--json")))
+    acme = json.loads(ok(sms_cmd(d, "key", "create", "--role", "admin", "--tenant", "acme", "--json")))["token"]
+    ok(sms_cmd(d, "stream", "create", "s", "--partitions", "1", "--token", acme))      # its own "s"
+    ok(sms_cmd(d, "put", "s", "acme's", "--key", "k", "--token", acme))
+    assert json.loads(ok(sms_cmd(d, "stream", "list", "--json", "--token", acme))) == ["s"]
+    assert "acme's" in ok(sms_cmd(d, "read", "s", "--token", acme))
+    assert "acme's" not in ok(sms_cmd(d, "read", "s"))                                 # the default tenant's "s"
 
 
 @pytest.mark.slow

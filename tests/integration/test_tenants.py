@@ -1,0 +1,135 @@
+"""Tenants (issue 15 item 4; control/auth.py scope_request, node/tls.py): each sees,
+lists and touches only its own streams, under its own names. Real TLS cluster, real keys.
+
+- Two tenants each have a stream called `orders`; neither ever sees the other's records.
+- A stream of another tenant answers exactly as one that does not exist.
+- An iterator of another tenant's stream is refused as invalid.
+- A tenant's admin manages its own keys only; tenants are managed by admins of the
+  default tenant.
+- A tenant with streams cannot be deleted; deleting one removes its keys.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import sms
+from sms import errors
+from tests.conftest import read_stream, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _with(cluster, token: str) -> sms.Client:
+    return sms.Client(cluster.address, ca_file=cluster.ca_file, token=token)
+
+
+@pytest.fixture(scope="module")
+def tenants(cluster, client):
+    for name in ("acme", "globex"):
+        client.create_tenant(name)
+    tokens = {name: client.create_key("admin", tenant=name, name=f"{name} admin")[1] for name in ("acme", "globex")}
+    return tokens
+
+
+def test_two_tenants_each_have_their_own_orders(cluster, client, tenants):
+    with _with(cluster, tenants["acme"]) as acme, _with(cluster, tenants["globex"]) as globex:
+        for c, tag in ((acme, b"acme"), (globex, b"globex")):
+            info = c.create_stream("orders", partitions=2, replication_factor=3)
+            assert info.name == "orders"
+            assert c.put_records("orders", [(f"k{i}", tag + b"-%d" % i) for i in range(50)]).failed_record_count == 0
+        for c, tag in ((acme, b"acme"), (globex, b"globex")):
+            assert c.list_streams() == ["orders"]
+            assert c.get_stream_info("orders").name == "orders"
+            got = [r.data for rs in read_stream(c, "orders").values() for r in rs]
+            assert sorted(got) == sorted(tag + b"-%d" % i for i in range(50))
+            assert [r.data for r in c.read_stream("orders")] and all(r.data.startswith(tag)
+                                                                    for r in c.read_stream("orders"))
+    assert "orders" not in client.list_streams()          # the default tenant has none of them
+
+
+def test_another_tenants_stream_looks_like_no_stream(cluster, tenants):
+    with _with(cluster, tenants["acme"]) as acme, _with(cluster, tenants["globex"]) as globex:
+        acme.create_stream("acme-only", partitions=1)
+        answers = []
+        for name in ("acme-only", "never-made"):
+            with pytest.raises(errors.StreamNotFound) as e:
+                globex.get_stream_info(name)
+            answers.append(str(e.value).replace(name, "NAME"))
+            with pytest.raises(errors.SmsError) as e:
+                globex.put_record(name, b"x", "k")
+        assert answers[0] == answers[1]
+        it = acme.get_iterator("acme-only", 0, "TRIM_HORIZON")
+        with pytest.raises(errors.InvalidIterator):
+            globex.get_next_records(it)
+
+
+def test_names_with_the_tenant_separator_are_refused(cluster, tenants):
+    with _with(cluster, tenants["acme"]) as acme:
+        with pytest.raises(errors.InvalidStreamName):
+            acme.create_stream("globex~orders", partitions=1)
+        with pytest.raises(errors.InvalidStreamName):
+            acme.get_stream_info("globex~orders")
+
+
+def test_a_tenants_admin_manages_its_own_keys_only(cluster, client, tenants):
+    with _with(cluster, tenants["acme"]) as acme:
+        info, token = acme.create_key("producer", streams=["orders"], name="acme writer")
+        assert info["tenant"] == "acme"
+        assert {k["tenant"] for k in acme.list_keys()} == {"acme"}
+        with pytest.raises(errors.PermissionDenied):
+            acme.create_key("admin", tenant="globex")
+        with pytest.raises(errors.PermissionDenied):
+            acme.list_tenants()
+        with pytest.raises(errors.PermissionDenied):
+            acme.create_tenant("initech")
+        globex_key = next(k for k in client.list_keys() if k["tenant"] == "globex")
+        with pytest.raises(errors.KeyNotFound):
+            acme.revoke_key(globex_key["key_id"])            # another tenant's key: not found
+        with _with(cluster, token) as writer:
+            writer.put_record("orders", b"by the acme writer", "k")
+    assert {"acme", "globex", "default"} <= set(client.list_tenants())
+
+
+def test_deleting_a_tenant(cluster, client):
+    client.create_tenant("short-lived")
+    _info, token = client.create_key("admin", tenant="short-lived")
+    with _with(cluster, token) as t:
+        t.create_stream("s", partitions=1)
+        with pytest.raises(errors.FailedPrecondition, match="delete them first"):
+            client.delete_tenant("short-lived")
+        t.delete_stream("s")
+        wait_until(lambda: "s" not in t.list_streams(), 30.0, "the tenant's stream deleted")
+    client.delete_tenant("short-lived")
+    assert "short-lived" not in client.list_tenants()
+    with _with(cluster, token) as t:
+        wait_until(lambda: _refused(t), 10.0, "the deleted tenant's key refused")
+    with pytest.raises(errors.TenantNotFound):
+        client.delete_tenant("short-lived")
+    with pytest.raises(errors.TenantNotFound):
+        client.create_key("admin", tenant="short-lived")
+
+
+def _refused(c: sms.Client) -> bool:
+    try:
+        c.list_streams()
+    except errors.Unauthenticated:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("name", ["", "Upper", "a" * 33, "under_score", "default"])
+def test_bad_tenant_names_are_named(client, name):
+    with pytest.raises(errors.InvalidArgument):
+        client.create_tenant(name)
+
+
+def test_the_clusters_own_state_is_for_the_default_tenants_admins(cluster, client, tenants):
+    """Node status and node lists name every tenant's replicas: a tenant's admin gets
+    PermissionDenied; the cluster's admins see them."""
+    with _with(cluster, tenants["acme"]) as acme:
+        for call in (acme.list_nodes, lambda: acme.node_status(cluster.address),
+                     lambda: acme.drain_node("n1")):
+            with pytest.raises(errors.PermissionDenied):
+                call()
+    assert client.list_nodes()
