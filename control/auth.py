@@ -71,9 +71,8 @@ def qualify(tenant: str, name: str) -> str:
     return name if tenant == DEFAULT_TENANT else f"{tenant}{metadata.TENANT_SEP}{name}"
 
 
-def tenant_of(stored: str) -> str:
-    tenant, sep, _name = stored.partition(metadata.TENANT_SEP)
-    return tenant if sep else DEFAULT_TENANT
+tenant_of = metadata.tenant_of
+tenant_path = metadata.tenant_path
 
 
 def unqualify(stored: str) -> str:
@@ -85,10 +84,6 @@ def validate_tenant(name: object) -> str:
             or not all(c in "abcdefghijklmnopqrstuvwxyz0123456789-" for c in name)):
         raise InvalidArgument(f"tenant name {str(name)[:60]!r}; expected [a-z0-9-]{{1,{limits.TENANT_NAME_CHARS_MAX}}}")
     return name
-
-
-def tenant_path(name: str) -> str:
-    return f"{metadata.TENANTS}/{name}"
 
 
 # the calls that name a stream in a field, rewritten to its stored name
@@ -154,6 +149,7 @@ POLICY: dict[str, tuple[str, Callable | None]] = {
     "/sms.v1.Control/CreateTenant": (CLUSTER, None),
     "/sms.v1.Control/ListTenants": (CLUSTER, None),
     "/sms.v1.Control/DeleteTenant": (CLUSTER, None),
+    "/sms.v1.Control/UpdateTenant": (CLUSTER, None),
     "/sms.v1.Control/DescribeStream": (DESCRIBE, _field("name")),
     "/sms.v1.Control/ListStreams": (DESCRIBE, None),
     "/sms.v1.Control/DescribeCluster": (DESCRIBE, None),
@@ -276,14 +272,49 @@ async def create_tenant(store: MetaStore, name: str) -> None:
     if len(await store.children(metadata.TENANTS)) >= limits.TENANTS_MAX:
         raise InvalidArgument(f"at most {limits.TENANTS_MAX} tenants")
     try:
-        await store.create(tenant_path(name), json.dumps({"created_ms": int(time.time() * 1000)}).encode())
+        await store.create(tenant_path(name), metadata.TenantConfig(created_ms=int(time.time() * 1000)).to_bytes())
     except NodeExistsError:
         raise FailedPrecondition(f"tenant {name!r} exists") from None
 
 
-async def list_tenants(store: MetaStore) -> list[str]:
+async def list_tenants(store: MetaStore) -> list[tuple[str, metadata.TenantConfig]]:
     require_cluster_admin()
-    return [DEFAULT_TENANT] + sorted(await store.children(metadata.TENANTS))
+    out = [(DEFAULT_TENANT, metadata.TenantConfig())]
+    for name in sorted(await store.children(metadata.TENANTS)):
+        entry = await store.get(tenant_path(name))
+        if entry is not None:
+            out.append((name, metadata.TenantConfig.from_bytes(entry.value)))
+    return out
+
+
+async def update_tenant(store: MetaStore, name: str, write_records_per_s: int = -1,
+                        write_bytes_per_s: int = -1) -> metadata.TenantConfig:
+    """Change a tenant's limits over all its partitions (-1: unchanged, 0: none)."""
+    import dataclasses
+
+    from metastore import BadVersionError
+    require_cluster_admin()
+    validate_tenant(name)
+    changes = {}
+    for field, value, most in (("write_records_per_s", write_records_per_s, limits.TENANT_WRITE_RECORDS_PER_S_MAX),
+                               ("write_bytes_per_s", write_bytes_per_s, limits.TENANT_BYTES_PER_S_MAX)):
+        if value == -1:
+            continue
+        if not 0 <= value <= most:
+            raise InvalidArgument(f"{field} {value}; expected 0 (no limit) .. {most}, or -1 (unchanged)")
+        changes[field] = value
+    for _ in range(limits.CLIENT_REDIRECT_RETRIES_MAX):
+        entry = await store.get(tenant_path(name))
+        if entry is None:
+            raise TenantNotFound(f"no tenant {name!r}" + (" (the default tenant has no limits)"
+                                                          if name == DEFAULT_TENANT else ""))
+        config = dataclasses.replace(metadata.TenantConfig.from_bytes(entry.value), **changes)
+        try:
+            await store.set(tenant_path(name), config.to_bytes(), entry.version)
+            return config
+        except BadVersionError:
+            continue
+    raise Unavailable(f"tenant {name!r} changes too often; retry")
 
 
 async def delete_tenant(store: MetaStore, name: str) -> None:

@@ -78,7 +78,15 @@ class ControlService(sms_pb2_grpc.ControlServicer):
 
     @rpc_errors
     async def ListTenants(self, request, context):
-        return sms_pb2.ListTenantsResponse(names=await auth.list_tenants(self._admin().store))
+        tenants = await auth.list_tenants(self._admin().store)
+        return sms_pb2.ListTenantsResponse(names=[n for n, _c in tenants],
+                                           tenants=[_tenant_pb(n, c) for n, c in tenants])
+
+    @rpc_errors
+    async def UpdateTenant(self, request, context):
+        config = await auth.update_tenant(self._admin().store, request.name, request.write_records_per_s,
+                                          request.write_bytes_per_s)
+        return _tenant_pb(request.name, config)
 
     @rpc_errors
     async def DeleteTenant(self, request, context):
@@ -172,6 +180,11 @@ class ControlService(sms_pb2_grpc.ControlServicer):
             checkpoints[ordinal] = ConsumerRecord.SHARD_END_SN if sn == "SHARD_END" else seqno.parse(sn)
         await self._admin().update_consumer(request.stream, request.consumer, checkpoints, request.remove)
         return sms_pb2.Empty()
+
+
+def _tenant_pb(name: str, config) -> sms_pb2.TenantInfo:
+    return sms_pb2.TenantInfo(name=name, write_records_per_s=config.write_records_per_s,
+                              write_bytes_per_s=config.write_bytes_per_s)
 
 
 def _key_pb(entry: auth.KeyEntry) -> sms_pb2.KeyInfo:

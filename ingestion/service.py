@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 
+from metastore import MetaStoreError
 from metastore.view import ClusterView, bounded
 from ingestion.partition import Outcome, PartitionIngest, Results, Submission
 from ingestion.writer import PartitionWriter
@@ -23,7 +24,7 @@ from sms.aiotools import cancel_and_wait, wait_event
 from sms.errors import (InvalidArgument, PartitionClosed, RecordTooLarge, RequestTooLarge, SmsError, StreamNotFound,
                         Throttled, Unavailable, WrongOwner)
 from sms.ratelimit import PartitionLimits
-from sms.metadata import ChainConfig
+from sms.metadata import DEFAULT_TENANT, ChainConfig, TenantConfig, tenant_of, tenant_path
 from sms.ports import HeadPort
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors
@@ -48,12 +49,61 @@ def parse_put_entries(count: int, blob: bytes, producer_id: bytes) -> list[tuple
             for e in wire.parse_put(count, blob, producer_id)]
 
 
+class TenantShares:
+    """Each tenant's write limits over all its partitions (its entry under /tenants), as
+    an even share per live ingestion node: a token bucket per tenant here, refilled at
+    limit / (live ingestion nodes). A tenant's load spread over the nodes meets its limit;
+    one on fewer nodes is held below it (the price of needing no coordination). The
+    limits are re-read every TENANT_LIMITS_REFRESH_S; if the store does not answer, the
+    last ones read stay in force."""
+
+    def __init__(self, view: ClusterView):
+        self.view = view
+        self._read: dict[str, tuple[float, TenantConfig]] = {}
+        self._buckets: dict[str, tuple[tuple[int, int], PartitionLimits]] = {}
+
+    async def _config(self, tenant: str, now: float) -> TenantConfig:
+        cached = self._read.get(tenant)
+        if cached is not None and now - cached[0] <= limits.TENANT_LIMITS_REFRESH_S:
+            return cached[1]
+        try:
+            async with asyncio.timeout(limits.METADATA_READ_WAIT_S):
+                entry = await self.view.store.get(tenant_path(tenant))
+            config = TenantConfig.from_bytes(entry.value) if entry is not None else TenantConfig()
+        except (TimeoutError, MetaStoreError, ValueError):
+            return cached[1] if cached is not None else TenantConfig()
+        if len(self._read) >= limits.TENANTS_MAX:
+            self._read.clear()
+        self._read[tenant] = (now, config)
+        return config
+
+    async def take(self, tenant: str, records: int, size: int) -> None:
+        """Throttled when the tenant is over its share here."""
+        now = time.monotonic()
+        config = await self._config(tenant, now)
+        if not (config.write_records_per_s or config.write_bytes_per_s):
+            return
+        nodes = max(1, sum(1 for n in (await self.view.nodes()).values() if "ingestion" in n.roles))
+        share = (-(-config.write_records_per_s // nodes), -(-config.write_bytes_per_s // nodes))
+        held = self._buckets.get(tenant)
+        if held is None or held[0] != share:
+            held = self._buckets[tenant] = (share, PartitionLimits(share[0], share[1], limits.PARTITION_LIMIT_BURST_S,
+                                                                   now))
+        wait = held[1].take(records, size, now)
+        if wait:
+            ms = max(1, round(wait * 1000))
+            raise Throttled(f"tenant {tenant}: over its write limit ({config.write_records_per_s or '-'} records/s, "
+                            f"{config.write_bytes_per_s or '-'} bytes/s, shared by {nodes} nodes); retry in {ms} ms",
+                            retry_after_ms=ms)
+
+
 class IngestionService(sms_pb2_grpc.IngestionServicer):
     def __init__(self, node_id: str, view: ClusterView, local_head: HeadPort | None = None):
         self.node_id = node_id
         self.view = view
         self.local_head = local_head      # this process's storage role's heads (sms/ports.py), or None
         self.partitions: dict[str, PartitionIngest] = {}
+        self.tenants = TenantShares(view)
         self._pruner: asyncio.Task | None = None
         self._closing: set[asyncio.Task] = set()
 
@@ -175,6 +225,9 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         if view.config.status is not StreamStatus.ACTIVE:
             raise Unavailable(f"stream {request.stream!r} is {view.config.status.value}")
         records = parse_put_entries(request.count, request.entries, request.producer_id)
+        tenant = tenant_of(request.stream)
+        if tenant != DEFAULT_TENANT:
+            await self.tenants.take(tenant, len(records), len(request.entries))
         if request.session_ordinals:
             if not request.producer_id or len(request.session_ordinals) != wire.ORDINAL.size * len(records):
                 raise InvalidArgument(f"session_ordinals of {len(request.session_ordinals)} bytes; expected 4 per "

@@ -119,8 +119,15 @@ def cmd_tenant(args) -> int:
             client.create_tenant(args.name)
             _emit(args, {"created": args.name}, f"tenant {args.name} created")
         elif args.tenant_cmd == "list":
-            names = client.list_tenants()
-            _emit(args, names, "\n".join(names))
+            tenants = client.describe_tenants()
+            _emit(args, tenants, "\n".join(
+                t["name"] + "".join(f"  {k.replace('_per_s', '')} {v:,}/s" for k, v in t.items() if k != "name" and v)
+                for t in tenants))
+        elif args.tenant_cmd == "update":
+            t = client.update_tenant(args.name, write_records_per_s=args.write_records_per_s,
+                                     write_bytes_per_s=args.write_bytes_per_s)
+            _emit(args, t, f"tenant {t['name']}: write limits {t['write_records_per_s'] or '-'} records/s, "
+                           f"{t['write_bytes_per_s'] or '-'} bytes/s over all its partitions")
         else:
             client.delete_tenant(args.name)
             _emit(args, {"deleted": args.name}, f"tenant {args.name} deleted")
@@ -743,7 +750,11 @@ def build_parser() -> argparse.ArgumentParser:
     tsub = tenant.add_subparsers(dest="tenant_cmd", required=True)
     tc = tsub.add_parser("create", parents=[common], help="a new tenant (then: sms key create --tenant NAME)")
     tc.add_argument("name")
-    tsub.add_parser("list", parents=[common], help="every tenant")
+    tsub.add_parser("list", parents=[common], help="every tenant, with its limits")
+    tu = tsub.add_parser("update", parents=[common], help="a tenant's write limits over all its partitions")
+    tu.add_argument("name")
+    tu.add_argument("--write-records-per-s", type=int, help="records/s over all its partitions (0: none)")
+    tu.add_argument("--write-bytes-per-s", type=int, help="bytes/s over all its partitions (0: none)")
     td = tsub.add_parser("delete", parents=[common], help="delete a tenant without streams, and its keys")
     td.add_argument("name")
     tenant.set_defaults(func=cmd_tenant)

@@ -216,6 +216,20 @@ class Client:
     async def list_tenants(self) -> list[str]:
         return list((await self._admin_call("ListTenants", sms_pb2.Empty())).names)
 
+    async def describe_tenants(self) -> list[dict]:
+        """Every tenant with its limits over all its partitions (0: none)."""
+        return [{"name": t.name, "write_records_per_s": t.write_records_per_s, "write_bytes_per_s": t.write_bytes_per_s}
+                for t in (await self._admin_call("ListTenants", sms_pb2.Empty())).tenants]
+
+    async def update_tenant(self, name: str, *, write_records_per_s: int | None = None,
+                            write_bytes_per_s: int | None = None) -> dict:
+        """A tenant's write limits over all its partitions (0 removes one): each live
+        ingestion node takes an even share; a write over it gets Throttled."""
+        pb = await self._admin_call("UpdateTenant", sms_pb2.UpdateTenantRequest(
+            name=name, write_records_per_s=-1 if write_records_per_s is None else write_records_per_s,
+            write_bytes_per_s=-1 if write_bytes_per_s is None else write_bytes_per_s))
+        return {"name": pb.name, "write_records_per_s": pb.write_records_per_s, "write_bytes_per_s": pb.write_bytes_per_s}
+
     async def delete_tenant(self, name: str) -> None:
         """Refused while it has streams; its keys go with it."""
         await self._admin_call("DeleteTenant", sms_pb2.TenantRequest(name=name))

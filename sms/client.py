@@ -62,6 +62,12 @@ class Client:
     def list_tenants(self):
         return self._run(self._aio.list_tenants())
 
+    def describe_tenants(self):
+        return self._run(self._aio.describe_tenants())
+
+    def update_tenant(self, name, **limits):
+        return self._run(self._aio.update_tenant(name, **limits))
+
     def delete_tenant(self, name):
         return self._run(self._aio.delete_tenant(name))
 

@@ -44,6 +44,37 @@ _STORED_NAME = re.compile(r"(?:[a-z0-9-]{1,%d}~)?[A-Za-z0-9_.-]{1,%d}" % (limits
                                                                           limits.STREAM_NAME_CHARS_MAX))
 
 
+DEFAULT_TENANT = "default"
+
+
+def tenant_of(stored: str) -> str:
+    """The tenant of a stream's stored name."""
+    tenant, sep, _name = stored.partition(TENANT_SEP)
+    return tenant if sep else DEFAULT_TENANT
+
+
+def tenant_path(name: str) -> str:
+    return f"{TENANTS}/{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """A tenant's entry: its limits over all its partitions (0: none), shared evenly by
+    the live ingestion nodes (ingestion/service.py)."""
+    created_ms: int = 0
+    write_records_per_s: int = 0
+    write_bytes_per_s: int = 0
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "TenantConfig":
+        d = json.loads(raw)
+        return cls(created_ms=int(d.get("created_ms", 0)), write_records_per_s=int(d.get("write_records_per_s", 0)),
+                   write_bytes_per_s=int(d.get("write_bytes_per_s", 0)))
+
+
 def validate_stream_name(name: object, stored: bool = True) -> str:
     """A stream name as stored (`stored`: a tenant's prefix allowed), or as a caller of a
     secure cluster gives it (no prefix)."""

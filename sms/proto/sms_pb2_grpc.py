@@ -125,6 +125,11 @@ class ControlStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.TenantRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
                 _registered_method=True)
+        self.UpdateTenant = channel.unary_unary(
+                '/sms.v1.Control/UpdateTenant',
+                request_serializer=sms_dot_proto_dot_sms__pb2.UpdateTenantRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.TenantInfo.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -248,6 +253,12 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -340,6 +351,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.DeleteTenant,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.TenantRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            ),
+            'UpdateTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateTenant,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.UpdateTenantRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.TenantInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -829,6 +845,33 @@ class Control:
             '/sms.v1.Control/DeleteTenant',
             sms_dot_proto_dot_sms__pb2.TenantRequest.SerializeToString,
             sms_dot_proto_dot_sms__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/UpdateTenant',
+            sms_dot_proto_dot_sms__pb2.UpdateTenantRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.TenantInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -179,7 +179,9 @@ def test_up_is_secure_by_default_and_keys_have_roles(up_factory):
     assert plain.returncode == 1 and "TlsHandshakeFailed" in plain.stderr, plain
     # a tenant: its own streams under its own names
     ok(sms_cmd(d, "tenant", "create", "acme"))
-    assert "acme" in json.loads(ok(sms_cmd(d, "tenant", "list", "--json")))
+    assert "acme" in {t["name"] for t in json.loads(ok(sms_cmd(d, "tenant", "list", "--json")))}
+    limited = json.loads(ok(sms_cmd(d, "tenant", "update", "acme", "--write-records-per-s", "1000", "--json")))
+    assert limited["write_records_per_s"] == 1000
     acme = json.loads(ok(sms_cmd(d, "key", "create", "--role", "admin", "--tenant", "acme", "--json")))["token"]
     ok(sms_cmd(d, "stream", "create", "s", "--partitions", "1", "--token", acme))      # its own "s"
     ok(sms_cmd(d, "put", "s", "acme's", "--key", "k", "--token", acme))

@@ -11,10 +11,13 @@ lists and touches only its own streams, under its own names. Real TLS cluster, r
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 import sms
-from sms import errors
+from sms import aio, errors, limits
 from tests.conftest import read_stream, wait_until
 
 pytestmark = pytest.mark.integration
@@ -133,3 +136,59 @@ def test_the_clusters_own_state_is_for_the_default_tenants_admins(cluster, clien
             with pytest.raises(errors.PermissionDenied):
                 call()
     assert client.list_nodes()
+
+
+TENANT_RATE = 300               # records/s over all the limited tenant's partitions
+LOAD_S = 3.0
+BATCH = 50
+
+
+async def _hammer(c, stream: str, deadline: float) -> tuple[int, float]:
+    acked, i, t0 = 0, 0, time.monotonic()
+    while time.monotonic() < deadline:
+        out = await c.put_records(stream, [(f"k{i}-{j}", b"x" * 20) for j in range(BATCH)])
+        acked += sum(1 for r in out.records if not r.error_name)
+        i += 1
+    return acked, time.monotonic() - t0
+
+
+def test_a_tenants_limit_holds_while_another_tenant_keeps_going(cluster, client, tenants):
+    """A tenant limited to TENANT_RATE records/s over all its partitions takes at most the
+    limiter's bound (its share on each of the live ingestion nodes, one second's burst
+    each), while another tenant beside it keeps its throughput."""
+    assert client.update_tenant("acme", write_records_per_s=TENANT_RATE)["write_records_per_s"] == TENANT_RATE
+    assert {t["name"]: t for t in client.describe_tenants()}["acme"]["write_records_per_s"] == TENANT_RATE
+    nodes = sum(1 for n in client.describe_cluster().nodes if "ingestion" in n.roles)
+    try:
+        async def run():
+            async with aio.Client(cluster.address, ca_file=cluster.ca_file, token=tenants["acme"]) as acme, \
+                    aio.Client(cluster.address, ca_file=cluster.ca_file, token=tenants["globex"]) as globex:
+                await acme.create_stream("busy", partitions=3, replication_factor=1)
+                await globex.create_stream("busy", partitions=3, replication_factor=1)
+                deadline = time.monotonic() + LOAD_S
+                return await asyncio.gather(_hammer(acme, "busy", deadline), _hammer(globex, "busy", deadline))
+        (acme_acked, acme_s), (globex_acked, _s) = asyncio.run(run())
+    finally:
+        client.update_tenant("acme", write_records_per_s=0)
+    share = -(-TENANT_RATE // nodes)
+    bound = nodes * share * (acme_s + limits.PARTITION_LIMIT_BURST_S) + nodes * BATCH
+    print(f"\nacme (limited to {TENANT_RATE}/s over {nodes} nodes): {acme_acked} in {acme_s:.1f} s "
+          f"(bound {bound:.0f}); globex: {globex_acked}")
+    assert acme_acked <= bound
+    assert globex_acked > bound
+
+
+@pytest.mark.parametrize("limits_given, error", [
+    ({"write_records_per_s": -2}, errors.InvalidArgument),
+    ({"write_bytes_per_s": 10 ** 15}, errors.InvalidArgument),
+])
+def test_an_absurd_tenant_limit_is_refused(client, tenants, limits_given, error):
+    before = {t["name"]: t for t in client.describe_tenants()}["acme"]
+    with pytest.raises(error):
+        client.update_tenant("acme", **limits_given)
+    assert {t["name"]: t for t in client.describe_tenants()}["acme"] == before
+
+
+def test_the_default_tenant_has_no_limits_to_set(client):
+    with pytest.raises(errors.TenantNotFound):
+        client.update_tenant("default", write_records_per_s=10)
