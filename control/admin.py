@@ -24,7 +24,7 @@ from metastore import reads
 from metastore import BadVersionError, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set
 from metastore.view import ClusterView
 from sms import errors, limits, metadata, rpc, seqno
-from sms.errors import (InvalidArgument, InvalidSequenceNumber, InvalidStreamConfig, LimitExceeded, NodeNotFound,
+from sms.errors import (TenantNotFound, InvalidArgument, InvalidSequenceNumber, InvalidStreamConfig, LimitExceeded, NodeNotFound,
                         NotEnoughNodes,
                         RepartitionInProgress, StreamAlreadyExists, StreamNotFound, Timeout, Unavailable)
 from sms.metadata import ChainChange, ChainConfig, ConsumerRecord, StreamConfig
@@ -122,6 +122,11 @@ class StreamAdmin:
         async with self.lock:
             if await self.store.get(metadata.stream_path(config.name)) is not None:
                 raise StreamAlreadyExists(f"stream {config.name!r} already exists")
+            tenant = metadata.tenant_of(config.name)
+            if tenant != metadata.DEFAULT_TENANT:
+                entry = await self.store.get(metadata.tenant_path(tenant))
+                if entry is None or metadata.TenantConfig.from_bytes(entry.value).deleting:
+                    raise TenantNotFound(f"no tenant {tenant!r}")
             nodes = await self._storage_nodes()
             draining = await reads.draining(self.store)
             nodes = {n: info for n, info in nodes.items() if n not in draining} or nodes

@@ -26,6 +26,7 @@ import base64
 import hashlib
 import hmac
 import contextvars
+import dataclasses
 import json
 import logging
 import secrets
@@ -197,6 +198,8 @@ class Principal:
     streams: tuple[str, ...]
 
     def allows(self, right: str, stream: str | None) -> bool:
+        if self.streams and stream is None and right in (ADMIN, CLUSTER):
+            return False        # a key limited to streams manages no keys, tenants or nodes
         if right == CLUSTER:
             return self.role == "admin" and self.tenant == DEFAULT_TENANT
         if right not in ROLE_RIGHTS[self.role]:
@@ -324,16 +327,23 @@ async def delete_tenant(store: MetaStore, name: str) -> None:
     validate_tenant(name)
     if name == DEFAULT_TENANT:
         raise InvalidArgument("the default tenant cannot be deleted")
-    if await store.get(tenant_path(name)) is None:
+    entry = await store.get(tenant_path(name))
+    if entry is None:
         raise TenantNotFound(f"no tenant {name!r}")
+    config = metadata.TenantConfig.from_bytes(entry.value)
+    # first marked: from here no stream or key is made in it (control/admin.py, create_key)
+    await store.set(tenant_path(name), dataclasses.replace(config, deleting=True).to_bytes(), entry.version)
     held = [s for s in await store.children(metadata.STREAMS) if tenant_of(s) == name]
     if held:
+        await store.set(tenant_path(name), config.to_bytes())        # (not deleted after all)
         raise FailedPrecondition(f"tenant {name!r} has {len(held)} streams; delete them first")
-    for key in await list_keys(store, name):
-        try:
-            await store.delete(key_path(key.key_id))
-        except NoNodeError:
-            pass
+    for key_id in await store.children(metadata.KEYS):           # every key of it, with no cap
+        key = await store.get(key_path(key_id))
+        if key is not None and KeyEntry.from_bytes(key_id, key.value).tenant == name:
+            try:
+                await store.delete(key_path(key_id))
+            except NoNodeError:
+                pass
     await store.delete(tenant_path(name))
 
 
@@ -342,8 +352,12 @@ async def create_key(store: MetaStore, role: str, streams: list[str], name: str 
     """A new key in the store; (its entry, its token). `token`: a given one (a cluster's
     bootstrap admin key). The tenant must exist."""
     role, scoped = validate_key_request(role, streams)
-    if tenant != DEFAULT_TENANT and await store.get(tenant_path(validate_tenant(tenant))) is None:
-        raise TenantNotFound(f"no tenant {tenant!r} (sms tenant create)")
+    if tenant != DEFAULT_TENANT:
+        entry = await store.get(tenant_path(validate_tenant(tenant)))
+        if entry is None or metadata.TenantConfig.from_bytes(entry.value).deleting:
+            raise TenantNotFound(f"no tenant {tenant!r} (sms tenant create)")
+    if token is None and len(await list_keys(store, tenant)) >= limits.KEYS_PER_TENANT_MAX:
+        raise InvalidArgument(f"tenant {tenant!r} has {limits.KEYS_PER_TENANT_MAX} keys already; revoke some")
     if len(name) > limits.KEY_NAME_CHARS_MAX:
         raise InvalidArgument(f"a key name of {len(name)} characters; at most {limits.KEY_NAME_CHARS_MAX}")
     if token is None:

@@ -216,8 +216,9 @@ def _move(config: ChainConfig, live: dict[str, int], replication_factor: int, lo
         donor = max(config.members, key=lambda n: (load[n], n != config.tail, n))
         if not imbalance(load[donor], load[receiver]):
             return None
-        reason = (f"rebalancing: replaces {donor} ({load[donor]} replicas) on {receiver} "
-                  f"({load[receiver]}); copies the tail's log")
+        # (no replica counts: a stream's history is shown to its tenant; the cluster's
+        # load is for its administrators, `sms node list`)
+        reason = f"rebalancing: replaces {donor} on {receiver}, which holds fewer replicas; copies the tail's log"
     new = replace(config, learners=(receiver,))
     new = replace(new, incarnations=_incarnations(new, live, new.members + new.learners))
     return _change(new, new.epoch, now_ms, "learner", receiver, reason)

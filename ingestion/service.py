@@ -21,8 +21,8 @@ from ingestion.partition import Outcome, PartitionIngest, Results, Submission
 from ingestion.writer import PartitionWriter
 from sms import wire, hashing, limits, seqno
 from sms.aiotools import cancel_and_wait, wait_event
-from sms.errors import (InvalidArgument, PartitionClosed, RecordTooLarge, RequestTooLarge, SmsError, StreamNotFound,
-                        Throttled, Unavailable, WrongOwner)
+from sms.errors import (InvalidArgument, PartitionClosed, PermissionDenied, RecordTooLarge, RequestTooLarge, SmsError,
+                        StreamNotFound, Throttled, Unavailable, WrongOwner)
 from sms.ratelimit import PartitionLimits
 from sms.metadata import DEFAULT_TENANT, ChainConfig, TenantConfig, tenant_of, tenant_path
 from sms.ports import HeadPort
@@ -69,9 +69,13 @@ class TenantShares:
         try:
             async with asyncio.timeout(limits.METADATA_READ_WAIT_S):
                 entry = await self.view.store.get(tenant_path(tenant))
-            config = TenantConfig.from_bytes(entry.value) if entry is not None else TenantConfig()
-        except (TimeoutError, MetaStoreError, ValueError):
-            return cached[1] if cached is not None else TenantConfig()
+        except (TimeoutError, MetaStoreError):
+            if cached is not None:
+                return cached[1]          # (the last limits read stay in force)
+            raise Unavailable(f"tenant {tenant}: its limits cannot be read now; retry") from None
+        if entry is None:
+            raise PermissionDenied(f"tenant {tenant} does not exist")
+        config = TenantConfig.from_bytes(entry.value)
         if len(self._read) >= limits.TENANTS_MAX:
             self._read.clear()
         self._read[tenant] = (now, config)

@@ -216,6 +216,7 @@ KEY_NAME_CHARS_MAX = 200                       # a key's free-text name
 KEYS_LISTED_MAX = 10_000                       # keys `sms key list` shows
 TENANT_NAME_CHARS_MAX = 32                     # [a-z0-9-]
 TENANTS_MAX = 10_000
+KEYS_PER_TENANT_MAX = 1_000
 TENANT_WRITE_RECORDS_PER_S_MAX = 100_000_000
 TENANT_BYTES_PER_S_MAX = 100 << 30
 TENANT_LIMITS_REFRESH_S = 1.0                  # an ingestion node re-reads a tenant's limits so often

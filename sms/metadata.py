@@ -64,6 +64,7 @@ class TenantConfig:
     created_ms: int = 0
     write_records_per_s: int = 0
     write_bytes_per_s: int = 0
+    deleting: bool = False        # being deleted: no new streams or keys
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -72,7 +73,7 @@ class TenantConfig:
     def from_bytes(cls, raw: bytes) -> "TenantConfig":
         d = json.loads(raw)
         return cls(created_ms=int(d.get("created_ms", 0)), write_records_per_s=int(d.get("write_records_per_s", 0)),
-                   write_bytes_per_s=int(d.get("write_bytes_per_s", 0)))
+                   write_bytes_per_s=int(d.get("write_bytes_per_s", 0)), deleting=bool(d.get("deleting", False)))
 
 
 def validate_stream_name(name: object, stored: bool = True) -> str:

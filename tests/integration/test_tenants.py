@@ -192,3 +192,27 @@ def test_an_absurd_tenant_limit_is_refused(client, tenants, limits_given, error)
 def test_the_default_tenant_has_no_limits_to_set(client):
     with pytest.raises(errors.TenantNotFound):
         client.update_tenant("default", write_records_per_s=10)
+
+
+def test_a_key_limited_to_streams_manages_nothing_else(cluster, client, tenants):
+    """An admin key limited to streams cannot mint keys (which could be unlimited),
+    revoke others, or reach the cluster's calls."""
+    with _with(cluster, tenants["acme"]) as acme:
+        _info, scoped_token = acme.create_key("admin", streams=["orders"], name="orders only")
+    with _with(cluster, scoped_token) as scoped:
+        assert scoped.get_stream_info("orders").name == "orders"
+        for call in (lambda: scoped.create_key("admin"), scoped.list_keys, scoped.list_tenants):
+            with pytest.raises(errors.PermissionDenied):
+                call()
+
+
+def test_no_stream_or_key_in_a_tenant_being_deleted_or_gone(cluster, client):
+    client.create_tenant("gone")
+    _info, token = client.create_key("admin", tenant="gone")
+    client.delete_tenant("gone")
+    with pytest.raises(errors.TenantNotFound):
+        client.create_key("producer", tenant="gone")
+    # a key made before, were one to survive, could make no stream in it
+    with _with(cluster, token) as t:
+        with pytest.raises((errors.Unauthenticated, errors.TenantNotFound)):
+            t.create_stream("late", partitions=1)
