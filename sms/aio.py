@@ -11,13 +11,14 @@ node fails, another member of the chain is tried.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import secrets
 from collections.abc import Iterable, Mapping
 
 import grpc
 
-from sms import wire, convert, errors, limits, rpc, security, seqno
+from sms import wire, convert, errors, limits, metadata, rpc, security, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.records import encode_put
 from sms.tokens import peek
@@ -438,6 +439,15 @@ class Client:
             self._read_member[key] = random.randrange(len(members))
         return members[self._read_member[key] % len(members)].address
 
+    def _position(self, iterator: str):
+        """Where an iterator points, its stream as this client names it: on a secure
+        cluster a tenant's stream is stored, and named in its tokens, as tenant~name
+        (docs/security.md), and its clients know it by the name alone."""
+        pos = peek(iterator)
+        if self.tls is not None and metadata.TENANT_SEP in pos.stream:
+            pos = dataclasses.replace(pos, stream=pos.stream.partition(metadata.TENANT_SEP)[2])
+        return pos
+
     def _next_replica(self, stream: str, ordinal: int) -> None:
         key = (stream, ordinal)
         self._read_member[key] = self._read_member.get(key, 0) + 1
@@ -474,7 +484,7 @@ class Client:
             yield page
 
     async def _subscription(self, iterator: str, max_records: int):
-        pos = peek(iterator)
+        pos = self._position(iterator)
         failures = 0
         while True:
             address = await self._read_address(pos.stream, pos.ordinal, refresh=failures > 0)
@@ -528,7 +538,7 @@ class Client:
                                     child_partitions=tuple(resp.child_partitions))
 
     async def _get_next(self, iterator: str, max_records: int, wait_ms: int):
-        pos = peek(iterator)
+        pos = self._position(iterator)
         req = sms_pb2.GetNextRecordsRequest(iterator=iterator, max_records=max_records, wait_ms=wait_ms)
         timeout_s = self.timeout_s + wait_ms / 1000
         try:

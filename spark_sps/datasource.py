@@ -19,8 +19,8 @@ Offsets are checkpointed by Spark; a restarted query resumes exactly after them.
 `startingPosition`: TRIM_HORIZON (default) only.
 
 **Security** (docs/security.md). Both take `caFile` (the cluster CA's certificate) and
-`token` (a key's token: the source needs a consumer key, the sink a producer key; the
-source also reads commit watermarks, an admin call, so it needs an admin key for now).
+`token` (a key's token: the source needs a consumer key, the sink a producer key; keys of
+any tenant work, with the tenant's own stream names).
 Without them they read $SMS_CA_FILE and $SMS_TOKEN, in the driver and in the workers.
 
 **Sink.** Each Spark partition of a micro-batch writes its rows (`partition_key`, `data`)
@@ -107,15 +107,17 @@ class SmsStreamReader(DataSourceStreamReader):
 
     async def _info_and_watermarks(self):
         from sms import aio
+        from sms.tokens import peek
         async with aio.Client(self.address, **self.credentials) as client:
             info = await client.get_stream_info(self.stream)
             marks: dict[int, int] = {}
             for p in info.partitions:
                 if p.state is PartitionState.OPEN and p.chain:
-                    status = await client.node_status(p.chain[0].address)
-                    for r in status["replicas"]:
-                        if r["chain_id"] == f"{self.stream}:{p.ordinal}":
-                            marks[p.ordinal] = int(r["committed_sn"])
+                    # a LATEST iterator starts just after the commit watermark of the replica
+                    # that made it: a consumer's call (no node status), and never ahead of
+                    # what is committed
+                    latest = await client.get_iterator(self.stream, p.ordinal, "LATEST")
+                    marks[p.ordinal] = max(0, peek(latest).position_sn - 1)
             return info, marks
 
     def initialOffset(self) -> dict:

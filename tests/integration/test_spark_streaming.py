@@ -125,3 +125,29 @@ def test_the_source_and_the_sink_take_their_credentials_as_options(cluster, clie
     assert query.exception() is None
     query.stop()
     assert sorted(bytes(r.data) for r in client.read_stream(sink)) == sorted(b"%d" % i for i in range(10))
+
+
+def test_a_tenants_query_runs_on_a_consumer_and_a_producer_key(cluster, client, spark, tmp_path):
+    """A tenant's source reads with a consumer key, under the tenant's own stream names,
+    and its sink writes with a producer key: no admin call is needed (the source learns
+    commit watermarks from LATEST iterators)."""
+    import sms
+    client.create_tenant("sparky")
+    _i, admin = client.create_key("admin", tenant="sparky")
+    with sms.Client(cluster.address, ca_file=cluster.ca_file, token=admin) as t:
+        t.create_stream("in", partitions=2, replication_factor=1)
+        t.create_stream("out", partitions=1, replication_factor=1)
+        t.put_records("in", [(f"k{i}", b"%d" % i) for i in range(20)])
+        _c, reader = t.create_key("consumer", streams=["in"])
+        _p, writer = t.create_key("producer", streams=["out"])
+    df = (spark.readStream.format("sms").option("address", cluster.address).option("stream", "in")
+          .option("caFile", cluster.ca_file).option("token", reader).load())
+    query = (df.select("partition_key", "data").writeStream.format("sms").option("address", cluster.address)
+             .option("stream", "out").option("producerId", "sparky-query").option("caFile", cluster.ca_file)
+             .option("token", writer).option("checkpointLocation", os.path.join(tmp_path, "cp")).start())
+    query.processAllAvailable()
+    assert query.exception() is None
+    query.stop()
+    with sms.Client(cluster.address, ca_file=cluster.ca_file, token=admin) as t:
+        assert sorted(bytes(r.data) for r in t.read_stream("out")) == sorted(b"%d" % i for i in range(20))
+    assert "out" not in client.list_streams()        # the default tenant's names are its own
