@@ -1,5 +1,5 @@
-"""Credentials (issue 15 item 3; docs/security.md); the guard on the client port (node/tls.py) calls it: keys with a role, checked on every
-call to a TLS node's client port.
+"""Credentials and tenants (issue 15 items 3-4; docs/security.md), checked by the guard
+on a TLS node's client port (node/tls.py).
 
 A key is `/keys/<key id>` in the metadata store: its tenant, its role (`admin`,
 `producer` or `consumer`), optionally the streams it is limited to, and the SHA-256 of
@@ -9,32 +9,30 @@ SHA-256 is enough; a slow password hash is for secrets people choose.)
 
 Every client call carries the token as `authorization: Bearer <token>`. A missing,
 malformed, unknown, revoked or wrong token gets `Unauthenticated`; a valid one without
-the right gets `PermissionDenied`, which names neither the key's streams nor whether the
-stream asked for exists. A node caches what it read of a key for KEY_CACHE_TTL_S, so a
-revoked key stops working within that time on every node.
+the right (`RIGHTS`, `ROLE_RIGHTS`) gets `PermissionDenied`, which names neither the
+key's streams nor whether the stream asked for exists. A node re-reads a key after
+KEY_CACHE_TTL_S (`KeyTable`), so a revoked key stops working about that long after.
 
-What each role may do (`RIGHTS`): a consumer reads and checkpoints, a producer writes,
-both describe the streams they may use; an admin does all of it and manages streams,
-nodes and keys. Only keys of the `default` tenant exist so far; tenants of their own
-come next (docs/security.md).
+A tenant's stream "orders" is stored as "<tenant>~orders" (the default tenant's as
+"orders"): `scope_request` rewrites the names of each call and its answer, so a tenant
+sees only its own streams, under its own names.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
-import hmac
 import contextvars
 import dataclasses
+import hashlib
+import hmac
 import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from metastore import MetaStore, MetaStoreError
+from metastore import BadVersionError, Create, MetaStore, MetaStoreError, NodeExistsError, NoNodeError
 from sms import limits, metadata, tokens
 from sms.aiotools import raise_if_cancelling
 from sms.errors import (FailedPrecondition, InvalidArgument, InvalidIterator, KeyNotFound, PermissionDenied, SmsError,
@@ -52,13 +50,6 @@ AUTH_HEADER = "authorization"
 DESCRIBE, READ, WRITE, ADMIN = "describe", "read", "write", "admin"
 CLUSTER = "cluster"     # the cluster's own state (nodes, every tenant's replicas): admins of the default tenant
 ROLE_RIGHTS = {"admin": {DESCRIBE, READ, WRITE, ADMIN}, "producer": {DESCRIBE, WRITE}, "consumer": {DESCRIBE, READ}}
-
-
-def _stream_of_iterator(request) -> str:
-    try:
-        return unqualify(tokens.peek(request.iterator).stream)
-    except SmsError:
-        return ""               # a malformed iterator: the handler names the error
 
 
 # --- tenants: each sees its own streams, under its own names --------------------------
@@ -130,38 +121,35 @@ def scope_request(principal: "Principal", method: str, request):
     return None
 
 
-def _field(name: str) -> Callable:
-    return lambda request: getattr(request, name)
-
-
-# method -> (right, the stream the call is about, or None for calls about no one stream)
-POLICY: dict[str, tuple[str, Callable | None]] = {
-    "/sms.v1.Control/CreateStream": (ADMIN, _field("name")),
-    "/sms.v1.Control/DeleteStream": (ADMIN, _field("name")),
-    "/sms.v1.Control/UpdateStream": (ADMIN, _field("name")),
-    "/sms.v1.Control/RepartitionStream": (ADMIN, _field("name")),
-    "/sms.v1.Control/TrimStream": (ADMIN, _field("name")),
-    "/sms.v1.Control/ListNodes": (CLUSTER, None),
-    "/sms.v1.Control/DrainNode": (CLUSTER, None),
-    "/sms.v1.Control/NodeStatus": (CLUSTER, None),
-    "/sms.v1.Control/CreateKey": (ADMIN, None),
-    "/sms.v1.Control/ListKeys": (ADMIN, None),
-    "/sms.v1.Control/RevokeKey": (ADMIN, None),
-    "/sms.v1.Control/CreateTenant": (CLUSTER, None),
-    "/sms.v1.Control/ListTenants": (CLUSTER, None),
-    "/sms.v1.Control/DeleteTenant": (CLUSTER, None),
-    "/sms.v1.Control/UpdateTenant": (CLUSTER, None),
-    "/sms.v1.Control/DescribeStream": (DESCRIBE, _field("name")),
-    "/sms.v1.Control/ListStreams": (DESCRIBE, None),
-    "/sms.v1.Control/DescribeCluster": (DESCRIBE, None),
-    "/sms.v1.Control/UpdateConsumer": (READ, _field("stream")),
-    "/sms.v1.Ingestion/PutRecords": (WRITE, _field("stream")),
-    "/sms.v1.Ingestion/IngestionStatus": (CLUSTER, None),
-    "/sms.v1.Retrieval/GetIterator": (READ, _field("stream")),
-    "/sms.v1.Retrieval/GetNextRecords": (READ, _stream_of_iterator),
-    "/sms.v1.Retrieval/Subscribe": (READ, _stream_of_iterator),
-    "/sms.v1.Retrieval/GetRecord": (READ, _field("stream")),
+# method -> the right it needs (a method not here needs ADMIN)
+RIGHTS: dict[str, str] = {
+    "/sms.v1.Control/CreateStream": ADMIN, "/sms.v1.Control/DeleteStream": ADMIN,
+    "/sms.v1.Control/UpdateStream": ADMIN, "/sms.v1.Control/RepartitionStream": ADMIN,
+    "/sms.v1.Control/TrimStream": ADMIN,
+    "/sms.v1.Control/CreateKey": ADMIN, "/sms.v1.Control/ListKeys": ADMIN, "/sms.v1.Control/RevokeKey": ADMIN,
+    "/sms.v1.Control/ListNodes": CLUSTER, "/sms.v1.Control/DrainNode": CLUSTER, "/sms.v1.Control/NodeStatus": CLUSTER,
+    "/sms.v1.Control/CreateTenant": CLUSTER, "/sms.v1.Control/ListTenants": CLUSTER,
+    "/sms.v1.Control/DeleteTenant": CLUSTER, "/sms.v1.Control/UpdateTenant": CLUSTER,
+    "/sms.v1.Ingestion/IngestionStatus": CLUSTER,
+    "/sms.v1.Control/DescribeStream": DESCRIBE, "/sms.v1.Control/ListStreams": DESCRIBE,
+    "/sms.v1.Control/DescribeCluster": DESCRIBE,
+    "/sms.v1.Control/UpdateConsumer": READ, "/sms.v1.Retrieval/GetIterator": READ,
+    "/sms.v1.Retrieval/GetNextRecords": READ, "/sms.v1.Retrieval/Subscribe": READ, "/sms.v1.Retrieval/GetRecord": READ,
+    "/sms.v1.Ingestion/PutRecords": WRITE,
 }
+
+
+def _stream_named(method: str, request) -> str | None:
+    """The stream a call is about, as its caller names it (None: no one stream)."""
+    field = STREAM_FIELDS.get(method)
+    if field is not None:
+        return getattr(request, field)
+    if method in ITERATOR_CALLS:
+        try:
+            return unqualify(tokens.peek(request.iterator).stream)
+        except SmsError:
+            return ""           # a malformed iterator: the handler names the error
+    return None
 
 
 @dataclass(frozen=True)
@@ -183,11 +171,6 @@ class KeyEntry:
         d = json.loads(raw)
         return cls(key_id=key_id, tenant=d["tenant"], role=d["role"], streams=tuple(d.get("streams") or ()),
                    sha256=d["sha256"], created_ms=d["created_ms"], name=d.get("name", ""))
-
-    def described(self) -> dict:
-        """What `sms key list` shows: never the hash."""
-        return {"key_id": self.key_id, "tenant": self.tenant, "role": self.role, "streams": list(self.streams),
-                "name": self.name, "created_ms": self.created_ms}
 
 
 @dataclass(frozen=True)
@@ -260,6 +243,13 @@ def acting_tenant(wanted: str) -> str:
     return validate_tenant(wanted)
 
 
+def tenant_scope() -> str | None:
+    """The tenant whose keys the caller manages; None: every tenant's (an admin of the
+    default tenant, or a plaintext cluster)."""
+    own = acting_tenant("")
+    return None if own == DEFAULT_TENANT else own
+
+
 def require_cluster_admin() -> None:
     caller = CURRENT.get()
     if caller is not None and caller.tenant != DEFAULT_TENANT:
@@ -267,7 +257,6 @@ def require_cluster_admin() -> None:
 
 
 async def create_tenant(store: MetaStore, name: str) -> None:
-    from metastore import NodeExistsError
     require_cluster_admin()
     validate_tenant(name)
     if name == DEFAULT_TENANT:
@@ -293,9 +282,6 @@ async def list_tenants(store: MetaStore) -> list[tuple[str, metadata.TenantConfi
 async def update_tenant(store: MetaStore, name: str, write_records_per_s: int = -1,
                         write_bytes_per_s: int = -1) -> metadata.TenantConfig:
     """Change a tenant's limits over all its partitions (-1: unchanged, 0: none)."""
-    import dataclasses
-
-    from metastore import BadVersionError
     require_cluster_admin()
     validate_tenant(name)
     changes = {}
@@ -322,7 +308,6 @@ async def update_tenant(store: MetaStore, name: str, write_records_per_s: int = 
 
 async def delete_tenant(store: MetaStore, name: str) -> None:
     """Refused while the tenant has streams; its keys go with it."""
-    from metastore import NoNodeError
     require_cluster_admin()
     validate_tenant(name)
     if name == DEFAULT_TENANT:
@@ -474,8 +459,8 @@ def bearer(invocation_metadata) -> str:
 
 def check(principal: Principal, method: str, request) -> None:
     """PermissionDenied unless the principal may make this call."""
-    right, stream_of = POLICY.get(method, (ADMIN, None))
-    stream = stream_of(request) if stream_of is not None else None
+    right = RIGHTS.get(method, ADMIN)
+    stream = _stream_named(method, request)
     if not principal.allows(right, stream):
         raise PermissionDenied(f"key {principal.key_id} ({principal.role}) may not call "
                                f"{method.rsplit('/', 1)[-1]}" + (f" on stream {stream!r}" if stream else ""))
@@ -498,7 +483,6 @@ async def list_keys(store: MetaStore, tenant: str | None = None) -> list[KeyEntr
 async def revoke_key(store: MetaStore, key_id: str, tenant: str | None = None) -> None:
     """Delete the key (only one of `tenant`, when given: another's is not found); every
     node refuses its token within about KEY_CACHE_TTL_S."""
-    from metastore import NoNodeError
     if not is_key_id(key_id):
         raise InvalidArgument(f"key id {key_id[:40]!r}; expected {KEY_ID_HEX} hex digits (sms key list)")
     if tenant is not None:
@@ -515,7 +499,6 @@ async def bootstrap_admin_key(store: MetaStore, token: str) -> bool:
     """The cluster's first admin key, from a token its launcher chose (`sms up`), created
     once in the cluster's life: a later start does not bring it back once revoked.
     True if it was created now."""
-    from metastore import Create, NodeExistsError
     if await store.get(metadata.CLUSTER_BOOTSTRAPPED) is not None:
         return False
     key_id, secret = parse_token(token)

@@ -61,14 +61,12 @@ class ControlService(sms_pb2_grpc.ControlServicer):
 
     @rpc_errors
     async def ListKeys(self, request, context):
-        own = auth.acting_tenant("")
-        keys = await auth.list_keys(self._admin().store, None if own == auth.DEFAULT_TENANT else own)
+        keys = await auth.list_keys(self._admin().store, auth.tenant_scope())
         return sms_pb2.ListKeysResponse(keys=[_key_pb(k) for k in keys])
 
     @rpc_errors
     async def RevokeKey(self, request, context):
-        own = auth.acting_tenant("")
-        await auth.revoke_key(self._admin().store, request.key_id, None if own == auth.DEFAULT_TENANT else own)
+        await auth.revoke_key(self._admin().store, request.key_id, auth.tenant_scope())
         return sms_pb2.Empty()
 
     @rpc_errors

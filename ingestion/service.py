@@ -22,7 +22,7 @@ from ingestion.writer import PartitionWriter
 from sms import wire, hashing, limits, seqno
 from sms.aiotools import cancel_and_wait, wait_event
 from sms.errors import (InvalidArgument, PartitionClosed, PermissionDenied, RecordTooLarge, RequestTooLarge, SmsError,
-                        StreamNotFound, Throttled, Unavailable, WrongOwner)
+                        StreamNotFound, Unavailable, WrongOwner)
 from sms.ratelimit import PartitionLimits
 from sms.metadata import DEFAULT_TENANT, ChainConfig, TenantConfig, tenant_of, tenant_path
 from sms.ports import HeadPort
@@ -60,7 +60,7 @@ class TenantShares:
     def __init__(self, view: ClusterView):
         self.view = view
         self._read: dict[str, tuple[float, TenantConfig]] = {}
-        self._buckets: dict[str, tuple[tuple[int, int], PartitionLimits]] = {}
+        self._buckets: dict[str, PartitionLimits] = {}       # tenant -> this node's share
 
     async def _config(self, tenant: str, now: float) -> TenantConfig:
         cached = self._read.get(tenant)
@@ -88,17 +88,10 @@ class TenantShares:
         if not (config.write_records_per_s or config.write_bytes_per_s):
             return
         nodes = max(1, sum(1 for n in (await self.view.nodes()).values() if "ingestion" in n.roles))
-        share = (-(-config.write_records_per_s // nodes), -(-config.write_bytes_per_s // nodes))
-        held = self._buckets.get(tenant)
-        if held is None or held[0] != share:
-            held = self._buckets[tenant] = (share, PartitionLimits(share[0], share[1], limits.PARTITION_LIMIT_BURST_S,
-                                                                   now))
-        wait = held[1].take(records, size, now)
-        if wait:
-            ms = max(1, round(wait * 1000))
-            raise Throttled(f"tenant {tenant}: over its write limit ({config.write_records_per_s or '-'} records/s, "
-                            f"{config.write_bytes_per_s or '-'} bytes/s, shared by {nodes} nodes); retry in {ms} ms",
-                            retry_after_ms=ms)
+        share = self._buckets[tenant] = PartitionLimits.kept(
+            self._buckets.get(tenant), -(-config.write_records_per_s // nodes), -(-config.write_bytes_per_s // nodes),
+            limits.PARTITION_LIMIT_BURST_S, now)
+        share.take_or_throttle(records, size, now, f"tenant {tenant} (its share on each of {nodes} nodes)")
 
 
 class IngestionService(sms_pb2_grpc.IngestionServicer):
@@ -160,16 +153,9 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         """Take the records from the partition's write limits, or refuse them all with
         Throttled and how long to wait (none of them is stored)."""
         now = time.monotonic()
-        quota = part.limits
-        if quota is None or (quota.records_per_s, quota.bytes_per_s) != (config.write_records_per_s,
-                                                                         config.write_bytes_per_s):
-            quota = part.limits = PartitionLimits(config.write_records_per_s, config.write_bytes_per_s,
-                                                  limits.PARTITION_LIMIT_BURST_S, now)
-        wait = quota.take(records, size, now)
-        if wait:
-            raise Throttled(f"{part.chain.chain_id}: over its write limit ({config.write_records_per_s or '-'} "
-                            f"records/s, {config.write_bytes_per_s or '-'} bytes/s); retry in "
-                            f"{max(1, round(wait * 1000))} ms", retry_after_ms=max(1, round(wait * 1000)))
+        part.limits = PartitionLimits.kept(part.limits, config.write_records_per_s, config.write_bytes_per_s,
+                                           limits.PARTITION_LIMIT_BURST_S, now)
+        part.limits.take_or_throttle(records, size, now, part.chain.chain_id)
 
     def _partition(self, chain: ChainConfig, view) -> PartitionIngest:
         """The partition's ingest state, made at first use. No await in here: two

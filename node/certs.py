@@ -47,7 +47,7 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
-def _write(path: str, data: bytes, private: bool) -> None:
+def write_file(path: str, data: bytes, private: bool) -> None:
     """Replace `path` atomically, through a temporary file made anew (O_EXCL) with its
     mode set on the descriptor: a file left at the temporary name, with whatever mode,
     is never written into."""
@@ -89,8 +89,8 @@ def init_ca(ca_dir: str, name: str = "sms cluster CA", days: int = CA_DAYS) -> I
                                          key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
-    _write(paths.key_file, _key_pem(key), private=True)
-    _write(paths.cert_file, cert.public_bytes(serialization.Encoding.PEM), private=False)
+    write_file(paths.key_file, _key_pem(key), private=True)
+    write_file(paths.cert_file, cert.public_bytes(serialization.Encoding.PEM), private=False)
     return paths
 
 
@@ -151,8 +151,8 @@ def issue(ca_dir: str, out_dir: str, *, node: str = "", client: str = "", hosts:
         builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     out = Issued(os.path.join(out_dir, f"{name}.pem"), os.path.join(out_dir, f"{name}.key"))
-    _write(out.key_file, _key_pem(key), private=True)
-    _write(out.cert_file, cert.public_bytes(serialization.Encoding.PEM), private=False)
+    write_file(out.key_file, _key_pem(key), private=True)
+    write_file(out.cert_file, cert.public_bytes(serialization.Encoding.PEM), private=False)
     return out
 
 

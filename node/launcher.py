@@ -303,15 +303,6 @@ def _write_json(path: str, obj) -> None:
 
 
 def _write_private(path: str, text: str) -> None:
-    """Replace `path` atomically, mode 0600, through a temporary file made anew."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """Replace `path` atomically, mode 0600."""
+    from node import certs
+    certs.write_file(path, text.encode(), private=True)

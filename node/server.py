@@ -252,7 +252,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         tmp = ready_file + ".tmp"
         with open(tmp, "w") as f:
             json.dump({"node_id": node_id, "address": address, "cluster_address": cluster_address,
-                       "pid": os.getpid(), "tls": tls is not None}, f)
+                       "pid": os.getpid()}, f)
         os.replace(tmp, ready_file)
 
     await stop.wait()

@@ -32,11 +32,6 @@ def cluster_port_credentials(tls: security.TlsConfig) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([(tls.key, tls.cert)], root_certificates=tls.ca, require_client_auth=True)
 
 
-async def _deny(context, message: str) -> None:
-    context.set_trailing_metadata(((rpc.ERROR_KEY, "PermissionDenied"),))
-    await context.abort(grpc.StatusCode.PERMISSION_DENIED, message)
-
-
 _KINDS = {(False, False): "unary_unary", (False, True): "unary_stream",
           (True, False): "stream_unary", (True, True): "stream_stream"}
 
@@ -52,7 +47,7 @@ def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHan
     kind, _inner = _behaviour(handler)
 
     async def refuse(_request, context):
-        await _deny(context, message)
+        await _abort(context, errors.PermissionDenied(message))
     return handler._replace(**{kind: refuse})
 
 
@@ -105,8 +100,8 @@ def _node_only(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHan
 
 
 def _authenticated(handler: grpc.RpcMethodHandler, method: str, keys: auth.KeyTable) -> grpc.RpcMethodHandler:
-    """`handler`, served to a caller whose key (control/auth.py) grants the call; a stream
-    list is cut to the streams the key may use."""
+    """`handler`, served to a caller whose key (control/auth.py) grants the call, in the
+    key's tenant (auth.scope_request); checked again while an answer stream runs."""
 
     async def admit(request, context):
         principal = await keys.authenticate(auth.bearer(context.invocation_metadata()))
@@ -114,9 +109,6 @@ def _authenticated(handler: grpc.RpcMethodHandler, method: str, keys: auth.KeyTa
         auth.CURRENT.set(principal)            # (the key management calls read it)
         return auth.scope_request(principal, method, request)
     return _guarded(handler, admit, recheck_s=limits.KEY_CACHE_TTL_S)
-
-
-
 
 
 class ClientPortGuard(grpc.aio.ServerInterceptor):

@@ -91,10 +91,8 @@ class Client:
     def from_cluster_file(cls, path: str, **kwargs) -> "Client":
         """A client of the cluster `sms up` runs: its DIR/cluster.json (or DIR) names the
         address, the CA and the admin token."""
-        info = security.read_cluster_file(path)
-        kwargs.setdefault("ca_file", info.get("ca_file", ""))
-        kwargs.setdefault("token", info.get("token", ""))
-        return cls(info["address"], **kwargs)
+        address, options = security.cluster_file_options(path)
+        return cls(address, **{**options, **kwargs})
 
     async def __aenter__(self) -> "Client":
         return self

@@ -13,6 +13,8 @@ Pure and clock-injected (`now` in seconds): the unit tests drive it without slee
 
 from __future__ import annotations
 
+from sms.errors import Throttled
+
 
 class TokenBucket:
     __slots__ = ("rate", "capacity", "tokens", "stamp")
@@ -61,6 +63,22 @@ class PartitionLimits:
         self.bytes_per_s = bytes_per_s
         self._records = TokenBucket(records_per_s, burst_s, now) if records_per_s else None
         self._bytes = TokenBucket(bytes_per_s, burst_s, now) if bytes_per_s else None
+
+    @classmethod
+    def kept(cls, held: "PartitionLimits | None", records_per_s: int, bytes_per_s: int, burst_s: float,
+             now: float) -> "PartitionLimits":
+        """`held` while its limits are these; a new, full one once they change."""
+        if held is not None and (held.records_per_s, held.bytes_per_s) == (records_per_s, bytes_per_s):
+            return held
+        return cls(records_per_s, bytes_per_s, burst_s, now)
+
+    def take_or_throttle(self, records: int, size: int, now: float, what: str) -> None:
+        """Take both, or raise Throttled naming `what` and how long to wait."""
+        wait = self.take(records, size, now)
+        if wait:
+            ms = max(1, round(wait * 1000))
+            raise Throttled(f"{what}: over its write limit ({self.records_per_s or '-'} records/s, "
+                            f"{self.bytes_per_s or '-'} bytes/s); retry in {ms} ms", retry_after_ms=ms)
 
     def take(self, records: int, size: int, now: float) -> float:
         """Both or neither: 0.0 when taken, else the seconds to wait."""

@@ -22,6 +22,7 @@ a cluster started with `sms up --insecure`.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from dataclasses import dataclass
 
@@ -123,8 +124,6 @@ def peer_node_id(context) -> str | None:
 
 def read_cluster_file(path: str) -> dict:
     """`sms up`'s DIR/cluster.json (given the file or DIR): address, ca_file, nodes."""
-    import json
-
     if os.path.isdir(path):
         path = os.path.join(path, "cluster.json")
     try:
@@ -137,3 +136,10 @@ def read_cluster_file(path: str) -> dict:
     if not isinstance(info, dict) or not isinstance(info.get("address"), str):
         raise errors.InvalidArgument(f"the cluster file {path!r} names no address")
     return info
+
+
+def cluster_file_options(path: str) -> tuple[str, dict]:
+    """(address, client options) of the cluster a cluster file names: its CA and its
+    admin token ("" for a plaintext cluster)."""
+    info = read_cluster_file(path)
+    return info["address"], {"ca_file": info.get("ca_file", ""), "token": info.get("token", "")}
