@@ -19,12 +19,12 @@ import time
 
 import grpc
 
-from control import placement, repartition
+from control import phases, placement, quotas, repartition
 from metastore import reads
 from metastore import BadVersionError, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set
 from metastore.view import ClusterView
 from sms import errors, limits, metadata, rpc, seqno
-from sms.errors import (TenantNotFound, InvalidArgument, InvalidSequenceNumber, InvalidStreamConfig, LimitExceeded, NodeNotFound,
+from sms.errors import (InvalidArgument, InvalidSequenceNumber, InvalidStreamConfig, LimitExceeded, NodeNotFound,
                         NotEnoughNodes,
                         RepartitionInProgress, StreamAlreadyExists, StreamNotFound, Timeout, Unavailable)
 from sms.metadata import ChainChange, ChainConfig, ConsumerRecord, StreamConfig
@@ -118,15 +118,13 @@ class StreamAdmin:
         self.view.invalidate()
         return {n: info for n, info in (await self.view.nodes()).items() if "storage" in info.roles}
 
-    async def create_stream(self, config: StreamConfig) -> None:
+    async def create_stream(self, config: StreamConfig, retention_given: bool = True) -> None:
+        """`retention_given`: the caller named the retention (else a tenant's retention
+        cap lowers the default to it; control/quotas.py)."""
         async with self.lock:
             if await self.store.get(metadata.stream_path(config.name)) is not None:
                 raise StreamAlreadyExists(f"stream {config.name!r} already exists")
-            tenant = metadata.tenant_of(config.name)
-            if tenant != metadata.DEFAULT_TENANT:
-                entry = await self.store.get(metadata.tenant_path(tenant))
-                if entry is None or metadata.TenantConfig.from_bytes(entry.value).deleting:
-                    raise TenantNotFound(f"no tenant {tenant!r}")
+            config = await quotas.admit_stream(self.store, config, retention_given)
             nodes = await self._storage_nodes()
             draining = await reads.draining(self.store)
             nodes = {n: info for n, info in nodes.items() if n not in draining} or nodes
@@ -289,6 +287,7 @@ class StreamAdmin:
                 steps = repartition.check_request(config, pmap, request, int(time.time() * 1000))
                 if steps == 0:
                     return                       # scale to the partitions it has: nothing to do
+                await quotas.admit_open_partitions(self.store, name, phases.opened_after(request, pmap))
                 try:
                     await self.store.set(metadata.stream_path(name),
                                          dataclasses.replace(config, repartition=request).to_bytes(), version)
@@ -338,7 +337,11 @@ class StreamAdmin:
                 raise InvalidStreamConfig(f"auto-split period {auto_split_period_s} s; at least "
                                           f"{limits.AUTO_SPLIT_PERIOD_S_MIN}")
             changes["auto_split_period_s"] = auto_split_period_s
-        await self._change_config(name, lambda c: dataclasses.replace(c, **changes))
+        tenant = metadata.tenant_of(name)
+        caps = await quotas.tenant_config(self.store, tenant)
+        given = bool(retention_hours or retention_s)
+        await self._change_config(name, lambda c: quotas.within_retention(dataclasses.replace(c, **changes), caps,
+                                                                          tenant, given))
 
     async def _change_config(self, name: str, change) -> None:
         for _ in range(limits.CLIENT_REDIRECT_RETRIES_MAX):

@@ -32,6 +32,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
+from control import quotas
 from metastore import BadVersionError, Create, MetaStore, MetaStoreError, NodeExistsError, NoNodeError
 from sms import limits, metadata, tokens
 from sms.aiotools import raise_if_cancelling
@@ -279,14 +280,24 @@ async def list_tenants(store: MetaStore) -> list[tuple[str, metadata.TenantConfi
     return out
 
 
-async def update_tenant(store: MetaStore, name: str, write_records_per_s: int = -1,
-                        write_bytes_per_s: int = -1) -> metadata.TenantConfig:
-    """Change a tenant's limits over all its partitions (-1: unchanged, 0: none)."""
+_TENANT_LIMIT_MAX = {"write_records_per_s": limits.TENANT_WRITE_RECORDS_PER_S_MAX,
+                     "write_bytes_per_s": limits.TENANT_BYTES_PER_S_MAX,
+                     "read_bytes_per_s": limits.TENANT_BYTES_PER_S_MAX,
+                     "streams_max": limits.TENANT_STREAMS_MAX,
+                     "partitions_max": limits.TENANT_PARTITIONS_MAX,
+                     "retention_hours_max": limits.RETENTION_HOURS_MAX}
+
+
+async def update_tenant(store: MetaStore, name: str, **wanted: int) -> metadata.TenantConfig:
+    """Change a tenant's limits (metadata.TenantConfig.LIMITS; -1: unchanged, 0: none).
+    A new retention cap shortens its streams' retention at once (control/quotas.py)."""
     require_cluster_admin()
     validate_tenant(name)
     changes = {}
-    for field, value, most in (("write_records_per_s", write_records_per_s, limits.TENANT_WRITE_RECORDS_PER_S_MAX),
-                               ("write_bytes_per_s", write_bytes_per_s, limits.TENANT_BYTES_PER_S_MAX)):
+    for field, value in wanted.items():
+        if field not in _TENANT_LIMIT_MAX:
+            raise InvalidArgument(f"no tenant limit {field!r}; expected one of {', '.join(_TENANT_LIMIT_MAX)}")
+        most = _TENANT_LIMIT_MAX[field]
         if value == -1:
             continue
         if not 0 <= value <= most:
@@ -300,9 +311,11 @@ async def update_tenant(store: MetaStore, name: str, write_records_per_s: int = 
         config = dataclasses.replace(metadata.TenantConfig.from_bytes(entry.value), **changes)
         try:
             await store.set(tenant_path(name), config.to_bytes(), entry.version)
-            return config
         except BadVersionError:
             continue
+        if "retention_hours_max" in changes:
+            await quotas.apply_retention_cap(store, name, config)
+        return config
     raise Unavailable(f"tenant {name!r} changes too often; retry")
 
 

@@ -302,6 +302,16 @@ def steps_needed(request: RepartitionRequest, pmap: PartitionMap) -> int:
     return steps
 
 
+def opened_after(request: RepartitionRequest | Mapping, pmap: PartitionMap) -> int:
+    """How many open partitions the stream has once the request is done."""
+    if not isinstance(request, RepartitionRequest):
+        request = RepartitionRequest.from_fields(request)
+    opened = len(pmap.open_entries())
+    if request.kind is Kind.SCALE:
+        return request.target
+    return opened + 1 if request.kind is Kind.SPLIT else opened - 1
+
+
 def check_request(config: StreamConfig, pmap: PartitionMap, request: RepartitionRequest | Mapping,
                   now_ms: int) -> int:
     """Named errors for a request that cannot be done; the number of steps it takes."""

@@ -48,7 +48,7 @@ from dataclasses import replace
 
 import grpc
 
-from control import phases
+from control import phases, quotas
 from control.phases import (Action, Commit, DAY_MS, Facts, Fail, Finish, HeadReport, Kind, Phase, ProbeHeads,
                             ReadChains, ReadNodes, RepartitionRequest, RepartitionState, Seal, Wait,
                             check_request, in_progress, recent_repartitions, steps_needed)
@@ -378,6 +378,7 @@ class Repartitioner:
             request = new_request(Kind.SPLIT, parents=(e.ordinal,), auto=True)
             try:
                 check_request(config, pmap, request, _now_ms())
+                await quotas.admit_open_partitions(self.store, config.name, len(pmap.open_entries()) + 1)
             except SmsError as err:
                 log.info("stream %s: p%04d is hot (%.0f records/s) but is not split: %s", config.name, e.ordinal,
                          rate, err)

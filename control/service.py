@@ -9,7 +9,7 @@ from control import auth, repartition
 from control.phases import Kind
 from control.admin import StreamAdmin, validate_create
 from metastore.view import ClusterView, bounded
-from sms import convert, seqno
+from sms import convert, metadata, seqno
 from sms.errors import FailedPrecondition, InvalidArgument, InvalidSplitPoint, Unavailable
 from sms.metadata import ConsumerRecord
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -82,8 +82,9 @@ class ControlService(sms_pb2_grpc.ControlServicer):
 
     @rpc_errors
     async def UpdateTenant(self, request, context):
-        config = await auth.update_tenant(self._admin().store, request.name, request.write_records_per_s,
-                                          request.write_bytes_per_s)
+        wanted = {f: getattr(request, f) for f in metadata.TenantConfig.LIMITS
+                  if f.startswith("write_") or request.HasField(f)}
+        config = await auth.update_tenant(self._admin().store, request.name, **wanted)
         return _tenant_pb(request.name, config)
 
     @rpc_errors
@@ -113,7 +114,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         config = validate_create(request.name, request.partitions, request.replication_factor,
                                  request.persistence, request.ingestion_policy, request.retention_hours,
                                  request.dedup_window_s, request.min_in_sync)
-        await admin.create_stream(config)
+        await admin.create_stream(config, retention_given=bool(request.retention_hours))
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 
     @rpc_errors
@@ -181,8 +182,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
 
 
 def _tenant_pb(name: str, config) -> sms_pb2.TenantInfo:
-    return sms_pb2.TenantInfo(name=name, write_records_per_s=config.write_records_per_s,
-                              write_bytes_per_s=config.write_bytes_per_s)
+    return sms_pb2.TenantInfo(name=name, **config.limits())
 
 
 def _key_pb(entry: auth.KeyEntry) -> sms_pb2.KeyInfo:

@@ -15,16 +15,15 @@ import asyncio
 import logging
 import time
 
-from metastore import MetaStoreError
+from metastore.tenants import TenantShares
 from metastore.view import ClusterView, bounded
 from ingestion.partition import Outcome, PartitionIngest, Results, Submission
 from ingestion.writer import PartitionWriter
-from sms import wire, hashing, limits, seqno
+from sms import wire, limits, seqno
 from sms.aiotools import cancel_and_wait, wait_event
-from sms.errors import (InvalidArgument, PartitionClosed, PermissionDenied, RecordTooLarge, RequestTooLarge, SmsError,
-                        StreamNotFound, Unavailable, WrongOwner)
+from sms.errors import InvalidArgument, PartitionClosed, SmsError, StreamNotFound, Unavailable, WrongOwner
 from sms.ratelimit import PartitionLimits
-from sms.metadata import DEFAULT_TENANT, ChainConfig, TenantConfig, tenant_of, tenant_path
+from sms.metadata import ChainConfig, tenant_of
 from sms.ports import HeadPort
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors
@@ -47,51 +46,6 @@ def parse_put_entries(count: int, blob: bytes, producer_id: bytes) -> list[tuple
     return [(e.hash_key, Submission(e.key, e.data, producer_id, e.sssn, e.submit_ms, e.dedup_key, -1,
                                     e.session_ordinal, e.headers, e.signature))
             for e in wire.parse_put(count, blob, producer_id)]
-
-
-class TenantShares:
-    """Each tenant's write limits over all its partitions (its entry under /tenants), as
-    an even share per live ingestion node: a token bucket per tenant here, refilled at
-    limit / (live ingestion nodes). A tenant's load spread over the nodes meets its limit;
-    one on fewer nodes is held below it (the price of needing no coordination). The
-    limits are re-read every TENANT_LIMITS_REFRESH_S; if the store does not answer, the
-    last ones read stay in force."""
-
-    def __init__(self, view: ClusterView):
-        self.view = view
-        self._read: dict[str, tuple[float, TenantConfig]] = {}
-        self._buckets: dict[str, PartitionLimits] = {}       # tenant -> this node's share
-
-    async def _config(self, tenant: str, now: float) -> TenantConfig:
-        cached = self._read.get(tenant)
-        if cached is not None and now - cached[0] <= limits.TENANT_LIMITS_REFRESH_S:
-            return cached[1]
-        try:
-            async with asyncio.timeout(limits.METADATA_READ_WAIT_S):
-                entry = await self.view.store.get(tenant_path(tenant))
-        except (TimeoutError, MetaStoreError):
-            if cached is not None:
-                return cached[1]          # (the last limits read stay in force)
-            raise Unavailable(f"tenant {tenant}: its limits cannot be read now; retry") from None
-        if entry is None:
-            raise PermissionDenied(f"tenant {tenant} does not exist")
-        config = TenantConfig.from_bytes(entry.value)
-        if len(self._read) >= limits.TENANTS_MAX:
-            self._read.clear()
-        self._read[tenant] = (now, config)
-        return config
-
-    async def take(self, tenant: str, records: int, size: int) -> None:
-        """Throttled when the tenant is over its share here."""
-        now = time.monotonic()
-        config = await self._config(tenant, now)
-        if not (config.write_records_per_s or config.write_bytes_per_s):
-            return
-        nodes = max(1, sum(1 for n in (await self.view.nodes()).values() if "ingestion" in n.roles))
-        share = self._buckets[tenant] = PartitionLimits.kept(
-            self._buckets.get(tenant), -(-config.write_records_per_s // nodes), -(-config.write_bytes_per_s // nodes),
-            limits.PARTITION_LIMIT_BURST_S, now)
-        share.take_or_throttle(records, size, now, f"tenant {tenant} (its share on each of {nodes} nodes)")
 
 
 class IngestionService(sms_pb2_grpc.IngestionServicer):
@@ -215,9 +169,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         if view.config.status is not StreamStatus.ACTIVE:
             raise Unavailable(f"stream {request.stream!r} is {view.config.status.value}")
         records = parse_put_entries(request.count, request.entries, request.producer_id)
-        tenant = tenant_of(request.stream)
-        if tenant != DEFAULT_TENANT:
-            await self.tenants.take(tenant, len(records), len(request.entries))
+        await self.tenants.take_write(tenant_of(request.stream), len(records), len(request.entries))
         if request.session_ordinals:
             if not request.producer_id or len(request.session_ordinals) != wire.ORDINAL.size * len(records):
                 raise InvalidArgument(f"session_ordinals of {len(request.session_ordinals)} bytes; expected 4 per "

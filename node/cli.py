@@ -19,6 +19,7 @@ import time
 import uuid
 
 from sms import errors, limits
+from sms.aio import TENANT_LIMITS
 
 DEFAULT_DATA_DIR = "sms-data"
 DEFAULT_PORT = 7480
@@ -113,6 +114,12 @@ def cmd_key(args) -> int:
     return 0
 
 
+def _tenant_limits(t: dict) -> str:
+    shown = [f"{k.replace('_per_s', '')} {v:,}/s" if k.endswith("_per_s") else f"{k} {v:,}"
+             for k, v in t.items() if k in TENANT_LIMITS and v]
+    return ", ".join(shown) or "no limits"
+
+
 def cmd_tenant(args) -> int:
     with _client(args) as client:
         if args.tenant_cmd == "create":
@@ -120,14 +127,10 @@ def cmd_tenant(args) -> int:
             _emit(args, {"created": args.name}, f"tenant {args.name} created")
         elif args.tenant_cmd == "list":
             tenants = client.describe_tenants()
-            _emit(args, tenants, "\n".join(
-                t["name"] + "".join(f"  {k.replace('_per_s', '')} {v:,}/s" for k, v in t.items() if k != "name" and v)
-                for t in tenants))
+            _emit(args, tenants, "\n".join(t["name"] + "  " + _tenant_limits(t) for t in tenants))
         elif args.tenant_cmd == "update":
-            t = client.update_tenant(args.name, write_records_per_s=args.write_records_per_s,
-                                     write_bytes_per_s=args.write_bytes_per_s)
-            _emit(args, t, f"tenant {t['name']}: write limits {t['write_records_per_s'] or '-'} records/s, "
-                           f"{t['write_bytes_per_s'] or '-'} bytes/s over all its partitions")
+            t = client.update_tenant(args.name, **{f: getattr(args, f) for f in TENANT_LIMITS})
+            _emit(args, t, f"tenant {t['name']}: {_tenant_limits(t)}")
         else:
             client.delete_tenant(args.name)
             _emit(args, {"deleted": args.name}, f"tenant {args.name} deleted")
@@ -656,7 +659,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--replication-factor", "--rf", type=int, default=1)
     c.add_argument("--persistence", default="disk", choices=["disk", "disk_async", "memory"])
     c.add_argument("--ingestion-policy", default="at_least_once_no_dup")
-    c.add_argument("--retention-hours", type=int, default=limits.RETENTION_HOURS_DEFAULT)
+    c.add_argument("--retention-hours", type=int, default=0,
+                   help=f"how long records are kept (default {limits.RETENTION_HOURS_DEFAULT}, or the tenant's "
+                        "retention cap when shorter)")
     c.add_argument("--dedup-window-s", type=int, default=limits.DEDUP_WINDOW_MS_DEFAULT // 1000)
     c.add_argument("--min-in-sync", type=int, default=1, metavar="N",
                    help="refuse new records (NotEnoughReplicas, retried) while a partition's chain has fewer "
@@ -751,10 +756,16 @@ def build_parser() -> argparse.ArgumentParser:
     tc = tsub.add_parser("create", parents=[common], help="a new tenant (then: sms key create --tenant NAME)")
     tc.add_argument("name")
     tsub.add_parser("list", parents=[common], help="every tenant, with its limits")
-    tu = tsub.add_parser("update", parents=[common], help="a tenant's write limits over all its partitions")
+    tu = tsub.add_parser("update", parents=[common], help="a tenant's limits: throughput over all its partitions, "
+                                                          "and caps on what it holds (0 removes one)")
     tu.add_argument("name")
-    tu.add_argument("--write-records-per-s", type=int, help="records/s over all its partitions (0: none)")
-    tu.add_argument("--write-bytes-per-s", type=int, help="bytes/s over all its partitions (0: none)")
+    tu.add_argument("--write-records-per-s", type=int, help="records/s written over all its partitions")
+    tu.add_argument("--write-bytes-per-s", type=int, help="bytes/s written over all its partitions")
+    tu.add_argument("--read-bytes-per-s", type=int, help="bytes/s read over all its partitions")
+    tu.add_argument("--streams-max", type=int, help="streams it may have")
+    tu.add_argument("--partitions-max", type=int, help="open partitions over all its streams")
+    tu.add_argument("--retention-hours-max", type=int,
+                    help="hours its records may be kept (its streams' retention, and unread records protected)")
     td = tsub.add_parser("delete", parents=[common], help="delete a tenant without streams, and its keys")
     td.add_argument("name")
     tenant.set_defaults(func=cmd_tenant)

@@ -13,17 +13,25 @@ import asyncio
 import time
 from typing import NamedTuple
 
+from metastore.tenants import TenantShares, wait_out
 from metastore.view import ClusterView
 from sms import limits, seqno
-from sms.errors import (InvalidArgument, InvalidIteratorType, InvalidSequenceNumber, PartitionNotFound, RecordNotFound,
-                        Throttled)
-from sms.metadata import chain_id
+from sms.errors import InvalidArgument, InvalidIteratorType, InvalidSequenceNumber, PartitionNotFound, RecordNotFound
+from sms.metadata import chain_id, tenant_of
 from sms.ports import ReplicaReads
 from sms.ratelimit import TokenBucket
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors, rpc_stream_errors
 from sms.types import IteratorType, PartitionState, parse_partition_id, partition_id
 from sms.tokens import Position, TokenCodec
+
+
+def _charge(buckets: list[TokenBucket], slices) -> None:
+    """Charge a read's bytes (whole stored batches: what the node read) to its limits."""
+    if buckets and slices:
+        size, now = sum(len(s.batch) for s in slices), time.monotonic()
+        for bucket in buckets:
+            bucket.charge(size, now)
 
 
 class _Page(NamedTuple):
@@ -39,6 +47,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         self.view = view
         self.tokens = tokens
         self._read_buckets: dict[str, TokenBucket] = {}     # chain id -> its read limit's bucket
+        self.tenants = TenantShares(view)
 
     async def _entry(self, stream: str, ordinal: int):
         view = await self.view.stream(stream)
@@ -47,29 +56,31 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
                 return e
         raise PartitionNotFound(f"stream {stream!r} has no partition p{ordinal:04d}")
 
-    async def _within_read_limit(self, pos: Position) -> TokenBucket | None:
-        """The partition's read bucket (None: the stream has no read limit) once it is out
-        of debt: a read over the limit waits here, up to READ_THROTTLE_WAIT_S_MAX, and is
-        refused with Throttled beyond that. Each read's bytes are charged after it."""
+    async def _within_read_limits(self, pos: Position) -> list[TokenBucket]:
+        """The buckets of the partition's read limit and of its tenant's share here (none,
+        one or both), once each is out of debt: a read over a limit waits here, up to
+        READ_THROTTLE_WAIT_S_MAX, and is refused with Throttled beyond that. Each read's
+        bytes are charged to them after it (`_charge`)."""
+        held: list[tuple[TokenBucket, str]] = []
         rate = (await self.view.stream(pos.stream)).config.read_bytes_per_s
-        if not rate:
-            return None
         key = chain_id(pos.stream, pos.ordinal)
-        now = time.monotonic()
-        bucket = self._read_buckets.get(key)
-        if bucket is None or bucket.rate != rate:
-            if len(self._read_buckets) >= limits.READ_BUCKETS_MAX:
-                self._read_buckets.clear()
-            bucket = self._read_buckets[key] = TokenBucket(rate, limits.PARTITION_LIMIT_BURST_S, now)
-        deadline = now + limits.READ_THROTTLE_WAIT_S_MAX
-        # (again after each wait: readers that waited together must not all read at once)
-        while (wait := bucket.wait(now)) > 0:
-            if now + wait > deadline:
-                raise Throttled(f"{key}: over its read limit of {rate} bytes/s; retry in {round(wait * 1000)} ms",
-                                retry_after_ms=round(wait * 1000))
-            await asyncio.sleep(wait)
-            now = time.monotonic()
-        return bucket
+        if rate:
+            bucket = self._read_buckets.get(key)
+            if bucket is None or bucket.rate != rate:
+                if len(self._read_buckets) >= limits.READ_BUCKETS_MAX:
+                    self._read_buckets.clear()
+                bucket = self._read_buckets[key] = TokenBucket(rate, limits.PARTITION_LIMIT_BURST_S,
+                                                                time.monotonic())
+            held.append((bucket, key))
+        tenant = tenant_of(pos.stream)
+        share = await self.tenants.read_share(tenant)
+        if share is not None:
+            held.append((share, f"tenant {tenant} (its share on each retrieval node)"))
+        deadline = time.monotonic() + limits.READ_THROTTLE_WAIT_S_MAX
+        for bucket, what in held:
+            await wait_out(bucket, what, deadline)
+        buckets = [bucket for bucket, _what in held]
+        return buckets
 
     async def _replica(self, stream: str, ordinal: int):
         await self._entry(stream, ordinal)
@@ -106,7 +117,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         if not 1 <= max_records <= limits.GET_RECORDS_COUNT_MAX:
             raise InvalidArgument(f"max_records {max_records}; expected 1..{limits.GET_RECORDS_COUNT_MAX}")
         entry = await self._entry(pos.stream, pos.ordinal)
-        bucket = await self._within_read_limit(pos)
+        buckets = await self._within_read_limits(pos)
         replica = self.replicas.committed_log(chain_id(pos.stream, pos.ordinal))
         ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
         position = pos.position_sn if include_trimmed else max(pos.position_sn, replica.trimmed_before)
@@ -128,8 +139,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             next_position = position
             behind_ms = 0
         pb_slices = [sms_pb2.BatchSlice(batch=s.batch, start=s.start, end=s.end) for s in slices]
-        if bucket is not None and slices:
-            bucket.charge(sum(len(s.batch) for s in slices), time.monotonic())
+        _charge(buckets, slices)
         if ending is not None and (ending == 0 or next_position > ending) and replica.committed_sn >= ending:
             # a closed partition read to its end: no next position; the children go on
             return _Page(pb_slices, None, 0, [partition_id(c) for c in entry.children])
@@ -176,13 +186,12 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
     async def GetRecord(self, request, context):
         sn = seqno.parse(request.sequence_number)
         replica = await self._replica(request.stream, seqno.ordinal_of(sn))
-        bucket = await self._within_read_limit(Position(request.stream, seqno.ordinal_of(sn), sn))
+        buckets = await self._within_read_limits(Position(request.stream, seqno.ordinal_of(sn), sn))
         if replica.trimmed_before <= sn <= replica.committed_sn:
             slices = replica.read(sn, sn, 1, limits.GET_RECORDS_BYTES_MAX)
             if slices and slices[0].sn_at(slices[0].start) == sn:
                 s = slices[0]
-                if bucket is not None:
-                    bucket.charge(len(s.batch), time.monotonic())
+                _charge(buckets, slices[:1])
                 return sms_pb2.GetRecordResponse(slice=sms_pb2.BatchSlice(batch=s.batch, start=s.start, end=s.end))
         raise RecordNotFound(f"no committed record {sn} in {request.stream!r}")
 

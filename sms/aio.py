@@ -56,6 +56,13 @@ def _descendants_and(by: dict, ordinals: set[int]) -> set[int]:
     return out
 
 
+TENANT_LIMITS = metadata.TenantConfig.LIMITS
+
+
+def _tenant_dict(pb: sms_pb2.TenantInfo) -> dict:
+    return {"name": pb.name, **{f: getattr(pb, f) for f in TENANT_LIMITS}}
+
+
 def _key_info(pb: sms_pb2.KeyInfo) -> dict:
     return {"key_id": pb.key_id, "tenant": pb.tenant, "role": pb.role, "streams": list(pb.streams), "name": pb.name,
             "created_ms": pb.created_ms}
@@ -178,10 +185,12 @@ class Client:
     # --- admin -------------------------------------------------------------------------
     async def create_stream(self, name: str, partitions: int = 1, replication_factor: int = 1, *,
                             persistence: str = "disk", ingestion_policy: str = "at_least_once_no_dup",
-                            retention_hours: int = limits.RETENTION_HOURS_DEFAULT,
+                            retention_hours: int = 0,
                             dedup_window_s: int = limits.DEDUP_WINDOW_MS_DEFAULT // 1000,
                             min_in_sync: int = 1) -> StreamInfo:
-        """`min_in_sync` (1..replication_factor): a partition takes new records only while its
+        """`retention_hours`: 0 takes the default (RETENTION_HOURS_DEFAULT, or the
+        tenant's retention cap when that is shorter).
+        `min_in_sync` (1..replication_factor): a partition takes new records only while its
         chain has at least that many members; else they fail with the retriable
         NotEnoughReplicas (docs/operations.md, "Minimum in-sync replicas")."""
         if isinstance(min_in_sync, bool) or not isinstance(min_in_sync, int) or min_in_sync < 1:
@@ -216,18 +225,23 @@ class Client:
         return list((await self._admin_call("ListTenants", sms_pb2.Empty())).names)
 
     async def describe_tenants(self) -> list[dict]:
-        """Every tenant with its limits over all its partitions (0: none)."""
-        return [{"name": t.name, "write_records_per_s": t.write_records_per_s, "write_bytes_per_s": t.write_bytes_per_s}
-                for t in (await self._admin_call("ListTenants", sms_pb2.Empty())).tenants]
+        """Every tenant with its limits (0: none): throughput over all its partitions
+        (write_records_per_s, write_bytes_per_s, read_bytes_per_s) and caps on what it
+        holds (streams_max, partitions_max, retention_hours_max)."""
+        return [_tenant_dict(t) for t in (await self._admin_call("ListTenants", sms_pb2.Empty())).tenants]
 
-    async def update_tenant(self, name: str, *, write_records_per_s: int | None = None,
-                            write_bytes_per_s: int | None = None) -> dict:
-        """A tenant's write limits over all its partitions (0 removes one): each live
-        ingestion node takes an even share; a write over it gets Throttled."""
-        pb = await self._admin_call("UpdateTenant", sms_pb2.UpdateTenantRequest(
-            name=name, write_records_per_s=-1 if write_records_per_s is None else write_records_per_s,
-            write_bytes_per_s=-1 if write_bytes_per_s is None else write_bytes_per_s))
-        return {"name": pb.name, "write_records_per_s": pb.write_records_per_s, "write_bytes_per_s": pb.write_bytes_per_s}
+    async def update_tenant(self, name: str, **limits: int | None) -> dict:
+        """Change a tenant's limits (`describe_tenants` names them; None: unchanged, 0
+        removes one). Each live node takes an even share of a throughput limit; a write
+        over it gets Throttled and a read waits. A change past a cap gets
+        TenantLimitExceeded; a lower retention cap shortens its streams' retention."""
+        request = sms_pb2.UpdateTenantRequest(name=name, write_records_per_s=-1, write_bytes_per_s=-1)
+        for field, value in limits.items():
+            if field not in TENANT_LIMITS:
+                raise TypeError(f"update_tenant() got an unexpected keyword argument {field!r}")
+            if value is not None:
+                setattr(request, field, value)
+        return _tenant_dict(await self._admin_call("UpdateTenant", request))
 
     async def delete_tenant(self, name: str) -> None:
         """Refused while it has streams; its keys go with it."""

@@ -248,6 +248,11 @@ class TooManyPartitions(LimitExceeded):
     """A repartition that would leave more open partitions than STREAM_PARTITIONS_MAX."""
 
 
+class TenantLimitExceeded(LimitExceeded):
+    """A change that would take a tenant past one of its caps (streams, open partitions,
+    retention): `sms tenant update` raises them."""
+
+
 class RescaleTooSoon(LimitExceeded):
     """More repartitions of one stream in a day than REPARTITIONS_PER_DAY_MAX."""
 

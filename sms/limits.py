@@ -219,6 +219,8 @@ TENANTS_MAX = 10_000
 KEYS_PER_TENANT_MAX = 1_000
 TENANT_WRITE_RECORDS_PER_S_MAX = 100_000_000
 TENANT_BYTES_PER_S_MAX = 100 << 30
+TENANT_STREAMS_MAX = 100_000                   # the largest streams_max a tenant may be given
+TENANT_PARTITIONS_MAX = 1_000_000              # ... partitions_max
 TENANT_LIMITS_REFRESH_S = 1.0                  # an ingestion node re-reads a tenant's limits so often
 
 # per-partition limits (sms/ratelimit.py; StreamConfig.write_records_per_s and the others)

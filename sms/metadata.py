@@ -59,12 +59,21 @@ def tenant_path(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class TenantConfig:
-    """A tenant's entry: its limits over all its partitions (0: none), shared evenly by
-    the live ingestion nodes (ingestion/service.py)."""
+    """A tenant's entry (0: no limit). Throughput over all its partitions, shared evenly
+    by the live nodes that serve it (metastore/tenants.py), and caps on what it may hold
+    (control/quotas.py): streams, open partitions, and how long its records may be kept
+    (retention, and what protect_unread holds)."""
     created_ms: int = 0
     write_records_per_s: int = 0
     write_bytes_per_s: int = 0
     deleting: bool = False        # being deleted: no new streams or keys
+    read_bytes_per_s: int = 0
+    streams_max: int = 0
+    partitions_max: int = 0       # open partitions over all its streams
+    retention_hours_max: int = 0
+
+    LIMITS = ("write_records_per_s", "write_bytes_per_s", "read_bytes_per_s", "streams_max", "partitions_max",
+              "retention_hours_max")
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -72,8 +81,11 @@ class TenantConfig:
     @classmethod
     def from_bytes(cls, raw: bytes) -> "TenantConfig":
         d = json.loads(raw)
-        return cls(created_ms=int(d.get("created_ms", 0)), write_records_per_s=int(d.get("write_records_per_s", 0)),
-                   write_bytes_per_s=int(d.get("write_bytes_per_s", 0)), deleting=bool(d.get("deleting", False)))
+        return cls(created_ms=int(d.get("created_ms", 0)), deleting=bool(d.get("deleting", False)),
+                   **{f: int(d.get(f, 0)) for f in cls.LIMITS})
+
+    def limits(self) -> dict[str, int]:
+        return {f: getattr(self, f) for f in self.LIMITS}
 
 
 def validate_stream_name(name: object, stored: bool = True) -> str:
@@ -178,6 +190,8 @@ class StreamConfig:
     write_records_per_s: int = 0
     write_bytes_per_s: int = 0
     read_bytes_per_s: int = 0
+    unread_hold_max_s: int = 0            # > 0: protect_unread keeps records at most so long (its
+                                          # tenant's retention cap, control/quotas.py)
 
     @property
     def retention_ms(self) -> int:

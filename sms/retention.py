@@ -15,7 +15,9 @@ reading it back. The trim point is the highest of
 and, when the stream protects unread records, no higher than any registered consumer
 allows: a consumer with a checkpoint in the partition allows up to just after it; one
 with a checkpoint in a descendant has read the partition to its end (readers go parents
-before children) and allows everything; one without either allows nothing.
+before children) and allows everything; one without either allows nothing. A stream of a
+tenant with a retention cap holds unread records at most `unread_hold_max_s`
+(control/quotas.py): older ones go although a consumer has not read them.
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ def trim_point(config: StreamConfig, pmap: PartitionMap, ordinal: int, consumers
         else:
             allowed = 0
         point = min(point, allowed)
+    if config.unread_hold_max_s:
+        held_since = seqno.lower_bound_for_time(max(0, now_ms - config.unread_hold_max_s * 1000))
+        point = max(point, min(requested_cut(config, ordinal, now_ms), held_since))
     return point
 
 

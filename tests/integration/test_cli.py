@@ -182,6 +182,10 @@ def test_up_is_secure_by_default_and_keys_have_roles(up_factory):
     assert "acme" in {t["name"] for t in json.loads(ok(sms_cmd(d, "tenant", "list", "--json")))}
     limited = json.loads(ok(sms_cmd(d, "tenant", "update", "acme", "--write-records-per-s", "1000", "--json")))
     assert limited["write_records_per_s"] == 1000
+    capped = json.loads(ok(sms_cmd(d, "tenant", "update", "acme", "--streams-max", "5", "--read-bytes-per-s",
+                                   "1000000", "--json")))
+    assert (capped["streams_max"], capped["read_bytes_per_s"], capped["write_records_per_s"]) == (5, 1_000_000, 1000)
+    assert "streams_max 5" in ok(sms_cmd(d, "tenant", "list"))
     acme = json.loads(ok(sms_cmd(d, "key", "create", "--role", "admin", "--tenant", "acme", "--json")))["token"]
     ok(sms_cmd(d, "stream", "create", "s", "--partitions", "1", "--token", acme))      # its own "s"
     ok(sms_cmd(d, "put", "s", "acme's", "--key", "k", "--token", acme))

@@ -216,3 +216,78 @@ def test_no_stream_or_key_in_a_tenant_being_deleted_or_gone(cluster, client):
     with _with(cluster, token) as t:
         with pytest.raises((errors.Unauthenticated, errors.TenantNotFound)):
             t.create_stream("late", partitions=1)
+
+
+def _tenant(client, name: str, **limits_given) -> str:
+    """A new tenant with these limits set before anything of it runs, and its admin's token."""
+    client.create_tenant(name)
+    if limits_given:
+        client.update_tenant(name, **limits_given)
+    return client.create_key("admin", tenant=name)[1]
+
+
+def test_a_tenant_holds_at_most_its_streams_and_partitions(cluster, client):
+    """streams_max and partitions_max (open partitions over all its streams) refuse a
+    creation, split or scale past them by name, and change nothing; merging frees room."""
+    token = _tenant(client, "capped", streams_max=2, partitions_max=4)
+    with _with(cluster, token) as t:
+        t.create_stream("a", partitions=3, replication_factor=1)
+        with pytest.raises(errors.TenantLimitExceeded, match="partitions_max"):
+            t.create_stream("b", partitions=2, replication_factor=1)
+        assert t.list_streams() == ["a"]
+        t.create_stream("b", partitions=1, replication_factor=1)
+        with pytest.raises(errors.TenantLimitExceeded, match="streams_max"):
+            t.create_stream("c", partitions=1, replication_factor=1)
+        with pytest.raises(errors.TenantLimitExceeded, match="partitions_max"):
+            t.split("b", "p0000")
+        with pytest.raises(errors.TenantLimitExceeded, match="partitions_max"):
+            t.scale("a", 4)
+        assert sorted(p.partition_id for p in t.get_stream_info("b").partitions) == ["p0000"]
+        t.merge("a", "p0000", "p0001")             # 2 + 1 open: room for one more
+        t.split("b", "p0000")
+        assert len([p for p in t.get_stream_info("b").partitions if p.state.value == "OPEN"]) == 2
+    assert {x["name"]: x for x in client.describe_tenants()}["capped"]["partitions_max"] == 4
+
+
+def test_a_tenants_retention_cap_bounds_its_streams(cluster, client):
+    """A stream of a tenant with retention_hours_max keeps records at most so long: a
+    retention past it is refused, a stream made without one gets the cap, protect_unread
+    holds unread records no longer, and a lower cap shortens retention at once."""
+    token = _tenant(client, "brief", retention_hours_max=6)
+    with _with(cluster, token) as t:
+        t.create_stream("kept", partitions=1, replication_factor=1)
+        assert t.get_stream_info("kept").retention_hours == 6
+        with pytest.raises(errors.TenantLimitExceeded, match="retention_hours_max"):
+            t.create_stream("long", partitions=1, replication_factor=1, retention_hours=24)
+        with pytest.raises(errors.TenantLimitExceeded, match="retention_hours_max"):
+            t.update_stream("kept", retention_hours=7)
+        assert t.get_stream_info("kept").retention_hours == 6 and t.list_streams() == ["kept"]
+        t.update_stream("kept", protect_unread=True)
+        client.update_tenant("brief", retention_hours_max=2)
+        wait_until(lambda: t.get_stream_info("kept").retention_hours == 2, 10.0, "retention lowered to the new cap")
+        assert t.get_stream_info("kept").protect_unread
+
+
+def test_a_tenants_read_limit_slows_its_readers_and_loses_nothing(cluster, client):
+    """read_bytes_per_s over all a tenant's partitions, an even share on each retrieval
+    node: a reader of one partition (one replica, so one node) reads at its share."""
+    nodes = sum(1 for n in client.describe_cluster().nodes if "retrieval" in n.roles)
+    rate = 100_000 * nodes                      # each node's share: 100 KB/s
+    token = _tenant(client, "readers", read_bytes_per_s=rate)
+    payload = b"y" * 1000
+    with _with(cluster, token) as t:
+        t.create_stream("log", partitions=1, replication_factor=1)
+        for _ in range(4):
+            assert t.put_records("log", [(f"k{i}", payload) for i in range(100)]).failed_record_count == 0
+        t0 = time.monotonic()
+        got = []
+        it = t.get_iterator("log", 0, "TRIM_HORIZON")
+        while it and len(got) < 400:
+            page = t.get_next_records(it, max_records=50)
+            got.extend(page.records)
+            it = page.next_iterator
+        took = time.monotonic() - t0
+    print(f"\n400 records of 1 KB read in {took:.2f} s at a tenant limit of {rate:,} bytes/s over {nodes} nodes")
+    assert len(got) == 400 and len({r.sequence_number for r in got}) == 400
+    # the limiter's arithmetic: 400 KB (plus headers) at the share after a burst of one second's share
+    assert took >= (400_000 - 100_000 - 50 * 1100) / 100_000

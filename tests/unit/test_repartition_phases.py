@@ -722,3 +722,10 @@ def test_a_head_that_never_drains_fails_the_request_and_unseals_its_parent(tmp_p
         assert config.repartition["phase"] == "failed" and config.repartition["error"][0] == "Timeout"
         assert not phases.in_progress(config)
     with_store(tmp_path, body)
+
+
+def test_opened_after_counts_the_open_partitions_a_request_leaves():
+    pmap = PartitionMap.even(3, 1_000)
+    assert phases.opened_after({"op": "split", "partition": 0}, pmap) == 4
+    assert phases.opened_after({"op": "merge", "partitions": [0, 1]}, pmap) == 2
+    assert phases.opened_after({"op": "scale", "target": 7}, pmap) == 7

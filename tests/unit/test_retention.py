@@ -223,6 +223,26 @@ def test_protection_never_raises_the_requested_cut():
     assert retention.trim_point(c, pmap, 0, [done], NOW_MS) == retention.requested_cut(c, 0, NOW_MS)
 
 
+def test_an_unread_hold_cap_lets_old_unread_records_go():
+    """A tenant's retention cap (unread_hold_max_s): a consumer that never reads holds
+    records at most so long, and never past the requested cut."""
+    pmap = PartitionMap.even(1, NOW_MS - 100 * HOUR_MS)
+    stuck = consumer("stuck")                                        # has read nothing
+    held = config(protect_unread=True, retention_hours=1, unread_hold_max_s=6 * 3600)
+    assert retention.trim_point(held, pmap, 0, [stuck], NOW_MS) == seqno.lower_bound_for_time(NOW_MS - 6 * HOUR_MS)
+    assert retention.trim_point(replace(held, unread_hold_max_s=0), pmap, 0, [stuck], NOW_MS) == 0
+    # a hold longer than the retention: the consumer still keeps what retention would cut
+    long_hold = replace(held, unread_hold_max_s=48 * 3600)
+    assert retention.trim_point(long_hold, pmap, 0, [stuck], NOW_MS) == seqno.lower_bound_for_time(NOW_MS - 48 * HOUR_MS)
+    # a consumer that read further governs as before
+    fresh = consumer("fresh", p0=sn(NOW_MS - 10, 9))
+    assert retention.trim_point(held, pmap, 0, [fresh], NOW_MS) == retention.requested_cut(held, 0, NOW_MS)
+    # and without protection the hold is moot
+    assert retention.trim_point(replace(held, protect_unread=False), pmap, 0, [stuck], NOW_MS) == \
+        retention.requested_cut(held, 0, NOW_MS)
+    assert StreamConfig.from_bytes(held.to_bytes()).unread_hold_max_s == 6 * 3600
+
+
 # --- droppable: closed partitions that hold nothing more ----------------------------------
 
 def test_open_partitions_are_never_dropped():
