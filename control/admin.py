@@ -40,7 +40,7 @@ STREAM_READY_TIMEOUT_S = 30.0
 async def ensure_roots(store: MetaStore) -> None:
     """The top-level entries every role expects, and the cluster's token secret."""
     for path in ("/cluster", metadata.NODES, metadata.STREAMS, metadata.CHAINS, metadata.SUSPECTS,
-                 metadata.DRAINING, metadata.DISK_FAILED, metadata.KEYS, metadata.TENANTS):
+                 metadata.DRAINING, metadata.DISK_FAILED, metadata.KEYS, metadata.TENANTS, metadata.REVOKED_CERTS):
         try:
             await store.create(path)
         except NodeExistsError:

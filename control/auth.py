@@ -131,6 +131,7 @@ RIGHTS: dict[str, str] = {
     "/sms.v1.Control/ListNodes": CLUSTER, "/sms.v1.Control/DrainNode": CLUSTER, "/sms.v1.Control/NodeStatus": CLUSTER,
     "/sms.v1.Control/CreateTenant": CLUSTER, "/sms.v1.Control/ListTenants": CLUSTER,
     "/sms.v1.Control/DeleteTenant": CLUSTER, "/sms.v1.Control/UpdateTenant": CLUSTER,
+    "/sms.v1.Control/RevokeCertificate": CLUSTER, "/sms.v1.Control/ListRevokedCertificates": CLUSTER,
     "/sms.v1.Ingestion/IngestionStatus": CLUSTER,
     "/sms.v1.Control/DescribeStream": DESCRIBE, "/sms.v1.Control/ListStreams": DESCRIBE,
     "/sms.v1.Control/DescribeCluster": DESCRIBE,

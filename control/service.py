@@ -5,7 +5,7 @@ one address; only a process with the control role accepts CreateStream/DeleteStr
 
 from __future__ import annotations
 
-from control import auth, repartition
+from control import auth, repartition, revocation
 from control.phases import Kind
 from control.admin import StreamAdmin, validate_create
 from metastore.view import ClusterView, bounded
@@ -79,6 +79,19 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         tenants = await auth.list_tenants(self._admin().store)
         return sms_pb2.ListTenantsResponse(names=[n for n, _c in tenants],
                                            tenants=[_tenant_pb(n, c) for n, c in tenants])
+
+    @rpc_errors
+    async def RevokeCertificate(self, request, context):
+        auth.require_cluster_admin()
+        await revocation.revoke(self._admin().store, request.serial, request.reason)
+        return sms_pb2.Empty()
+
+    @rpc_errors
+    async def ListRevokedCertificates(self, request, context):
+        auth.require_cluster_admin()
+        return sms_pb2.ListRevokedCertificatesResponse(certificates=[
+            sms_pb2.RevokedCertificate(serial=serial, revoked_ms=at, reason=reason)
+            for serial, at, reason in await revocation.list_revoked(self._admin().store)])
 
     @rpc_errors
     async def UpdateTenant(self, request, context):

@@ -156,6 +156,11 @@ def issue(ca_dir: str, out_dir: str, *, node: str = "", client: str = "", hosts:
     return out
 
 
+def _holder(cert: x509.Certificate) -> tuple[str, str]:
+    peer = security.parse_cert(cert.public_bytes(serialization.Encoding.PEM))
+    return peer.unit, peer.name
+
+
 def ensure_node_cert(ca_dir: str, out_dir: str, node_id: str, hosts: tuple[str, ...] = ()) -> Issued:
     """The node's certificate in `out_dir` if it is the CA's, names `hosts` and has more
     than RENEW_BEFORE_DAYS to live; otherwise a new one (`sms up`, on every start)."""
@@ -173,8 +178,7 @@ def ensure_node_cert(ca_dir: str, out_dir: str, node_id: str, hosts: tuple[str, 
         if (cert.issuer == ca_cert.subject and wanted <= named and key.public_key() == cert.public_key()
                 and cert.not_valid_before_utc <= _now()
                 and cert.not_valid_after_utc - _now() > datetime.timedelta(days=RENEW_BEFORE_DAYS)
-                and security.parse_cert(cert.public_bytes(serialization.Encoding.PEM))
-                == security.PeerCert(security.NODE_UNIT, node_id)):
+                and _holder(cert) == (security.NODE_UNIT, node_id)):
             cert.verify_directly_issued_by(ca_cert)
             return out
     except (OSError, ValueError, TypeError, x509.ExtensionNotFound, InvalidSignature, errors.FailedPrecondition):

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 
-from sms import errors, limits
+from sms import errors, limits, security
 from sms.aio import TENANT_LIMITS
 
 DEFAULT_DATA_DIR = "sms-data"
@@ -29,7 +29,6 @@ def _address(args) -> str:
     """The cluster's address. Its CA, when known here (--ca-file, or the cluster.json of
     `sms up`), goes into $SMS_CA_FILE, which every client of this process and of the
     workers it starts reads (sms/security.py); "" there means plaintext."""
-    from sms import security
     if getattr(args, "ca_file", None):
         os.environ[security.ENV_CA_FILE] = os.path.abspath(args.ca_file)
     if getattr(args, "token", None):
@@ -145,11 +144,28 @@ def cmd_certs(args) -> int:
               f"CA certificate {out.cert_file} (clients and nodes trust it)\n"
               f"CA key         {out.key_file} (mode 0600: whoever holds it can issue certificates)")
         return 0
+    if args.certs_cmd == "revoke":
+        with _client(args) as client:
+            serial = client.revoke_certificate(args.certificate, args.reason)
+        _emit(args, {"revoked": serial}, f"certificate {serial} revoked: no cluster port serves it from now on")
+        return 0
+    if args.certs_cmd == "revoked":
+        with _client(args) as client:
+            revoked = client.list_revoked_certificates()
+        _emit(args, revoked, "\n".join(f"{c['serial']}  {_when(c['revoked_ms'])}  {c['reason']}" for c in revoked)
+              or "no certificate is revoked")
+        return 0
     out = certs.issue(args.ca_dir, args.out, node=args.node or "", client=args.client or "",
                       hosts=tuple(args.host), days=args.days)
-    _emit(args, {"cert_file": os.path.abspath(out.cert_file), "key_file": os.path.abspath(out.key_file)},
-          f"certificate {out.cert_file}\nkey         {out.key_file} (mode 0600)")
+    _emit(args, {"cert_file": os.path.abspath(out.cert_file), "key_file": os.path.abspath(out.key_file),
+                 "serial": security.cert_serial(out.cert_file)},
+          f"certificate {out.cert_file} (serial {security.cert_serial(out.cert_file)})\n"
+          f"key         {out.key_file} (mode 0600)")
     return 0
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + " UTC"
 
 
 def cmd_serve(args) -> int:
@@ -786,6 +802,11 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--out", default=".", help="directory for NAME.pem and NAME.key (default .)")
     cs.add_argument("--days", type=int, default=825)
     cs.add_argument("--json", action="store_true", help="machine-readable output")
+    cr = csub.add_parser("revoke", parents=[common],
+                         help="no cluster port serves this certificate any more (a node key that leaked)")
+    cr.add_argument("certificate", help="its PEM file, or its serial in hex (`sms certs issue` prints it)")
+    cr.add_argument("--reason", default="", help="kept with it, shown by `sms certs revoked`")
+    csub.add_parser("revoked", parents=[common], help="the revoked certificates")
     certs.set_defaults(func=cmd_certs)
 
     status = sub.add_parser("status", parents=[common], help="nodes, chains, roles, process ids")

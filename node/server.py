@@ -23,6 +23,7 @@ import time
 import grpc
 
 from control import auth
+from control.revocation import RevokedCerts
 from node import tls as node_tls
 from sms import limits, metadata, rpc, security, wire
 from sms.errors import InvalidArgument, SmsError
@@ -117,6 +118,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     rpc.use_node_tls(tls)
     host = listen.rsplit(":", 1)[0]
     cluster_address = ""
+    revoked = None
     if tls is None:
         server = grpc.aio.server(options=rpc.SERVER_OPTIONS)
         servers = [server]
@@ -129,7 +131,9 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
                 log.info("created the cluster's first admin key (%s)", auth.parse_token(bootstrap_token)[0])
         server = grpc.aio.server(options=rpc.SERVER_OPTIONS, interceptors=[node_tls.ClientPortGuard(keys)])
         port = server.add_secure_port(listen, node_tls.client_port_credentials(tls))
-        inner = grpc.aio.server(options=rpc.SERVER_OPTIONS, interceptors=[node_tls.ClusterPortGuard()])
+        revoked = RevokedCerts(store)
+        await revoked.start()
+        inner = grpc.aio.server(options=rpc.SERVER_OPTIONS, interceptors=[node_tls.ClusterPortGuard(revoked)])
         servers = [server, inner]
         cluster_listen = cluster_listen or f"{host}:0"
         cluster_port = inner.add_secure_port(cluster_listen, node_tls.cluster_port_credentials(tls))
@@ -262,6 +266,8 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     if parent_watch is not None:
         parent_watch.cancel()
     await asyncio.gather(*(srv.stop(grace=1.0) for srv in servers))
+    if revoked is not None:
+        await revoked.close()
     if ingestion is not None:
         await ingestion.close()
     if storage is not None:

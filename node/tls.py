@@ -8,7 +8,7 @@ keeps the cluster's own protocols off the client port and strangers off the clus
   without the right.
 - Cluster port: mutual TLS; the handshake admits only certificates of this cluster's
   CA, and the guard serves only those whose unit is `node` (a client certificate of
-  the same CA is refused with PermissionDenied).
+  the same CA is refused with PermissionDenied) and that are not revoked.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 import grpc
 
 from control import auth
+from control.revocation import RevokedCerts
 from sms import errors, limits, rpc, security
 
 INTERNAL_SERVICES = ("/sms.v1.Storage/",)      # served to cluster nodes only, on the cluster port
@@ -88,14 +89,18 @@ async def _abort(context, e: errors.SmsError) -> None:
     await context.abort(e.code, e.message or e.name)
 
 
-def _node_only(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    """`handler`, served only to a caller holding a node certificate."""
+def _node_only(handler: grpc.RpcMethodHandler, method: str, revoked: RevokedCerts | None) -> grpc.RpcMethodHandler:
+    """`handler`, served only to a caller holding a node certificate not revoked."""
     message = (f"{method} on a cluster port needs a node certificate of this cluster "
                f"(organisational unit {security.NODE_UNIT!r})")
 
     async def admit(_request, context):
-        if security.peer_node_id(context) is None:
+        cert = security.peer_cert(context)
+        if cert is None or cert.unit != security.NODE_UNIT:
             raise errors.PermissionDenied(message)
+        if revoked is not None and cert.serial in revoked:
+            raise errors.PermissionDenied(f"{method}: the caller's certificate (serial {cert.serial:x}, "
+                                          f"{cert.name}) is revoked")
     return _guarded(handler, admit)
 
 
@@ -132,10 +137,14 @@ class ClientPortGuard(grpc.aio.ServerInterceptor):
 
 
 class ClusterPortGuard(grpc.aio.ServerInterceptor):
-    """Serves only holders of a node certificate (the handshake already checked the CA)."""
+    """Serves only holders of a node certificate (the handshake already checked the CA)
+    that is not revoked (control/revocation.py)."""
+
+    def __init__(self, revoked: RevokedCerts | None = None):
+        self.revoked = revoked
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        return _node_only(handler, handler_call_details.method)
+        return _node_only(handler, handler_call_details.method, self.revoked)

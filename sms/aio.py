@@ -243,6 +243,17 @@ class Client:
                 setattr(request, field, value)
         return _tenant_dict(await self._admin_call("UpdateTenant", request))
 
+    async def revoke_certificate(self, certificate: str, reason: str = "") -> str:
+        """Revoke a certificate, given as its serial in hex or as a PEM file's path: no
+        cluster port serves it from about REVOCATION_REFRESH_S on. Its serial, in hex."""
+        serial = security.cert_serial(certificate)
+        await self._admin_call("RevokeCertificate", sms_pb2.RevokeCertificateRequest(serial=serial, reason=reason))
+        return serial
+
+    async def list_revoked_certificates(self) -> list[dict]:
+        pb = await self._admin_call("ListRevokedCertificates", sms_pb2.Empty())
+        return [{"serial": c.serial, "revoked_ms": c.revoked_ms, "reason": c.reason} for c in pb.certificates]
+
     async def delete_tenant(self, name: str) -> None:
         """Refused while it has streams; its keys go with it."""
         await self._admin_call("DeleteTenant", sms_pb2.TenantRequest(name=name))

@@ -69,6 +69,12 @@ class Client:
     def delete_tenant(self, name):
         return self._run(self._aio.delete_tenant(name))
 
+    def revoke_certificate(self, certificate, reason=""):
+        return self._run(self._aio.revoke_certificate(certificate, reason))
+
+    def list_revoked_certificates(self):
+        return self._run(self._aio.list_revoked_certificates())
+
     def list_keys(self):
         return self._run(self._aio.list_keys())
 

@@ -207,6 +207,8 @@ assert SPS_CHECKPOINT_INTERVAL_S_MAX * 1000 < DEDUP_WINDOW_MS_MIN
 
 # credentials (control/auth.py): keys checked on every call to a TLS node's client port
 KEY_CACHE_TTL_S = 1.0                          # a node re-reads a key so often: a revoked key stops within it
+REVOCATION_REFRESH_S = 1.0                     # a node re-reads the revoked certificates so often
+REVOKED_CERTS_MAX = 10_000
 KEY_STALE_MAX_S = 30.0                         # a node cut off from the metadata store still takes a key
                                                # it confirmed this recently (a revoked one too, meanwhile)
 AUTH_CACHE_ENTRIES_MAX = 10_000                # verdicts on tokens a node keeps (then it starts afresh)

@@ -31,6 +31,7 @@ NODES = "/nodes"
 STREAMS = "/streams"
 CHAINS = "/chains"
 DRAINING = "/draining"      # storage nodes being emptied (`sms node drain`), one child each
+REVOKED_CERTS = "/revoked_certs"   # certificate serials (hex) no cluster port serves (control/revocation.py)
 DISK_FAILED = "/disk_failed"   # storage nodes whose disk failed, each child holding the incarnation
 KEYS = "/keys"              # credentials (control/auth.py): one child per key, never its secret
 TENANTS = "/tenants"        # tenants besides "default" (control/auth.py), one child each

@@ -92,6 +92,7 @@ class PeerCert:
 
     unit: str              # NODE_UNIT, CLIENT_UNIT, or what another issuer wrote
     name: str              # the common name: a node id, or a client's name
+    serial: int = 0        # its serial number (what revocation names)
 
 
 @functools.lru_cache(maxsize=256)
@@ -103,7 +104,20 @@ def parse_cert(pem: bytes) -> PeerCert:
     cert = x509.load_pem_x509_certificate(pem)
     units = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    return PeerCert(unit=str(units[0].value) if units else "", name=str(names[0].value) if names else "")
+    return PeerCert(unit=str(units[0].value) if units else "", name=str(names[0].value) if names else "",
+                    serial=cert.serial_number)
+
+
+def cert_serial(certificate: str) -> str:
+    """A certificate's serial in hex: from a PEM file's path, or the hex given (checked
+    by the node)."""
+    if os.path.isfile(certificate):
+        try:
+            with open(certificate, "rb") as f:
+                return f"{parse_cert(f.read()).serial:x}"
+        except (OSError, ValueError) as e:
+            raise errors.InvalidArgument(f"cannot read a certificate from {certificate!r}: {e}") from None
+    return certificate
 
 
 def peer_cert(context) -> PeerCert | None:

@@ -130,6 +130,16 @@ class ControlStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.UpdateTenantRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.TenantInfo.FromString,
                 _registered_method=True)
+        self.RevokeCertificate = channel.unary_unary(
+                '/sms.v1.Control/RevokeCertificate',
+                request_serializer=sms_dot_proto_dot_sms__pb2.RevokeCertificateRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                _registered_method=True)
+        self.ListRevokedCertificates = channel.unary_unary(
+                '/sms.v1.Control/ListRevokedCertificates',
+                request_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.ListRevokedCertificatesResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -259,6 +269,19 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeCertificate(self, request, context):
+        """certificates no cluster port serves any more (admins of the default tenant only)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRevokedCertificates(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -356,6 +379,16 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.UpdateTenant,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.UpdateTenantRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.TenantInfo.SerializeToString,
+            ),
+            'RevokeCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeCertificate,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.RevokeCertificateRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            ),
+            'ListRevokedCertificates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRevokedCertificates,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.ListRevokedCertificatesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -872,6 +905,60 @@ class Control:
             '/sms.v1.Control/UpdateTenant',
             sms_dot_proto_dot_sms__pb2.UpdateTenantRequest.SerializeToString,
             sms_dot_proto_dot_sms__pb2.TenantInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/RevokeCertificate',
+            sms_dot_proto_dot_sms__pb2.RevokeCertificateRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRevokedCertificates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/ListRevokedCertificates',
+            sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.ListRevokedCertificatesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from node import certs
+from sms import security
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -177,6 +179,11 @@ def test_up_is_secure_by_default_and_keys_have_roles(up_factory):
                COMMAND_TIMEOUT_S, "the revoked key refused")
     plain = sms_cmd(d, "stream", "list", "--ca-file", "", "--address", cluster["address"])
     assert plain.returncode == 1 and "TlsHandshakeFailed" in plain.stderr, plain
+    # a node certificate whose key leaked: revoked by its file
+    leaked = certs.issue(os.path.join(d, "tls", "ca"), os.path.join(d, "leaked"), node="n9")
+    ok(sms_cmd(d, "certs", "revoke", leaked.cert_file, "--reason", "laptop stolen"))
+    assert [(c["serial"], c["reason"]) for c in json.loads(ok(sms_cmd(d, "certs", "revoked", "--json")))] == \
+        [(security.cert_serial(leaked.cert_file), "laptop stolen")]
     # a tenant: its own streams under its own names
     ok(sms_cmd(d, "tenant", "create", "acme"))
     assert "acme" in {t["name"] for t in json.loads(ok(sms_cmd(d, "tenant", "list", "--json")))}

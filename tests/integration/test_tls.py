@@ -155,6 +155,40 @@ def test_the_cluster_port_serves_node_certificates_only(cluster, client, canary,
     _assert_serving(client, canary)
 
 
+def test_a_revoked_node_certificate_is_refused_at_every_cluster_port(cluster, client, canary, tmp_path):
+    """A node certificate whose key leaked: `revoke_certificate` (sms certs revoke) makes
+    every cluster port refuse it by name, while the nodes' own certificates go on."""
+    leaked = certs.issue(cluster.ca_dir, str(tmp_path / "leaked"), node="n2")
+    other = certs.issue(cluster.ca_dir, str(tmp_path / "other"), node="n3")
+    nodes = [p.cluster_address for p in cluster.procs.values() if "storage" in p.roles]
+    for address in nodes:
+        with _secure(address, cluster.ca_file, leaked, node_name=True) as channel:
+            assert _node_status(channel).node_id
+    serial = client.revoke_certificate(leaked.cert_file, reason="the key leaked")
+    assert serial == security.cert_serial(leaked.cert_file)
+    assert [(c["serial"], c["reason"]) for c in client.list_revoked_certificates()] == [(serial, "the key leaked")]
+
+    def refused_everywhere() -> bool:
+        for address in nodes:
+            with _secure(address, cluster.ca_file, leaked, node_name=True) as channel:
+                try:
+                    _node_status(channel)
+                    return False
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.PERMISSION_DENIED and "revoked" in e.details()
+        return True
+    wait_until(refused_everywhere, 10.0, "the revoked certificate refused at every cluster port")
+    with _secure(nodes[0], cluster.ca_file, other, node_name=True) as channel:
+        assert _node_status(channel).node_id            # another certificate of the CA still serves
+    with pytest.raises(errors.FailedPrecondition):
+        client.revoke_certificate(serial)
+    for bad in ("not-hex", "0x", "f" * 41):
+        with pytest.raises(errors.InvalidArgument):
+            client.revoke_certificate(bad)
+    assert len(client.list_revoked_certificates()) == 1
+    _assert_serving(client, canary)                      # the cluster's own links are untouched
+
+
 def _forge_batch(stream: str, after_sn: int) -> bytes:
     """A well-formed batch of one record that never passed ingestion."""
     entries, _hashes = wire.encode_puts([("k", b"forged")], encode_put)

@@ -10,6 +10,7 @@ import stat
 import pytest
 from cryptography import x509
 
+from control import revocation
 from node import certs
 from sms import errors, security
 
@@ -34,7 +35,9 @@ def test_a_ca_and_a_node_certificate(tmp_path):
     cert.verify_directly_issued_by(_load(ca.cert_file))
     assert {security.NODE_TARGET_NAME, "localhost", "127.0.0.1", "::1", "10.0.0.5", "n1.example.org"} <= _names(cert)
     with open(node.cert_file, "rb") as f:
-        assert security.parse_cert(f.read()) == security.PeerCert(unit=security.NODE_UNIT, name="n1")
+        assert security.parse_cert(f.read()) == security.PeerCert(unit=security.NODE_UNIT, name="n1",
+                                                                  serial=cert.serial_number)
+    assert security.cert_serial(node.cert_file) == f"{cert.serial_number:x}"
 
 
 def test_a_client_certificate_cannot_serve(tmp_path):
@@ -175,3 +178,14 @@ def test_a_leftover_temporary_file_never_keeps_its_mode(tmp_path):
     os.chmod(leftover, 0o666)
     issued = certs.issue(str(tmp_path / "ca"), str(out), node="n1")
     assert stat.S_IMODE(os.stat(issued.key_file).st_mode) == 0o600
+
+
+@pytest.mark.parametrize("given, number", [("1f", 0x1F), ("0x1F", 0x1F), ("1f:2a", 0x1F2A), (" ab ", 0xAB)])
+def test_a_serial_is_read_in_hex(given, number):
+    assert revocation.parse_serial(given) == number
+
+
+@pytest.mark.parametrize("bad", ["", "0x", "zz", "1" * 41, "-1"])
+def test_a_bad_serial_is_named(bad):
+    with pytest.raises(errors.InvalidArgument):
+        revocation.parse_serial(bad)
