@@ -1,7 +1,7 @@
 """A Markdown summary of a bench/run.py result: the targets, the reference point (and RF 1)
 beside its baselines, single put_record latency, the CPU per record of each process for
-every SMS figure, the sweeps, and the failover / repartition / growth figures. The tables
-of docs/performance.md are this output.
+every SMS figure, the sweeps, and the failover / repartition / growth / TLS / throttling
+figures. The tables of docs/performance.md are this output.
 
     .venv/bin/python -m bench.report [bench/results/latest.json]
 """
@@ -225,6 +225,25 @@ def extras(r: dict) -> list[str]:
                        f"{m.get('cluster_cpu_us_per_record_median')} |")
         out += ["", f"TLS / plaintext: {tls.get('throughput_ratio_tls_to_plaintext')} "
                     f"(a cost of {tls.get('tls_cost_pct')}%)."]
+    th = e.get("throttle") or {}
+    if th.get("holds"):
+        out += ["", f"Throttling under load (issue 15; {_get(th, 'params', 'seconds')} s per load; the limited load "
+                    "beside an unlimited one, which also runs alone before and after):", "",
+                "| limit | limited: achieved (limiter's bound) | Throttled answers | holds | "
+                "unlimited: alone before / beside / alone after (ratio beside / alone) |", "|---|---|---|---|---|"]
+        for scenario, what, rate, unit in (("partition_limit", "partition write", "records_per_s", "records/s"),
+                                           ("tenant_limit", "tenant write", "records_per_s", "records/s"),
+                                           ("read_limit", "partition read", "stored_bytes_per_s", "bytes/s")):
+            s = th.get(scenario) or {}
+            lim = s.get("limited") or {}
+            limit = lim.get("limit_records_per_s", lim.get("limit_bytes_per_s"))
+            bound = lim.get("bound_records_per_s", lim.get("bound_stored_bytes_per_s"))
+            alone = " / ".join(_n(_get(s, k, rate)) for k in ("unlimited_alone_before", "unlimited_beside_limited",
+                                                               "unlimited_alone_after"))
+            holds = {True: "yes", False: "NO"}.get(lim.get("holds"), "-")
+            out.append(f"| {what} {_n(limit)} {unit} | {_n(lim.get(rate))} ({_n(bound)}) | "
+                       f"{_n(lim.get('throttled_answers'))} | {holds} | {alone} "
+                       f"({s.get('unlimited_ratio_beside_to_alone')}) |")
     return out
 
 

@@ -68,7 +68,8 @@ MODES: dict[str, dict] = {
                    "growth": {"smoke": True},
                    "rebalance": {"smoke": True},
                    "idle_cost": {"steps": [40], "idle_s": 1.0, "settle_s": 1.0, "load_records": 4_000},
-                   "tls_cost": {"preset": "smoke"}},
+                   "tls_cost": {"preset": "smoke"},
+                   "throttle": {"preset": "smoke"}},
     },
     "quick": {
         "reference_records": 1_000_000,       # also the catch-up read: the 1M records
@@ -92,7 +93,8 @@ MODES: dict[str, dict] = {
                    "growth": {"smoke": True},
                    "rebalance": {"quick": True},
                    "idle_cost": {"steps": [40, 400], "idle_s": 3.0, "settle_s": 2.0, "load_records": 20_000},
-                   "tls_cost": {"preset": "quick"}},
+                   "tls_cost": {"preset": "quick"},
+                   "throttle": {"preset": "quick"}},
     },
     "full": {
         "reference_records": 1_000_000,
@@ -118,7 +120,8 @@ MODES: dict[str, dict] = {
                    "rebalance": {},
                    "idle_cost": {"steps": [40, 400, 4000], "idle_s": 5.0, "settle_s": 12.0,
                                  "load_records": 40_000},
-                   "tls_cost": {"preset": "full"}},
+                   "tls_cost": {"preset": "full"},
+                   "throttle": {"preset": "full"}},
     },
 }
 
@@ -422,6 +425,9 @@ def extras(run: Run, cfg: dict, workdir: str) -> dict:
         elif name == "tls_cost":
             from bench import tls_cost
             out[name] = run.call("extra tls_cost", tls_cost.run_preset, params["preset"])
+        elif name == "throttle":
+            from bench import throttle
+            out[name] = run.call("extra throttle", throttle.run_preset, params["preset"])
     return out
 
 
@@ -611,6 +617,12 @@ def problems(result: dict) -> list[str]:
         failed = sum(r.get("failed") or 0 for r in _get(result, "extras", "tls_cost", mode, "rounds") or [])
         if failed:
             out.append(f"tls_cost: {failed} records failed on the {mode} cluster")
+    for scenario in ("partition_limit", "tenant_limit", "read_limit"):
+        for load, f in (_get(result, "extras", "throttle", scenario) or {}).items():
+            done = f.get("records_acked", f.get("records_read")) if isinstance(f, dict) else None
+            if done == 0 or (isinstance(f, dict) and f.get("other_errors")):
+                out.append(f"throttle {scenario} {load}: {done} records acknowledged (or read), "
+                           f"{f.get('other_errors') or 0} refused other than Throttled, first: {f.get('first_error')}")
     rb = _get(result, "baselines", "redis_streams", "redis_benchmark")
     if isinstance(rb, dict) and (rb.get("error") or rb.get("stream_length_matches") is False):
         out.append(f"redis-benchmark: {rb.get('error') or ''} stream length {rb.get('stream_length')} "
