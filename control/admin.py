@@ -106,6 +106,46 @@ def validate_create(name: str, partitions: int, replication_factor: int, persist
                         dedup_window_ms=window_ms, min_in_sync=in_sync)
 
 
+async def record_consumer(store: MetaStore, stream: str, consumer: str, checkpoints: dict[int, int],
+                          remove: bool = False, replace_all: bool = False) -> None:
+    """Register the stream's consumer (its unread records protected), merge `checkpoints`
+    (ordinal -> the SN of the last record it processed) into its entry, or `remove` it.
+    `replace_all`: the entry's checkpoints become exactly these."""
+    if not metadata._STREAM_NAME.fullmatch(consumer or ""):
+        raise InvalidArgument(f"consumer name {consumer[:80]!r}; expected [A-Za-z0-9_.-]{{1,"
+                              f"{limits.STREAM_NAME_CHARS_MAX}}}")
+    path = metadata.consumer_path(stream, consumer)
+    if remove:
+        try:
+            await store.delete(path)
+        except NoNodeError:
+            pass
+        return
+    try:
+        await store.create(metadata.consumers_path(stream))
+    except NodeExistsError:
+        pass
+    for _ in range(limits.CLIENT_REDIRECT_RETRIES_MAX):
+        entry = await store.get(path)
+        if entry is None:
+            if len(await store.children(metadata.consumers_path(stream))) >= limits.CONSUMERS_PER_STREAM_MAX:
+                raise LimitExceeded(f"stream {stream!r} has {limits.CONSUMERS_PER_STREAM_MAX} registered "
+                                    "consumers; remove one first")
+            try:
+                await store.create(path, ConsumerRecord(consumer, tuple(sorted(checkpoints.items()))).to_bytes())
+                return
+            except NodeExistsError:
+                continue
+        merged = {} if replace_all else dict(ConsumerRecord.from_bytes(entry.value).checkpoints)
+        merged.update(checkpoints)
+        try:
+            await store.set(path, ConsumerRecord(consumer, tuple(sorted(merged.items()))).to_bytes(), entry.version)
+            return
+        except BadVersionError:
+            continue
+    raise Unavailable(f"consumer {consumer!r} of {stream!r} is checkpointed concurrently; retry")
+
+
 class StreamAdmin:
     def __init__(self, store: MetaStore, view: ClusterView):
         self.store = store
@@ -377,41 +417,6 @@ class StreamAdmin:
     async def update_consumer(self, stream: str, consumer: str, checkpoints: dict[int, int],
                               remove: bool = False) -> None:
         await self._stream_entry(stream)
-        if not metadata._STREAM_NAME.fullmatch(consumer or ""):
-            raise InvalidArgument(f"consumer name {consumer[:80]!r}; expected [A-Za-z0-9_.-]{{1,"
-                                  f"{limits.STREAM_NAME_CHARS_MAX}}}")
-        path = metadata.consumer_path(stream, consumer)
         self.view.invalidate()
-        if remove:
-            try:
-                await self.store.delete(path)
-            except NoNodeError:
-                pass
-            self.view.invalidate()
-            return
-        try:
-            await self.store.create(metadata.consumers_path(stream))
-        except NodeExistsError:
-            pass
-        for _ in range(limits.CLIENT_REDIRECT_RETRIES_MAX):
-            entry = await self.store.get(path)
-            if entry is None:
-                if len(await self.store.children(metadata.consumers_path(stream))) >= limits.CONSUMERS_PER_STREAM_MAX:
-                    raise LimitExceeded(f"stream {stream!r} has {limits.CONSUMERS_PER_STREAM_MAX} registered "
-                                        "consumers; remove one first")
-                try:
-                    await self.store.create(path, ConsumerRecord(consumer, tuple(sorted(checkpoints.items()))).to_bytes())
-                    self.view.invalidate()
-                    return
-                except NodeExistsError:
-                    continue
-            record = ConsumerRecord.from_bytes(entry.value)
-            merged = dict(record.checkpoints)
-            merged.update(checkpoints)
-            try:
-                await self.store.set(path, ConsumerRecord(consumer, tuple(sorted(merged.items()))).to_bytes(),
-                                     entry.version)
-                return
-            except BadVersionError:
-                continue
-        raise Unavailable(f"consumer {consumer!r} of {stream!r} is checkpointed concurrently; retry")
+        await record_consumer(self.store, stream, consumer, checkpoints, remove)
+        self.view.invalidate()

@@ -86,6 +86,9 @@ STREAM_FIELDS = {
     "/sms.v1.Control/TrimStream": "name", "/sms.v1.Control/DescribeStream": "name",
     "/sms.v1.Control/UpdateConsumer": "stream", "/sms.v1.Ingestion/PutRecords": "stream",
     "/sms.v1.Retrieval/GetIterator": "stream", "/sms.v1.Retrieval/GetRecord": "stream",
+    "/sms.v1.Control/GroupState": "stream", "/sms.v1.Control/GroupWrite": "stream",
+    "/sms.v1.Control/ListGroups": "stream", "/sms.v1.Control/ResetGroup": "stream",
+    "/sms.v1.Control/DeleteGroup": "stream",
 }
 ITERATOR_CALLS = ("/sms.v1.Retrieval/GetNextRecords", "/sms.v1.Retrieval/Subscribe")
 DESCRIPTION_CALLS = ("/sms.v1.Control/CreateStream", "/sms.v1.Control/DescribeStream",
@@ -136,6 +139,7 @@ RIGHTS: dict[str, str] = {
     "/sms.v1.Control/DescribeStream": DESCRIBE, "/sms.v1.Control/ListStreams": DESCRIBE,
     "/sms.v1.Control/DescribeCluster": DESCRIBE,
     "/sms.v1.Control/UpdateConsumer": READ, "/sms.v1.Retrieval/GetIterator": READ,
+    "/sms.v1.Control/GroupState": READ, "/sms.v1.Control/GroupWrite": READ, "/sms.v1.Control/ListGroups": DESCRIBE,
     "/sms.v1.Retrieval/GetNextRecords": READ, "/sms.v1.Retrieval/Subscribe": READ, "/sms.v1.Retrieval/GetRecord": READ,
     "/sms.v1.Ingestion/PutRecords": WRITE,
 }

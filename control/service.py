@@ -8,6 +8,7 @@ from __future__ import annotations
 from control import auth, repartition, revocation
 from control.phases import Kind
 from control.admin import StreamAdmin, validate_create
+from control.groups import Groups
 from metastore.view import ClusterView, bounded
 from sms import convert, metadata, seqno
 from sms.errors import FailedPrecondition, InvalidArgument, InvalidSplitPoint, Unavailable
@@ -51,6 +52,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         self.admin = admin                  # set while this process leads the control plane
         self.control_role = control_role
         self.storage_service = None         # storage.service.StorageService of this process, if it stores
+        self.groups = Groups(view.store, view)
 
     # --- credentials (control/auth.py; the guard lets admin keys only call these) --------
     @rpc_errors
@@ -92,6 +94,35 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         return sms_pb2.ListRevokedCertificatesResponse(certificates=[
             sms_pb2.RevokedCertificate(serial=serial, revoked_ms=at, reason=reason)
             for serial, at, reason in await revocation.list_revoked(self._admin().store)])
+
+    # --- consumer groups (control/groups.py): any node answers ------------------------------
+    @rpc_errors
+    async def GroupState(self, request, context):
+        leases, members = await self.groups.state(request.stream, request.group)
+        return sms_pb2.GroupStateResponse(
+            leases=[sms_pb2.GroupEntry(key=k, value=v, version=n) for k, v, n in leases],
+            members=[sms_pb2.GroupEntry(key=k, value=v, version=n) for k, v, n in members])
+
+    @rpc_errors
+    async def GroupWrite(self, request, context):
+        version = await self.groups.write(request.stream, request.group, request.member, request.key, request.value,
+                                          request.version, request.delete)
+        return sms_pb2.GroupWriteResponse(version=version)
+
+    @rpc_errors
+    async def ListGroups(self, request, context):
+        return sms_pb2.ListGroupsResponse(groups=await self.groups.list(request.stream))
+
+    @rpc_errors
+    async def ResetGroup(self, request, context):
+        await self.groups.reset(request.stream, request.group, request.position, request.timestamp_ms,
+                                dict(request.sequence_numbers))
+        return sms_pb2.Empty()
+
+    @rpc_errors
+    async def DeleteGroup(self, request, context):
+        await self.groups.delete(request.stream, request.group)
+        return sms_pb2.Empty()
 
     @rpc_errors
     async def UpdateTenant(self, request, context):

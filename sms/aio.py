@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import random
 import secrets
+import time
 from collections.abc import Iterable, Mapping
 
 import grpc
@@ -23,8 +25,9 @@ from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.records import encode_put
 from sms.tokens import peek
 from sms.batch import RecordBatch
+from sms.consumer import GroupConsumer, GroupLeases
 from sms.types import (ClusterInfo, NodeLoad, GetRecordBatchResult, GetRecordsResult, IteratorType, PartitionInfo, PartitionState, PutRecordResult,
-                       PutRecordsResult, Record, Routes, StreamInfo, parse_partition_id)
+                       PutRecordsResult, Record, Routes, StreamInfo, parse_partition_id, partition_id)
 
 _REDIRECT_BACKOFF_S = 0.05
 
@@ -338,6 +341,71 @@ class Client:
         `undo=True` stops draining."""
         return convert.node_loads_from_pb(await self._admin_call(
             "DrainNode", sms_pb2.DrainNodeRequest(node_id=node_id, undo=undo)))
+
+    # --- consumer groups (sms/consumer.py) ------------------------------------------------
+    def consumer(self, stream: str, group: str, **options) -> GroupConsumer:
+        """A member of the consumer group `group` of `stream`: `async with` it and iterate
+        for ConsumerBatch-es. Options: member_id, start (TRIM_HORIZON, LATEST or
+        AT_TIMESTAMP with timestamp_ms) for partitions the group has not read yet,
+        auto_checkpoint (True), failover_s, max_records, wait_ms."""
+        return GroupConsumer(self, stream, group, **options)
+
+    async def list_groups(self, stream: str) -> list[str]:
+        return list((await self._discovery_call("ListGroups", sms_pb2.ListGroupsRequest(stream=stream))).groups)
+
+    async def describe_group(self, stream: str, group: str) -> dict:
+        """The group's members and, per partition of its lease table, the owner, the
+        checkpoint, records processed under the lease, and how far the checkpoint is
+        behind the partition's last committed record (ms; 0 at its end)."""
+        state = await GroupLeases(self, stream, group).state()
+        if not state.leases and not state.members:
+            raise errors.GroupNotFound(f"stream {stream!r} has no consumer group {group!r}")
+        now_ms = int(time.time() * 1000)
+        members = []
+        for m in state.members:
+            d = json.loads(m.value)
+            members.append({"member": m.key, "host": d.get("host", ""), "pid": d.get("pid", 0),
+                            "heartbeat_age_ms": max(0, now_ms - int(d.get("heartbeat_ms", 0)))})
+        info = await self.get_stream_info(stream)
+        by = {p.ordinal: p for p in info.partitions}
+        partitions = []
+        for e in sorted(state.leases, key=lambda e: int(e.key)):
+            d = json.loads(e.value)
+            ordinal = int(e.key)
+            checkpoint = str(d.get("checkpoint", ""))
+            lag_ms = 0
+            if checkpoint != "SHARD_END" and ordinal in by:
+                latest = peek(await self.get_iterator(stream, ordinal, "LATEST")).position_sn - 1
+                done = int(checkpoint) if checkpoint.isdigit() else 0
+                if latest > done:
+                    lag_ms = max(0, seqno.timestamp_ms_of(latest) - (seqno.timestamp_ms_of(done) if done else
+                                                                      by[ordinal].valid_from_ms))
+            partitions.append({"partition_id": partition_id(ordinal), "owner": d.get("owner", ""),
+                               "checkpoint": checkpoint, "records": int(d.get("records", 0)),
+                               "lag_ms": lag_ms, "state": by[ordinal].state.value if ordinal in by else "DROPPED"})
+        return {"stream": stream, "group": group, "members": members, "partitions": partitions}
+
+    async def reset_group(self, stream: str, group: str, *, to: str = "TRIM_HORIZON", timestamp_ms: int = 0,
+                          sequence_numbers: dict[str, str] | None = None) -> None:
+        """Move the group's checkpoints: to TRIM_HORIZON, LATEST, AT_TIMESTAMP
+        (`timestamp_ms`), or per-partition SNs to resume after (`sequence_numbers`,
+        partition id -> SN; partitions not named from TRIM_HORIZON). LATEST is the end of
+        each partition now, as Kafka's --to-latest: what is written after the reset is
+        read. Running members lose their leases at their next write and resume from the
+        new checkpoints."""
+        if to == "LATEST" and not sequence_numbers:
+            sequence_numbers = {}
+            for p in (await self.get_stream_info(stream)).partitions:
+                if p.state is PartitionState.OPEN:
+                    last = peek(await self.get_iterator(stream, p.ordinal, "LATEST")).position_sn - 1
+                    if last > 0 and seqno.ordinal_of(last) == p.ordinal:
+                        sequence_numbers[p.partition_id] = str(last)
+        await self._discovery_call("ResetGroup", sms_pb2.ResetGroupRequest(
+            stream=stream, group=group, position=to, timestamp_ms=timestamp_ms,
+            sequence_numbers={k: str(v) for k, v in (sequence_numbers or {}).items()}))
+
+    async def delete_group(self, stream: str, group: str) -> None:
+        await self._discovery_call("DeleteGroup", sms_pb2.GroupRequest(stream=stream, group=group))
 
     async def register_consumer(self, stream: str, consumer: str) -> None:
         """Register a consumer: while the stream protects unread records, nothing it has not

@@ -10,6 +10,7 @@ import asyncio
 import threading
 
 from sms import aio, security
+from sms.consumer import SyncGroupConsumer
 
 
 class Client:
@@ -154,6 +155,23 @@ class Client:
     def drain_node(self, node_id, *, undo=False):
         """Move every replica off a storage node (see `sms.aio.Client.drain_node`)."""
         return self._run(self._aio.drain_node(node_id, undo=undo))
+
+    def consumer(self, stream, group, **options):
+        """A member of the consumer group `group` of `stream` (sms/consumer.py): `with` it
+        and iterate for ConsumerBatch-es; options as sms.aio.Client.consumer."""
+        return SyncGroupConsumer(self, self._aio.consumer(stream, group, **options))
+
+    def list_groups(self, stream):
+        return self._run(self._aio.list_groups(stream))
+
+    def describe_group(self, stream, group):
+        return self._run(self._aio.describe_group(stream, group))
+
+    def reset_group(self, stream, group, **kwargs):
+        return self._run(self._aio.reset_group(stream, group, **kwargs))
+
+    def delete_group(self, stream, group):
+        return self._run(self._aio.delete_group(stream, group))
 
     def register_consumer(self, stream, consumer):
         return self._run(self._aio.register_consumer(stream, consumer))

@@ -60,6 +60,10 @@ class KeyNotFound(SmsError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class GroupNotFound(SmsError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
 class RecordNotFound(SmsError):
     code = grpc.StatusCode.NOT_FOUND
 
@@ -166,6 +170,11 @@ class LogDiverged(FailedPrecondition):
 
 class PartitionNotOpen(FailedPrecondition):
     """A split or merge of a partition that is closed (already split or merged)."""
+
+
+class LeaseLost(FailedPrecondition):
+    """A conditional write on a consumer group's lease failed: another member took it (or
+    the group was reset). Stop processing that partition."""
 
 
 class RepartitionInProgress(FailedPrecondition):

@@ -192,6 +192,15 @@ CONTROL_ELECTION_RETRY_S = 0.2                 # a standby control node retries 
 CLIENT_LEADER_WAIT_S = 4 * METASTORE_SESSION_TTL_S   # admin calls wait so long for a new control leader
 
 # --- stream processing (sps/) ---------------------------------------------------------
+GROUPS_PER_STREAM_MAX = 64                     # consumer groups of one stream (control/groups.py)
+GROUP_MEMBERS_MAX = 256                        # members of one group
+GROUP_MEMBER_CHARS_MAX = 128                   # a member id
+GROUP_ENTRY_BYTES_MAX = 4096                   # one lease or member entry
+CONSUMER_FAILOVER_S_DEFAULT = 10.0             # a member's lease not renewed for so long is taken
+CONSUMER_FAILOVER_S_MIN = 1.0
+CONSUMER_BATCHES_QUEUED_MAX = 8                # batches read ahead per consumer, over its partitions
+CONSUMER_CHECKPOINT_INTERVAL_S = 5.0           # an automatic checkpoint at most so often per partition
+CONSUMER_RELEASE_WAIT_S = 5.0                  # a stopping member releases its leases within this
 SPS_FAILOVER_S_DEFAULT = 10.0                  # a lease not renewed for so long is taken
 SPS_FAILOVER_S_MIN = 1.0
 SPS_LEASES_TAKEN_PER_ROUND_MAX = 4             # claims of one worker in one balancing round

@@ -140,6 +140,31 @@ class ControlStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.ListRevokedCertificatesResponse.FromString,
                 _registered_method=True)
+        self.GroupState = channel.unary_unary(
+                '/sms.v1.Control/GroupState',
+                request_serializer=sms_dot_proto_dot_sms__pb2.GroupRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.GroupStateResponse.FromString,
+                _registered_method=True)
+        self.GroupWrite = channel.unary_unary(
+                '/sms.v1.Control/GroupWrite',
+                request_serializer=sms_dot_proto_dot_sms__pb2.GroupWriteRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.GroupWriteResponse.FromString,
+                _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/sms.v1.Control/ListGroups',
+                request_serializer=sms_dot_proto_dot_sms__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.ResetGroup = channel.unary_unary(
+                '/sms.v1.Control/ResetGroup',
+                request_serializer=sms_dot_proto_dot_sms__pb2.ResetGroupRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                _registered_method=True)
+        self.DeleteGroup = channel.unary_unary(
+                '/sms.v1.Control/DeleteGroup',
+                request_serializer=sms_dot_proto_dot_sms__pb2.GroupRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -282,6 +307,39 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GroupState(self, request, context):
+        """consumer groups (control/groups.py): a group's lease table, read and written with
+        conditional writes by its members (sms/consumer.py); any node answers
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupWrite(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetGroup(self, request, context):
+        """move a group's checkpoints (its members lose their leases and resume from there), or delete it
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -389,6 +447,31 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.ListRevokedCertificates,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.ListRevokedCertificatesResponse.SerializeToString,
+            ),
+            'GroupState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupState,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.GroupRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.GroupStateResponse.SerializeToString,
+            ),
+            'GroupWrite': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupWrite,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.GroupWriteRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.GroupWriteResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.ListGroupsRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'ResetGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetGroup,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.ResetGroupRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            ),
+            'DeleteGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroup,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.GroupRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -959,6 +1042,141 @@ class Control:
             '/sms.v1.Control/ListRevokedCertificates',
             sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
             sms_dot_proto_dot_sms__pb2.ListRevokedCertificatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/GroupState',
+            sms_dot_proto_dot_sms__pb2.GroupRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.GroupStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupWrite(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/GroupWrite',
+            sms_dot_proto_dot_sms__pb2.GroupWriteRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.GroupWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/ListGroups',
+            sms_dot_proto_dot_sms__pb2.ListGroupsRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/ResetGroup',
+            sms_dot_proto_dot_sms__pb2.ResetGroupRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/DeleteGroup',
+            sms_dot_proto_dot_sms__pb2.GroupRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,500 @@
+"""Consumer groups: `client.consumer(stream, group)` reads a stream as one member of a
+group whose members share its partitions, as Kafka's consumer groups and the Kinesis
+Client Library do.
+
+    async with client.consumer("clicks", "billing") as consumer:
+        async for batch in consumer:          # a ConsumerBatch: one partition's records, in order
+            handle(batch.records)
+
+Each member holds leases on some partitions (sms/leases.py), kept in the cluster's
+lease table for the group (control/groups.py, through GroupState / GroupWrite; no
+direct access to the metadata store). Every round -- a third of the failover time,
+and at once when a partition ends or a member joins -- a member renews its leases,
+writes its checkpoints with them, and claims, takes or releases leases toward an even
+share (`plan_takes`). A partition is read only after its parents are read to their end
+(SHARD_END), so per key records come in order across splits and merges.
+
+Checkpoints: with `auto_checkpoint` (the default), asking for the next batch marks the
+batches handed out before as processed (at least once, as KCL's processRecords); the
+next round writes that to the lease. `checkpoint()` writes at once, and with
+`auto_checkpoint=False` only it does. A member that stops cleanly (`close()`, or leaving
+the `async with`) checkpoints what it processed and releases its leases: the others
+take them at their next round. One that dies loses them after `failover_s`.
+
+The group is a registered consumer of its stream: a stream that protects unread records
+keeps what the group has not checkpointed. A member that loses a lease (a peer took it
+after this member stalled, or `sms consumer reset` moved the group) stops reading that
+partition at once and drops the batches of it not yet handed out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from sms import errors, limits
+from sms.leases import LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, LeaseTable, plan_takes
+from sms.proto import sms_pb2
+from sms.types import Record, partition_id
+
+log = logging.getLogger(__name__)
+
+AT_TIMESTAMP = "AT_TIMESTAMP:"        # a checkpoint that says: from the first record of that time (control/groups.py)
+
+
+@dataclass(frozen=True)
+class ConsumerBatch:
+    """Records of one partition, in SN order, after those of the batch before."""
+
+    stream: str
+    partition_id: str
+    records: list[Record]
+    millis_behind_latest: int
+    _owned: "_Owned" = field(repr=False, compare=False)
+
+    @property
+    def last_sequence_number(self) -> str:
+        return self.records[-1].sequence_number
+
+
+class GroupLeases:
+    """The group's lease entries through the cluster's API (a sms/leases.py LeaseStore)."""
+
+    def __init__(self, client, stream: str, group: str, member: bool = False):
+        self.client = client
+        self.stream = stream
+        self.group = group
+        self.member = member
+
+    async def state(self) -> sms_pb2.GroupStateResponse:
+        return await self.client._discovery_call("GroupState", sms_pb2.GroupRequest(stream=self.stream,
+                                                                                    group=self.group))
+
+    def _key(self, key: str) -> str:
+        return key if self.member else key.rsplit(":", 1)[-1]
+
+    def normalised(self, entries) -> list[tuple[str, bytes, int]]:
+        if self.member:
+            return [(e.key, e.value, e.version) for e in entries]
+        out = []
+        for e in entries:
+            d = json.loads(e.value)
+            d["stream"] = self.stream            # (a reset writes leases without our name for the stream)
+            out.append((f"{self.stream}:{e.key}", json.dumps(d).encode(), e.version))
+        return out
+
+    async def entries(self) -> list[tuple[str, bytes, int]]:
+        state = await self.state()
+        return self.normalised(state.members if self.member else state.leases)
+
+    async def _write(self, key: str, value: bytes, version: int, delete: bool = False) -> int:
+        pb = await self.client._discovery_call("GroupWrite", sms_pb2.GroupWriteRequest(
+            stream=self.stream, group=self.group, member=self.member, key=self._key(key), value=value,
+            version=version, delete=delete))
+        return pb.version
+
+    async def create(self, key: str, value: bytes) -> int:
+        return await self._write(key, value, -1)
+
+    async def set(self, key: str, value: bytes, version: int) -> int:
+        return await self._write(key, value, version)
+
+    async def delete(self, key: str, version: int) -> None:
+        try:
+            await self._write(key, b"", version, delete=True)
+        except LeaseLost:
+            pass
+
+
+@dataclass(eq=False)
+class _Owned:
+    lease: Lease
+    task: asyncio.Task | None = None
+    delivered: str = ""               # SN of the last record handed out ("": none yet)
+    processed: str = ""               # SN up to which the caller is done
+    uncounted: int = 0                # records processed since the lease last counted them
+    ended: bool = False               # a closed partition read to its end (SHARD_END once processed)
+    end_delivered: bool = False       # ... and every batch of it handed out
+    lost: bool = False
+    releasing: float = 0.0            # when this member decided to hand it over (0: it keeps it)
+
+
+class GroupConsumer:
+    """One member of a consumer group (asyncio). See the module's docstring."""
+
+    def __init__(self, client, stream: str, group: str, *, member_id: str | None = None, start: str = TRIM_HORIZON,
+                 timestamp_ms: int | None = None, auto_checkpoint: bool = True,
+                 failover_s: float = limits.CONSUMER_FAILOVER_S_DEFAULT, max_records: int = 1000,
+                 wait_ms: int = 1000):
+        if start not in (TRIM_HORIZON, LATEST, "AT_TIMESTAMP"):
+            raise errors.InvalidArgument(f"start {start!r}; expected TRIM_HORIZON, LATEST or AT_TIMESTAMP")
+        if (start == "AT_TIMESTAMP") != (timestamp_ms is not None):
+            raise errors.InvalidArgument("start=AT_TIMESTAMP goes with timestamp_ms, and only it")
+        if failover_s < limits.CONSUMER_FAILOVER_S_MIN:
+            raise errors.InvalidArgument(f"failover_s {failover_s}; at least {limits.CONSUMER_FAILOVER_S_MIN}")
+        if not 1 <= max_records <= limits.GET_RECORDS_COUNT_MAX:
+            raise errors.InvalidArgument(f"max_records {max_records}; expected 1..{limits.GET_RECORDS_COUNT_MAX}")
+        self.client = client
+        self.stream = stream
+        self.group = group
+        self.member_id = member_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.start = f"{AT_TIMESTAMP}{timestamp_ms}" if start == "AT_TIMESTAMP" else start
+        self.auto_checkpoint = auto_checkpoint
+        self.failover_s = failover_s
+        self.max_records = max_records
+        self.wait_ms = wait_ms
+        self.table = LeaseTable(GroupLeases(client, stream, group), f"group {group}")
+        self._members = GroupLeases(client, stream, group, member=True)
+        self._clock = ExpiryClock(failover_s)
+        self._member_clock = ExpiryClock(failover_s)
+        self._member_version = -1
+        self._member_counter = 0
+        self._owned: dict[str, _Owned] = {}
+        self._queue: asyncio.Queue = asyncio.Queue(maxsize=limits.CONSUMER_BATCHES_QUEUED_MAX)
+        self._handed: list[ConsumerBatch] = []     # handed out, not yet marked processed (auto)
+        self._wake = asyncio.Event()
+        self._coordinator: asyncio.Task | None = None
+        self._failure: BaseException | None = None
+        self._stopped = asyncio.Event()            # failed or closed: a waiting __anext__ returns
+        self._closed = False
+        self._writes = asyncio.Lock()             # lease writes: one at a time
+
+    # --- life -------------------------------------------------------------------------
+    async def __aenter__(self) -> "GroupConsumer":
+        await self.open()
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        await self.close(processed=exc_type is None)
+
+    async def open(self) -> None:
+        await self._round()                   # fails here, by name, for a stream that is not there
+        self._coordinator = asyncio.get_running_loop().create_task(self._coordinate(),
+                                                                   name=f"group-{self.group}-{self.member_id}")
+
+    @property
+    def assigned(self) -> list[str]:
+        """The partitions this member holds now."""
+        return sorted(partition_id(o.lease.ordinal) for o in self._owned.values())
+
+    async def close(self, processed: bool = True) -> None:
+        """Stop: checkpoint what was processed (with `processed`, every batch handed out
+        under auto_checkpoint), release every lease, and leave the group."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopped.set()
+        if self._coordinator is not None:
+            self._coordinator.cancel()
+            await asyncio.gather(self._coordinator, return_exceptions=True)
+        if processed and self.auto_checkpoint:
+            self._mark_processed()
+        for owned in list(self._owned.values()):
+            if owned.task is not None:
+                owned.task.cancel()
+                await asyncio.gather(owned.task, return_exceptions=True)
+        try:
+            async with asyncio.timeout(limits.CONSUMER_RELEASE_WAIT_S):
+                for key, owned in list(self._owned.items()):
+                    await self._release(key, owned)
+                if self._member_version >= 0:
+                    await self._members.delete(self.member_id, self._member_version)
+        except (TimeoutError, errors.SmsError) as e:
+            log.warning("group %s: %s left without releasing everything (%s); the others take over after "
+                        "the failover time", self.group, self.member_id, e)
+        self._owned.clear()
+
+    # --- batches ----------------------------------------------------------------------
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> ConsumerBatch:
+        if self.auto_checkpoint:
+            self._mark_processed()
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            if self._closed:
+                raise StopAsyncIteration
+            getter = asyncio.ensure_future(self._queue.get())
+            stopper = asyncio.ensure_future(self._stopped.wait())
+            done, _pending = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if getter not in done:
+                getter.cancel()
+                continue
+            batch = getter.result()
+            owned = batch._owned
+            if owned.lost or owned.releasing or self._owned.get(owned.lease.key) is not owned:
+                continue                      # (its lease went or goes: another member reads it from its checkpoint)
+            if not batch.records:             # the partition's end marker
+                owned.end_delivered = True
+                self._wake.set()
+                continue
+            owned.delivered = batch.last_sequence_number
+            self._handed.append(batch)
+            return batch
+
+    def _fail(self, e: BaseException) -> None:
+        self._failure = e
+        self._stopped.set()
+
+    def _mark_processed(self) -> None:
+        for batch in self._handed:
+            batch._owned.processed = batch.last_sequence_number
+            batch._owned.uncounted += len(batch.records)
+        self._handed.clear()
+
+    async def checkpoint(self, batch: ConsumerBatch | None = None) -> None:
+        """Record now that everything up to `batch` (of its partition), or every batch
+        handed out so far, is processed."""
+        if batch is not None:
+            owned, last = batch._owned, int(batch.last_sequence_number)
+            done = [b for b in self._handed if b._owned is owned and int(b.last_sequence_number) <= last]
+            owned.processed = batch.last_sequence_number
+            owned.uncounted += sum(len(b.records) for b in done)
+            self._handed = [b for b in self._handed if b not in done]
+            targets = [owned]
+        else:
+            self._mark_processed()
+            targets = list(self._owned.values())
+        for owned in targets:
+            if self._owned.get(owned.lease.key) is owned:
+                await self._renew(owned.lease.key, owned)
+
+    # --- the rounds -------------------------------------------------------------------
+    async def _coordinate(self) -> None:
+        interval = self.failover_s / 3
+        while True:
+            try:
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self._round()
+            except asyncio.CancelledError:
+                raise
+            except errors.SmsError as e:
+                if not e.retriable and not isinstance(e, LeaseLost):
+                    self._fail(e)               # (the stream was deleted, the key revoked: the caller hears)
+                    return
+                log.info("group %s: round of %s failed: %s", self.group, self.member_id, e)
+
+    async def _heartbeat(self) -> list[str]:
+        """Write this member's entry; the members alive as this member observes them."""
+        self._member_counter += 1
+        value = json.dumps({"counter": self._member_counter, "heartbeat_ms": int(time.time() * 1000),
+                            "host": socket.gethostname(), "pid": os.getpid()}).encode()
+        try:
+            if self._member_version < 0:
+                self._member_version = await self._members.create(self.member_id, value)
+            else:
+                self._member_version = await self._members.set(self.member_id, value, self._member_version)
+        except LeaseLost:                     # removed as dead by a peer: join again
+            self._member_version = -1
+        alive = []
+        for key, raw, version in await self._members.entries():
+            entry = Lease(key, 0, owner=key, counter=int(json.loads(raw).get("counter", 0)))
+            self._member_clock.observe(entry)
+            if key == self.member_id or not self._member_clock.expired(entry):
+                alive.append(key)
+            elif self._member_clock.expired(entry, time.monotonic() - 2 * self.failover_s):
+                await self._members.delete(key, version)        # gone for long: tidy up
+        return alive
+
+    async def _round(self) -> None:
+        if self._closed:
+            return
+        members = await self._heartbeat()
+        info = await self.client.get_stream_info(self.stream)
+        leases = await self.table.all()
+        present = {lease.ordinal for lease in leases.values()}
+        for p in info.partitions:
+            if p.ordinal not in present:
+                # a partition whose parent the group knows starts at its beginning: everything
+                # in it came after the parent's end; one the group never saw starts at `start`
+                start = TRIM_HORIZON if any(q in present for q in p.parents) else self.start
+                made = await self.table.ensure(self.stream, p.ordinal, tuple(p.parents), start)
+                if made is not None:
+                    leases[made.key] = made
+        for lease in leases.values():
+            self._clock.observe(lease)
+        # renew (with checkpoints) what this member holds; a lease changed under it is lost
+        for key, owned in list(self._owned.items()):
+            current = leases.get(key)
+            # (a version below ours: read before a checkpoint() of ours; above: written by another)
+            if current is None or current.owner != self.member_id or current.version > owned.lease.version:
+                self._lose(key, owned)
+                continue
+            if await self._renew(key, owned):
+                leases[key] = owned.lease
+        # (no taking from a live peer: each releases its extra leases itself, once the caller
+        # is done with what it handed out, so a rebalance reads nothing twice)
+        claims, releases = plan_takes(leases, self.member_id, members, self._clock, take_from_peers=False)
+        for lease in releases:
+            owned = self._owned.get(lease.key)
+            if owned is not None and not owned.releasing:
+                # handed over once the caller is done with the batches it holds of it (a
+                # clean rebalance reads nothing twice); what is queued is left to the next owner
+                owned.releasing = time.monotonic()
+                if owned.task is not None:
+                    owned.task.cancel()
+        for key, owned in list(self._owned.items()):
+            # (auto_checkpoint: the caller asks for its next batch when done with this one; a
+            # caller that checkpoints itself and does not within the failover time hands over
+            # what it has not checkpointed)
+            held = any(b._owned is owned for b in self._handed)
+            if owned.releasing and (not held or (not self.auto_checkpoint
+                                                 and time.monotonic() - owned.releasing > self.failover_s)):
+                await self._release(key, owned)
+        for lease in claims:
+            try:
+                async with self._writes:
+                    won = await self.table.claim(lease, self.member_id)
+            except LeaseLost:
+                continue
+            log.info("group %s: %s took %s at %s", self.group, self.member_id, partition_id(won.ordinal),
+                     won.checkpoint)
+            owned = _Owned(won)
+            owned.task = asyncio.get_running_loop().create_task(self._read(owned),
+                                                                name=f"group-{self.group}-p{won.ordinal}")
+            self._owned[won.key] = owned
+
+    async def _renew(self, key: str, owned: _Owned) -> bool:
+        """Renew the lease with its checkpoint (SHARD_END once a partition's end is
+        processed); False if it was lost."""
+        checkpoint = owned.processed or owned.lease.checkpoint
+        if owned.ended and owned.end_delivered and owned.processed == owned.delivered:
+            checkpoint = SHARD_END
+        try:
+            async with self._writes:
+                if owned.lease.checkpoint == checkpoint:
+                    owned.lease = await self.table.renew(owned.lease)
+                else:
+                    counted = owned.uncounted
+                    owned.lease = await self.table.checkpoint(owned.lease, checkpoint, records=counted)
+                    owned.uncounted -= counted
+        except LeaseLost:
+            self._lose(key, owned)
+            return False
+        if checkpoint == SHARD_END:
+            self._forget(key, owned)
+            self._wake.set()                  # its children may be claimed now
+        return True
+
+    async def _release(self, key: str, owned: _Owned) -> None:
+        checkpoint = owned.processed or owned.lease.checkpoint
+        if owned.ended and owned.end_delivered and owned.processed == owned.delivered:
+            checkpoint = SHARD_END
+        self._forget(key, owned)
+        try:
+            async with self._writes:
+                if checkpoint != owned.lease.checkpoint:
+                    owned.lease = await self.table.checkpoint(owned.lease, checkpoint, records=owned.uncounted)
+                await self.table.release(owned.lease)
+        except LeaseLost:
+            pass
+
+    def _forget(self, key: str, owned: _Owned) -> None:
+        owned.lost = True
+        if owned.task is not None:
+            owned.task.cancel()
+        if self._owned.get(key) is owned:
+            del self._owned[key]
+        self._handed = [b for b in self._handed if b._owned is not owned]
+
+    def _lose(self, key: str, owned: _Owned) -> None:
+        log.info("group %s: %s lost %s", self.group, self.member_id, partition_id(owned.lease.ordinal))
+        self._forget(key, owned)
+
+    # --- reading one partition --------------------------------------------------------
+    async def _iterator(self, lease: Lease) -> str | None:
+        checkpoint = lease.checkpoint
+        if checkpoint == SHARD_END:
+            return None
+        if checkpoint.isdigit():
+            return await self.client.get_iterator(self.stream, lease.ordinal, "AFTER_SEQUENCE_NUMBER",
+                                                  sequence_number=checkpoint)
+        if checkpoint.startswith(AT_TIMESTAMP):
+            return await self.client.get_iterator(self.stream, lease.ordinal, "AT_TIMESTAMP",
+                                                  timestamp_ms=int(checkpoint[len(AT_TIMESTAMP):]))
+        return await self.client.get_iterator(self.stream, lease.ordinal, checkpoint)
+
+    async def _read(self, owned: _Owned) -> None:
+        pid = partition_id(owned.lease.ordinal)
+        failures = 0
+        it = None
+        try:
+            it = await self._iterator(owned.lease)
+            while it and not owned.lost:
+                try:
+                    page = await self.client.get_next_records(it, self.max_records, self.wait_ms)
+                    failures = 0
+                except errors.SmsError as e:
+                    if not e.retriable or failures >= limits.READ_STREAM_RETRIES_MAX:
+                        raise
+                    failures += 1
+                    await asyncio.sleep(min(0.05 * 2 ** failures, 2.0))
+                    continue
+                if page.records:
+                    await self._queue.put(ConsumerBatch(self.stream, pid, page.records, page.millis_behind_latest,
+                                                        owned))
+                it = page.next_iterator
+        except asyncio.CancelledError:
+            raise
+        except errors.PartitionNotFound:
+            pass                               # retention dropped it: nothing of it is left to read
+        except errors.SmsError as e:
+            log.warning("group %s: reading %s failed: %s", self.group, pid, e)
+            if not e.retriable:
+                self._fail(e)
+            return
+        if not owned.lost:
+            owned.ended = True
+            await self._queue.put(ConsumerBatch(self.stream, pid, [], 0, owned))     # the end marker
+
+
+class SyncGroupConsumer:
+    """The sync client's consumer group member: a GroupConsumer run on the client's loop."""
+
+    def __init__(self, client, consumer: GroupConsumer):
+        self._client = client
+        self._consumer = consumer
+
+    def __enter__(self) -> "SyncGroupConsumer":
+        self._client._run(self._consumer.open())
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._client._run(self._consumer.close(processed=exc_type is None))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> ConsumerBatch:
+        try:
+            return self._client._run(self._consumer.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def checkpoint(self, batch: ConsumerBatch | None = None) -> None:
+        self._client._run(self._consumer.checkpoint(batch))
+
+    def close(self) -> None:
+        self._client._run(self._consumer.close())
+
+    @property
+    def assigned(self) -> list[str]:
+        return self._consumer.assigned
+
+    @property
+    def member_id(self) -> str:
+        return self._consumer.member_id
