@@ -43,6 +43,14 @@ class RecordBatch:
         return partition_id(self.partition_ordinal)
 
     @property
+    def first_sn(self) -> int | None:
+        """The SN of the first record, or None when empty."""
+        for batch, start, end in self.slices:
+            if end > start:
+                return wire.read_header(batch).first_sn + start * seqno.COUNTER_UNIT
+        return None
+
+    @property
     def last_sn(self) -> int | None:
         """The SN of the last record, or None when empty."""
         for batch, start, end in reversed(self.slices):

@@ -212,6 +212,8 @@ SPS_BATCH_RECORDS_MAX = 10_000                 # input records of one batch
 SPS_PARTITION_REFRESH_S = 10.0                 # workers re-read the input partitions this often
 SPS_OUTPUT_RETRY_DEADLINE_S = 60.0             # a batch's outputs must be acknowledged within this
 STAGES_PER_GRAPH_MAX = 64
+SPARK_READ_WAIT_MS = 200                       # a Spark read task's long-poll for records not yet there
+SPARK_READ_STALL_S_MAX = 60.0                  # ... and how long its replica may stay behind the batch's end
 assert SPS_CHECKPOINT_INTERVAL_S_MAX * 1000 < DEDUP_WINDOW_MS_MIN
 
 # credentials (control/auth.py): keys checked on every call to a TLS node's client port
