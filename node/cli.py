@@ -9,6 +9,7 @@ exit 1; usage errors exit 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -110,6 +111,37 @@ def cmd_key(args) -> int:
         else:
             client.revoke_key(args.key_id)
             _emit(args, {"revoked": args.key_id}, f"revoked {args.key_id}")
+    return 0
+
+
+def cmd_consumer(args) -> int:
+    """Consumer groups (sms/consumer.py) and the stream's registered consumers."""
+    with _client(args) as client:
+        if args.consumer_cmd == "list":
+            groups = client.list_groups(args.stream)
+            registered = [c for c in client.get_stream_info(args.stream).consumers if c not in groups]
+            _emit(args, {"groups": groups, "registered": registered},
+                  "\n".join([f"{g}  (group)" for g in groups] + [f"{c}  (registered consumer)" for c in registered])
+                  or f"stream {args.stream} has no consumers")
+        elif args.consumer_cmd == "describe":
+            d = client.describe_group(args.stream, args.group)
+            lines = [f"group {d['group']} of {d['stream']}: {len(d['members'])} members"]
+            lines += [f"  member {m['member']}  ({m['host']} pid {m['pid']}, heartbeat {m['heartbeat_age_ms']} ms ago)"
+                      for m in d["members"]]
+            lines += [f"  {p['partition_id']}  {p['state']:<6}  owner {p['owner'] or '-':<24}  checkpoint "
+                      f"{p['checkpoint']:<40}  records {p['records']:>10,}  lag {p['lag_ms']:,} ms"
+                      for p in d["partitions"]]
+            _emit(args, d, "\n".join(lines))
+        elif args.consumer_cmd == "reset":
+            sns = dict(item.split("=", 1) for item in args.sequence_number or [])
+            to = "AT_TIMESTAMP" if args.timestamp_ms is not None else "" if sns else args.to or "TRIM_HORIZON"
+            client.reset_group(args.stream, args.group, to=to, timestamp_ms=args.timestamp_ms or 0,
+                               sequence_numbers=sns)
+            _emit(args, {"reset": args.group, "to": to or sns},
+                  f"group {args.group} reset to {to or sns}: running members resume from there")
+        else:
+            client.delete_group(args.stream, args.group)
+            _emit(args, {"deleted": args.group}, f"group {args.group} of {args.stream} deleted")
     return 0
 
 
@@ -460,6 +492,8 @@ def _print_record(args, r) -> None:
 
 def cmd_read(args) -> int:
     from sms.types import parse_partition_id
+    if args.group:
+        return _read_group(args)
     if args.partition == "all":
         return _read_lineage(args)
     with _client(args) as client:
@@ -485,6 +519,32 @@ def cmd_read(args) -> int:
                     iterators[o] = res.next_iterator
             if idle and not args.follow:
                 break
+    return 0
+
+
+def _read_group(args) -> int:
+    """As a member of a consumer group: a batch counts as processed once it is printed;
+    without --follow it stops when nothing came for a second (checkpointing on the way out)."""
+    kind = args.iterator_type.upper()
+    if args.partition != "all" or kind not in ("TRIM_HORIZON", "LATEST", "AT_TIMESTAMP"):
+        raise errors.InvalidArgument("--group reads every partition, from TRIM_HORIZON, LATEST or AT_TIMESTAMP "
+                                     "(for partitions the group has not read yet)")
+    options = {"start": kind, "wait_ms": 1000, "auto_checkpoint": args.max is None}
+    if kind == "AT_TIMESTAMP":
+        options["timestamp_ms"] = args.timestamp_ms
+    shown = 0
+    with _client(args) as client, client.consumer(args.stream, args.group, **options) as consumer:
+        while args.max is None or shown < args.max:
+            batch = consumer.poll(None if args.follow else limits.CLI_GROUP_READ_IDLE_S)
+            if batch is None:
+                break
+            taken = batch.records if args.max is None else batch.records[:args.max - shown]
+            for r in taken:
+                _print_record(args, r)
+            shown += len(taken)
+            if args.max is not None:        # (only what was shown counts as processed)
+                consumer.checkpoint(batch if len(taken) == len(batch.records)
+                                    else dataclasses.replace(batch, records=taken))
     return 0
 
 
@@ -726,6 +786,8 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument("--timestamp-ms", type=int)
     read.add_argument("--max", type=int)
     read.add_argument("--follow", action="store_true", help="keep tailing")
+    read.add_argument("--group", help="read as a member of this consumer group: from its checkpoints, sharing "
+                                      "the partitions with its other members, checkpointing what was shown")
     read.set_defaults(func=cmd_read)
 
     graph = sub.add_parser("graph", help="stream-processing stage graphs (YAML)")
@@ -785,6 +847,26 @@ def build_parser() -> argparse.ArgumentParser:
     td = tsub.add_parser("delete", parents=[common], help="delete a tenant without streams, and its keys")
     td.add_argument("name")
     tenant.set_defaults(func=cmd_tenant)
+
+    consumer = sub.add_parser("consumer", help="consumer groups: members, checkpoints, lag; move or delete a group")
+    gsub = consumer.add_subparsers(dest="consumer_cmd", required=True)
+    gl = gsub.add_parser("list", parents=[common], help="a stream's consumer groups and registered consumers")
+    gl.add_argument("stream")
+    for name, text in (("describe", "a group's members, and per partition its owner, checkpoint and lag"),
+                       ("delete", "delete a group (its checkpoints; it no longer protects unread records)")):
+        g = gsub.add_parser(name, parents=[common], help=text)
+        g.add_argument("stream")
+        g.add_argument("group")
+    gr = gsub.add_parser("reset", parents=[common], help="move a group's checkpoints (running members follow)")
+    gr.add_argument("stream")
+    gr.add_argument("group")
+    where = gr.add_mutually_exclusive_group()
+    where.add_argument("--to", choices=["TRIM_HORIZON", "LATEST"],
+                       help="the oldest record kept, or the end of each partition now (default TRIM_HORIZON)")
+    where.add_argument("--timestamp-ms", type=int, help="the first record at or after this time (ms since the epoch)")
+    where.add_argument("--sequence-number", action="append", metavar="PARTITION=SN",
+                       help="resume after this SN in this partition (repeat; partitions not named: TRIM_HORIZON)")
+    consumer.set_defaults(func=cmd_consumer)
 
     certs = sub.add_parser("certs", help="a cluster CA, and certificates for nodes and clients (TLS)")
     csub = certs.add_subparsers(dest="certs_cmd", required=True)

@@ -46,6 +46,7 @@ from sms.types import Record, partition_id
 log = logging.getLogger(__name__)
 
 AT_TIMESTAMP = "AT_TIMESTAMP:"        # a checkpoint that says: from the first record of that time (control/groups.py)
+_STOP = object()
 
 
 @dataclass(frozen=True)
@@ -156,12 +157,14 @@ class GroupConsumer:
         self._member_version = -1
         self._member_counter = 0
         self._owned: dict[str, _Owned] = {}
-        self._queue: asyncio.Queue = asyncio.Queue(maxsize=limits.CONSUMER_BATCHES_QUEUED_MAX)
+        # batches read ahead, at most CONSUMER_BATCHES_QUEUED_MAX (a reader takes a slot
+        # before it queues one); _STOP, once failed or closed, wakes a waiting __anext__
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._slots = asyncio.Semaphore(limits.CONSUMER_BATCHES_QUEUED_MAX)
         self._handed: list[ConsumerBatch] = []     # handed out, not yet marked processed (auto)
         self._wake = asyncio.Event()
         self._coordinator: asyncio.Task | None = None
         self._failure: BaseException | None = None
-        self._stopped = asyncio.Event()            # failed or closed: a waiting __anext__ returns
         self._closed = False
         self._writes = asyncio.Lock()             # lease writes: one at a time
 
@@ -189,7 +192,7 @@ class GroupConsumer:
         if self._closed:
             return
         self._closed = True
-        self._stopped.set()
+        self._queue.put_nowait(_STOP)
         if self._coordinator is not None:
             self._coordinator.cancel()
             await asyncio.gather(self._coordinator, return_exceptions=True)
@@ -218,18 +221,13 @@ class GroupConsumer:
         if self.auto_checkpoint:
             self._mark_processed()
         while True:
-            if self._failure is not None:
-                raise self._failure
-            if self._closed:
+            batch = await self._queue.get()        # (cancelled while it waits: nothing is taken)
+            if batch is _STOP:
+                self._queue.put_nowait(_STOP)      # (for every later call too)
+                if self._failure is not None:
+                    raise self._failure
                 raise StopAsyncIteration
-            getter = asyncio.ensure_future(self._queue.get())
-            stopper = asyncio.ensure_future(self._stopped.wait())
-            done, _pending = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            stopper.cancel()
-            if getter not in done:
-                getter.cancel()
-                continue
-            batch = getter.result()
+            self._slots.release()
             owned = batch._owned
             if owned.lost or owned.releasing or self._owned.get(owned.lease.key) is not owned:
                 continue                      # (its lease went or goes: another member reads it from its checkpoint)
@@ -243,7 +241,15 @@ class GroupConsumer:
 
     def _fail(self, e: BaseException) -> None:
         self._failure = e
-        self._stopped.set()
+        self._queue.put_nowait(_STOP)
+
+    async def poll(self, timeout_s: float | None = None) -> ConsumerBatch | None:
+        """The next batch, or None when none came within `timeout_s` or the consumer is
+        closed (as Kafka's poll)."""
+        try:
+            return await asyncio.wait_for(self.__anext__(), timeout_s)
+        except (TimeoutError, StopAsyncIteration):
+            return None
 
     def _mark_processed(self) -> None:
         for batch in self._handed:
@@ -256,10 +262,11 @@ class GroupConsumer:
         handed out so far, is processed."""
         if batch is not None:
             owned, last = batch._owned, int(batch.last_sequence_number)
-            done = [b for b in self._handed if b._owned is owned and int(b.last_sequence_number) <= last]
+            before = int(owned.processed or 0)
+            sns = {r.sn for b in self._handed if b._owned is owned for r in b.records} | {r.sn for r in batch.records}
+            owned.uncounted += sum(1 for sn in sns if before < sn <= last)
             owned.processed = batch.last_sequence_number
-            owned.uncounted += sum(len(b.records) for b in done)
-            self._handed = [b for b in self._handed if b not in done]
+            self._handed = [b for b in self._handed if b._owned is not owned or int(b.last_sequence_number) > last]
             targets = [owned]
         else:
             self._mark_processed()
@@ -445,8 +452,9 @@ class GroupConsumer:
                     await asyncio.sleep(min(0.05 * 2 ** failures, 2.0))
                     continue
                 if page.records:
-                    await self._queue.put(ConsumerBatch(self.stream, pid, page.records, page.millis_behind_latest,
-                                                        owned))
+                    await self._slots.acquire()
+                    self._queue.put_nowait(ConsumerBatch(self.stream, pid, page.records, page.millis_behind_latest,
+                                                         owned))
                 it = page.next_iterator
         except asyncio.CancelledError:
             raise
@@ -459,7 +467,8 @@ class GroupConsumer:
             return
         if not owned.lost:
             owned.ended = True
-            await self._queue.put(ConsumerBatch(self.stream, pid, [], 0, owned))     # the end marker
+            await self._slots.acquire()
+            self._queue.put_nowait(ConsumerBatch(self.stream, pid, [], 0, owned))     # the end marker
 
 
 class SyncGroupConsumer:
@@ -484,6 +493,9 @@ class SyncGroupConsumer:
             return self._client._run(self._consumer.__anext__())
         except StopAsyncIteration:
             raise StopIteration from None
+
+    def poll(self, timeout_s: float | None = None) -> ConsumerBatch | None:
+        return self._client._run(self._consumer.poll(timeout_s))
 
     def checkpoint(self, batch: ConsumerBatch | None = None) -> None:
         self._client._run(self._consumer.checkpoint(batch))

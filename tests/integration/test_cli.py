@@ -199,6 +199,22 @@ def test_up_is_secure_by_default_and_keys_have_roles(up_factory):
     assert json.loads(ok(sms_cmd(d, "stream", "list", "--json", "--token", acme))) == ["s"]
     assert "acme's" in ok(sms_cmd(d, "read", "s", "--token", acme))
     assert "acme's" not in ok(sms_cmd(d, "read", "s"))                                 # the default tenant's "s"
+    # a consumer group: it reads from its checkpoint; --max checkpoints only what it showed
+    for i in range(3):
+        ok(sms_cmd(d, "put", "s", f"g{i}", "--key", f"k{i}"))
+    first = ok(sms_cmd(d, "read", "s", "--group", "g", "--max", "2"))
+    rest = ok(sms_cmd(d, "read", "s", "--group", "g"))
+    assert first.count("\n") == 2 and (first + rest).count("\n") == 4 and "g2" in rest    # x (put before), g0..g2
+    assert ok(sms_cmd(d, "read", "s", "--group", "g")) == ""
+    groups = json.loads(ok(sms_cmd(d, "consumer", "list", "s", "--json")))
+    assert groups["groups"] == ["g"]
+    described = json.loads(ok(sms_cmd(d, "consumer", "describe", "s", "g", "--json")))
+    assert described["partitions"][0]["records"] == 4 and described["members"] == []
+    ok(sms_cmd(d, "consumer", "reset", "s", "g", "--to", "TRIM_HORIZON"))
+    assert ok(sms_cmd(d, "read", "s", "--group", "g")).count("\n") == 4
+    ok(sms_cmd(d, "consumer", "delete", "s", "g"))
+    missing = sms_cmd(d, "consumer", "describe", "s", "g")
+    assert missing.returncode == 1 and "GroupNotFound" in missing.stderr, missing
 
 
 @pytest.mark.slow
