@@ -508,7 +508,8 @@ def cmd_read(args) -> int:
                                                                                  args.max - shown)
                 if want <= 0:
                     break
-                res = client.get_next_records(it, max_records=want, wait_ms=200 if args.follow else 0)
+                res = client.get_next_records(it, max_records=want, wait_ms=200 if args.follow else 0,
+                                              skip_trimmed=args.skip_trimmed)
                 for r in res.records:
                     _print_record(args, r)
                 shown += len(res.records)
@@ -529,7 +530,7 @@ def _read_group(args) -> int:
     if args.partition != "all" or kind not in ("TRIM_HORIZON", "LATEST", "AT_TIMESTAMP"):
         raise errors.InvalidArgument("--group reads every partition, from TRIM_HORIZON, LATEST or AT_TIMESTAMP "
                                      "(for partitions the group has not read yet)")
-    options = {"start": kind, "wait_ms": 1000, "auto_checkpoint": args.max is None}
+    options = {"start": kind, "wait_ms": 1000, "auto_checkpoint": args.max is None, "skip_trimmed": args.skip_trimmed}
     if kind == "AT_TIMESTAMP":
         options["timestamp_ms"] = args.timestamp_ms
     shown = 0
@@ -551,7 +552,7 @@ def _read_group(args) -> int:
 def _read_lineage(args) -> int:
     """Every partition of the stream, walking its lineage (parents before children)."""
     kind = args.iterator_type.upper()
-    kwargs: dict = {"follow": args.follow}
+    kwargs: dict = {"follow": args.follow, "skip_trimmed": args.skip_trimmed}
     skip_sn = None
     if kind in ("AT_SEQUENCE_NUMBER", "AFTER_SEQUENCE_NUMBER"):
         if not args.sequence_number:
@@ -786,6 +787,9 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument("--timestamp-ms", type=int)
     read.add_argument("--max", type=int)
     read.add_argument("--follow", action="store_true", help="keep tailing")
+    read.add_argument("--skip-trimmed", action="store_true",
+                      help="records deleted (retention, a trim) before they were read: go on from the oldest left "
+                           "instead of failing with RecordsTrimmed")
     read.add_argument("--group", help="read as a member of this consumer group: from its checkpoints, sharing "
                                       "the partitions with its other members, checkpointing what was shown")
     read.set_defaults(func=cmd_read)

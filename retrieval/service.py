@@ -16,7 +16,8 @@ from typing import NamedTuple
 from metastore.tenants import TenantShares, wait_out
 from metastore.view import ClusterView
 from sms import limits, seqno
-from sms.errors import InvalidArgument, InvalidIteratorType, InvalidSequenceNumber, PartitionNotFound, RecordNotFound
+from sms.errors import (InvalidArgument, InvalidIteratorType, InvalidSequenceNumber, PartitionNotFound, RecordNotFound,
+                        RecordsTrimmed)
 from sms.metadata import chain_id, tenant_of
 from sms.ports import ReplicaReads
 from sms.ratelimit import TokenBucket
@@ -32,6 +33,30 @@ def _charge(buckets: list[TokenBucket], slices) -> None:
         size, now = sum(len(s.batch) for s in slices), time.monotonic()
         for bucket in buckets:
             bucket.charge(size, now)
+
+
+def expected_counter(pos: Position) -> int | None:
+    """The per-partition counter the next record at `pos` must carry (the head gives each
+    record the next one), when the position says: an iterator after a record (its SN + 1)
+    or at one (its SN). None for a position that names no record (TRIM_HORIZON, a time)."""
+    sn = pos.position_sn
+    if sn and seqno.ordinal_of(sn) == pos.ordinal and seqno.counter_of(sn):
+        return seqno.counter_of(sn)
+    if sn > 1 and seqno.ordinal_of(sn - 1) == pos.ordinal and seqno.counter_of(sn - 1):
+        return seqno.counter_of(sn - 1) + 1
+    return None
+
+
+def _check_nothing_trimmed(pos: Position, first_sn: int) -> None:
+    """RecordsTrimmed when the first record left after `pos` is not the one that came
+    next: the ones between were deleted before this reader read them."""
+    expected = expected_counter(pos)
+    if expected is not None and seqno.counter_of(first_sn) > expected:
+        missing = seqno.counter_of(first_sn) - expected
+        raise RecordsTrimmed(f"{pos.stream} p{pos.ordinal:04d}: {missing} records after this reader's position were "
+                             f"deleted (retention or a trim) before it read them; the oldest left is {first_sn}. "
+                             "Read from TRIM_HORIZON, or pass skip_trimmed=True to go on from there",
+                             missing=missing, oldest_sn=str(first_sn))
 
 
 class _Page(NamedTuple):
@@ -111,7 +136,8 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             position = sn if kind is IteratorType.AT_SEQUENCE_NUMBER else sn + 1
         return sms_pb2.GetIteratorResponse(iterator=self.tokens.encode(Position(request.stream, ordinal, position)))
 
-    async def _page(self, pos: Position, max_records: int, wait_s: float, include_trimmed: bool = False) -> _Page:
+    async def _page(self, pos: Position, max_records: int, wait_s: float, include_trimmed: bool = False,
+                    skip_trimmed: bool = False) -> _Page:
         """The committed records at and after `pos` (waiting up to `wait_s` for one), where
         the next page starts, and, for a closed partition read to its end, its children."""
         if not 1 <= max_records <= limits.GET_RECORDS_COUNT_MAX:
@@ -131,6 +157,8 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
         committed = replica.committed_sn if ending is None else min(replica.committed_sn, ending)
         slices = replica.read(position, committed, max_records, limits.GET_RECORDS_BYTES_MAX)
+        if slices and position > pos.position_sn and not skip_trimmed:
+            _check_nothing_trimmed(pos, slices[0].sn_at(slices[0].start))
         if slices:
             last = slices[-1]
             next_position = last.sn_at(last.end - 1) + 1
@@ -149,7 +177,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
     async def GetNextRecords(self, request, context):
         pos = self.tokens.decode(request.iterator)
         wait_s = min(request.wait_ms, limits.GET_RECORDS_WAIT_MS_MAX) / 1000
-        page = await self._page(pos, request.max_records, wait_s, request.include_trimmed)
+        page = await self._page(pos, request.max_records, wait_s, request.include_trimmed, request.skip_trimmed)
         return sms_pb2.GetNextRecordsResponse(
             slices=page.slices, next_iterator="" if page.next is None else self.tokens.encode(page.next),
             millis_behind_latest=page.behind_ms, child_partitions=page.children)
@@ -165,7 +193,8 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         ends_at = time.monotonic() + limits.SUBSCRIBE_SESSION_S
         quiet_since = time.monotonic()
         while time.monotonic() < ends_at:
-            page = await self._page(pos, request.max_records, limits.SUBSCRIBE_HEARTBEAT_S)
+            page = await self._page(pos, request.max_records, limits.SUBSCRIBE_HEARTBEAT_S,
+                                    skip_trimmed=request.skip_trimmed)
             if page.slices or page.next is None or time.monotonic() - quiet_since >= limits.SUBSCRIBE_HEARTBEAT_S:
                 yield sms_pb2.SubscribeEvent(
                     slices=page.slices, continuation="" if page.next is None else self.tokens.encode(page.next),

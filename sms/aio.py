@@ -347,7 +347,7 @@ class Client:
         """A member of the consumer group `group` of `stream`: `async with` it and iterate
         for ConsumerBatch-es. Options: member_id, start (TRIM_HORIZON, LATEST or
         AT_TIMESTAMP with timestamp_ms) for partitions the group has not read yet,
-        auto_checkpoint (True), failover_s, max_records, wait_ms."""
+        auto_checkpoint (True), failover_s, max_records, wait_ms, skip_trimmed (False)."""
         return GroupConsumer(self, stream, group, **options)
 
     async def list_groups(self, stream: str) -> list[str]:
@@ -560,7 +560,8 @@ class Client:
 
     async def subscribe(self, stream: str, partition_id: str | int, iterator_type: str | IteratorType = "LATEST", *,
                         sequence_number: str | int | None = None, timestamp_ms: int | None = None,
-                        max_records: int = limits.SUBSCRIBE_RECORDS_MAX_DEFAULT, iterator: str | None = None):
+                        max_records: int = limits.SUBSCRIBE_RECORDS_MAX_DEFAULT, iterator: str | None = None,
+                        skip_trimmed: bool = False):
         """Push reads of one partition (Kinesis's SubscribeToShard): an async iterator of
         pages (`GetRecordsResult`) as records commit, from the position the iterator type
         names. A quiet partition sends an empty page every SUBSCRIBE_HEARTBEAT_S. The
@@ -568,19 +569,21 @@ class Client:
         it ends after the page that reads a closed partition to its end (that page names
         the children and has no next iterator). Reading slowly slows the sender: pages wait
         in HTTP/2 flow control, not in an unbounded buffer. `iterator`: start where an
-        iterator from get_iterator (or a page's next_iterator) points, instead."""
+        iterator from get_iterator (or a page's next_iterator) points, instead.
+        `skip_trimmed`: as get_next_records."""
         it = iterator or await self.get_iterator(stream, partition_id, iterator_type, sequence_number=sequence_number,
                                                  timestamp_ms=timestamp_ms)
-        async for page in self._subscription(it, max_records):
+        async for page in self._subscription(it, max_records, skip_trimmed):
             yield page
 
-    async def _subscription(self, iterator: str, max_records: int):
+    async def _subscription(self, iterator: str, max_records: int, skip_trimmed: bool = False):
         pos = self._position(iterator)
         failures = 0
         while True:
             address = await self._read_address(pos.stream, pos.ordinal, refresh=failures > 0)
             call = sms_pb2_grpc.RetrievalStub(self._channel(address)).Subscribe(
-                sms_pb2.SubscribeRequest(iterator=iterator, max_records=max_records), metadata=self._metadata)
+                sms_pb2.SubscribeRequest(iterator=iterator, max_records=max_records, skip_trimmed=skip_trimmed),
+                metadata=self._metadata)
             try:
                 async for event in call:
                     failures = 0
@@ -611,26 +614,30 @@ class Client:
         resp = await self._read_call(stream, ordinal, "GetIterator", req)
         return resp.iterator
 
-    async def get_next_records(self, iterator: str, max_records: int = 1000, wait_ms: int = 0) -> GetRecordsResult:
+    async def get_next_records(self, iterator: str, max_records: int = 1000, wait_ms: int = 0, *,
+                               skip_trimmed: bool = False) -> GetRecordsResult:
         """The next records after the iterator's position (long-polling up to `wait_ms`
         for new ones), the next iterator, and, at the end of a closed partition, its
-        children and no next iterator."""
-        pos, resp = await self._get_next(iterator, max_records, wait_ms)
+        children and no next iterator. Records after the position that retention or a
+        trim deleted before this read are RecordsTrimmed, never skipped in silence;
+        `skip_trimmed=True` goes on from the oldest record left."""
+        pos, resp = await self._get_next(iterator, max_records, wait_ms, skip_trimmed)
         return _page(pos.ordinal, resp.slices, resp.next_iterator, resp.millis_behind_latest, resp.child_partitions)
 
     async def get_next_record_batch(self, iterator: str, max_records: int = 1000,
-                                    wait_ms: int = 0) -> GetRecordBatchResult:
+                                    wait_ms: int = 0, *, skip_trimmed: bool = False) -> GetRecordBatchResult:
         """get_next_records as columns: the page's records as one `RecordBatch`
         (`to_arrow()`, `records()`), decoded without an object per record."""
-        pos, resp = await self._get_next(iterator, max_records, wait_ms)
+        pos, resp = await self._get_next(iterator, max_records, wait_ms, skip_trimmed)
         return GetRecordBatchResult(batch=RecordBatch(pos.ordinal, [(s.batch, s.start, s.end) for s in resp.slices]),
                                     next_iterator=resp.next_iterator or None,
                                     millis_behind_latest=resp.millis_behind_latest,
                                     child_partitions=tuple(resp.child_partitions))
 
-    async def _get_next(self, iterator: str, max_records: int, wait_ms: int):
+    async def _get_next(self, iterator: str, max_records: int, wait_ms: int, skip_trimmed: bool = False):
         pos = self._position(iterator)
-        req = sms_pb2.GetNextRecordsRequest(iterator=iterator, max_records=max_records, wait_ms=wait_ms)
+        req = sms_pb2.GetNextRecordsRequest(iterator=iterator, max_records=max_records, wait_ms=wait_ms,
+                                            skip_trimmed=skip_trimmed)
         timeout_s = self.timeout_s + wait_ms / 1000
         try:
             resp = await self._read_call(pos.stream, pos.ordinal, "GetNextRecords", req, timeout_s)
@@ -647,7 +654,7 @@ class Client:
 
     async def read_stream(self, stream: str, *, start: str = "TRIM_HORIZON", timestamp_ms: int | None = None,
                           sequence_number: int | str | None = None, follow: bool = False,
-                          max_records: int = 1000, wait_ms: int = 1000):
+                          max_records: int = 1000, wait_ms: int = 1000, skip_trimmed: bool = False):
         """Every record of the stream once, walking its lineage: a partition's records come
         only after all of its parents' (so per key, in SN order across splits and merges).
 
@@ -656,7 +663,9 @@ class Client:
         from that record, the others from its time). Without `follow` it ends once every
         partition is read to its current end; with it, it tails for ever, each partition
         by a subscription (`subscribe`: records pushed as they commit; `wait_ms` is no
-        longer used and stays for callers that pass it). An async iterator of `Record`."""
+        longer used and stays for callers that pass it). An async iterator of `Record`.
+        Records deleted (retention, a trim) while the read was behind them raise
+        RecordsTrimmed; `skip_trimmed=True` goes on from the oldest left."""
         info = await self.get_stream_info(stream)
         by = {p.ordinal: p for p in info.partitions}
         starts: dict[int, tuple[str, dict]] = {}
@@ -685,13 +694,13 @@ class Client:
             failures = 0
             try:
                 it = await self.get_iterator(stream, ordinal, kind, **kw)
-                pages = self._subscription(it, max_records) if follow and it else None
+                pages = self._subscription(it, max_records, skip_trimmed) if follow and it else None
                 while it:
                     try:
                         if pages is not None:       # follow: records pushed as they commit
                             page = await anext(pages)
                         else:
-                            page = await self.get_next_records(it, max_records, 0)
+                            page = await self.get_next_records(it, max_records, 0, skip_trimmed=skip_trimmed)
                         failures = 0
                     except errors.PartitionNotFound:
                         # retention dropped it while we read: nothing of it is left to read
@@ -711,7 +720,7 @@ class Client:
                                                          sequence_number=last_sn)
                         if pages is not None:
                             await pages.aclose()
-                            pages = self._subscription(it, max_records)
+                            pages = self._subscription(it, max_records, skip_trimmed)
                         continue
                     if page.records:
                         last_sn = page.records[-1].sn

@@ -103,11 +103,11 @@ class Client:
         return self._run(self._aio.get_iterator(stream, partition_id, iterator_type,
                                                 sequence_number=sequence_number, timestamp_ms=timestamp_ms))
 
-    def get_next_records(self, iterator, max_records=1000, wait_ms=0):
-        return self._run(self._aio.get_next_records(iterator, max_records, wait_ms))
+    def get_next_records(self, iterator, max_records=1000, wait_ms=0, *, skip_trimmed=False):
+        return self._run(self._aio.get_next_records(iterator, max_records, wait_ms, skip_trimmed=skip_trimmed))
 
-    def get_next_record_batch(self, iterator, max_records=1000, wait_ms=0):
-        return self._run(self._aio.get_next_record_batch(iterator, max_records, wait_ms))
+    def get_next_record_batch(self, iterator, max_records=1000, wait_ms=0, *, skip_trimmed=False):
+        return self._run(self._aio.get_next_record_batch(iterator, max_records, wait_ms, skip_trimmed=skip_trimmed))
 
     def get_record(self, stream, sequence_number):
         return self._run(self._aio.get_record(stream, sequence_number))

@@ -22,7 +22,9 @@ the `async with`) checkpoints what it processed and releases its leases: the oth
 take them at their next round. One that dies loses them after `failover_s`.
 
 The group is a registered consumer of its stream: a stream that protects unread records
-keeps what the group has not checkpointed. A member that loses a lease (a peer took it
+keeps what the group has not checkpointed. Records deleted before the group read them
+(retention, a trim) end the iteration with RecordsTrimmed, unless the member was made with
+`skip_trimmed=True` (it then goes on from the oldest record left). A member that loses a lease (a peer took it
 after this member stalled, or `sms consumer reset` moved the group) stops reading that
 partition at once and drops the batches of it not yet handed out.
 """
@@ -132,7 +134,7 @@ class GroupConsumer:
     def __init__(self, client, stream: str, group: str, *, member_id: str | None = None, start: str = TRIM_HORIZON,
                  timestamp_ms: int | None = None, auto_checkpoint: bool = True,
                  failover_s: float = limits.CONSUMER_FAILOVER_S_DEFAULT, max_records: int = 1000,
-                 wait_ms: int = 1000):
+                 wait_ms: int = 1000, skip_trimmed: bool = False):
         if start not in (TRIM_HORIZON, LATEST, "AT_TIMESTAMP"):
             raise errors.InvalidArgument(f"start {start!r}; expected TRIM_HORIZON, LATEST or AT_TIMESTAMP")
         if (start == "AT_TIMESTAMP") != (timestamp_ms is not None):
@@ -150,6 +152,7 @@ class GroupConsumer:
         self.failover_s = failover_s
         self.max_records = max_records
         self.wait_ms = wait_ms
+        self.skip_trimmed = skip_trimmed          # else records trimmed before the group read them fail it
         self.table = LeaseTable(GroupLeases(client, stream, group), f"group {group}")
         self._members = GroupLeases(client, stream, group, member=True)
         self._clock = ExpiryClock(failover_s)
@@ -443,8 +446,11 @@ class GroupConsumer:
             it = await self._iterator(owned.lease)
             while it and not owned.lost:
                 try:
-                    page = await self.client.get_next_records(it, self.max_records, self.wait_ms)
+                    page = await self.client.get_next_records(it, self.max_records, self.wait_ms,
+                                                              skip_trimmed=self.skip_trimmed)
                     failures = 0
+                except errors.RecordsTrimmed:
+                    raise
                 except errors.SmsError as e:
                     if not e.retriable or failures >= limits.READ_STREAM_RETRIES_MAX:
                         raise
@@ -463,7 +469,7 @@ class GroupConsumer:
         except errors.SmsError as e:
             log.warning("group %s: reading %s failed: %s", self.group, pid, e)
             if not e.retriable:
-                self._fail(e)
+                self._fail(e)              # (RecordsTrimmed without skip_trimmed: the caller hears)
             return
         if not owned.lost:
             owned.ended = True

@@ -249,6 +249,13 @@ class StorageFull(Throttled):
     nothing of it was acknowledged. Retriable: writes go on once space returns."""
 
 
+class RecordsTrimmed(SmsError):
+    """Records after the reader's position were deleted (retention or a trim) before it
+    read them: reading on would skip them silently. Read from TRIM_HORIZON, or ask to go
+    on from the oldest record left (`skip_trimmed=True`)."""
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+
 class LimitExceeded(SmsError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 

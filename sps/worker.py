@@ -74,6 +74,7 @@ class Worker:
         self.outputs: dict[str, OutputWriter] = {}
         self.processed = 0
         self.lost = 0
+        self.trimmed_skips = 0          # reads that found records trimmed before they were processed
 
     # --- the round ----------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -274,9 +275,16 @@ class Worker:
         want = self.stage.checkpoint_records if replay_end is None else limits.SPS_BATCH_RECORDS_MAX
         while len(batch) < want:
             left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
-            page = await self.client.get_next_records(
-                iterator, max_records=min(want - len(batch), limits.GET_RECORDS_COUNT_MAX),
-                wait_ms=min(left_ms, 1000) if not batch or replay_end is not None else 0)
+            kw = {"max_records": min(want - len(batch), limits.GET_RECORDS_COUNT_MAX),
+                  "wait_ms": min(left_ms, 1000) if not batch or replay_end is not None else 0}
+            try:
+                page = await self.client.get_next_records(iterator, **kw)
+            except errors.RecordsTrimmed as e:
+                # (a stage fallen behind retention goes on from the oldest record left, and
+                # says so: failing the partition would only make it be claimed again and again)
+                self.trimmed_skips += 1
+                log.warning("%s: %s p%04d: %s; going on from there", self.worker_id, stream, ordinal, e.message)
+                page = await self.client.get_next_records(iterator, **kw, skip_trimmed=True)
             records = page.records
             if replay_end is not None and records and records[-1].sn >= replay_end:
                 batch.extend(r for r in records if r.sn <= replay_end)

@@ -276,3 +276,23 @@ def test_bad_group_writes_are_named_and_change_nothing(cluster, client, unique_s
         client.list_groups("no-such-stream")
     with pytest.raises(errors.InvalidArgument):
         client.consumer(unique_stream, "g", start="EARLIEST")
+
+
+def test_a_group_behind_a_trim_is_told_not_skipped(client, unique_stream):
+    """Records deleted before the group read them end its iteration with RecordsTrimmed;
+    a member made with skip_trimmed=True goes on from the oldest left (issue 16 item 7)."""
+    client.create_stream(unique_stream, partitions=1, replication_factor=1, ingestion_policy="at_least_once_dup_permitted")
+    first = _put(client, unique_stream, 10)
+    with client.consumer(unique_stream, "late", failover_s=FAILOVER_S, wait_ms=200) as c:
+        assert len(_datas(_drain(c, 10))) == 10
+    more = [client.put_record(unique_stream, f"m{i}".encode(), "k").sequence_number for i in range(5)]
+    client.trim_stream(unique_stream, before_sn=more[3])                # m0..m2 go unread
+    it = client.get_iterator(unique_stream, 0, "TRIM_HORIZON")
+    wait_until(lambda: client.get_next_records(it).records[0].sequence_number == more[3], DEADLINE_S,
+               "the trim applied")
+    with pytest.raises(errors.RecordsTrimmed, match="3 records"):
+        with client.consumer(unique_stream, "late", failover_s=FAILOVER_S, wait_ms=200) as c:
+            _drain(c, 2)
+    with client.consumer(unique_stream, "late", failover_s=FAILOVER_S, wait_ms=200, skip_trimmed=True) as c:
+        assert _datas(_drain(c, 2)) == [b"m3", b"m4"]
+    assert len(first) == 10

@@ -220,7 +220,19 @@ def test_trim_before_sn_deletes_its_partition_on_every_replica(client, unique_st
                + describe_replicas(client, unique_stream, 0))
     # batch b stays stored (some of its records are above the cut), but reads start at the cut
     assert_every_replica_serves(client, unique_stream, 0, b[2:] + c)
+    # a reader at or after a trimmed record is told, never skipped past it in silence
+    # (issue 16 item 7): it asks to go on from the oldest left, or reads from TRIM_HORIZON
     it = client.get_iterator(unique_stream, 0, "AT_SEQUENCE_NUMBER", sequence_number=b[0])
+    with pytest.raises(errors.RecordsTrimmed, match="2 records") as e:
+        client.get_next_records(it)
+    assert e.value.name == "RecordsTrimmed"
+    assert [r.sn for r in client.get_next_records(it, skip_trimmed=True).records] == b[2:] + c
+    with pytest.raises(errors.RecordsTrimmed):
+        list(client.read_stream(unique_stream, sequence_number=a[-1]))
+    # ... but one whose next record is the oldest left lost nothing
+    it = client.get_iterator(unique_stream, 0, "AFTER_SEQUENCE_NUMBER", sequence_number=b[1])
+    assert [r.sn for r in client.get_next_records(it).records] == b[2:] + c
+    it = client.get_iterator(unique_stream, 0, "TRIM_HORIZON")
     assert [r.sn for r in client.get_next_records(it).records] == b[2:] + c
     # the other partition keeps everything
     assert all_replicas(client, unique_stream, 1, lambda s: int(s.first_sn) == other[0] and s.records == len(other))
