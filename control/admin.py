@@ -121,10 +121,13 @@ async def record_consumer(store: MetaStore, stream: str, consumer: str, checkpoi
         except NoNodeError:
             pass
         return
+    # (commits: a Create there makes no parents, so a stream deleted meanwhile stays deleted)
     try:
-        await store.create(metadata.consumers_path(stream))
+        await store.commit([Create(metadata.consumers_path(stream))])
     except NodeExistsError:
         pass
+    except NoNodeError:
+        raise StreamNotFound(f"stream {stream!r} does not exist") from None
     for _ in range(limits.CLIENT_REDIRECT_RETRIES_MAX):
         entry = await store.get(path)
         if entry is None:
@@ -132,10 +135,13 @@ async def record_consumer(store: MetaStore, stream: str, consumer: str, checkpoi
                 raise LimitExceeded(f"stream {stream!r} has {limits.CONSUMERS_PER_STREAM_MAX} registered "
                                     "consumers; remove one first")
             try:
-                await store.create(path, ConsumerRecord(consumer, tuple(sorted(checkpoints.items()))).to_bytes())
+                await store.commit([Create(path, ConsumerRecord(consumer, tuple(sorted(checkpoints.items())))
+                                           .to_bytes())])
                 return
             except NodeExistsError:
                 continue
+            except NoNodeError:
+                raise StreamNotFound(f"stream {stream!r} does not exist") from None
         merged = {} if replace_all else dict(ConsumerRecord.from_bytes(entry.value).checkpoints)
         merged.update(checkpoints)
         try:

@@ -24,13 +24,13 @@ import json
 import re
 
 from control.admin import record_consumer
-from metastore import BadVersionError, MetaStore, NodeExistsError, NoNodeError
+from metastore import BadVersionError, Create, MetaStore, NodeExistsError, NoNodeError, Set
 from metastore.view import ClusterView, bounded
 from sms import limits, metadata, seqno
-from sms.errors import GroupNotFound, InvalidArgument, LeaseLost, LimitExceeded, Unavailable
+from sms.errors import GroupNotFound, InvalidArgument, LeaseLost, LimitExceeded, StreamNotFound, Unavailable
 from sms.leases import LATEST, SHARD_END, TRIM_HORIZON, Lease
 from sms.metadata import ConsumerRecord
-from sms.types import PartitionState, parse_partition_id
+from sms.types import PartitionState, StreamStatus, parse_partition_id
 
 _GROUP = re.compile(r"[A-Za-z0-9_.-]{1,%d}" % limits.STREAM_NAME_CHARS_MAX)
 _MEMBER = re.compile(r"[A-Za-z0-9_.:@-]{1,%d}" % limits.GROUP_MEMBER_CHARS_MAX)
@@ -50,7 +50,7 @@ def _dir(stream: str, group: str, member: bool) -> str:
 
 
 def validate_group(group: str) -> str:
-    if not isinstance(group, str) or not _GROUP.fullmatch(group):
+    if not isinstance(group, str) or not _GROUP.fullmatch(group) or group in (".", ".."):
         raise InvalidArgument(f"group name {str(group)[:80]!r}; expected [A-Za-z0-9_.-]{{1,"
                               f"{limits.STREAM_NAME_CHARS_MAX}}}")
     return group
@@ -84,13 +84,25 @@ def _validate_entry(member: bool, key: str, value: bytes, delete: bool) -> Lease
         return None
     try:
         lease = Lease.from_bytes(value, -1)
+        kinds = ((lease.stream, str), (lease.owner, str), (lease.checkpoint, str), (lease.pending_end, str),
+                 (lease.ordinal, int), (lease.counter, int), (lease.heartbeat_ms, int), (lease.records, int),
+                 (lease.rate, (int, float)))
+        if not all(isinstance(v, t) and not isinstance(v, bool) for v, t in kinds) \
+                or not all(isinstance(p, int) and not isinstance(p, bool) for p in lease.parents):
+            raise TypeError("a field of the wrong type")
     except (ValueError, KeyError, TypeError) as e:
         raise InvalidArgument(f"lease {key}: not a lease ({type(e).__name__}: {e})") from None
     if lease.ordinal != int(key):
         raise InvalidArgument(f"lease {key} names partition {lease.ordinal}")
-    if not (lease.checkpoint in (TRIM_HORIZON, LATEST, SHARD_END) or lease.checkpoint.isdigit()
-            or lease.checkpoint.startswith(AT_TIMESTAMP)):
-        raise InvalidArgument(f"lease {key}: checkpoint {lease.checkpoint[:60]!r}; expected an SN, "
+    checkpoint = lease.checkpoint
+    if checkpoint.isdigit():
+        if len(checkpoint) > seqno.SN_DIGITS_MAX or seqno.ordinal_of(int(checkpoint)) != lease.ordinal:
+            raise InvalidArgument(f"lease {key}: checkpoint {checkpoint[:60]} is not an SN of partition {key}")
+    elif checkpoint.startswith(AT_TIMESTAMP):
+        if not checkpoint[len(AT_TIMESTAMP):].isdigit():
+            raise InvalidArgument(f"lease {key}: checkpoint {checkpoint[:60]!r}; expected {AT_TIMESTAMP}<ms>")
+    elif checkpoint not in (TRIM_HORIZON, LATEST, SHARD_END):
+        raise InvalidArgument(f"lease {key}: checkpoint {checkpoint[:60]!r}; expected an SN, "
                               f"{TRIM_HORIZON}, {LATEST} or {SHARD_END}")
     return lease
 
@@ -101,14 +113,25 @@ class Groups:
         self.view = view
 
     async def _stream(self, stream: str):
-        return await bounded(self.view.stream(stream), f"consumer group of {stream[:64]!r}")
+        view = await bounded(self.view.stream(stream), f"consumer group of {stream[:64]!r}")
+        if view.config.status is StreamStatus.DELETING:
+            raise StreamNotFound(f"stream {stream!r} is being deleted")
+        return view
+
+    async def _create(self, path: str, value: bytes = b"", exist_ok: bool = False) -> None:
+        """Create an entry whose parent must exist (a commit's Create makes none): a stream
+        deleted meanwhile is not brought back by a group write."""
+        try:
+            await self.store.commit([Create(path, value)])
+        except NodeExistsError:
+            if not exist_ok:
+                raise
+        except NoNodeError:
+            raise StreamNotFound(f"no such stream or group any more ({path.rsplit('/', 2)[0][:80]})") from None
 
     async def _ensure_dirs(self, stream: str, group: str) -> None:
         if await self.store.get(group_path(stream, group)) is None:
-            try:
-                await self.store.create(groups_path(stream))
-            except NodeExistsError:
-                pass
+            await self._create(groups_path(stream), exist_ok=True)
             if len(await self.store.children(groups_path(stream))) >= limits.GROUPS_PER_STREAM_MAX:
                 raise LimitExceeded(f"stream {stream!r} has {limits.GROUPS_PER_STREAM_MAX} consumer groups; "
                                     "delete one first")
@@ -117,10 +140,7 @@ class Groups:
             await record_consumer(self.store, stream, group, {})
             self.view.invalidate()
         for path in (group_path(stream, group), _dir(stream, group, False), _dir(stream, group, True)):
-            try:
-                await self.store.create(path)
-            except NodeExistsError:
-                pass
+            await self._create(path, exist_ok=True)
 
     async def _entries(self, path: str) -> list[tuple[str, bytes, int]]:
         try:
@@ -161,22 +181,51 @@ class Groups:
             if member and len(await self.store.children(_dir(stream, group, True))) >= limits.GROUP_MEMBERS_MAX:
                 raise LimitExceeded(f"group {group!r} has {limits.GROUP_MEMBERS_MAX} members")
             try:
-                new_version = await self.store.create(path, value)
+                await self._create(path, value)
             except NodeExistsError:
                 raise LeaseLost(f"group {group!r}: {key} exists") from None
-            old = None
+            new_version, old = 0, None
         else:
             entry = await self.store.get(path)
             old = Lease.from_bytes(entry.value, entry.version) if entry is not None and lease is not None else None
+            sn = checkpoint_sn(lease.checkpoint) if lease is not None else None
+            if old is not None and sn is not None and old.checkpoint != lease.checkpoint:
+                # the lease and the group's consumer entry in one commit: a reset between
+                # them cannot leave the entry ahead of the lease (retention would trim what
+                # the reset asked to read again)
+                return await self._checkpoint(stream, group, path, value, version, lease.ordinal, sn)
             try:
                 new_version = await self.store.set(path, value, version)
             except (BadVersionError, NoNodeError):
                 raise LeaseLost(f"group {group!r}: {key} changed under the writer") from None
-        if lease is not None and (old is None or old.checkpoint != lease.checkpoint):
+        if lease is not None and old is None:
             sn = checkpoint_sn(lease.checkpoint)
             if sn is not None:
                 await record_consumer(self.store, stream, group, {lease.ordinal: sn})
         return new_version
+
+    async def _checkpoint(self, stream: str, group: str, path: str, value: bytes, version: int, ordinal: int,
+                          sn: int) -> int:
+        consumer = metadata.consumer_path(stream, group)
+        for _ in range(limits.CLIENT_REDIRECT_RETRIES_MAX):
+            entry = await self.store.get(consumer)
+            if entry is None:                 # (registered by hand and removed: register it again)
+                await record_consumer(self.store, stream, group, {})
+                continue
+            record = ConsumerRecord.from_bytes(entry.value)
+            merged = dict(record.checkpoints)
+            merged[ordinal] = sn
+            try:
+                versions = await self.store.commit([
+                    Set(path, value, version),
+                    Set(consumer, ConsumerRecord(group, tuple(sorted(merged.items()))).to_bytes(), entry.version)])
+                return versions[0]
+            except (BadVersionError, NoNodeError):
+                lease = await self.store.get(path)
+                if lease is None or lease.version != version:
+                    raise LeaseLost(f"group {group!r}: lease {ordinal} changed under the writer") from None
+                continue                      # (the consumer entry changed: merge again)
+        raise Unavailable(f"group {group!r}: its consumer entry changes too often; retry")
 
     async def list(self, stream: str) -> list[str]:
         await self._stream(stream)
@@ -190,7 +239,8 @@ class Groups:
         """Move every lease of the group (one per partition of the stream's map) to a new
         position, free: a member holding one loses it at its next write (LeaseLost) and
         claims it again from there. `position`: TRIM_HORIZON, LATEST (a closed partition
-        at its end, an open one where its reader starts) or AT_TIMESTAMP; per-partition
+        at its end; an open one after the SN the client names for it, from its start if
+        it names none: it was empty) or AT_TIMESTAMP; per-partition
         SNs (`sequence_numbers`, partition id -> the SN to resume after) override it for
         the partitions they name (with no position, the others start at TRIM_HORIZON)."""
         validate_group(group)
@@ -217,14 +267,16 @@ class Groups:
             checkpoint = by_partition.get(e.ordinal, start)
             if checkpoint == LATEST and e.state is not PartitionState.OPEN:
                 checkpoint = SHARD_END           # (nothing after its end: its children go on)
-            elif checkpoint == LATEST and by_partition:
-                checkpoint = TRIM_HORIZON        # (the client named the open partitions with records: this was empty)
+            elif checkpoint == LATEST:
+                # (sms/aio.py reset_group names each open partition's last SN: one it did
+                # not name was empty then, and everything written since is to be read)
+                checkpoint = TRIM_HORIZON
             if checkpoint.startswith(AT_TIMESTAMP) and e.state is not PartitionState.OPEN \
                     and (e.valid_to_ms or 0) <= timestamp_ms:
                 checkpoint = SHARD_END
-            sn = checkpoint_sn(checkpoint)
-            if sn is not None:
-                consumer[e.ordinal] = sn
+            # every partition named: 0 (nothing read) keeps all of it, where a checkpoint in a
+            # child alone would let retention take its parents before the group reads them
+            consumer[e.ordinal] = checkpoint_sn(checkpoint) or 0
             await self._reset_one(stream, group, Lease("", e.ordinal, checkpoint=checkpoint, parents=e.parents))
         await record_consumer(self.store, stream, group, consumer, replace_all=True)
 
@@ -234,7 +286,7 @@ class Groups:
             entry = await self.store.get(path)
             if entry is None:
                 try:
-                    await self.store.create(path, target.to_bytes())
+                    await self._create(path, target.to_bytes())
                     return
                 except NodeExistsError:
                     continue

@@ -92,7 +92,9 @@ async def admit_open_partitions(store: MetaStore, name: str, opened_after: int) 
     its cap once the stream has `opened_after` of them."""
     tenant = metadata.tenant_of(name)
     caps = await tenant_config(store, tenant)
-    if caps.partitions_max:
+    entry = await store.get(metadata.map_path(name))
+    opened_now = len(PartitionMap.from_bytes(entry.value).open_entries()) if entry is not None else 0
+    if caps.partitions_max and opened_after > opened_now:     # (fewer is always allowed: back under a cap)
         held = await open_partitions(store, tenant, but=name)
         if held + opened_after > caps.partitions_max:
             raise TenantLimitExceeded(f"tenant {tenant!r}: stream {name!r} with {opened_after} open partitions "

@@ -13,6 +13,7 @@ keeps the cluster's own protocols off the client port and strangers off the clus
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 
@@ -74,13 +75,32 @@ def _guarded(handler: grpc.RpcMethodHandler, admit, recheck_s: float = 0.0) -> g
                 await _abort(context, e)
         return handler._replace(**{kind: generator})
 
+    streaming = kind != "unary_unary"
+
     async def coroutine(request, context):
         try:
             after = await admit(request, context)
         except errors.SmsError as e:
             await _abort(context, e)
-        answer = await inner(request, context)
-        return after(answer) if after is not None else answer
+        if not (recheck_s and streaming):
+            answer = await inner(request, context)
+            return after(answer) if after is not None else answer
+        # a stream served through its context (a peer's replication links): admitted again
+        # every recheck_s while it runs, and ended when it no longer is
+        task = asyncio.ensure_future(inner(request, context))
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=recheck_s)
+                if not task.done():
+                    await admit(request, context)
+        except errors.SmsError as e:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await _abort(context, e)
+        finally:
+            if not task.done():
+                task.cancel()
+        return task.result()
     return handler._replace(**{kind: coroutine})
 
 
@@ -101,7 +121,9 @@ def _node_only(handler: grpc.RpcMethodHandler, method: str, revoked: RevokedCert
         if revoked is not None and cert.serial in revoked:
             raise errors.PermissionDenied(f"{method}: the caller's certificate (serial {cert.serial:x}, "
                                           f"{cert.name}) is revoked")
-    return _guarded(handler, admit)
+    # (checked again while a stream runs: a replication or append stream opened before a
+    # revocation ends at its next answer after the list is re-read)
+    return _guarded(handler, admit, recheck_s=limits.REVOCATION_REFRESH_S if revoked is not None else 0.0)
 
 
 def _authenticated(handler: grpc.RpcMethodHandler, method: str, keys: auth.KeyTable) -> grpc.RpcMethodHandler:

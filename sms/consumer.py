@@ -40,9 +40,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from sms import errors, limits
-from sms.leases import LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, LeaseTable, plan_takes
+from sms import errors, limits, seqno
+from sms.leases import (LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, LeaseTable, lease_key,
+                        plan_takes)
 from sms.proto import sms_pb2
+from sms.tokens import peek
 from sms.types import Record, partition_id
 
 log = logging.getLogger(__name__)
@@ -125,6 +127,7 @@ class _Owned:
     ended: bool = False               # a closed partition read to its end (SHARD_END once processed)
     end_delivered: bool = False       # ... and every batch of it handed out
     lost: bool = False
+    renewed_at: float = 0.0           # when its lease was last written (monotonic)
     releasing: float = 0.0            # when this member decided to hand it over (0: it keeps it)
 
 
@@ -197,8 +200,13 @@ class GroupConsumer:
         self._closed = True
         self._queue.put_nowait(_STOP)
         if self._coordinator is not None:
-            self._coordinator.cancel()
-            await asyncio.gather(self._coordinator, return_exceptions=True)
+            self._wake.set()                  # (it ends after the round under way: no write is cut off)
+            try:
+                async with asyncio.timeout(limits.CONSUMER_RELEASE_WAIT_S):
+                    await asyncio.gather(self._coordinator, return_exceptions=True)
+            except TimeoutError:
+                self._coordinator.cancel()
+                await asyncio.gather(self._coordinator, return_exceptions=True)
         if processed and self.auto_checkpoint:
             self._mark_processed()
         for owned in list(self._owned.values()):
@@ -288,6 +296,8 @@ class GroupConsumer:
             except TimeoutError:
                 pass
             self._wake.clear()
+            if self._closed:
+                return
             try:
                 await self._round()
             except asyncio.CancelledError:
@@ -296,28 +306,49 @@ class GroupConsumer:
                 if not e.retriable and not isinstance(e, LeaseLost):
                     self._fail(e)               # (the stream was deleted, the key revoked: the caller hears)
                     return
-                log.info("group %s: round of %s failed: %s", self.group, self.member_id, e)
+                log.warning("group %s: round of %s failed: %s", self.group, self.member_id, e)
+            except Exception as e:              # (a bug, or an entry written by something else)
+                log.exception("group %s: round of %s failed", self.group, self.member_id)
+                self._fail(errors.InternalError(f"consumer group {self.group}: {type(e).__name__}: {e}"))
+                return
+            self._drop_stale()
+
+    def _drop_stale(self) -> None:
+        """Stop processing a partition whose lease this member could not renew for most of
+        the failover time: a peer may take it soon, and two must not process it at once."""
+        now = time.monotonic()
+        for key, owned in list(self._owned.items()):
+            if now - owned.renewed_at > self.failover_s * limits.CONSUMER_STALE_FRACTION:
+                log.warning("group %s: %s could not renew %s for %.1f s: stops reading it", self.group,
+                            self.member_id, partition_id(owned.lease.ordinal), now - owned.renewed_at)
+                self._lose(key, owned)
 
     async def _heartbeat(self) -> list[str]:
         """Write this member's entry; the members alive as this member observes them."""
         self._member_counter += 1
         value = json.dumps({"counter": self._member_counter, "heartbeat_ms": int(time.time() * 1000),
                             "host": socket.gethostname(), "pid": os.getpid()}).encode()
+        entries = await self._members.entries()
+        mine = [version for key, _raw, version in entries if key == self.member_id]
         try:
-            if self._member_version < 0:
+            if mine:                          # (also after a create that was applied but answered late)
+                self._member_version = await self._members.set(self.member_id, value, mine[0])
+            else:                             # first, or removed as dead by a peer: join again
                 self._member_version = await self._members.create(self.member_id, value)
-            else:
-                self._member_version = await self._members.set(self.member_id, value, self._member_version)
-        except LeaseLost:                     # removed as dead by a peer: join again
-            self._member_version = -1
+        except LeaseLost:
+            self._member_version = -1         # (changed meanwhile: the next round sees it)
         alive = []
-        for key, raw, version in await self._members.entries():
-            entry = Lease(key, 0, owner=key, counter=int(json.loads(raw).get("counter", 0)))
+        now_ms = int(time.time() * 1000)
+        for key, raw, version in entries:
+            d = json.loads(raw) if raw else {}
+            entry = Lease(key, 0, owner=key, counter=int(d.get("counter", 0)))
             self._member_clock.observe(entry)
             if key == self.member_id or not self._member_clock.expired(entry):
                 alive.append(key)
-            elif self._member_clock.expired(entry, time.monotonic() - 2 * self.failover_s):
+            elif (self._member_clock.expired(entry, time.monotonic() - 2 * self.failover_s)
+                  or now_ms - int(d.get("heartbeat_ms", 0)) > limits.GROUP_MEMBER_STALE_S * 1000):
                 await self._members.delete(key, version)        # gone for long: tidy up
+        self._member_clock.keep({lease_key(key, 0) for key, _r, _v in entries})
         return alive
 
     async def _round(self) -> None:
@@ -325,7 +356,11 @@ class GroupConsumer:
             return
         members = await self._heartbeat()
         info = await self.client.get_stream_info(self.stream)
-        leases = await self.table.all()
+        async with self._writes:              # (no checkpoint() of ours lands between the read and the compare)
+            leases = await self.table.all()
+            lost = [(key, owned) for key, owned in self._owned.items()
+                    if (current := leases.get(key)) is None or current.owner != self.member_id
+                    or current.version != owned.lease.version]
         present = {lease.ordinal for lease in leases.values()}
         for p in info.partitions:
             if p.ordinal not in present:
@@ -337,18 +372,21 @@ class GroupConsumer:
                     leases[made.key] = made
         for lease in leases.values():
             self._clock.observe(lease)
+        self._clock.keep(set(leases))
         # renew (with checkpoints) what this member holds; a lease changed under it is lost
+        for key, owned in lost:
+            self._lose(key, owned)
         for key, owned in list(self._owned.items()):
-            current = leases.get(key)
-            # (a version below ours: read before a checkpoint() of ours; above: written by another)
-            if current is None or current.owner != self.member_id or current.version > owned.lease.version:
-                self._lose(key, owned)
-                continue
             if await self._renew(key, owned):
                 leases[key] = owned.lease
         # (no taking from a live peer: each releases its extra leases itself, once the caller
         # is done with what it handed out, so a rebalance reads nothing twice)
         claims, releases = plan_takes(leases, self.member_id, members, self._clock, take_from_peers=False)
+        # a lease still this member's that it no longer reads (a write answered late, or lost
+        # and found again): take it up again from its checkpoint, before anything new
+        dropped = [lease for key, lease in leases.items() if lease.owner == self.member_id and key not in self._owned
+                   and not lease.done]
+        claims = dropped + [lease for lease in claims if lease.key not in {d.key for d in dropped}]
         for lease in releases:
             owned = self._owned.get(lease.key)
             if owned is not None and not owned.releasing:
@@ -369,11 +407,15 @@ class GroupConsumer:
             try:
                 async with self._writes:
                     won = await self.table.claim(lease, self.member_id)
+                    if won.checkpoint == LATEST:
+                        # where LATEST is now, written before reading: a member that takes the
+                        # lease over later starts there too, and skips nothing
+                        won = await self.table.checkpoint(won, await self._latest(won.ordinal))
             except LeaseLost:
                 continue
             log.info("group %s: %s took %s at %s", self.group, self.member_id, partition_id(won.ordinal),
                      won.checkpoint)
-            owned = _Owned(won)
+            owned = _Owned(won, renewed_at=time.monotonic())
             owned.task = asyncio.get_running_loop().create_task(self._read(owned),
                                                                 name=f"group-{self.group}-p{won.ordinal}")
             self._owned[won.key] = owned
@@ -392,6 +434,7 @@ class GroupConsumer:
                     counted = owned.uncounted
                     owned.lease = await self.table.checkpoint(owned.lease, checkpoint, records=counted)
                     owned.uncounted -= counted
+            owned.renewed_at = time.monotonic()
         except LeaseLost:
             self._lose(key, owned)
             return False
@@ -426,6 +469,12 @@ class GroupConsumer:
         self._forget(key, owned)
 
     # --- reading one partition --------------------------------------------------------
+    async def _latest(self, ordinal: int) -> str:
+        """The checkpoint that LATEST stands for now: after the partition's last committed
+        record (TRIM_HORIZON for one that has none)."""
+        last = peek(await self.client.get_iterator(self.stream, ordinal, LATEST)).position_sn - 1
+        return str(last) if last > 0 and seqno.ordinal_of(last) == ordinal else TRIM_HORIZON
+
     async def _iterator(self, lease: Lease) -> str | None:
         checkpoint = lease.checkpoint
         if checkpoint == SHARD_END:
@@ -439,42 +488,76 @@ class GroupConsumer:
         return await self.client.get_iterator(self.stream, lease.ordinal, checkpoint)
 
     async def _read(self, owned: _Owned) -> None:
+        """Read the partition into the queue until its end, for as long as the lease is
+        held: retriable failures are retried (with backoff) for as long as it takes; what
+        cannot be retried fails the consumer, so nothing stops in silence."""
         pid = partition_id(owned.lease.ordinal)
         failures = 0
-        it = None
+        it: str | None = None
+        last_sn = ""                           # the last SN queued: a fresh iterator resumes after it
         try:
-            it = await self._iterator(owned.lease)
-            while it and not owned.lost:
+            while not owned.lost:
                 try:
+                    if it is None:
+                        it = (await self.client.get_iterator(self.stream, owned.lease.ordinal, "AFTER_SEQUENCE_NUMBER",
+                                                             sequence_number=last_sn)
+                              if last_sn else await self._iterator(owned.lease))
+                        if it is None:
+                            break              # (SHARD_END: nothing to read)
                     page = await self.client.get_next_records(it, self.max_records, self.wait_ms,
                                                               skip_trimmed=self.skip_trimmed)
                     failures = 0
-                except errors.RecordsTrimmed:
-                    raise
-                except errors.SmsError as e:
-                    if not e.retriable or failures >= limits.READ_STREAM_RETRIES_MAX:
-                        raise
+                except errors.ExpiredIterator:
+                    it = None                  # (the caller took long: read on from what was queued)
+                    continue
+                except errors.PartitionNotFound:
+                    if await self._dropped(owned.lease.ordinal):
+                        break
+                    it = None                  # (a node's map lagged behind a split: ask again)
                     failures += 1
                     await asyncio.sleep(min(0.05 * 2 ** failures, 2.0))
                     continue
+                except errors.SmsError as e:
+                    if not e.retriable:
+                        raise
+                    failures += 1
+                    if failures % limits.READ_STREAM_RETRIES_MAX == 0:
+                        log.warning("group %s: reading %s failed %d times in a row, retrying: %s", self.group, pid,
+                                    failures, e)
+                    await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0))
+                    continue
                 if page.records:
                     await self._slots.acquire()
+                    last_sn = page.records[-1].sequence_number
                     self._queue.put_nowait(ConsumerBatch(self.stream, pid, page.records, page.millis_behind_latest,
                                                          owned))
                 it = page.next_iterator
+                if it is None:
+                    break
         except asyncio.CancelledError:
             raise
-        except errors.PartitionNotFound:
-            pass                               # retention dropped it: nothing of it is left to read
         except errors.SmsError as e:
             log.warning("group %s: reading %s failed: %s", self.group, pid, e)
-            if not e.retriable:
-                self._fail(e)              # (RecordsTrimmed without skip_trimmed: the caller hears)
+            self._fail(e)                      # (RecordsTrimmed without skip_trimmed: the caller hears)
             return
         if not owned.lost:
             owned.ended = True
             await self._slots.acquire()
             self._queue.put_nowait(ConsumerBatch(self.stream, pid, [], 0, owned))     # the end marker
+
+    async def _dropped(self, ordinal: int) -> bool:
+        """True when retention dropped the partition (it is gone from a fresh map); its
+        records the group had not read are RecordsTrimmed unless skip_trimmed."""
+        info = await self.client.get_stream_info(self.stream)
+        if any(p.ordinal == ordinal for p in info.partitions):
+            return False
+        if not self.skip_trimmed:
+            raise errors.RecordsTrimmed(f"{self.stream} {partition_id(ordinal)}: dropped by retention before group "
+                                        f"{self.group} read it to its end; make the member with skip_trimmed=True "
+                                        "to go on with its children")
+        log.warning("group %s: %s was dropped by retention before the group read it to its end; going on",
+                    self.group, partition_id(ordinal))
+        return True
 
 
 class SyncGroupConsumer:

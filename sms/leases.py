@@ -162,6 +162,11 @@ class ExpiryClock:
         if last is None or last[0] != lease.counter:
             self._seen[lease.key] = (lease.counter, now)
 
+    def keep(self, keys: set[str]) -> None:
+        """Forget what it saw of entries no longer there (members come and go)."""
+        for key in [k for k in self._seen if k not in keys]:
+            del self._seen[key]
+
     def expired(self, lease: Lease, now: float | None = None) -> bool:
         if not lease.owner:
             return True

@@ -170,7 +170,8 @@ def _iterator_args(position: str) -> tuple[str, dict]:
 async def _first_record(client, stream: str, ordinal: int, kind: str, kw: dict) -> tuple[int | None, bool]:
     """(the SN of the first readable record at the iterator's position or None, whether
     the partition is closed and read to its end there)."""
-    page = await client.get_next_record_batch(await client.get_iterator(stream, ordinal, kind, **kw), max_records=1)
+    page = await client.get_next_record_batch(await client.get_iterator(stream, ordinal, kind, **kw), max_records=1,
+                                              skip_trimmed=True)     # (failOnDataLoss judges)
     return page.batch.first_sn, page.next_iterator is None
 
 
@@ -182,7 +183,8 @@ async def _nth_record(client, stream: str, ordinal: int, position: str, n: int) 
     iterator = await client.get_iterator(stream, ordinal, kind, **kw)
     found, last = 0, None
     while iterator and found < n:
-        page = await client.get_next_record_batch(iterator, max_records=min(limits.GET_RECORDS_COUNT_MAX, n - found))
+        page = await client.get_next_record_batch(iterator, max_records=min(limits.GET_RECORDS_COUNT_MAX, n - found),
+                                                  skip_trimmed=True)
         batch = page.batch
         if not len(batch):
             break
@@ -319,7 +321,7 @@ def _read(partition: _Partition):
         expected = offsets.expected_counter(p.start)
         stalled_since = time.monotonic()
         while True:
-            page = client.get_next_record_batch(iterator, max_records=limits.GET_RECORDS_COUNT_MAX,
+            page = client.get_next_record_batch(iterator, max_records=limits.GET_RECORDS_COUNT_MAX, skip_trimmed=True,
                                                 wait_ms=limits.SPARK_READ_WAIT_MS)
             batch = page.batch
             if len(batch):

@@ -262,6 +262,14 @@ def test_tenants_groups_of_the_same_name_never_meet(cluster, client):
         {"stream": "s", "ordinal": 99, "owner": "", "counter": 0, "heartbeat_ms": 0, "checkpoint": "TRIM_HORIZON",
          "pending_end": "", "parents": [], "records": 0, "rate": 0}).encode(), version=-1), "InvalidArgument"),
     (sms_pb2.GroupWriteRequest(group="g", member=True, key="m", value=b"x" * 5000, version=-1), "InvalidArgument"),
+    (sms_pb2.GroupWriteRequest(group="g", key="0", value=json.dumps(        # an SN of another partition
+        {"stream": "s", "ordinal": 0, "owner": "", "counter": 0, "heartbeat_ms": 0,
+         "checkpoint": str((1 << 80) | (1 << 32) | 5), "pending_end": "", "parents": [], "records": 0,
+         "rate": 0}).encode(), version=-1), "InvalidArgument"),
+    (sms_pb2.GroupWriteRequest(group="g", key="0", value=json.dumps(        # a counter of the wrong type
+        {"stream": "s", "ordinal": 0, "owner": "", "counter": "x", "heartbeat_ms": 0, "checkpoint": "TRIM_HORIZON",
+         "pending_end": "", "parents": [], "records": 0, "rate": 0}).encode(), version=-1), "InvalidArgument"),
+    (sms_pb2.GroupWriteRequest(group="..", key="0", value=b"{}", version=-1), "InvalidArgument"),
     (sms_pb2.GroupWriteRequest(group="g", member=True, key="m", value=b"{}", version=7), "LeaseLost"),
 ])
 def test_bad_group_writes_are_named_and_change_nothing(cluster, client, unique_stream, request_, error):
@@ -296,3 +304,34 @@ def test_a_group_behind_a_trim_is_told_not_skipped(client, unique_stream):
     with client.consumer(unique_stream, "late", failover_s=FAILOVER_S, wait_ms=200, skip_trimmed=True) as c:
         assert _datas(_drain(c, 2)) == [b"m3", b"m4"]
     assert len(first) == 10
+
+
+def test_latest_is_fixed_when_claimed_so_a_handover_skips_nothing(client, unique_stream):
+    """A member started at LATEST writes where LATEST was when it took the partition: what
+    arrives after, read ahead but not handed out when it stops, is read by the next one."""
+    client.create_stream(unique_stream, partitions=1, replication_factor=1)
+    _put(client, unique_stream, 5)                                      # before: not for this group
+    with client.consumer(unique_stream, "tail", start="LATEST", failover_s=FAILOVER_S, wait_ms=200) as c:
+        assert c.assigned == ["p0000"]
+        later = _put(client, unique_stream, 7, start=5)
+        wait_until(lambda: not c._consumer._queue.empty(), DEADLINE_S, "the records read ahead")
+    with client.consumer(unique_stream, "tail", start="LATEST", failover_s=FAILOVER_S, wait_ms=200) as c:
+        assert Counter(_datas(_drain(c, 7))) == Counter(d for _k, d in later)
+
+
+def test_group_writes_do_not_bring_back_a_deleted_stream(cluster, client, unique_stream):
+    client.create_stream(unique_stream, partitions=1, replication_factor=1)
+    _put(client, unique_stream, 3)
+    with client.consumer(unique_stream, "gone", failover_s=FAILOVER_S, wait_ms=200) as c:
+        _drain(c, 3)
+    client.delete_stream(unique_stream)
+    lease = json.dumps({"stream": unique_stream, "ordinal": 0, "owner": "", "counter": 9, "heartbeat_ms": 0,
+                        "checkpoint": "TRIM_HORIZON", "pending_end": "", "parents": [], "records": 0,
+                        "rate": 0}).encode()
+    with client_channel(cluster.address) as channel:
+        with pytest.raises(Exception) as e:
+            sms_pb2_grpc.ControlStub(channel).GroupWrite(sms_pb2.GroupWriteRequest(
+                stream=unique_stream, group="late", key="0", value=lease, version=-1), timeout=10)
+        assert dict(e.value.trailing_metadata()).get("sms-error") == "StreamNotFound"
+    assert unique_stream not in client.list_streams()
+    client.create_stream(unique_stream, partitions=1, replication_factor=1)     # the name is free again

@@ -246,7 +246,13 @@ def test_a_tenant_holds_at_most_its_streams_and_partitions(cluster, client):
         t.merge("a", "p0000", "p0001")             # 2 + 1 open: room for one more
         t.split("b", "p0000")
         assert len([p for p in t.get_stream_info("b").partitions if p.state.value == "OPEN"]) == 2
-    assert {x["name"]: x for x in client.describe_tenants()}["capped"]["partitions_max"] == 4
+        # a cap lowered below what it holds refuses more, and lets it come back under
+        client.update_tenant("capped", partitions_max=3)
+        with pytest.raises(errors.TenantLimitExceeded, match="partitions_max"):
+            t.scale("b", 3)
+        opened = [p.partition_id for p in t.get_stream_info("b").partitions if p.state.value == "OPEN"]
+        t.merge("b", *opened)
+    assert {x["name"]: x for x in client.describe_tenants()}["capped"]["partitions_max"] == 3
 
 
 def test_a_tenants_retention_cap_bounds_its_streams(cluster, client):
