@@ -69,7 +69,8 @@ MODES: dict[str, dict] = {
                    "rebalance": {"smoke": True},
                    "idle_cost": {"steps": [40], "idle_s": 1.0, "settle_s": 1.0, "load_records": 4_000},
                    "tls_cost": {"preset": "smoke"},
-                   "throttle": {"preset": "smoke"}},
+                   "throttle": {"preset": "smoke"},
+                   "consumer_group": {"preset": "smoke"}},
     },
     "quick": {
         "reference_records": 1_000_000,       # also the catch-up read: the 1M records
@@ -94,7 +95,8 @@ MODES: dict[str, dict] = {
                    "rebalance": {"quick": True},
                    "idle_cost": {"steps": [40, 400], "idle_s": 3.0, "settle_s": 2.0, "load_records": 20_000},
                    "tls_cost": {"preset": "quick"},
-                   "throttle": {"preset": "quick"}},
+                   "throttle": {"preset": "quick"},
+                   "consumer_group": {"preset": "quick"}},
     },
     "full": {
         "reference_records": 1_000_000,
@@ -121,7 +123,8 @@ MODES: dict[str, dict] = {
                    "idle_cost": {"steps": [40, 400, 4000], "idle_s": 5.0, "settle_s": 12.0,
                                  "load_records": 40_000},
                    "tls_cost": {"preset": "full"},
-                   "throttle": {"preset": "full"}},
+                   "throttle": {"preset": "full"},
+                   "consumer_group": {"preset": "full"}},
     },
 }
 
@@ -428,6 +431,9 @@ def extras(run: Run, cfg: dict, workdir: str) -> dict:
         elif name == "throttle":
             from bench import throttle
             out[name] = run.call("extra throttle", throttle.run_preset, params["preset"])
+        elif name == "consumer_group":
+            from bench import consumer_group
+            out[name] = run.call("extra consumer_group", consumer_group.run_preset, params["preset"])
     return out
 
 
@@ -623,6 +629,12 @@ def problems(result: dict) -> list[str]:
             if done == 0 or (isinstance(f, dict) and f.get("other_errors")):
                 out.append(f"throttle {scenario} {load}: {done} records acknowledged (or read), "
                            f"{f.get('other_errors') or 0} refused other than Throttled, first: {f.get('first_error')}")
+    cg = _get(result, "extras", "consumer_group")
+    if isinstance(cg, dict) and "records_put" in cg:
+        for key in ("read_stream", "group_1_member", "group_2_members"):
+            got = (cg.get(key) or {}).get("records")
+            if got != cg["records_put"]:
+                out.append(f"consumer_group {key}: read {got} records of {cg['records_put']}")
     rb = _get(result, "baselines", "redis_streams", "redis_benchmark")
     if isinstance(rb, dict) and (rb.get("error") or rb.get("stream_length_matches") is False):
         out.append(f"redis-benchmark: {rb.get('error') or ''} stream length {rb.get('stream_length')} "

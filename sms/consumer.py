@@ -403,6 +403,8 @@ class GroupConsumer:
             if owned.releasing and (not held or (not self.auto_checkpoint
                                                  and time.monotonic() - owned.releasing > self.failover_s)):
                 await self._release(key, owned)
+        if len(claims) >= limits.SPS_LEASES_TAKEN_PER_ROUND_MAX:
+            self._wake.set()                  # (claims are capped per round: another round at once)
         for lease in claims:
             try:
                 async with self._writes:
