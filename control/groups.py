@@ -86,7 +86,7 @@ def _validate_entry(member: bool, key: str, value: bytes, delete: bool) -> Lease
         lease = Lease.from_bytes(value, -1)
         kinds = ((lease.stream, str), (lease.owner, str), (lease.checkpoint, str), (lease.pending_end, str),
                  (lease.ordinal, int), (lease.counter, int), (lease.heartbeat_ms, int), (lease.records, int),
-                 (lease.rate, (int, float)))
+                 (lease.rate, (int, float)), (lease.failures, int), (lease.dead_letters, int), (lease.last_error, str))
         if not all(isinstance(v, t) and not isinstance(v, bool) for v, t in kinds) \
                 or not all(isinstance(p, int) and not isinstance(p, bool) for p in lease.parents):
             raise TypeError("a field of the wrong type")

@@ -615,11 +615,14 @@ def cmd_graph(args) -> int:
         rows = asyncio.run(commands.graph_status(_address(args), _metastore(args), graph))
         lines = []
         for st in rows:
-            lines.append(f"stage {st['stage']}: {len(st['workers'])} workers ({', '.join(st['workers']) or 'none'})")
+            lines.append(f"stage {st['stage']}: {len(st['workers'])} workers ({', '.join(st['workers']) or 'none'}); "
+                         f"{st['failures']} failed records, {st['dead_letters']} dead letters "
+                         f"(to {st['dead_letter_stream']})")
             for p in st["partitions"]:
                 lag = "?" if p["lag_ms"] is None else f"{p['lag_ms']} ms"
                 lines.append(f"  {p['partition']:<24} owner {p['owner'] or '-':<20} checkpoint {p['checkpoint']:<40} "
-                             f"records {p['records']:<8} {p['records_per_s']:>8}/s lag {lag}")
+                             f"records {p['records']:<8} {p['records_per_s']:>8}/s lag {lag}"
+                             + (f"  last error: {p['last_error']}" if p["last_error"] else ""))
         _emit(args, rows, "\n".join(lines))
     return 0
 

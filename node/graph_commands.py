@@ -35,6 +35,10 @@ async def apply_graph(address: str, metastore: str, graph: Graph) -> dict:
                 if stream not in existing and stream not in created:
                     raise errors.StreamNotFound(f"stage {name!r}: stream {stream!r} exists neither in the cluster "
                                                 "nor under the graph's streams")
+            dead = graph.stages[name].dead_letter_stream
+            if dead not in existing and dead not in created:       # (one partition: failures are few)
+                await client.create_stream(dead, 1, min(3, len(await _storage_nodes(client))))
+                created.append(dead)
     store = open_metastore(metastore)
     await store.start()
     try:
@@ -86,11 +90,19 @@ async def graph_status(address: str, metastore: str, graph: Graph) -> list[dict]
                     rows.append({"partition": f"{lease.stream}/p{lease.ordinal:04d}", "owner": lease.owner or None,
                                  "checkpoint": lease.checkpoint, "records": lease.records,
                                  "records_per_s": round(lease.rate, 1),
-                                 "lag_ms": await _lag_ms(client, lease)})
-                out.append({"stage": name, "workers": workers, "partitions": rows})
+                                 "lag_ms": await _lag_ms(client, lease), "failures": lease.failures,
+                                 "dead_letters": lease.dead_letters, "last_error": lease.last_error or None})
+                out.append({"stage": name, "workers": workers, "partitions": rows,
+                            "dead_letter_stream": graph.stages[name].dead_letter_stream,
+                            "failures": sum(r["failures"] for r in rows),
+                            "dead_letters": sum(r["dead_letters"] for r in rows)})
     finally:
         await store.close()
     return out
+
+
+async def _storage_nodes(client) -> list:
+    return [n for n in (await client.describe_cluster()).nodes if "storage" in n.roles]
 
 
 async def _lag_ms(client, lease) -> int | None:

@@ -50,6 +50,9 @@ class Lease:
     parents: tuple[int, ...] = ()         # input partitions that must reach SHARD_END first
     records: int = 0                      # records processed under this lease
     rate: float = 0.0                     # records/s, as the owner last measured
+    failures: int = 0                     # records whose operation failed (then retried)
+    dead_letters: int = 0                 # ... and that went to the dead-letter stream
+    last_error: str = ""                  # the last failure, for `sms graph status`
     version: int = -1                     # the store's version of the entry (-1: not stored)
 
     @property
@@ -65,14 +68,17 @@ class Lease:
                            "counter": self.counter, "heartbeat_ms": self.heartbeat_ms,
                            "checkpoint": self.checkpoint, "pending_end": self.pending_end,
                            "parents": list(self.parents), "records": self.records,
-                           "rate": round(self.rate, 3)}).encode()
+                           "rate": round(self.rate, 3), "failures": self.failures,
+                           "dead_letters": self.dead_letters, "last_error": self.last_error}).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes, version: int) -> "Lease":
         d = json.loads(raw)
         return cls(stream=d["stream"], ordinal=d["ordinal"], owner=d["owner"], counter=d["counter"],
                    heartbeat_ms=d["heartbeat_ms"], checkpoint=d["checkpoint"], pending_end=d["pending_end"],
-                   parents=tuple(d["parents"]), records=d["records"], rate=d["rate"], version=version)
+                   parents=tuple(d["parents"]), records=d["records"], rate=d["rate"],
+                   failures=d.get("failures", 0), dead_letters=d.get("dead_letters", 0),
+                   last_error=d.get("last_error", ""), version=version)
 
 
 class LeaseStore(Protocol):
@@ -133,12 +139,15 @@ class LeaseTable:
         return await self._write(lease, self._mine(lease, lease.owner))
 
     async def checkpoint(self, lease: Lease, checkpoint: str, pending_end: str = "", records: int = 0,
-                         rate: float | None = None) -> Lease:
+                         rate: float | None = None, failures: int = 0, dead_letters: int = 0,
+                         last_error: str = "") -> Lease:
         """Record progress: everything up to `checkpoint` is done (its outputs acknowledged),
         and the batch up to `pending_end` is in progress."""
         return await self._write(lease, self._mine(
             lease, lease.owner, checkpoint=checkpoint, pending_end=pending_end, records=lease.records + records,
-            rate=lease.rate if rate is None else rate))
+            rate=lease.rate if rate is None else rate, failures=lease.failures + failures,
+            dead_letters=lease.dead_letters + dead_letters,
+            last_error=last_error[:limits.SPS_ERROR_CHARS_MAX] or lease.last_error))
 
     async def release(self, lease: Lease) -> Lease:
         return await self._write(lease, replace(lease, owner="", counter=lease.counter + 1,

@@ -211,6 +211,11 @@ SPS_CHECKPOINT_INTERVAL_S_DEFAULT = 5.0        # ... or T seconds, whichever com
 SPS_CHECKPOINT_INTERVAL_S_MAX = 30.0           # well inside the dedup window: replays are recognised
 SPS_OUTPUTS_PER_BATCH_MAX = 1 << 16            # output records of one batch (SSSN = batch << 16 | index)
 SPS_BATCH_RECORDS_MAX = 10_000                 # input records of one batch
+SPS_RECORD_ATTEMPTS_MAX = 3                    # a failing record is tried so often, then dead-lettered
+SPS_RETRY_BACKOFF_S = 0.2                      # ... waiting this, doubled each time, between tries
+SPS_ERROR_CHARS_MAX = 500                      # an error kept in a lease or a dead letter
+SPS_RECLAIM_BACKOFF_S = 1.0                    # a partition whose processing failed is claimed again
+SPS_RECLAIM_BACKOFF_S_MAX = 60.0               # ... after this, doubled per failure in a row, up to this
 SPS_PARTITION_REFRESH_S = 10.0                 # workers re-read the input partitions this often
 SPS_OUTPUT_RETRY_DEADLINE_S = 60.0             # a batch's outputs must be acknowledged within this
 STAGES_PER_GRAPH_MAX = 64

@@ -63,6 +63,11 @@ class StageSpec:
     checkpoint_records: int = limits.SPS_CHECKPOINT_RECORDS_DEFAULT
     checkpoint_interval_s: float = limits.SPS_CHECKPOINT_INTERVAL_S_DEFAULT
     failover_s: float = limits.SPS_FAILOVER_S_DEFAULT
+    dead_letter: str = ""              # the stream failed records go to ("": <name>-dead-letters)
+
+    @property
+    def dead_letter_stream(self) -> str:
+        return self.dead_letter or f"{self.name}-dead-letters"
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
@@ -74,6 +79,7 @@ class StageSpec:
         d = json.loads(raw)
         d["inputs"] = tuple(d["inputs"])
         d["outputs"] = tuple(Output(**o) for o in d["outputs"])
+        d.setdefault("dead_letter", "")
         return cls(**d)
 
 
@@ -127,7 +133,7 @@ def parse_stage(name: str, d: dict, known_streams: set[str] | None = None) -> St
     except InvalidArgument:
         raise InvalidGraph(f"{where}: a stage name is 1..{limits.STREAM_NAME_CHARS_MAX} of [A-Za-z0-9_.-]") from None
     unknown = set(d) - {"inputs", "operation", "engine", "outputs", "sink", "recovery", "checkpoint_records",
-                        "checkpoint_interval_s", "failover_s"}
+                        "checkpoint_interval_s", "failover_s", "dead_letter"}
     if unknown:
         raise InvalidGraph(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     inputs = d.get("inputs")
@@ -168,9 +174,17 @@ def parse_stage(name: str, d: dict, known_streams: set[str] | None = None) -> St
             raise InvalidGraph(f"{where}: {e.message}") from None
         if known_streams is not None and s not in known_streams:
             raise InvalidGraph(f"{where}: stream {s!r} is not declared under streams")
+    dead_letter = d.get("dead_letter", "")
+    if dead_letter:
+        try:
+            validate_stream_name(dead_letter)
+        except (InvalidArgument, TypeError):
+            raise InvalidGraph(f"{where}: dead_letter must name a stream") from None
+    elif len(name) + len("-dead-letters") > limits.STREAM_NAME_CHARS_MAX:
+        raise InvalidGraph(f"{where}: a name this long needs dead_letter: STREAM (its default is <name>-dead-letters)")
     return StageSpec(
         name=name, inputs=tuple(inputs), operation=operation, engine=engine, outputs=tuple(outputs), sink=sink,
-        recovery=recovery,
+        recovery=recovery, dead_letter=dead_letter,
         checkpoint_records=int(_number(d, "checkpoint_records", limits.SPS_CHECKPOINT_RECORDS_DEFAULT, 1,
                                        limits.SPS_BATCH_RECORDS_MAX, where, integer=True)),
         checkpoint_interval_s=float(_number(d, "checkpoint_interval_s", limits.SPS_CHECKPOINT_INTERVAL_S_DEFAULT,

@@ -74,7 +74,9 @@ class Worker:
         self.outputs: dict[str, OutputWriter] = {}
         self.processed = 0
         self.lost = 0
-        self.trimmed_skips = 0          # reads that found records trimmed before they were processed
+        self.trimmed_skips = 0
+        self.dead_letters = 0
+        self._backoff: dict[str, tuple[float, float]] = {}   # lease key -> (claim again after, last backoff)          # reads that found records trimmed before they were processed
 
     # --- the round ----------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -141,6 +143,8 @@ class Worker:
             if owned.task is not None and owned.task.done():
                 self._forget(key)
         claims, releases = plan_takes(leases, self.worker_id, await self._workers(), self.clock)
+        now = time.monotonic()
+        claims = [lease for lease in claims if self._backoff.get(lease.key, (0.0, 0.0))[0] <= now]
         for lease in claims:
             try:
                 mine = await self.table.claim(lease, self.worker_id)
@@ -180,7 +184,8 @@ class Worker:
                     pass
 
     # --- one partition -------------------------------------------------------------------
-    async def _write_lease(self, owned: Owned, checkpoint: str, pending_end: str = "", records: int = 0) -> None:
+    async def _write_lease(self, owned: Owned, checkpoint: str, pending_end: str = "", records: int = 0,
+                           failures: tuple[int, int, str] = (0, 0, "")) -> None:
         async with owned.lock:
             now = time.monotonic()
             # the partition's workload: records/s since the last progress write (an EMA)
@@ -188,7 +193,7 @@ class Worker:
             rate = owned.lease.rate
             if records and elapsed > 0:
                 rate = records / elapsed if not rate else 0.5 * rate + 0.5 * records / elapsed
-            owned.lease = await self.table.checkpoint(owned.lease, checkpoint, pending_end, records, rate)
+            owned.lease = await self.table.checkpoint(owned.lease, checkpoint, pending_end, records, rate, *failures)
             owned.last_write = now
             if records:
                 owned.rate_since = now
@@ -209,7 +214,13 @@ class Worker:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("%s: processing %s failed; releasing it", self.worker_id, lease.key)
+            # (not the operation: that dead-letters; an output stream gone, a sink raising...)
+            now = time.monotonic()
+            delay = min(limits.SPS_RECLAIM_BACKOFF_S_MAX,
+                        max(limits.SPS_RECLAIM_BACKOFF_S, 2 * self._backoff.get(lease.key, (0.0, 0.0))[1]))
+            self._backoff[lease.key] = (now + delay, delay)
+            log.exception("%s: processing %s failed; releasing it (this worker claims it again in %.0f s at the "
+                          "earliest)", self.worker_id, lease.key, delay)
             try:
                 async with owned.lock:
                     owned.lease = await self.table.release(owned.lease)
@@ -237,10 +248,12 @@ class Worker:
         replay_end = int(lease.pending_end) if checkpointing and lease.pending_end else None
         writer = self._writer(lease)
         unrecorded = 0           # records done since the last lease write counted them
+        unfailed = undead = 0    # ... failed and dead-lettered
+        last_error = ""
         while True:
             if owned.stopping:
                 if checkpointing and done != owned.lease.checkpoint:
-                    await self._write_lease(owned, done, records=unrecorded)
+                    await self._write_lease(owned, done, records=unrecorded, failures=(unfailed, undead, last_error))
                 async with owned.lock:
                     owned.lease = await self.table.release(owned.lease)
                 return
@@ -249,22 +262,28 @@ class Worker:
             if batch:
                 end = str(batch[-1].sn)
                 if checkpointing:
-                    await self._write_lease(owned, done, pending_end=end, records=unrecorded)   # fenced here
+                    await self._write_lease(owned, done, pending_end=end, records=unrecorded,   # fenced here
+                                            failures=(unfailed, undead, last_error))
+                    unfailed = undead = 0
+                    last_error = ""
                     unrecorded = 0
-                rows = await asyncio.to_thread(self.engine.apply, self.operation, batch)
-                await self._emit(writer, rows, batch[0].sn)
+                rows, dead, failed, error = await self._apply(batch)
+                await self._emit(writer, rows, batch[0].sn, dead)
+                unfailed, undead, last_error = unfailed + failed, undead + len(dead), error or last_error
                 done = end
+                self._backoff.pop(lease.key, None)
                 owned.records += len(batch)
                 unrecorded += len(batch)
                 self.processed += len(batch)
             if ended:
-                await self._write_lease(owned, SHARD_END, records=unrecorded)
+                await self._write_lease(owned, SHARD_END, records=unrecorded, failures=(unfailed, undead, last_error))
                 self._refresh_at = 0.0               # its children appear in the table next round
                 self._wake.set()
                 return
             if not batch and checkpointing and done != owned.lease.checkpoint:
-                await self._write_lease(owned, done, records=unrecorded)
-                unrecorded = 0
+                await self._write_lease(owned, done, records=unrecorded, failures=(unfailed, undead, last_error))
+                unrecorded = unfailed = undead = 0
+                last_error = ""
 
     async def _read_batch(self, stream: str, ordinal: int, iterator: str, replay_end: int | None
                           ) -> tuple[list[Record], str | None, bool]:
@@ -301,9 +320,47 @@ class Worker:
                 break
         return batch, iterator, False
 
-    async def _emit(self, writer: OutputWriter, rows: list[dict], first_sn: int) -> None:
+    async def _apply(self, batch: list[Record]) -> tuple[list[dict], list[tuple[Record, str]], int, str]:
+        """The operation on the batch: (result rows, dead letters (record, error), records
+        that failed at least once, the last error). When the batch fails, its halves are
+        tried, and so on down to single records; a record that fails
+        SPS_RECORD_ATTEMPTS_MAX times (SPS_RETRY_BACKOFF_S apart, doubling) is a dead
+        letter, and the others go on. A deterministic operation gives the same split on a
+        replay, so the outputs and dead letters are the same records."""
+        try:
+            return await asyncio.to_thread(self.engine.apply, self.operation, batch), [], 0, ""
+        except Exception as e:            # noqa: BLE001 (the operation's own error, whatever it is)
+            if len(batch) > 1:
+                half = len(batch) // 2
+                a_rows, a_dead, a_failed, a_err = await self._apply(batch[:half])
+                b_rows, b_dead, b_failed, b_err = await self._apply(batch[half:])
+                return a_rows + b_rows, a_dead + b_dead, a_failed + b_failed, b_err or a_err
+            error = f"{type(e).__name__}: {e}"[:limits.SPS_ERROR_CHARS_MAX]
+        for attempt in range(1, limits.SPS_RECORD_ATTEMPTS_MAX):
+            await asyncio.sleep(limits.SPS_RETRY_BACKOFF_S * 2 ** (attempt - 1))
+            try:
+                return await asyncio.to_thread(self.engine.apply, self.operation, batch), [], 1, error
+            except Exception as e:        # noqa: BLE001
+                error = f"{type(e).__name__}: {e}"[:limits.SPS_ERROR_CHARS_MAX]
+        record = batch[0]
+        self.dead_letters += 1
+        log.warning("%s: stage %s: record %s of %s p%04d failed %d times (%s): to %s", self.worker_id,
+                    self.stage.name, record.sequence_number, self.stage.inputs[0] if len(self.stage.inputs) == 1
+                    else "its input", record.partition_ordinal, limits.SPS_RECORD_ATTEMPTS_MAX, error,
+                    self.stage.dead_letter_stream)
+        return [], [(record, error)], 1, error
+
+    async def _emit(self, writer: OutputWriter, rows: list[dict], first_sn: int,
+                    dead: list[tuple[Record, str]] = ()) -> None:
+        dead_out = [(self.stage.dead_letter_stream, r.partition_key, r.data,
+                     {"sms-error": error.encode(), "sms-stage": self.stage.name.encode(),
+                      "sms-source": f"p{r.partition_ordinal:04d}/{r.sequence_number}".encode()})
+                    for r, error in dead]
         if self.sink is not None:
-            await asyncio.to_thread(self.sink, rows)
+            if rows:
+                await asyncio.to_thread(self.sink, rows)
+            if dead_out:
+                await writer.write(dead_out, base_sssn(first_sn), seqno.timestamp_ms_of(first_sn))
             return
         out: list = []
         for o in self.stage.outputs:
@@ -323,7 +380,7 @@ class Worker:
             out.sort(key=lambda t: (t[0], t[1]))
         else:
             out.sort(key=lambda t: (t[0], t[1], t[3], t[2]))
-        out = [t[:3] for t in out]
+        out = [t[:3] for t in out] + dead_out
         if out:
             await writer.write(out, base_sssn(first_sn), seqno.timestamp_ms_of(first_sn))
 

@@ -41,3 +41,11 @@ def gated_upper(rows: list[dict]) -> list[dict]:
 def spark_upper(df):
     from pyspark.sql import functions as F
     return df.select(F.col("partition_key"), F.upper(F.col("data").cast("string")).alias("data"))
+
+
+def poisoned_upper(rows: list[dict]) -> list[dict]:
+    """upper, but a record whose data starts with b"poison" raises (every time)."""
+    for r in rows:
+        if bytes(r["data"]).startswith(b"poison"):
+            raise ValueError(f"cannot digest {bytes(r['data'])[:20]!r}")
+    return upper(rows)

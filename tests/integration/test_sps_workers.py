@@ -428,7 +428,8 @@ def sps_stage(cluster, tmp_path):
         stage, source, sink = stream_name("stage"), stream_name("in"), stream_name("out")
         graph = write_graph(tmp_path / f"{stage}.yaml", stage, source, sink, **options)
         applied = json.loads(sms_cli(cluster, "graph", "apply", str(graph), "--json"))
-        assert applied["stages_registered"] == [stage] and sorted(applied["streams_created"]) == sorted([source, sink])
+        assert applied["stages_registered"] == [stage]
+        assert sorted(applied["streams_created"]) == sorted([source, sink, f"{stage}-dead-letters"])
         setup = Setup(stage, source, sink, graph, Workers(cluster, graph, stage, tmp_path),
                       LeaseWatch(cluster.metastore, stage).start())
         made.append(setup)
@@ -577,6 +578,36 @@ def test_status_reports_records_done(cluster, client, sps_stage):
     (row,) = [s for s in status if s["stage"] == setup.stage][0]["partitions"]
     assert row["lag_ms"] == 0 and row["checkpoint"] == str(inputs[-1].sn), row
     assert row["records"] == len(inputs), f"`sms graph status` says {row['records']} records done of {len(inputs)}"
+
+
+def test_a_poison_record_goes_to_the_dead_letter_stream_and_the_partition_goes_on(cluster, client, sps_stage):
+    """issue 16 item 4: a record whose operation always fails is retried a bounded number
+    of times, then written to the stage's dead-letter stream with its error and position;
+    the batch's other records go on, exactly once, and the worker never releases the
+    partition (no claim, fail, release cycle)."""
+    setup = sps_stage(partitions=1, out_partitions=1, operation=f"{OPS}:poisoned_upper")
+    records = [(f"k{i % 5}", b"poison-%d" % i if i in (17, 60) else b"r%d" % i) for i in range(100)]
+    assert client.put_records(setup.source, records).failed_record_count == 0
+    setup.workers.start("w1")
+    good = Counter(sps_ops.expected_output(k, d) for k, d in records if not d.startswith(b"poison"))
+    wait_until(lambda: Counter((r.partition_key, bytes(r.data)) for r in read_all(client, setup.sink)) == good,
+               DONE_S, "the 98 good records processed")
+    dead_stream = f"{setup.stage}-dead-letters"
+    wait_until(lambda: len(read_all(client, dead_stream)) == 2, DONE_S, "the 2 poison records dead-lettered")
+    dead = sorted(read_all(client, dead_stream), key=lambda r: r.data)
+    assert [bytes(r.data) for r in dead] == [b"poison-17", b"poison-60"]
+    inputs = {bytes(r.data): r for r in read_all(client, setup.source)}
+    for r in dead:
+        assert b"ValueError: cannot digest" in r.headers["sms-error"]
+        assert r.headers["sms-source"] == f"p0000/{inputs[bytes(r.data)].sequence_number}".encode()
+        assert r.headers["sms-stage"] == setup.stage.encode()
+    setup.watch.until(lambda s: all(lease.checkpoint == str(max(r.sn for r in inputs.values()))
+                                    for lease in s.leases.values()), DONE_S, "the partition checkpointed to its end")
+    status = json.loads(sms_cli(cluster, "graph", "status", str(setup.graph), "--json"))
+    (stage,) = [st for st in status if st["stage"] == setup.stage]
+    assert (stage["dead_letters"], stage["dead_letter_stream"]) == (2, dead_stream), stage
+    assert stage["failures"] >= 2 and "ValueError" in stage["partitions"][0]["last_error"], stage
+    assert "failed; releasing" not in setup.workers.log("w1")            # it never let the partition go
 
 
 # --- 2. kill -9 ----------------------------------------------------------------------------

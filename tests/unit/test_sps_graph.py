@@ -181,6 +181,15 @@ def test_stage_limit_is_inclusive() -> None:
     assert len(parse_graph(doc).stages) == n
 
 
+def test_a_stage_has_a_dead_letter_stream() -> None:
+    doc = {"streams": {"clicks": {}, "parsed": {}},
+           "stages": {"parse": stage_doc(), "enrich": stage_doc(dead_letter="failed-enrich")}}
+    stages = parse_graph(doc).stages
+    assert stages["parse"].dead_letter_stream == "parse-dead-letters"
+    assert stages["enrich"].dead_letter_stream == "failed-enrich"
+    assert StageSpec.from_bytes(stages["enrich"].to_bytes()) == stages["enrich"]
+
+
 def test_invalid_graph_is_an_invalid_argument() -> None:
     with pytest.raises(InvalidArgument):
         parse_graph({"stages": {}})
@@ -191,6 +200,8 @@ def test_invalid_graph_is_an_invalid_argument() -> None:
 BAD_STAGES = [
     # (id, stage dict, substrings the message must contain)
     ("unknown-field", stage_doc(colour="red", size=3), ["stage 'parse'", "unknown field(s) colour, size"]),
+    ("bad-dead-letter", stage_doc(dead_letter="no/slash"), ["stage 'parse'", "dead_letter must name a stream"]),
+    ("dead-letter-not-a-string", stage_doc(dead_letter=7), ["stage 'parse'", "dead_letter must name a stream"]),
     ("missing-operation", stage_doc(operation=_DROP), ["stage 'parse'", "operation must be module:function"]),
     ("operation-not-module-function", stage_doc(operation="justafunction"), ["stage 'parse'", "operation"]),
     ("operation-not-a-string", stage_doc(operation=42), ["stage 'parse'", "operation"]),
