@@ -582,18 +582,6 @@ def _read_lineage(args) -> int:
 
 # --- stage graphs (sps/) ------------------------------------------------------------------
 
-def _metastore(args) -> str:
-    if args.metastore:
-        return args.metastore
-    path = os.path.join(args.data_dir, "cluster.json")
-    try:
-        with open(path) as f:
-            return json.load(f)["metastore"]
-    except (OSError, ValueError, KeyError):
-        raise SystemExit(f"error: no metadata store: pass --metastore (zk://... or embedded:///...) or run "
-                         f"`sms up` (looked for {path})") from None
-
-
 def cmd_graph(args) -> int:
     import asyncio
 
@@ -601,18 +589,18 @@ def cmd_graph(args) -> int:
     from sps.graph import load_graph
     graph = load_graph(args.graph)
     if args.graph_cmd == "apply":
-        done = asyncio.run(commands.apply_graph(_address(args), _metastore(args), graph))
+        done = asyncio.run(commands.apply_graph(_address(args), graph))
         _emit(args, done, f"streams created: {', '.join(done['streams_created']) or '(none)'}; "
                           f"stages registered: {', '.join(done['stages_registered'])}")
     elif args.graph_cmd == "run":
         if args.stage not in graph.stages:
             raise errors.InvalidArgument(f"no stage {args.stage!r} in {args.graph}; it has "
                                          + ", ".join(sorted(graph.stages)))
-        done = asyncio.run(commands.run_stage(_address(args), _metastore(args), graph.stages[args.stage],
+        done = asyncio.run(commands.run_stage(_address(args), graph.stages[args.stage],
                                               args.worker_id, args.master))
         _emit(args, done, f"worker {done['worker']} stopped: {done['processed']} records processed")
     else:
-        rows = asyncio.run(commands.graph_status(_address(args), _metastore(args), graph))
+        rows = asyncio.run(commands.graph_status(_address(args), graph))
         lines = []
         for st in rows:
             lines.append(f"stage {st['stage']}: {len(st['workers'])} workers ({', '.join(st['workers']) or 'none'}); "
@@ -799,12 +787,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     graph = sub.add_parser("graph", help="stream-processing stage graphs (YAML)")
     gsub = graph.add_subparsers(dest="graph_cmd", required=True)
-    for name, text in (("apply", "create the graph's streams and register its stages"),
+    for name, text in (("apply", "create the graph's streams and its stages' dead-letter streams"),
                        ("run", "run one worker of a stage"),
                        ("status", "owner, checkpoint and lag of each stage's partitions")):
         g = gsub.add_parser(name, parents=[common], help=text)
         g.add_argument("graph", help="the graph's YAML file")
-        g.add_argument("--metastore", help="zk://... or embedded:///... (default: DIR/cluster.json of `sms up`)")
+        g.add_argument("--metastore", help=argparse.SUPPRESS)     # (no longer needed: accepted, unused)
         if name == "run":
             g.add_argument("--stage", required=True)
             g.add_argument("--worker-id", help="default: HOST-PID")

@@ -1,7 +1,9 @@
 """`sms graph apply | run | status`: stage graphs from the command line.
 
 - apply: creates the graph's streams that do not exist yet (ephemeral ones on the
-  `memory` persistence policy) and registers its stages in the metadata store;
+  `memory` persistence policy) and each stage's dead-letter stream. A stage is a consumer
+  group of each of its inputs (sms/consumer.py), named as the stage: its workers need the
+  cluster's API only, and a tenant's stages never meet another's;
 - run: one worker of one stage, until SIGTERM / SIGINT (it releases its leases with a
   final checkpoint, so peers resume at once);
 - status: per stage and input partition, the lease owner, checkpoint, records done and
@@ -15,14 +17,14 @@ import logging
 import signal
 import time
 
-from metastore import open_metastore
 from sms import aio, errors, seqno
+from sms.consumer import GroupLeases, StreamsLeases
+from sms.leases import SHARD_END, LeaseTable
 from sps.graph import Graph, StageSpec
-from sps.leases import SHARD_END, LeaseTable, workers_path
-from sps.worker import Worker, register_stage
+from sps.worker import Worker
 
 
-async def apply_graph(address: str, metastore: str, graph: Graph) -> dict:
+async def apply_graph(address: str, graph: Graph) -> dict:
     created, registered = [], []
     async with aio.Client(address) as client:
         existing = set(await client.list_streams())
@@ -39,18 +41,13 @@ async def apply_graph(address: str, metastore: str, graph: Graph) -> dict:
             if dead not in existing and dead not in created:       # (one partition: failures are few)
                 await client.create_stream(dead, 1, min(3, len(await _storage_nodes(client))))
                 created.append(dead)
-    store = open_metastore(metastore)
-    await store.start()
-    try:
-        for name in graph.order():
-            await register_stage(store, graph.stages[name])
-            registered.append(name)
-    finally:
-        await store.close()
+    # (a stage is a consumer group of each of its inputs, named as the stage: its workers
+    # make it when they first run; nothing is kept of it apart from that)
+    registered = list(graph.order())
     return {"streams_created": created, "stages_registered": registered}
 
 
-async def run_stage(address: str, metastore: str, stage: StageSpec, worker_id: str | None, master: str) -> dict:
+async def run_stage(address: str, stage: StageSpec, worker_id: str | None, master: str) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("py4j", "grpc"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -62,42 +59,32 @@ async def run_stage(address: str, metastore: str, stage: StageSpec, worker_id: s
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    store = open_metastore(metastore)
-    await store.start()
-    try:
-        worker = Worker(address, store, stage, worker_id, engine)
-        print(f"worker {worker.worker_id} runs stage {stage.name} ({stage.engine})", flush=True)
-        await worker.run(stop)
-        return {"worker": worker.worker_id, "processed": worker.processed, "lost": worker.lost}
-    finally:
-        await store.close()
+    worker = Worker(address, stage, worker_id, engine)
+    print(f"worker {worker.worker_id} runs stage {stage.name} ({stage.engine})", flush=True)
+    await worker.run(stop)
+    return {"worker": worker.worker_id, "processed": worker.processed, "lost": worker.lost,
+            "dead_letters": worker.dead_letters}
 
 
-async def graph_status(address: str, metastore: str, graph: Graph) -> list[dict]:
+async def graph_status(address: str, graph: Graph) -> list[dict]:
     out = []
-    store = open_metastore(metastore)
-    await store.start()
-    try:
-        async with aio.Client(address) as client:
-            for name in graph.order():
-                table = LeaseTable(store, name)
-                try:
-                    workers = await store.children(workers_path(name))
-                except Exception:      # noqa: BLE001 (no worker ever ran)
-                    workers = []
-                rows = []
-                for lease in sorted((await table.all()).values(), key=lambda lease: (lease.stream, lease.ordinal)):
-                    rows.append({"partition": f"{lease.stream}/p{lease.ordinal:04d}", "owner": lease.owner or None,
-                                 "checkpoint": lease.checkpoint, "records": lease.records,
-                                 "records_per_s": round(lease.rate, 1),
-                                 "lag_ms": await _lag_ms(client, lease), "failures": lease.failures,
-                                 "dead_letters": lease.dead_letters, "last_error": lease.last_error or None})
-                out.append({"stage": name, "workers": workers, "partitions": rows,
-                            "dead_letter_stream": graph.stages[name].dead_letter_stream,
-                            "failures": sum(r["failures"] for r in rows),
-                            "dead_letters": sum(r["dead_letters"] for r in rows)})
-    finally:
-        await store.close()
+    async with aio.Client(address) as client:
+        for name in graph.order():
+            inputs = graph.stages[name].inputs
+            table = LeaseTable(StreamsLeases(client, inputs, name), name)
+            workers = sorted({e.key for stream in inputs
+                              for e in (await GroupLeases(client, stream, name).state()).members})
+            rows = []
+            for lease in sorted((await table.all()).values(), key=lambda lease: (lease.stream, lease.ordinal)):
+                rows.append({"partition": f"{lease.stream}/p{lease.ordinal:04d}", "owner": lease.owner or None,
+                             "checkpoint": lease.checkpoint, "records": lease.records,
+                             "records_per_s": round(lease.rate, 1),
+                             "lag_ms": await _lag_ms(client, lease), "failures": lease.failures,
+                             "dead_letters": lease.dead_letters, "last_error": lease.last_error or None})
+            out.append({"stage": name, "workers": workers, "partitions": rows,
+                        "dead_letter_stream": graph.stages[name].dead_letter_stream,
+                        "failures": sum(r["failures"] for r in rows),
+                        "dead_letters": sum(r["dead_letters"] for r in rows)})
     return out
 
 

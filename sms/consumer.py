@@ -117,6 +117,80 @@ class GroupLeases:
             pass
 
 
+class StreamsLeases:
+    """One group's leases over several streams (an SPS stage with several inputs): a
+    LeaseStore whose keys are "<stream>:<ordinal>", each kept in its stream's group."""
+
+    def __init__(self, client, streams: tuple[str, ...], group: str):
+        self.by_stream = {s: GroupLeases(client, s, group) for s in streams}
+
+    async def entries(self) -> list[tuple[str, bytes, int]]:
+        out = []
+        for store in self.by_stream.values():
+            out.extend(await store.entries())
+        return out
+
+    def _store(self, key: str) -> GroupLeases:
+        return self.by_stream[key.rsplit(":", 1)[0]]
+
+    async def create(self, key: str, value: bytes) -> int:
+        return await self._store(key).create(key, value)
+
+    async def set(self, key: str, value: bytes, version: int) -> int:
+        return await self._store(key).set(key, value, version)
+
+    async def delete(self, key: str, version: int) -> None:
+        await self._store(key).delete(key, version)
+
+
+class Membership:
+    """A member's entry in its group (a heartbeat counter each round), and which members
+    are alive as this member observes them: one whose counter has not moved for
+    failover_s is not (its own clock only). Entries gone for long are removed."""
+
+    def __init__(self, client, stream: str, group: str, member_id: str, failover_s: float):
+        self.member_id = member_id
+        self.failover_s = failover_s
+        self.entries = GroupLeases(client, stream, group, member=True)
+        self.version = -1
+        self.counter = 0
+        self.clock = ExpiryClock(failover_s)
+
+    async def heartbeat(self) -> list[str]:
+        """Write this member's entry; the members alive."""
+        self.counter += 1
+        value = json.dumps({"counter": self.counter, "heartbeat_ms": int(time.time() * 1000),
+                            "host": socket.gethostname(), "pid": os.getpid()}).encode()
+        entries = await self.entries.entries()
+        mine = [version for key, _raw, version in entries if key == self.member_id]
+        try:
+            if mine:                          # (also after a create that was applied but answered late)
+                self.version = await self.entries.set(self.member_id, value, mine[0])
+            else:                             # first, or removed as dead by a peer: join again
+                self.version = await self.entries.create(self.member_id, value)
+        except LeaseLost:
+            self.version = -1                 # (changed meanwhile: the next round sees it)
+        alive = []
+        now_ms = int(time.time() * 1000)
+        for key, raw, version in entries:
+            d = json.loads(raw) if raw else {}
+            entry = Lease(key, 0, owner=key, counter=int(d.get("counter", 0)))
+            self.clock.observe(entry)
+            if key == self.member_id or not self.clock.expired(entry):
+                alive.append(key)
+            elif (self.clock.expired(entry, time.monotonic() - 2 * self.failover_s)
+                  or now_ms - int(d.get("heartbeat_ms", 0)) > limits.GROUP_MEMBER_STALE_S * 1000):
+                await self.entries.delete(key, version)        # gone for long: tidy up
+        self.clock.keep({lease_key(key, 0) for key, _r, _v in entries})
+        if self.member_id not in alive:
+            alive.append(self.member_id)
+        return alive
+
+    async def leave(self) -> None:
+        if self.version >= 0:
+            await self.entries.delete(self.member_id, self.version)
+
+
 @dataclass(eq=False)
 class _Owned:
     lease: Lease
@@ -157,11 +231,8 @@ class GroupConsumer:
         self.wait_ms = wait_ms
         self.skip_trimmed = skip_trimmed          # else records trimmed before the group read them fail it
         self.table = LeaseTable(GroupLeases(client, stream, group), f"group {group}")
-        self._members = GroupLeases(client, stream, group, member=True)
+        self._membership = Membership(client, stream, group, self.member_id, failover_s)
         self._clock = ExpiryClock(failover_s)
-        self._member_clock = ExpiryClock(failover_s)
-        self._member_version = -1
-        self._member_counter = 0
         self._owned: dict[str, _Owned] = {}
         # batches read ahead, at most CONSUMER_BATCHES_QUEUED_MAX (a reader takes a slot
         # before it queues one); _STOP, once failed or closed, wakes a waiting __anext__
@@ -217,8 +288,7 @@ class GroupConsumer:
             async with asyncio.timeout(limits.CONSUMER_RELEASE_WAIT_S):
                 for key, owned in list(self._owned.items()):
                     await self._release(key, owned)
-                if self._member_version >= 0:
-                    await self._members.delete(self.member_id, self._member_version)
+                await self._membership.leave()
         except (TimeoutError, errors.SmsError) as e:
             log.warning("group %s: %s left without releasing everything (%s); the others take over after "
                         "the failover time", self.group, self.member_id, e)
@@ -323,38 +393,10 @@ class GroupConsumer:
                             self.member_id, partition_id(owned.lease.ordinal), now - owned.renewed_at)
                 self._lose(key, owned)
 
-    async def _heartbeat(self) -> list[str]:
-        """Write this member's entry; the members alive as this member observes them."""
-        self._member_counter += 1
-        value = json.dumps({"counter": self._member_counter, "heartbeat_ms": int(time.time() * 1000),
-                            "host": socket.gethostname(), "pid": os.getpid()}).encode()
-        entries = await self._members.entries()
-        mine = [version for key, _raw, version in entries if key == self.member_id]
-        try:
-            if mine:                          # (also after a create that was applied but answered late)
-                self._member_version = await self._members.set(self.member_id, value, mine[0])
-            else:                             # first, or removed as dead by a peer: join again
-                self._member_version = await self._members.create(self.member_id, value)
-        except LeaseLost:
-            self._member_version = -1         # (changed meanwhile: the next round sees it)
-        alive = []
-        now_ms = int(time.time() * 1000)
-        for key, raw, version in entries:
-            d = json.loads(raw) if raw else {}
-            entry = Lease(key, 0, owner=key, counter=int(d.get("counter", 0)))
-            self._member_clock.observe(entry)
-            if key == self.member_id or not self._member_clock.expired(entry):
-                alive.append(key)
-            elif (self._member_clock.expired(entry, time.monotonic() - 2 * self.failover_s)
-                  or now_ms - int(d.get("heartbeat_ms", 0)) > limits.GROUP_MEMBER_STALE_S * 1000):
-                await self._members.delete(key, version)        # gone for long: tidy up
-        self._member_clock.keep({lease_key(key, 0) for key, _r, _v in entries})
-        return alive
-
     async def _round(self) -> None:
         if self._closed:
             return
-        members = await self._heartbeat()
+        members = await self._membership.heartbeat()
         info = await self.client.get_stream_info(self.stream)
         async with self._writes:              # (no checkpoint() of ours lands between the read and the compare)
             leases = await self.table.all()

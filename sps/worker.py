@@ -31,13 +31,12 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from metastore import MetaStore, MetaStoreError, NodeExistsError, NoNodeError, open_metastore
 from sms import aio, errors, limits, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.types import PartitionState, Record
 from sps.graph import StageSpec, resolve
-from sps.leases import (LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, LeaseTable, plan_takes,
-                        stage_path, workers_path)
+from sms.consumer import Membership, StreamsLeases
+from sms.leases import LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, LeaseTable, plan_takes
 from sps.engine import Engine, PythonEngine
 from sps.output import OutputWriter, base_sssn
 
@@ -56,16 +55,17 @@ class Owned:
 
 
 class Worker:
-    def __init__(self, address: str, store: MetaStore, stage: StageSpec, worker_id: str | None = None,
-                 engine: Engine | None = None):
+    def __init__(self, address: str, stage: StageSpec, worker_id: str | None = None,
+                 engine: Engine | None = None, client_options: dict | None = None):
         self.address = address
-        self.store = store
+        self.client_options = client_options or {}
         self.stage = stage
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.engine = engine or PythonEngine()
         self.operation = resolve(stage.operation, f"stage {stage.name!r} operation")
         self.sink = resolve(stage.sink, f"stage {stage.name!r} sink") if stage.sink else None
-        self.table = LeaseTable(store, stage.name)
+        self.table: LeaseTable | None = None       # the stage's group on each input (set by run)
+        self.membership: Membership | None = None
         self.clock = ExpiryClock(stage.failover_s)
         self.owned: dict[str, Owned] = {}
         self.client: aio.Client | None = None
@@ -80,22 +80,22 @@ class Worker:
 
     # --- the round ----------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        self.client = aio.Client(self.address)
+        self.client = aio.Client(self.address, **self.client_options)
+        # the stage is a consumer group of each input stream, named as the stage
+        self.table = LeaseTable(StreamsLeases(self.client, self.stage.inputs, self.stage.name), self.stage.name)
+        self.membership = Membership(self.client, self.stage.inputs[0], self.stage.name, self.worker_id,
+                                     self.stage.failover_s)
         try:
-            await self._register()
-            self.store.on_session_lost(lambda: asyncio.get_running_loop().create_task(self._register()))
             interval = self.stage.failover_s / 3
             while not stop.is_set():
                 try:
                     await self.round()
                 except LeaseLost:
                     pass
-                except (errors.SmsError, ConnectionError, MetaStoreError) as e:
+                except (errors.SmsError, ConnectionError) as e:
                     raise_if_cancelling()
-                    if isinstance(e, MetaStoreError) and not getattr(e, "retriable", False):
-                        raise
-                    # (e.g. SessionExpiredError after a pause: not applied; the next round
-                    # retries under the new session, and finds which leases peers took)
+                    if isinstance(e, errors.SmsError) and not e.retriable:
+                        raise           # (a stream deleted, a key revoked: the worker stops and says why)
                     log.info("%s: round failed, retrying: %r", self.worker_id, e)
                 self._wake.clear()
                 waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
@@ -103,24 +103,18 @@ class Worker:
                 for w in waiters:
                     w.cancel()
             await self.release_all()
+            try:
+                await self.membership.leave()
+            except errors.SmsError:
+                pass
         finally:
             for owned in list(self.owned.values()):
                 await cancel_and_wait(owned.task)
             await self.client.close()
             self.engine.close()
 
-    async def _register(self) -> None:
-        path = f"{workers_path(self.stage.name)}/{self.worker_id}"
-        try:
-            await self.store.create(path, str(os.getpid()).encode(), ephemeral=True)
-        except NodeExistsError:
-            pass
-
     async def _workers(self) -> list[str]:
-        try:
-            return await self.store.children(workers_path(self.stage.name))
-        except NoNodeError:
-            return []
+        return await self.membership.heartbeat()
 
     async def refresh_partitions(self) -> None:
         """An entry per input partition in the lease table (existing ones are kept)."""
@@ -385,22 +379,8 @@ class Worker:
             await writer.write(out, base_sssn(first_sn), seqno.timestamp_ms_of(first_sn))
 
 
-async def register_stage(store: MetaStore, stage: StageSpec) -> None:
-    path = stage_path(stage.name)
-    entry = await store.get(path)
-    if entry is None:
-        await store.create(path, stage.to_bytes())
-    else:
-        await store.set(path, stage.to_bytes())
-
-
-async def run_worker(address: str, metastore: str, stage: StageSpec, worker_id: str | None = None,
+async def run_worker(address: str, stage: StageSpec, worker_id: str | None = None,
                      engine: Engine | None = None, stop: asyncio.Event | None = None) -> Worker:
-    store = open_metastore(metastore)
-    await store.start()
-    try:
-        worker = Worker(address, store, stage, worker_id, engine)
-        await worker.run(stop or asyncio.Event())
-        return worker
-    finally:
-        await store.close()
+    worker = Worker(address, stage, worker_id, engine)
+    await worker.run(stop or asyncio.Event())
+    return worker

@@ -76,7 +76,7 @@ async def main_async(args, data_dir: str) -> dict:
     with LocalCluster(os.path.join(data_dir, "cluster"), nodes=3, port=0) as cluster:
         os.environ.update(cluster.client_env())     # its clients trust its CA
         graph = load_graph(GRAPH)
-        await apply_graph(cluster.address, cluster.metastore, graph)
+        await apply_graph(cluster.address, graph)
         log_dir = os.path.join(data_dir, "workers")
         os.makedirs(log_dir)
         workers = {f"{stage}-{i}": start_worker(cluster.address, cluster.metastore, stage, f"{stage}-{i}", log_dir)

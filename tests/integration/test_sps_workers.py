@@ -2,8 +2,10 @@
 
 Every test runs stage workers as `python -m node graph run GRAPH --stage S` processes
 (each in a process group of its own, always stopped at teardown) against the module's
-LocalCluster, with the stage's operations in tests/integration/sps_ops.py. A `LeaseWatch`
-polls the stage's lease table and worker registrations from a thread of its own every
+LocalCluster, with the stage's operations in tests/integration/sps_ops.py. A stage is a
+consumer group of its input (sms/consumer.py; its lease table and members kept below the
+stream by the cluster, control/groups.py), and the workers use the cluster's API only. A
+`LeaseWatch` polls that lease table and the members from a thread of its own every
 WATCH_INTERVAL_S, so the tests see how leases move (and time it) without touching the
 workers; a `Feeder` writes input records continuously from another thread. Nothing
 sleeps and hopes: every wait is `wait_until` on the lease table, the output, or a log.
@@ -58,7 +60,8 @@ from metastore import NoNodeError, open_metastore
 from sms import limits
 from sms.hashing import hash_key_of
 from sms.types import PartitionState, Record
-from sps.leases import SHARD_END, TRIM_HORIZON, Lease, lease_key, leases_path, workers_path
+from control.groups import group_path
+from sms.leases import SHARD_END, TRIM_HORIZON, Lease, lease_key
 from tests.conftest import stream_name, wait_until
 from tests.integration import sps_ops
 
@@ -190,6 +193,7 @@ class LeaseWatch:
 
     metastore: str
     stage: str
+    source: str                      # the stage's input: its lease table is the stage's group of it
     snapshots: list[Snapshot] = field(default_factory=list)
     order_violations: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -232,18 +236,18 @@ class LeaseWatch:
             await self._store.close()
 
     async def _poll(self) -> None:
-        prefix = leases_path(self.stage)
+        group = group_path(self.source, self.stage)
         try:
-            names = await self._store.children(prefix)
+            names = await self._store.children(f"{group}/leases")
         except NoNodeError:
             names = []
         leases: dict[str, Lease] = {}
-        for name in sorted(names, key=lambda n: int(n.rsplit(":", 1)[1]), reverse=True):
-            entry = await self._store.get(f"{prefix}/{name}")
+        for name in sorted(names, key=int, reverse=True):
+            entry = await self._store.get(f"{group}/leases/{name}")
             if entry is not None and entry.value:
-                leases[name] = Lease.from_bytes(entry.value, entry.version)
+                leases[lease_key(self.source, int(name))] = Lease.from_bytes(entry.value, entry.version)
         try:
-            workers = sorted(await self._store.children(workers_path(self.stage)))
+            workers = sorted(await self._store.children(f"{group}/members"))
         except NoNodeError:
             workers = []
         snap = Snapshot(time.monotonic(), leases, workers)
@@ -431,7 +435,7 @@ def sps_stage(cluster, tmp_path):
         assert applied["stages_registered"] == [stage]
         assert sorted(applied["streams_created"]) == sorted([source, sink, f"{stage}-dead-letters"])
         setup = Setup(stage, source, sink, graph, Workers(cluster, graph, stage, tmp_path),
-                      LeaseWatch(cluster.metastore, stage).start())
+                      LeaseWatch(cluster.metastore, stage, source).start())
         made.append(setup)
         return setup
 
