@@ -157,8 +157,12 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
         committed = replica.committed_sn if ending is None else min(replica.committed_sn, ending)
         slices = replica.read(position, committed, max_records, limits.GET_RECORDS_BYTES_MAX)
-        if slices and position > pos.position_sn and not skip_trimmed:
-            _check_nothing_trimmed(pos, slices[0].sn_at(slices[0].start))
+        if position > pos.position_sn and not skip_trimmed:
+            if slices:
+                _check_nothing_trimmed(pos, slices[0].sn_at(slices[0].start))
+            elif committed and seqno.ordinal_of(committed) == pos.ordinal:
+                # nothing left to read: the last record committed tells whether any was due
+                _check_nothing_trimmed(pos, committed + seqno.COUNTER_UNIT)
         if slices:
             last = slices[-1]
             next_position = last.sn_at(last.end - 1) + 1

@@ -213,6 +213,7 @@ SPS_OUTPUTS_PER_BATCH_MAX = 1 << 16            # output records of one batch (SS
 SPS_BATCH_RECORDS_MAX = 10_000                 # input records of one batch
 SPS_RECORD_ATTEMPTS_MAX = 3                    # a failing record is tried so often, then dead-lettered
 SPS_RETRY_BACKOFF_S = 0.2                      # ... waiting this, doubled each time, between tries
+SPS_APPLY_BUDGET_S = 20.0                      # retries and isolation of one batch's failures, at most
 SPS_ERROR_CHARS_MAX = 500                      # an error kept in a lease or a dead letter
 SPS_RECLAIM_BACKOFF_S = 1.0                    # a partition whose processing failed is claimed again
 SPS_RECLAIM_BACKOFF_S_MAX = 60.0               # ... after this, doubled per failure in a row, up to this
@@ -222,6 +223,7 @@ STAGES_PER_GRAPH_MAX = 64
 SPARK_READ_WAIT_MS = 200                       # a Spark read task's long-poll for records not yet there
 SPARK_READ_STALL_S_MAX = 60.0                  # ... and how long its replica may stay behind the batch's end
 assert SPS_CHECKPOINT_INTERVAL_S_MAX * 1000 < DEDUP_WINDOW_MS_MIN
+assert (SPS_CHECKPOINT_INTERVAL_S_MAX + SPS_APPLY_BUDGET_S) * 1000 < DEDUP_WINDOW_MS_MIN
 
 # credentials (control/auth.py): keys checked on every call to a TLS node's client port
 KEY_CACHE_TTL_S = 1.0                          # a node re-reads a key so often: a revoked key stops within it

@@ -180,6 +180,9 @@ def parse_stage(name: str, d: dict, known_streams: set[str] | None = None) -> St
             validate_stream_name(dead_letter)
         except (InvalidArgument, TypeError):
             raise InvalidGraph(f"{where}: dead_letter must name a stream") from None
+        if dead_letter in inputs:
+            raise InvalidGraph(f"{where}: dead_letter {dead_letter!r} is one of its inputs (a poison record would "
+                               "come back for ever)")
     elif len(name) + len("-dead-letters") > limits.STREAM_NAME_CHARS_MAX:
         raise InvalidGraph(f"{where}: a name this long needs dead_letter: STREAM (its default is <name>-dead-letters)")
     return StageSpec(

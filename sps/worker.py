@@ -1,10 +1,11 @@
 """An SPS worker: one process running one stage, a peer of the stage's other workers.
 
-Each round (a third of the stage's failover time, and whenever a partition ends) the
-worker registers itself (an ephemeral entry, so peers see it die), makes sure the lease
-table has an entry per input partition (from `get_stream_info`: at start, at the end of
-a partition, and every SPS_PARTITION_REFRESH_S), and claims, takes, renews and releases
-leases (`sps/leases.py`). A claimed partition gets a processing task:
+The stage is a consumer group, named as the stage, of each of its inputs (sms/consumer.py,
+kept by the cluster: control/groups.py). Each round (a third of the stage's failover
+time, and whenever a partition ends) the worker writes its member heartbeat, makes sure
+the lease table has an entry per input partition (from `get_stream_info`: at start, at
+the end of a partition, and every SPS_PARTITION_REFRESH_S), and claims, takes, renews
+and releases leases (`sms/leases.py`). A claimed partition gets a processing task:
 
     read a batch (up to checkpoint_records records or checkpoint_interval_s seconds)
     -> write the lease: checkpoint = the previous batch's end, pending_end = this batch's end
@@ -16,7 +17,7 @@ A worker that takes the lease over first replays exactly the pending batch, so i
 outputs are the same records under the same SSSNs, which ingestion answers as duplicates:
 each output lands once (`checkpoint` recovery). Every lease write is conditional on the
 version this worker last saw: when one fails (a peer took the lease: this worker was
-paused past the failover time, or lost its registration) the partition's task stops at
+paused past the failover time) the partition's task stops at
 once, before it writes the batch's outputs. At a closed partition's end the lease gets
 SHARD_END and the children become claimable. `best_effort` starts at LATEST and writes no
 progress.
@@ -35,8 +36,9 @@ from sms import aio, errors, limits, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.types import PartitionState, Record
 from sps.graph import StageSpec, resolve
-from sms.consumer import Membership, StreamsLeases
-from sms.leases import LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, LeaseTable, plan_takes
+from sms.consumer import AT_TIMESTAMP, Membership, StreamsLeases
+from sms.leases import (LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, LeaseTable, lease_key,
+                        plan_takes)
 from sps.engine import Engine, PythonEngine
 from sps.output import OutputWriter, base_sssn
 
@@ -119,15 +121,19 @@ class Worker:
     async def refresh_partitions(self) -> None:
         """An entry per input partition in the lease table (existing ones are kept)."""
         start = TRIM_HORIZON if self.stage.recovery == "checkpoint" else LATEST
+        known = set(await self.table.all())
         for stream in self.stage.inputs:
             info = await self.client.get_stream_info(stream)
             for p in info.partitions:
+                if lease_key(stream, p.ordinal) in known:
+                    continue
                 # a best-effort stage does not read closed partitions' pasts
                 first = start if p.state is PartitionState.OPEN or start == TRIM_HORIZON else SHARD_END
                 await self.table.ensure(stream, p.ordinal, tuple(p.parents), first)
         self._refresh_at = time.monotonic() + limits.SPS_PARTITION_REFRESH_S
 
     async def round(self) -> None:
+        workers = await self._workers()      # (first: a slow round must not make this worker look dead)
         if time.monotonic() >= self._refresh_at:
             await self.refresh_partitions()
         leases = await self.table.all()
@@ -136,9 +142,14 @@ class Worker:
         for key, owned in list(self.owned.items()):
             if owned.task is not None and owned.task.done():
                 self._forget(key)
-        claims, releases = plan_takes(leases, self.worker_id, await self._workers(), self.clock)
+        claims, releases = plan_takes(leases, self.worker_id, workers, self.clock)
+        # a lease still this worker's that it no longer processes (a write answered late, a
+        # release that failed, a restart under the same id): taken up again from its checkpoint
+        dropped = [lease for key, lease in leases.items()
+                   if lease.owner == self.worker_id and key not in self.owned and not lease.done]
         now = time.monotonic()
-        claims = [lease for lease in claims if self._backoff.get(lease.key, (0.0, 0.0))[0] <= now]
+        claims = [lease for lease in dropped + [c for c in claims if c.key not in {d.key for d in dropped}]
+                  if self._backoff.get(lease.key, (0.0, 0.0))[0] <= now]
         for lease in claims:
             try:
                 mine = await self.table.claim(lease, self.worker_id)
@@ -235,10 +246,27 @@ class Worker:
         done = lease.checkpoint
         if done == SHARD_END:
             return
-        if done in (TRIM_HORIZON, LATEST):
-            iterator = await self.client.get_iterator(stream, ordinal, done)
-        else:
-            iterator = await self.client.get_iterator(stream, ordinal, "AFTER_SEQUENCE_NUMBER", sequence_number=done)
+        try:
+            if done in (TRIM_HORIZON, LATEST):
+                iterator = await self.client.get_iterator(stream, ordinal, done)
+            elif done.startswith(AT_TIMESTAMP):          # (`sms consumer reset --timestamp-ms` on the stage)
+                iterator = await self.client.get_iterator(stream, ordinal, "AT_TIMESTAMP",
+                                                          timestamp_ms=int(done[len(AT_TIMESTAMP):]))
+            else:
+                iterator = await self.client.get_iterator(stream, ordinal, "AFTER_SEQUENCE_NUMBER",
+                                                          sequence_number=done)
+        except errors.PartitionNotFound:
+            if any(p.ordinal == ordinal for p in (await self.client.get_stream_info(stream)).partitions):
+                raise                      # (a map that lagged: released, and claimed again)
+            # retention dropped it before this stage read it to its end: say so, and let its
+            # children go on (they would wait for its SHARD_END for ever)
+            log.warning("%s: %s p%04d was dropped by retention before stage %s processed it to its end (from "
+                        "%s); going on with its children", self.worker_id, stream, ordinal, self.stage.name, done)
+            self.trimmed_skips += 1
+            await self._write_lease(owned, SHARD_END)
+            self._refresh_at = 0.0
+            self._wake.set()
+            return
         replay_end = int(lease.pending_end) if checkpointing and lease.pending_end else None
         writer = self._writer(lease)
         unrecorded = 0           # records done since the last lease write counted them
@@ -314,35 +342,48 @@ class Worker:
                 break
         return batch, iterator, False
 
-    async def _apply(self, batch: list[Record]) -> tuple[list[dict], list[tuple[Record, str]], int, str]:
+    async def _apply(self, batch: list[Record], deadline: float | None = None
+                     ) -> tuple[list[dict], list[tuple[Record, str]], int, str]:
         """The operation on the batch: (result rows, dead letters (record, error), records
         that failed at least once, the last error). When the batch fails, its halves are
         tried, and so on down to single records; a record that fails
         SPS_RECORD_ATTEMPTS_MAX times (SPS_RETRY_BACKOFF_S apart, doubling) is a dead
-        letter, and the others go on. A deterministic operation gives the same split on a
-        replay, so the outputs and dead letters are the same records."""
+        letter, and the others go on. All of it within SPS_APPLY_BUDGET_S of the batch:
+        past that, a part that still fails goes to the dead letters whole, untried again,
+        so a replay stays well inside the dedup window. A deterministic operation gives the
+        same split on a replay, so the outputs and dead letters are the same records."""
+        if deadline is None:
+            deadline = time.monotonic() + limits.SPS_APPLY_BUDGET_S
         try:
             return await asyncio.to_thread(self.engine.apply, self.operation, batch), [], 0, ""
         except Exception as e:            # noqa: BLE001 (the operation's own error, whatever it is)
+            error = _error_text(e)
+            if time.monotonic() > deadline:
+                return [], self._dead(batch, error, "its batch ran out of time"), len(batch), error
             if len(batch) > 1:
                 half = len(batch) // 2
-                a_rows, a_dead, a_failed, a_err = await self._apply(batch[:half])
-                b_rows, b_dead, b_failed, b_err = await self._apply(batch[half:])
+                a_rows, a_dead, a_failed, a_err = await self._apply(batch[:half], deadline)
+                b_rows, b_dead, b_failed, b_err = await self._apply(batch[half:], deadline)
                 return a_rows + b_rows, a_dead + b_dead, a_failed + b_failed, b_err or a_err
-            error = f"{type(e).__name__}: {e}"[:limits.SPS_ERROR_CHARS_MAX]
         for attempt in range(1, limits.SPS_RECORD_ATTEMPTS_MAX):
-            await asyncio.sleep(limits.SPS_RETRY_BACKOFF_S * 2 ** (attempt - 1))
+            pause = limits.SPS_RETRY_BACKOFF_S * 2 ** (attempt - 1)
+            if time.monotonic() + pause > deadline:
+                break
+            await asyncio.sleep(pause)
             try:
                 return await asyncio.to_thread(self.engine.apply, self.operation, batch), [], 1, error
             except Exception as e:        # noqa: BLE001
-                error = f"{type(e).__name__}: {e}"[:limits.SPS_ERROR_CHARS_MAX]
-        record = batch[0]
-        self.dead_letters += 1
-        log.warning("%s: stage %s: record %s of %s p%04d failed %d times (%s): to %s", self.worker_id,
-                    self.stage.name, record.sequence_number, self.stage.inputs[0] if len(self.stage.inputs) == 1
-                    else "its input", record.partition_ordinal, limits.SPS_RECORD_ATTEMPTS_MAX, error,
+                error = _error_text(e)
+        return [], self._dead(batch, error, f"failed {limits.SPS_RECORD_ATTEMPTS_MAX} times"), 1, error
+
+    def _dead(self, records: list[Record], error: str, why: str) -> list[tuple[Record, str]]:
+        self.dead_letters += len(records)
+        first = records[0]
+        log.warning("%s: stage %s: %d record(s) from %s p%04d (first %s) %s (%s): to %s", self.worker_id,
+                    self.stage.name, len(records), self.stage.inputs[0] if len(self.stage.inputs) == 1
+                    else "its input", first.partition_ordinal, first.sequence_number, why, error,
                     self.stage.dead_letter_stream)
-        return [], [(record, error)], 1, error
+        return [(r, error) for r in records]
 
     async def _emit(self, writer: OutputWriter, rows: list[dict], first_sn: int,
                     dead: list[tuple[Record, str]] = ()) -> None:
@@ -377,6 +418,12 @@ class Worker:
         out = [t[:3] for t in out] + dead_out
         if out:
             await writer.write(out, base_sssn(first_sn), seqno.timestamp_ms_of(first_sn))
+
+
+def _error_text(e: BaseException) -> str:
+    """An operation's error as kept in a lease and a dead letter: ASCII (non-ASCII escaped)
+    and at most SPS_ERROR_CHARS_MAX bytes, so a lease entry stays within its size limit."""
+    return f"{type(e).__name__}: {e}".encode("ascii", "backslashreplace").decode()[:limits.SPS_ERROR_CHARS_MAX]
 
 
 async def run_worker(address: str, stage: StageSpec, worker_id: str | None = None,

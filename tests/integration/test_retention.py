@@ -245,6 +245,24 @@ def test_trim_before_sn_deletes_its_partition_on_every_replica(client, unique_st
     assert_every_replica_serves(client, unique_stream, 0, b[2:] + c)
 
 
+def test_a_reader_whose_every_next_record_went_is_told(client, unique_stream):
+    """Everything after the reader's position trimmed, nothing left to read: the empty page
+    says so (RecordsTrimmed) instead of moving the reader past the loss in silence."""
+    client.create_stream(unique_stream, partitions=1, replication_factor=3, ingestion_policy=NO_DEDUP)
+    sns = put(client, unique_stream, "r", 5)
+    it = client.get_iterator(unique_stream, 0, "AFTER_SEQUENCE_NUMBER", sequence_number=sns[0])
+    after_all = seqno.make(seqno.timestamp_ms_of(sns[-1]), seqno.counter_of(sns[-1]) + 1, 0)
+    client.trim_stream(unique_stream, before_sn=after_all)
+    wait_until(lambda: all_replicas(client, unique_stream, 0, lambda s: int(s.trimmed_before) > sns[-1]),
+               10, "every replica to apply the cut (capped at the commit watermark)")
+    with pytest.raises(errors.RecordsTrimmed, match="4 records"):
+        client.get_next_records(it)
+    assert client.get_next_records(it, skip_trimmed=True).records == []
+    # a reader that had read everything lost nothing
+    done = client.get_iterator(unique_stream, 0, "AFTER_SEQUENCE_NUMBER", sequence_number=sns[-1])
+    assert client.get_next_records(done).records == []
+
+
 def test_get_record_does_not_return_a_record_below_the_trim_point(client, unique_stream):
     client.create_stream(unique_stream, partitions=1, replication_factor=3, ingestion_policy=NO_DEDUP)
     b = put(client, unique_stream, "b", 6)

@@ -202,6 +202,7 @@ BAD_STAGES = [
     ("unknown-field", stage_doc(colour="red", size=3), ["stage 'parse'", "unknown field(s) colour, size"]),
     ("bad-dead-letter", stage_doc(dead_letter="no/slash"), ["stage 'parse'", "dead_letter must name a stream"]),
     ("dead-letter-not-a-string", stage_doc(dead_letter=7), ["stage 'parse'", "dead_letter must name a stream"]),
+    ("dead-letter-is-an-input", stage_doc(dead_letter="clicks"), ["stage 'parse'", "is one of its inputs"]),
     ("missing-operation", stage_doc(operation=_DROP), ["stage 'parse'", "operation must be module:function"]),
     ("operation-not-module-function", stage_doc(operation="justafunction"), ["stage 'parse'", "operation"]),
     ("operation-not-a-string", stage_doc(operation=42), ["stage 'parse'", "operation"]),
