@@ -25,6 +25,7 @@ import re
 
 from control.admin import record_consumer
 from metastore import BadVersionError, Create, MetaStore, NodeExistsError, NoNodeError, Set
+from metastore import reads
 from metastore.view import ClusterView, bounded
 from sms import limits, metadata, seqno
 from sms.errors import GroupNotFound, InvalidArgument, LeaseLost, LimitExceeded, StreamNotFound, Unavailable
@@ -142,23 +143,12 @@ class Groups:
         for path in (group_path(stream, group), _dir(stream, group, False), _dir(stream, group, True)):
             await self._create(path, exist_ok=True)
 
-    async def _entries(self, path: str) -> list[tuple[str, bytes, int]]:
-        try:
-            names = await self.store.children(path)
-        except NoNodeError:
-            return []
-        out = []
-        for name in names:
-            entry = await self.store.get(f"{path}/{name}")
-            if entry is not None:
-                out.append((name, entry.value, entry.version))
-        return out
-
     async def state(self, stream: str, group: str) -> tuple[list, list]:
         """(leases, members) of the group, each (key, value, version); none if it has none."""
         validate_group(group)
         await self._stream(stream)
-        return (await self._entries(_dir(stream, group, False)), await self._entries(_dir(stream, group, True)))
+        return (await reads.entries(self.store, _dir(stream, group, False)),
+                await reads.entries(self.store, _dir(stream, group, True)))
 
     async def write(self, stream: str, group: str, member: bool, key: str, value: bytes, version: int,
                     delete: bool = False) -> int:
@@ -186,10 +176,10 @@ class Groups:
                 raise LeaseLost(f"group {group!r}: {key} exists") from None
             new_version, old = 0, None
         else:
-            entry = await self.store.get(path)
-            old = Lease.from_bytes(entry.value, entry.version) if entry is not None and lease is not None else None
             sn = checkpoint_sn(lease.checkpoint) if lease is not None else None
-            if old is not None and sn is not None and old.checkpoint != lease.checkpoint:
+            entry = await self.store.get(path) if sn is not None else None      # (to see the checkpoint move)
+            old = Lease.from_bytes(entry.value, entry.version) if entry is not None else None
+            if old is not None and old.checkpoint != lease.checkpoint:
                 # the lease and the group's consumer entry in one commit: a reset between
                 # them cannot leave the entry ahead of the lease (retention would trim what
                 # the reset asked to read again)

@@ -13,6 +13,20 @@ from sms.metadata import ChainConfig
 from sms.types import NodeInfo
 
 
+async def entries(store: MetaStore, path: str) -> list[tuple[str, bytes, int]]:
+    """(name, value, version) of each child of `path` ([] when there is no `path`)."""
+    try:
+        names = await store.children(path)
+    except NoNodeError:
+        return []
+    out = []
+    for name in names:
+        entry = await store.get(f"{path}/{name}")
+        if entry is not None:
+            out.append((name, entry.value, entry.version))
+    return out
+
+
 async def live_storage(store: MetaStore) -> dict[str, NodeInfo]:
     """The registered processes with the storage role, by node id."""
     try:

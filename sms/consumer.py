@@ -205,6 +205,14 @@ class _Owned:
     releasing: float = 0.0            # when this member decided to hand it over (0: it keeps it)
 
 
+def _due(owned: "_Owned") -> str:
+    """The checkpoint the lease should hold now: what the caller processed, and SHARD_END
+    once a closed partition's every batch was handed out and processed."""
+    if owned.ended and owned.end_delivered and owned.processed == owned.delivered:
+        return SHARD_END
+    return owned.processed or owned.lease.checkpoint
+
+
 class GroupConsumer:
     """One member of a consumer group (asyncio). See the module's docstring."""
 
@@ -235,8 +243,9 @@ class GroupConsumer:
         self._clock = ExpiryClock(failover_s)
         self._owned: dict[str, _Owned] = {}
         # batches read ahead, at most CONSUMER_BATCHES_QUEUED_MAX (a reader takes a slot
-        # before it queues one); _STOP, once failed or closed, wakes a waiting __anext__
-        self._queue: asyncio.Queue = asyncio.Queue()
+        # before it queues one), and _STOP once failed or closed: it wakes a waiting __anext__
+        self._queue: asyncio.Queue = asyncio.Queue(maxsize=limits.CONSUMER_BATCHES_QUEUED_MAX + 1)
+        self._stopped = False
         self._slots = asyncio.Semaphore(limits.CONSUMER_BATCHES_QUEUED_MAX)
         self._handed: list[ConsumerBatch] = []     # handed out, not yet marked processed (auto)
         self._wake = asyncio.Event()
@@ -269,7 +278,7 @@ class GroupConsumer:
         if self._closed:
             return
         self._closed = True
-        self._queue.put_nowait(_STOP)
+        self._stop_queue()
         if self._coordinator is not None:
             self._wake.set()                  # (it ends after the round under way: no write is cut off)
             try:
@@ -322,7 +331,12 @@ class GroupConsumer:
 
     def _fail(self, e: BaseException) -> None:
         self._failure = e
-        self._queue.put_nowait(_STOP)
+        self._stop_queue()
+
+    def _stop_queue(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self._queue.put_nowait(_STOP)     # (a slot of its own: the readers hold the others)
 
     async def poll(self, timeout_s: float | None = None) -> ConsumerBatch | None:
         """The next batch, or None when none came within `timeout_s` or the consumer is
@@ -467,9 +481,7 @@ class GroupConsumer:
     async def _renew(self, key: str, owned: _Owned) -> bool:
         """Renew the lease with its checkpoint (SHARD_END once a partition's end is
         processed); False if it was lost."""
-        checkpoint = owned.processed or owned.lease.checkpoint
-        if owned.ended and owned.end_delivered and owned.processed == owned.delivered:
-            checkpoint = SHARD_END
+        checkpoint = _due(owned)
         try:
             async with self._writes:
                 if owned.lease.checkpoint == checkpoint:
@@ -488,9 +500,7 @@ class GroupConsumer:
         return True
 
     async def _release(self, key: str, owned: _Owned) -> None:
-        checkpoint = owned.processed or owned.lease.checkpoint
-        if owned.ended and owned.end_delivered and owned.processed == owned.delivered:
-            checkpoint = SHARD_END
+        checkpoint = _due(owned)
         self._forget(key, owned)
         try:
             async with self._writes:

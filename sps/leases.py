@@ -5,7 +5,7 @@ MetaStore. (Consumer groups keep theirs through the cluster's API: sms/consumer.
 
 from __future__ import annotations
 
-from metastore import BadVersionError, MetaStore, NodeExistsError, NoNodeError
+from metastore import BadVersionError, MetaStore, NodeExistsError, NoNodeError, reads
 from sms import leases
 from sms.leases import (LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, lease_key,
                         plan_takes)
@@ -37,16 +37,7 @@ class MetaStoreLeases:
         self.prefix = prefix
 
     async def entries(self) -> list[tuple[str, bytes, int]]:
-        try:
-            names = await self.store.children(self.prefix)
-        except NoNodeError:
-            return []
-        out = []
-        for name in names:
-            entry = await self.store.get(f"{self.prefix}/{name}")
-            if entry is not None:
-                out.append((name, entry.value, entry.version))
-        return out
+        return await reads.entries(self.store, self.prefix)
 
     async def create(self, key: str, value: bytes) -> int:
         try:
