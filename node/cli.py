@@ -593,11 +593,13 @@ def cmd_graph(args) -> int:
         _emit(args, done, f"streams created: {', '.join(done['streams_created']) or '(none)'}; "
                           f"stages registered: {', '.join(done['stages_registered'])}")
     elif args.graph_cmd == "run":
-        if args.stage not in graph.stages:
-            raise errors.InvalidArgument(f"no stage {args.stage!r} in {args.graph}; it has "
+        names = args.stage or graph.order()
+        unknown = [n for n in names if n not in graph.stages]
+        if unknown:
+            raise errors.InvalidArgument(f"no stage {unknown[0]!r} in {args.graph}; it has "
                                          + ", ".join(sorted(graph.stages)))
-        done = asyncio.run(commands.run_stage(_address(args), graph.stages[args.stage],
-                                              args.worker_id, args.master))
+        done = asyncio.run(commands.run_stages(_address(args), [graph.stages[n] for n in dict.fromkeys(names)],
+                                               args.worker_id, args.master))
         _emit(args, done, f"worker {done['worker']} stopped: {done['processed']} records processed")
     else:
         rows = asyncio.run(commands.graph_status(_address(args), graph))
@@ -788,13 +790,15 @@ def build_parser() -> argparse.ArgumentParser:
     graph = sub.add_parser("graph", help="stream-processing stage graphs (YAML)")
     gsub = graph.add_subparsers(dest="graph_cmd", required=True)
     for name, text in (("apply", "create the graph's streams and its stages' dead-letter streams"),
-                       ("run", "run one worker of a stage"),
+                       ("run", "run a worker of one stage, several, or all of them"),
                        ("status", "owner, checkpoint and lag of each stage's partitions")):
         g = gsub.add_parser(name, parents=[common], help=text)
         g.add_argument("graph", help="the graph's YAML file")
         g.add_argument("--metastore", help=argparse.SUPPRESS)     # (no longer needed: accepted, unused)
         if name == "run":
-            g.add_argument("--stage", required=True)
+            g.add_argument("--stage", action="append",
+                           help="a stage to run (repeat for several in this process, sharing one Spark "
+                                "session); default: every stage of the graph")
             g.add_argument("--worker-id", help="default: HOST-PID")
             g.add_argument("--master", default="local[2]", help="Spark master URL (default local[2])")
     graph.set_defaults(func=cmd_graph)

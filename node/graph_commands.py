@@ -4,7 +4,7 @@
   `memory` persistence policy) and each stage's dead-letter stream. A stage is a consumer
   group of each of its inputs (sms/consumer.py), named as the stage: its workers need the
   cluster's API only, and a tenant's stages never meet another's;
-- run: one worker of one stage, until SIGTERM / SIGINT (it releases its leases with a
+- run: a worker of one stage, or of several in one process (one Spark session), until SIGTERM / SIGINT (it releases its leases with a
   final checkpoint, so peers resume at once);
 - status: per stage and input partition, the lease owner, checkpoint, records done and
   how far behind the partition's newest record it is.
@@ -47,23 +47,36 @@ async def apply_graph(address: str, graph: Graph) -> dict:
     return {"streams_created": created, "stages_registered": registered}
 
 
-async def run_stage(address: str, stage: StageSpec, worker_id: str | None, master: str) -> dict:
+async def run_stages(address: str, stages: list[StageSpec], worker_id: str | None, master: str) -> dict:
+    """One worker of each stage in this process, sharing one engine per kind (one Spark
+    session for all of them), until SIGTERM / SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("py4j", "grpc"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    engine = None
-    if stage.engine == "spark":
+    engines: dict = {}
+    if any(s.engine == "spark" for s in stages):
         from spark_sps.engine import SparkEngine
-        engine = SparkEngine(master)
+        engines["spark"] = SparkEngine(master)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    worker = Worker(address, stage, worker_id, engine)
-    print(f"worker {worker.worker_id} runs stage {stage.name} ({stage.engine})", flush=True)
-    await worker.run(stop)
-    return {"worker": worker.worker_id, "processed": worker.processed, "lost": worker.lost,
-            "dead_letters": worker.dead_letters}
+    workers = [Worker(address, s, worker_id, engines.get(s.engine), own_engine=False) for s in stages]
+    for w in workers:
+        print(f"worker {w.worker_id} runs stage {w.stage.name} ({w.stage.engine})", flush=True)
+    try:
+        runs = [asyncio.ensure_future(w.run(stop)) for w in workers]
+        done, _ = await asyncio.wait(runs, return_when=asyncio.FIRST_EXCEPTION)
+        stop.set()                       # (one stage failed: the others stop too, releasing their leases)
+        await asyncio.gather(*runs, return_exceptions=True)
+        for r in runs:
+            r.result()
+    finally:
+        for engine in engines.values():
+            engine.close()
+    return {"worker": workers[0].worker_id, "stages": [w.stage.name for w in workers],
+            "processed": sum(w.processed for w in workers), "micro_batches": sum(w.micro_batches for w in workers),
+            "lost": sum(w.lost for w in workers), "dead_letters": sum(w.dead_letters for w in workers)}
 
 
 async def graph_status(address: str, graph: Graph) -> list[dict]:

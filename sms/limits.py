@@ -211,6 +211,12 @@ SPS_CHECKPOINT_INTERVAL_S_DEFAULT = 5.0        # ... or T seconds, whichever com
 SPS_CHECKPOINT_INTERVAL_S_MAX = 30.0           # well inside the dedup window: replays are recognised
 SPS_OUTPUTS_PER_BATCH_MAX = 1 << 16            # output records of one batch (SSSN = batch << 16 | index)
 SPS_BATCH_RECORDS_MAX = 10_000                 # input records of one batch
+SPS_FILTER_HEADERS_MAX = 16                    # header names in one output filter (a record can carry fewer:
+SPS_FILTER_VALUES_MAX = 100                    # `exists: false`); conditions on one name, or strings in one anything-but
+SPS_WARM_UP_ROUNDS = 5                         # a Spark worker runs its operation on made-up batches so often,
+SPS_WARM_UP_RECORDS = 5_000                    # ... of so many records, before it claims partitions
+SPS_REPORT_S = 10.0                            # a worker logs its micro-batches' figures this often
+SPS_MICRO_BATCH_GATHER_S = 0.05               # a micro-batch waits so long for partitions' reads about to be ready
 SPS_RECORD_ATTEMPTS_MAX = 3                    # a failing record is tried so often, then dead-lettered
 SPS_RETRY_BACKOFF_S = 0.2                      # ... waiting this, doubled each time, between tries
 SPS_APPLY_BUDGET_S = 20.0                      # retries and isolation of one batch's failures, at most

@@ -1,22 +1,34 @@
-"""Runs a stage's operation on PySpark: each batch of records becomes a DataFrame.
+"""Runs a stage's operation on PySpark: one Spark job per micro-batch, Arrow in and out.
 
-The DataFrame has the columns `partition_key` (string), `data` (binary),
-`sequence_number` (string), `arrival_time` (timestamp) and `partition_id` (string). The
-operation is a DataFrame -> DataFrame function; the rows of its result become output
-records (their `data` column, string or binary, and the stage's key column). Spark is
-local by default (`local[2]`), or any master URL. The SparkSession starts at the first
-batch and lives as long as the worker.
+The operation is a DataFrame -> DataFrame function. Its input DataFrame has the columns
+`partition_key` (string), `data` (binary), `sequence_number` (string), `arrival_time`
+(timestamp), `partition_id` (string) and `headers` (map<string, binary>); the rows of its
+result become output records (their `data` column, string or binary, the stage's key
+column, and a `headers` map column when the result has one).
+
+A micro-batch holds one batch per input partition the worker holds. They cross to the JVM
+as one Arrow table (the pages' columns as the compiled codec decoded them: no Python
+object per record), tagged with their batch's index; the operation is applied to each
+batch's rows separately (a filter on the tag), and the results are put together with a
+union and come back as one Arrow table: one Spark job per micro-batch, whatever the
+number of partitions, and each output row is known to come from one input partition.
+
+Spark is local by default (`local[2]`), or any master URL. One SparkSession serves the
+whole worker process (every stage and lease in it); `start()` makes it before the worker
+claims a partition.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 
 from sms.types import Record
 
-INPUT_COLUMNS = ("partition_key", "data", "sequence_number", "arrival_time", "partition_id")
+INPUT_COLUMNS = ("partition_key", "data", "sequence_number", "arrival_time", "partition_id", "headers")
+_TAG = "__sms_batch"
 
 
 def spark_session(master: str = "local[2]", app_name: str = "sms-sps"):
@@ -44,42 +56,105 @@ class SparkEngine:
         self.master = master
         self.app_name = app_name
         self._spark = None
-        self._lock = threading.Lock()        # batches of several partitions run in threads
+        self._lock = threading.Lock()        # the session's start and stop
         self._closed = False
 
     @property
     def spark(self):
-        if self._spark is None:
-            self._spark = spark_session(self.master, self.app_name)
-        return self._spark
-
-    def dataframe(self, records: list[Record]):
-        from pyspark.sql.types import BinaryType, StringType, StructField, StructType, TimestampType
-        schema = StructType([StructField("partition_key", StringType(), False),
-                             StructField("data", BinaryType(), False),
-                             StructField("sequence_number", StringType(), False),
-                             StructField("arrival_time", TimestampType(), False),
-                             StructField("partition_id", StringType(), False)])
-        import pandas as pd
-        # through Arrow: a batch crosses to the JVM as columns, not one pickled row at a time
-        frame = pd.DataFrame({
-            "partition_key": [r.partition_key for r in records],
-            "data": [bytes(r.data) for r in records],
-            "sequence_number": [r.sequence_number for r in records],
-            "arrival_time": pd.to_datetime([r.arrival_time_ms for r in records], unit="ms", utc=True),
-            "partition_id": [r.partition_id for r in records]})
-        return self.spark.createDataFrame(frame, schema)
-
-    def apply(self, operation, records: list[Record]) -> list[dict]:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the Spark engine is closed (the worker is stopping)")
-            result = operation(self.dataframe(records))
-            return result.toPandas().to_dict("records")
+            if self._spark is None:
+                self._spark = spark_session(self.master, self.app_name)
+            return self._spark
+
+    def start(self) -> None:
+        """The session, and one tiny job (the first job of a JVM is slow)."""
+        self.spark.range(1).count()
+
+    def dataframe(self, records: list[Record]):
+        """A partition's records as the operation's input (the slow path: a batch being
+        split to find a failing record)."""
+        import pyarrow as pa
+
+        from sms.batch import arrow_schema
+        schema = arrow_schema("us")
+        table = pa.table({
+            "partition_key": pa.array([r.partition_key for r in records], pa.string()),
+            "data": pa.array([bytes(r.data) for r in records], pa.binary()),
+            "sequence_number": pa.array([r.sequence_number for r in records], pa.string()),
+            "arrival_time": pa.array([r.arrival_time_ms * 1000 for r in records], schema.field("arrival_time").type),
+            "partition_id": pa.array([r.partition_id for r in records], pa.string()),
+            "headers": pa.array([list(r.headers.items()) for r in records], schema.field("headers").type)},
+            schema=schema)
+        return self.spark.createDataFrame(table)
+
+    def apply(self, operation, records: list[Record]) -> list[dict]:
+        return _rows(operation(self.dataframe(records)).toArrow())
+
+    def apply_batches(self, operation, batches: dict) -> dict[str, list[dict]]:
+        keys = list(batches)
+        results = self._apply_tables(operation, [batches[k].to_arrow(timestamp_unit="us") for k in keys])
+        return dict(zip(keys, results))
+
+    def warm_up(self, operation) -> None:
+        """Run the operation on made-up micro-batches a few times (SPS_WARM_UP_ROUNDS of two
+        partitions' SPS_WARM_UP_RECORDS records): a new JVM compiles Spark's own code and the
+        operation's plan on its first jobs, which cost seconds and several times the CPU of
+        later ones. Its outcome does not matter (made-up data may fail the operation)."""
+        import pyarrow as pa
+
+        from sms import limits
+        from sms.batch import arrow_schema
+        n = limits.SPS_WARM_UP_RECORDS
+        schema = arrow_schema("us")
+        table = pa.table({
+            "partition_key": pa.array([f"warm-up-{i % 64}" for i in range(n)], pa.string()),
+            "data": pa.array([b'{"warm_up": %d}' % i for i in range(n)], pa.binary()),
+            "sequence_number": pa.array([str(i) for i in range(n)], pa.string()),
+            "arrival_time": pa.array(range(n), schema.field("arrival_time").type),
+            "partition_id": pa.array(["p0000"] * n, pa.string()),
+            "headers": pa.array([[]] * n, schema.field("headers").type)}, schema=schema)
+        for _ in range(limits.SPS_WARM_UP_ROUNDS):
+            try:
+                self._apply_tables(operation, [table, table])
+            except Exception:            # noqa: BLE001 (made-up input; the real batches will tell)
+                return
+
+    def _apply_tables(self, operation, tables: list) -> list[list[dict]]:
+        import pyarrow as pa
+        if not tables:
+            return []
+        tagged = pa.concat_tables([t.append_column(_TAG, pa.array([i] * t.num_rows, pa.int32()))
+                                   for i, t in enumerate(tables)])
+        from pyspark.sql import functions as F
+        df = self.spark.createDataFrame(tagged)
+        if len(tables) == 1:
+            return [_rows(operation(df.drop(_TAG)).toArrow())]
+        branches = [operation(df.where(F.col(_TAG) == i).drop(_TAG)).withColumn(_TAG, F.lit(i))
+                    for i in range(len(tables))]
+        result = functools.reduce(lambda a, b: a.unionByName(b), branches).toArrow()
+        tags = result.column(_TAG).to_pylist()
+        rows = _rows(result.drop_columns([_TAG]))
+        out: list[list[dict]] = [[] for _ in tables]
+        for tag, row in zip(tags, rows):
+            out[tag].append(row)
+        return out
 
     def close(self) -> None:
-        with self._lock:                     # after a batch in progress
+        with self._lock:
             self._closed = True
             if self._spark is not None:
                 self._spark.stop()
                 self._spark = None
+
+
+def _rows(table) -> list[dict]:
+    """Result rows as dicts; a map column (headers) as a dict."""
+    rows = table.to_pylist()
+    maps = [f.name for f in table.schema if str(f.type).startswith("map<")]
+    for row in rows:
+        for name in maps:
+            if row[name] is not None:
+                row[name] = dict(row[name])
+    return rows

@@ -1,26 +1,32 @@
-"""An SPS worker: one process running one stage, a peer of the stage's other workers.
+"""An SPS worker: one stage's member in a process (a process may run several stages, each
+its own Worker sharing one engine), a peer of the stage's other workers.
 
 The stage is a consumer group, named as the stage, of each of its inputs (sms/consumer.py,
 kept by the cluster: control/groups.py). Each round (a third of the stage's failover
 time, and whenever a partition ends) the worker writes its member heartbeat, makes sure
 the lease table has an entry per input partition (from `get_stream_info`: at start, at
 the end of a partition, and every SPS_PARTITION_REFRESH_S), and claims, takes, renews
-and releases leases (`sms/leases.py`). A claimed partition gets a processing task:
+and releases leases (`sms/leases.py`).
 
-    read a batch (up to checkpoint_records records or checkpoint_interval_s seconds)
-    -> write the lease: checkpoint = the previous batch's end, pending_end = this batch's end
-    -> apply the stage's operation (on Spark, or plain Python)
-    -> write the outputs (sps/output.py: SSSNs from the batch's input position) and wait for them
-    -> next batch (the next lease write checkpoints this one)
+The leases it holds are processed together, in micro-batches (`_micro_batches`):
 
-A worker that takes the lease over first replays exactly the pending batch, so its
-outputs are the same records under the same SSSNs, which ingestion answers as duplicates:
-each output lands once (`checkpoint` recovery). Every lease write is conditional on the
-version this worker last saw: when one fails (a peer took the lease: this worker was
-paused past the failover time) the partition's task stops at
-once, before it writes the batch's outputs. At a closed partition's end the lease gets
-SHARD_END and the children become claimable. `best_effort` starts at LATEST and writes no
-progress.
+    read each partition's next batch (up to checkpoint_records records or
+        checkpoint_interval_s seconds), ahead, while the previous micro-batch is processed
+    -> write each lease: checkpoint = its previous batch's end, pending_end = this batch's end
+    -> apply the stage's operation to every partition's batch in one engine call (Spark:
+       one job, Arrow in and out; each output row is known to come from one partition)
+    -> write each partition's outputs (sps/output.py: SSSNs from its batch's input
+       position) and wait for them
+    -> the next micro-batch (its lease writes checkpoint this one)
+
+A worker that takes a lease over first replays exactly its pending batch, so its outputs
+are the same records under the same SSSNs, which ingestion answers as duplicates: each
+output lands once (`checkpoint` recovery), whatever the other partitions of the
+micro-batch. Every lease write is conditional on the version this worker last saw: when
+one fails (a peer took the lease: this worker was paused past the failover time) the
+partition leaves the micro-batch at once, before its outputs are written. At a closed
+partition's end the lease gets SHARD_END and the children become claimable. `best_effort`
+starts at LATEST and writes no progress.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import logging
 import os
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from sms import aio, errors, limits, seqno
@@ -39,7 +46,7 @@ from sps.graph import StageSpec, resolve
 from sms.consumer import AT_TIMESTAMP, Membership, StreamsLeases
 from sms.leases import (LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, LeaseTable, lease_key,
                         plan_takes)
-from sps.engine import Engine, PythonEngine
+from sps.engine import Engine, InputBatch, PythonEngine
 from sps.output import OutputWriter, base_sssn
 
 log = logging.getLogger(__name__)
@@ -47,23 +54,47 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class Owned:
+    """A lease this worker holds, and how far its processing is."""
     lease: Lease
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    task: asyncio.Task | None = None
     last_write: float = field(default_factory=time.monotonic)
     stopping: bool = False            # release at the next batch boundary
     records: int = 0
     rate_since: float = field(default_factory=time.monotonic)
+    done: str = ""                    # the checkpoint: the last batch whose outputs are acknowledged
+    opened: bool = False              # the iterator is open (and a pending batch is being replayed)
+    iterator: str | None = None
+    replay_end: int | None = None     # the first batch replays exactly the pending one
+    read: asyncio.Task | None = None  # the next batch, read ahead while the current one is processed
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    writer: OutputWriter | None = None
+    unrecorded: int = 0               # records done since the last lease write counted them
+    unfailed: int = 0                 # ... failed, and dead-lettered
+    undead: int = 0
+    last_error: str = ""
+
+
+@dataclass(eq=False)
+class Step:
+    """One partition's part of a micro-batch."""
+    owned: Owned
+    batch: InputBatch
+    ended: bool
+    rows: list = field(default_factory=list)
+    dead: list = field(default_factory=list)
+    failed: int = 0
+    error: str = ""
 
 
 class Worker:
     def __init__(self, address: str, stage: StageSpec, worker_id: str | None = None,
-                 engine: Engine | None = None, client_options: dict | None = None):
+                 engine: Engine | None = None, client_options: dict | None = None, *, own_engine: bool = True):
         self.address = address
         self.client_options = client_options or {}
         self.stage = stage
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.engine = engine or PythonEngine()
+        self.own_engine = own_engine                 # close it when the worker stops (not when shared)
         self.operation = resolve(stage.operation, f"stage {stage.name!r} operation")
         self.sink = resolve(stage.sink, f"stage {stage.name!r} sink") if stage.sink else None
         self.table: LeaseTable | None = None       # the stage's group on each input (set by run)
@@ -71,14 +102,17 @@ class Worker:
         self.clock = ExpiryClock(stage.failover_s)
         self.owned: dict[str, Owned] = {}
         self.client: aio.Client | None = None
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()                 # the round: a partition ended or failed
+        self._work = asyncio.Event()                 # the micro-batch loop: a lease was claimed
         self._refresh_at = 0.0
-        self.outputs: dict[str, OutputWriter] = {}
         self.processed = 0
+        self.micro_batches = 0
+        self.timings: Counter = Counter()            # seconds in each phase of the micro-batches, and counts
+        self._report_at = time.monotonic() + limits.SPS_REPORT_S
         self.lost = 0
-        self.trimmed_skips = 0
+        self.trimmed_skips = 0                       # reads that found records trimmed before they were processed
         self.dead_letters = 0
-        self._backoff: dict[str, tuple[float, float]] = {}   # lease key -> (claim again after, last backoff)          # reads that found records trimmed before they were processed
+        self._backoff: dict[str, tuple[float, float]] = {}   # lease key -> (claim again after, last backoff)
 
     # --- the round ----------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -87,9 +121,15 @@ class Worker:
         self.table = LeaseTable(StreamsLeases(self.client, self.stage.inputs, self.stage.name), self.stage.name)
         self.membership = Membership(self.client, self.stage.inputs[0], self.stage.name, self.worker_id,
                                      self.stage.failover_s)
+        loop_task = None
         try:
+            await asyncio.to_thread(self.engine.start)      # (before claiming: a JVM takes seconds)
+            await asyncio.to_thread(self.engine.warm_up, self.operation)
+            loop_task = asyncio.get_running_loop().create_task(self._micro_batches(), name=f"sps-{self.stage.name}")
             interval = self.stage.failover_s / 3
             while not stop.is_set():
+                if loop_task.done():
+                    loop_task.result()          # (it never ends by itself: an error of this worker's own)
                 try:
                     await self.round()
                 except LeaseLost:
@@ -100,20 +140,23 @@ class Worker:
                         raise           # (a stream deleted, a key revoked: the worker stops and says why)
                     log.info("%s: round failed, retrying: %r", self.worker_id, e)
                 self._wake.clear()
-                waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
+                waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait()), loop_task]
                 await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
-                for w in waiters:
+                for w in waiters[:2]:
                     w.cancel()
             await self.release_all()
+            self._report()
             try:
                 await self.membership.leave()
             except errors.SmsError:
                 pass
         finally:
+            await cancel_and_wait(loop_task)
             for owned in list(self.owned.values()):
-                await cancel_and_wait(owned.task)
+                await self._finish(owned)
             await self.client.close()
-            self.engine.close()
+            if self.own_engine:
+                self.engine.close()
 
     async def _workers(self) -> list[str]:
         return await self.membership.heartbeat()
@@ -139,9 +182,6 @@ class Worker:
         leases = await self.table.all()
         for lease in leases.values():
             self.clock.observe(lease)
-        for key, owned in list(self.owned.items()):
-            if owned.task is not None and owned.task.done():
-                self._forget(key)
         claims, releases = plan_takes(leases, self.worker_id, workers, self.clock)
         # a lease still this worker's that it no longer processes (a write answered late, a
         # release that failed, a restart under the same id): taken up again from its checkpoint
@@ -157,12 +197,13 @@ class Worker:
                 continue
             log.info("%s: claimed %s at %s (from %s)", self.worker_id, lease.key, mine.checkpoint,
                      lease.owner or "nobody")
-            owned = self.owned[mine.key] = Owned(mine)
-            owned.task = asyncio.get_running_loop().create_task(self._process(owned), name=f"sps-{mine.key}")
+            self.owned[mine.key] = Owned(mine)
+            self._work.set()
         for lease in releases:
             owned = self.owned.get(lease.key)
             if owned is not None:
-                owned.stopping = True        # the task checkpoints and releases at its next batch boundary
+                owned.stopping = True        # checkpointed and released at its next batch boundary
+                self._work.set()
         for key, owned in list(self.owned.items()):
             if time.monotonic() - owned.last_write >= self.stage.failover_s / 3:
                 try:
@@ -170,25 +211,232 @@ class Worker:
                         owned.lease = await self.table.renew(owned.lease)
                         owned.last_write = time.monotonic()
                 except LeaseLost:
-                    self.lost += 1
-                    log.warning("%s: lost %s to a peer; stopped processing it", self.worker_id, key)
-                    await cancel_and_wait(owned.task)
-                    self._forget(key)
+                    await self._lose(owned)
+
+    def _report(self) -> None:
+        """A line with the micro-batches' figures so far (every SPS_REPORT_S, and at the end)."""
+        self._report_at = time.monotonic() + limits.SPS_REPORT_S
+        log.info("%s: stage %s: %s", self.worker_id, self.stage.name,
+                 ", ".join(f"{k} {round(v, 2)}" for k, v in sorted(self.timings.items())))
 
     def _forget(self, key: str) -> None:
-        self.owned.pop(key, None)
+        owned = self.owned.pop(key, None)
+        if owned is not None:
+            owned.finished.set()
+            if owned.read is not None:
+                owned.read.cancel()
+
+    async def _finish(self, owned: Owned) -> None:
+        """This worker is done with the lease (released, lost, ended or failed)."""
+        if self.owned.get(owned.lease.key) is owned:
+            self._forget(owned.lease.key)
+        owned.finished.set()
+        await cancel_and_wait(owned.read)
+        owned.read = None
+        if owned.writer is not None:
+            writer, owned.writer = owned.writer, None
+            # (a replay of what it did not finish is answered by de-duplication)
+            await writer.close(flush=False)
+        self._wake.set()
 
     async def release_all(self) -> None:
         for owned in list(self.owned.values()):
             owned.stopping = True
-        for owned in list(self.owned.values()):
-            if owned.task is not None:
-                try:
-                    await asyncio.wait_for(asyncio.shield(owned.task), self.stage.checkpoint_interval_s * 2 + 5)
-                except (asyncio.TimeoutError, Exception):   # noqa: BLE001 (stopping: its lease expires)
-                    pass
+        self._work.set()
+        waits = [asyncio.ensure_future(o.finished.wait()) for o in list(self.owned.values())]
+        if waits:
+            await asyncio.wait(waits, timeout=self.stage.checkpoint_interval_s * 2 + 5)
+            for w in waits:
+                w.cancel()
 
-    # --- one partition -------------------------------------------------------------------
+    # --- the micro-batches ---------------------------------------------------------------
+    async def _micro_batches(self) -> None:
+        """One micro-batch after another, each over every partition this worker holds that
+        has records (or ended, or is to be released): read (ahead, while the previous one
+        was processed), fence (the pending write of each lease), apply (one engine call),
+        write the outputs, and move each partition on."""
+        while True:
+            self._work.clear()
+            active = list(self.owned.values())
+            for owned in active:
+                if owned.read is None:
+                    owned.read = asyncio.get_running_loop().create_task(self._next_batch(owned))
+            if not active:
+                await self._work.wait()
+                continue
+            reads = [o.read for o in active]
+            work = asyncio.ensure_future(self._work.wait())
+            done, _ = await asyncio.wait(reads + [work], return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                # the others that are about to be ready join this micro-batch
+                await asyncio.wait(reads, timeout=limits.SPS_MICRO_BATCH_GATHER_S)
+            work.cancel()
+            steps: list[Step] = []
+            for owned in active:
+                task = owned.read
+                if task is None or not task.done() or self.owned.get(owned.lease.key) is not owned:
+                    continue
+                owned.read = None
+                try:
+                    batch, ended = task.result()
+                except asyncio.CancelledError:
+                    continue
+                except LeaseLost:
+                    await self._lose(owned)
+                    continue
+                except Exception as e:        # noqa: BLE001 (the read of one partition: it is released)
+                    raise_if_cancelling()
+                    await self._fail(owned, e)
+                    continue
+                if not ended and not owned.stopping and len(batch):
+                    # read ahead (not past a replay's end: replay_end is cleared by the read)
+                    owned.read = asyncio.get_running_loop().create_task(self._next_batch(owned))
+                steps.append(Step(owned, batch, ended))
+            if steps:
+                await self._process(steps)
+
+    async def _next_batch(self, owned: Owned) -> tuple[InputBatch, bool]:
+        lease = owned.lease
+        if not owned.opened:
+            owned.opened = True
+            owned.done = lease.checkpoint
+            if lease.checkpoint == SHARD_END:
+                return InputBatch(lease.stream, lease.ordinal), True
+            owned.iterator = await self._open(owned)
+            if owned.iterator is None:
+                return InputBatch(lease.stream, lease.ordinal), True
+            if self.stage.recovery == "checkpoint" and lease.pending_end:
+                owned.replay_end = int(lease.pending_end)
+        replay_end, owned.replay_end = owned.replay_end, None
+        batch, owned.iterator, ended = await self._read_batch(lease.stream, lease.ordinal, owned.iterator,
+                                                              replay_end)
+        return batch, ended
+
+    async def _open(self, owned: Owned) -> str | None:
+        """The partition's iterator at the lease's checkpoint; None when retention dropped
+        the partition before this stage read it to its end."""
+        lease = owned.lease
+        stream, ordinal, done = lease.stream, lease.ordinal, lease.checkpoint
+        try:
+            if done in (TRIM_HORIZON, LATEST):
+                return await self.client.get_iterator(stream, ordinal, done)
+            if done.startswith(AT_TIMESTAMP):          # (`sms consumer reset --timestamp-ms` on the stage)
+                return await self.client.get_iterator(stream, ordinal, "AT_TIMESTAMP",
+                                                      timestamp_ms=int(done[len(AT_TIMESTAMP):]))
+            return await self.client.get_iterator(stream, ordinal, "AFTER_SEQUENCE_NUMBER", sequence_number=done)
+        except errors.PartitionNotFound:
+            if any(p.ordinal == ordinal for p in (await self.client.get_stream_info(stream)).partitions):
+                raise                      # (a map that lagged: released, and claimed again)
+            # retention dropped it before this stage read it to its end: say so, and let its
+            # children go on (they would wait for its SHARD_END for ever)
+            log.warning("%s: %s p%04d was dropped by retention before stage %s processed it to its end (from "
+                        "%s); going on with its children", self.worker_id, stream, ordinal, self.stage.name, done)
+            self.trimmed_skips += 1
+            return None
+
+    async def _process(self, steps: list[Step]) -> None:
+        checkpointing = self.stage.recovery == "checkpoint"
+        work = [s for s in steps if len(s.batch)]
+        t0 = time.monotonic()
+        if checkpointing and work:
+            # the fence: a worker that lost a lease learns it here, before it writes outputs
+            fenced = await asyncio.gather(*(self._write_progress(s.owned, pending_end=str(s.batch.last_sn))
+                                            for s in work), return_exceptions=True)
+            for s, outcome in zip(list(work), fenced):
+                if isinstance(outcome, BaseException):
+                    work.remove(s)
+                    steps.remove(s)
+                    await self._lost_or_failed(s.owned, outcome)
+        t1 = time.monotonic()
+        if work:
+            await self._apply_steps(work)
+            t2 = time.monotonic()
+            emitted = await asyncio.gather(*(self._emit(self._writer(s.owned), s.rows, s.batch.first_sn, s.dead)
+                                             for s in work), return_exceptions=True)
+            self.micro_batches += 1
+            t3 = time.monotonic()
+            self.timings["fence_s"] += t1 - t0
+            self.timings["apply_s"] += t2 - t1
+            self.timings["emit_s"] += t3 - t2
+            self.timings["records"] += sum(len(s.batch) for s in work)
+            self.timings["micro_batches"] += 1
+            if t3 >= self._report_at:
+                self._report()
+            for s, outcome in zip(list(work), emitted):
+                if isinstance(outcome, BaseException):
+                    steps.remove(s)
+                    await self._lost_or_failed(s.owned, outcome)
+                    continue
+                o = s.owned
+                o.done = str(s.batch.last_sn)
+                o.unfailed += s.failed
+                o.undead += len(s.dead)
+                o.last_error = s.error or o.last_error
+                o.records += len(s.batch)
+                o.unrecorded += len(s.batch)
+                self.processed += len(s.batch)
+                self._backoff.pop(o.lease.key, None)
+        for s in steps:
+            o = s.owned
+            if self.owned.get(o.lease.key) is not o:
+                continue                     # (lost meanwhile: the round stopped it)
+            try:
+                if s.ended:
+                    await self._write_progress(o, SHARD_END)
+                    self._refresh_at = 0.0               # its children appear in the table next round
+                    await self._finish(o)
+                elif o.stopping:
+                    if checkpointing and o.done != o.lease.checkpoint:
+                        await self._write_progress(o)
+                    async with o.lock:
+                        o.lease = await self.table.release(o.lease)
+                    await self._finish(o)
+                elif not len(s.batch) and checkpointing and o.done != o.lease.checkpoint:
+                    await self._write_progress(o)
+            except Exception as e:       # noqa: BLE001
+                raise_if_cancelling()
+                await self._lost_or_failed(o, e)
+
+    async def _lost_or_failed(self, owned: Owned, e: BaseException) -> None:
+        if isinstance(e, asyncio.CancelledError):
+            raise e
+        if self.owned.get(owned.lease.key) is not owned:
+            return                           # (lost meanwhile: the round stopped it, and its writer)
+        if isinstance(e, LeaseLost):
+            await self._lose(owned)
+        else:
+            await self._fail(owned, e)
+
+    async def _lose(self, owned: Owned) -> None:
+        self.lost += 1
+        log.warning("%s: lost %s to a peer; stopped processing it", self.worker_id, owned.lease.key)
+        await self._finish(owned)
+
+    async def _fail(self, owned: Owned, e: BaseException) -> None:
+        """Anything but the operation failed a partition (that dead-letters): an output
+        stream gone, a sink raising... It is released, and claimed again after a backoff."""
+        key = owned.lease.key
+        now = time.monotonic()
+        delay = min(limits.SPS_RECLAIM_BACKOFF_S_MAX,
+                    max(limits.SPS_RECLAIM_BACKOFF_S, 2 * self._backoff.get(key, (0.0, 0.0))[1]))
+        self._backoff[key] = (now + delay, delay)
+        log.error("%s: processing %s failed; releasing it (this worker claims it again in %.0f s at the "
+                  "earliest)", self.worker_id, key, delay, exc_info=e)
+        try:
+            async with owned.lock:
+                owned.lease = await self.table.release(owned.lease)
+        except (LeaseLost, errors.SmsError):
+            pass
+        await self._finish(owned)
+
+    async def _write_progress(self, owned: Owned, checkpoint: str | None = None, pending_end: str = "") -> None:
+        """Write the lease: checkpoint (default: what is done), the batch in progress, and
+        the records done, failed and dead-lettered since the last write."""
+        await self._write_lease(owned, owned.done if checkpoint is None else checkpoint, pending_end,
+                                owned.unrecorded, (owned.unfailed, owned.undead, owned.last_error))
+        owned.unrecorded = owned.unfailed = owned.undead = 0
+        owned.last_error = ""
+
     async def _write_lease(self, owned: Owned, checkpoint: str, pending_end: str = "", records: int = 0,
                            failures: tuple[int, int, str] = (0, 0, "")) -> None:
         async with owned.lock:
@@ -203,144 +451,61 @@ class Worker:
             if records:
                 owned.rate_since = now
 
-    def _writer(self, lease: Lease) -> OutputWriter:
-        if lease.key not in self.outputs:
-            pid = f"sps:{self.stage.name}:{lease.key}".encode()[:limits.PRODUCER_ID_BYTES_MAX]
-            self.outputs[lease.key] = OutputWriter(self.client, pid)
-        return self.outputs[lease.key]
-
-    async def _process(self, owned: Owned) -> None:
-        lease = owned.lease
-        try:
-            await self._process_lease(owned)
-        except LeaseLost:
-            self.lost += 1
-            log.warning("%s: lost %s to a peer; stopped processing it", self.worker_id, lease.key)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            # (not the operation: that dead-letters; an output stream gone, a sink raising...)
-            now = time.monotonic()
-            delay = min(limits.SPS_RECLAIM_BACKOFF_S_MAX,
-                        max(limits.SPS_RECLAIM_BACKOFF_S, 2 * self._backoff.get(lease.key, (0.0, 0.0))[1]))
-            self._backoff[lease.key] = (now + delay, delay)
-            log.exception("%s: processing %s failed; releasing it (this worker claims it again in %.0f s at the "
-                          "earliest)", self.worker_id, lease.key, delay)
-            try:
-                async with owned.lock:
-                    owned.lease = await self.table.release(owned.lease)
-            except (LeaseLost, errors.SmsError):
-                pass
-        finally:
-            self._forget(lease.key)
-            self._wake.set()
-            writer = self.outputs.pop(lease.key, None)
-            if writer is not None:
-                # (a replay of what it did not finish is answered by de-duplication)
-                await writer.close(flush=False)
-
-    async def _process_lease(self, owned: Owned) -> None:
-        lease = owned.lease
-        stream, ordinal = lease.stream, lease.ordinal
-        checkpointing = self.stage.recovery == "checkpoint"
-        done = lease.checkpoint
-        if done == SHARD_END:
-            return
-        try:
-            if done in (TRIM_HORIZON, LATEST):
-                iterator = await self.client.get_iterator(stream, ordinal, done)
-            elif done.startswith(AT_TIMESTAMP):          # (`sms consumer reset --timestamp-ms` on the stage)
-                iterator = await self.client.get_iterator(stream, ordinal, "AT_TIMESTAMP",
-                                                          timestamp_ms=int(done[len(AT_TIMESTAMP):]))
-            else:
-                iterator = await self.client.get_iterator(stream, ordinal, "AFTER_SEQUENCE_NUMBER",
-                                                          sequence_number=done)
-        except errors.PartitionNotFound:
-            if any(p.ordinal == ordinal for p in (await self.client.get_stream_info(stream)).partitions):
-                raise                      # (a map that lagged: released, and claimed again)
-            # retention dropped it before this stage read it to its end: say so, and let its
-            # children go on (they would wait for its SHARD_END for ever)
-            log.warning("%s: %s p%04d was dropped by retention before stage %s processed it to its end (from "
-                        "%s); going on with its children", self.worker_id, stream, ordinal, self.stage.name, done)
-            self.trimmed_skips += 1
-            await self._write_lease(owned, SHARD_END)
-            self._refresh_at = 0.0
-            self._wake.set()
-            return
-        replay_end = int(lease.pending_end) if checkpointing and lease.pending_end else None
-        writer = self._writer(lease)
-        unrecorded = 0           # records done since the last lease write counted them
-        unfailed = undead = 0    # ... failed and dead-lettered
-        last_error = ""
-        while True:
-            if owned.stopping:
-                if checkpointing and done != owned.lease.checkpoint:
-                    await self._write_lease(owned, done, records=unrecorded, failures=(unfailed, undead, last_error))
-                async with owned.lock:
-                    owned.lease = await self.table.release(owned.lease)
-                return
-            batch, iterator, ended = await self._read_batch(stream, ordinal, iterator, replay_end)
-            replay_end = None
-            if batch:
-                end = str(batch[-1].sn)
-                if checkpointing:
-                    await self._write_lease(owned, done, pending_end=end, records=unrecorded,   # fenced here
-                                            failures=(unfailed, undead, last_error))
-                    unfailed = undead = 0
-                    last_error = ""
-                    unrecorded = 0
-                rows, dead, failed, error = await self._apply(batch)
-                await self._emit(writer, rows, batch[0].sn, dead)
-                unfailed, undead, last_error = unfailed + failed, undead + len(dead), error or last_error
-                done = end
-                self._backoff.pop(lease.key, None)
-                owned.records += len(batch)
-                unrecorded += len(batch)
-                self.processed += len(batch)
-            if ended:
-                await self._write_lease(owned, SHARD_END, records=unrecorded, failures=(unfailed, undead, last_error))
-                self._refresh_at = 0.0               # its children appear in the table next round
-                self._wake.set()
-                return
-            if not batch and checkpointing and done != owned.lease.checkpoint:
-                await self._write_lease(owned, done, records=unrecorded, failures=(unfailed, undead, last_error))
-                unrecorded = unfailed = undead = 0
-                last_error = ""
+    def _writer(self, owned: Owned) -> OutputWriter:
+        if owned.writer is None:
+            pid = f"sps:{self.stage.name}:{owned.lease.key}".encode()[:limits.PRODUCER_ID_BYTES_MAX]
+            owned.writer = OutputWriter(self.client, pid)
+        return owned.writer
 
     async def _read_batch(self, stream: str, ordinal: int, iterator: str, replay_end: int | None
-                          ) -> tuple[list[Record], str | None, bool]:
+                          ) -> tuple[InputBatch, str | None, bool]:
         """Records up to checkpoint_records or checkpoint_interval_s (a replayed batch: exactly
         up to replay_end); (records, next iterator, the partition ended)."""
-        batch: list[Record] = []
+        batch = InputBatch(stream, ordinal)
         deadline = time.monotonic() + self.stage.checkpoint_interval_s
         want = self.stage.checkpoint_records if replay_end is None else limits.SPS_BATCH_RECORDS_MAX
         while len(batch) < want:
             left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
             kw = {"max_records": min(want - len(batch), limits.GET_RECORDS_COUNT_MAX),
-                  "wait_ms": min(left_ms, 1000) if not batch or replay_end is not None else 0}
+                  "wait_ms": min(left_ms, 1000) if not len(batch) or replay_end is not None else 0}
             try:
-                page = await self.client.get_next_records(iterator, **kw)
+                page = await self.client.get_next_record_batch(iterator, **kw)
             except errors.RecordsTrimmed as e:
                 # (a stage fallen behind retention goes on from the oldest record left, and
                 # says so: failing the partition would only make it be claimed again and again)
                 self.trimmed_skips += 1
                 log.warning("%s: %s p%04d: %s; going on from there", self.worker_id, stream, ordinal, e.message)
-                page = await self.client.get_next_records(iterator, **kw, skip_trimmed=True)
-            records = page.records
-            if replay_end is not None and records and records[-1].sn >= replay_end:
-                batch.extend(r for r in records if r.sn <= replay_end)
+                page = await self.client.get_next_record_batch(iterator, **kw, skip_trimmed=True)
+            records = page.batch
+            if replay_end is not None and len(records) and records.last_sn >= replay_end:
+                batch.add(records.clip(replay_end))
                 iterator = await self.client.get_iterator(stream, ordinal, "AFTER_SEQUENCE_NUMBER",
                                                           sequence_number=replay_end)
                 return batch, iterator, False
-            batch.extend(records)
+            batch.add(records)
             if page.next_iterator is None:
                 return batch, None, True
             iterator = page.next_iterator
             if replay_end is not None:
                 continue                 # the replayed batch ends exactly where the first one did
-            if not records or time.monotonic() >= deadline:
+            if not len(records) or time.monotonic() >= deadline:
                 break
         return batch, iterator, False
+
+    async def _apply_steps(self, steps: list[Step]) -> None:
+        """The operation on each partition's batch, in one engine call; when that fails,
+        each batch on its own (`_apply` finds the failing records)."""
+        try:
+            rows = await asyncio.to_thread(self.engine.apply_batches, self.operation,
+                                           {s.owned.lease.key: s.batch for s in steps})
+            for s in steps:
+                s.rows = rows[s.owned.lease.key]
+            return
+        except Exception:                 # noqa: BLE001 (the operation's own error, whatever it is)
+            raise_if_cancelling()
+        for s in steps:
+            s.rows, s.dead, s.failed, s.error = await self._apply(s.batch.records())
+
 
     async def _apply(self, batch: list[Record], deadline: float | None = None
                      ) -> tuple[list[dict], list[tuple[Record, str]], int, str]:
@@ -398,26 +563,43 @@ class Worker:
                 await writer.write(dead_out, base_sssn(first_sn), seqno.timestamp_ms_of(first_sn))
             return
         out: list = []
-        for o in self.stage.outputs:
-            for row in rows:
-                key, data = row.get(o.key), row.get("data")
+        for row in rows:
+            data = row.get("data")
+            headers = _headers(row.get("headers"), self.stage.name)
+            sn = row.get("sequence_number")
+            for o in self.stage.outputs:
+                if o.filter and not o.filter.matches(headers):
+                    continue                 # (fan-out: this stream takes only what its filter matches)
+                key = row.get(o.key)
                 if key is None or data is None:
                     raise errors.InvalidArgument(f"stage {self.stage.name!r}: a result row needs {o.key!r} and "
                                                  f"'data'; got {sorted(row)}")
                 data = data.encode() if isinstance(data, str) else bytes(data)
-                sn = row.get("sequence_number")
-                out.append((o.stream, str(key), data, int(sn) if sn is not None else -1))
+                out.append((o.stream, str(key), data, int(sn) if sn is not None else -1, headers))
         # the same order on a replay (it gets the same SSSNs), and per key the input's order:
         # a Python operation's output order is deterministic, so a stable sort by stream and key
         # keeps it; a Spark result's row order is not, so its rows are ordered by their input
-        # SN when the result keeps the sequence_number column, else by data
+        # SN when the result keeps the sequence_number column, else by data (and headers)
         if self.engine.name == "python":
             out.sort(key=lambda t: (t[0], t[1]))
         else:
-            out.sort(key=lambda t: (t[0], t[1], t[3], t[2]))
-        out = [t[:3] for t in out] + dead_out
+            out.sort(key=lambda t: (t[0], t[1], t[3], t[2], sorted(t[4].items()) if t[4] else ()))
+        out = [(t[0], t[1], t[2], t[4]) if t[4] else t[:3] for t in out] + dead_out
         if out:
             await writer.write(out, base_sssn(first_sn), seqno.timestamp_ms_of(first_sn))
+
+
+def _headers(value, stage: str) -> dict[str, bytes] | None:
+    """A result row's `headers` (a dict, or Spark's map as a dict or (name, value) pairs;
+    values bytes or text) as an output record's headers."""
+    if not value:
+        return None
+    items = value.items() if isinstance(value, dict) else value
+    try:
+        return {str(k): v.encode() if isinstance(v, str) else bytes(v) for k, v in items}
+    except (TypeError, ValueError):
+        raise errors.InvalidArgument(f"stage {stage!r}: a result row's headers must map names to bytes or text; "
+                                     f"got {type(value).__name__}") from None
 
 
 def _error_text(e: BaseException) -> str:
@@ -431,3 +613,4 @@ async def run_worker(address: str, stage: StageSpec, worker_id: str | None = Non
     worker = Worker(address, stage, worker_id, engine)
     await worker.run(stop or asyncio.Event())
     return worker
+

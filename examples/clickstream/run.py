@@ -1,15 +1,16 @@
 """Run the clickstream example end to end and check that every click is counted once.
 
 Starts a local cluster (control + 3 storage nodes), applies `graph.yaml` (three streams,
-two stages), starts two worker processes per stage (`sms graph run`, each with its own
-local Spark), sends `--clicks` click events from `--users` users through a
-de-duplicating producer, and waits until the per-user-per-minute counts in
-`user_minutes` add up to what was sent. It then compares every (user, minute) total with
-the truth, prints a JSON summary (records/s through both stages), and stops everything.
-With `--kill` it kill -9s one worker of each stage halfway through: the counts must
+two stages), starts `--workers` worker processes (`sms graph run`, each running both
+stages on its one local Spark session), waits until they hold every input partition,
+sends `--clicks` click events from `--users` users through a de-duplicating producer,
+and waits until the counts in `user_minutes` add up to what was sent. It then compares
+every (user, minute) total with the truth, prints a JSON summary (records/s through both
+stages, from the first click sent to the last one counted), and stops everything. With
+`--kill` it kill -9s one worker once a third of the clicks are counted: the counts must
 still come out exact.
 
-    .venv/bin/python examples/clickstream/run.py [--clicks 20000] [--users 200] [--kill]
+    .venv/bin/python examples/clickstream/run.py [--clicks 100000] [--users 200] [--kill]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections import Counter
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from sms import aio  # noqa: E402
+from sms import aio, errors  # noqa: E402
 from node.launcher import LocalCluster  # noqa: E402
 from node.graph_commands import apply_graph  # noqa: E402
 from sps.graph import load_graph  # noqa: E402
@@ -37,12 +38,69 @@ from sps.graph import load_graph  # noqa: E402
 GRAPH = os.path.join(ROOT, "examples", "clickstream", "graph.yaml")
 
 
-def start_worker(address: str, metastore: str, stage: str, worker_id: str, log_dir: str) -> subprocess.Popen:
+def start_worker(address: str, worker_id: str, log_dir: str, master: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     log = open(os.path.join(log_dir, f"{worker_id}.log"), "w")
-    return subprocess.Popen([sys.executable, "-m", "node", "graph", "run", GRAPH, "--stage", stage,
-                             "--worker-id", worker_id, "--address", address, "--metastore", metastore,
-                             "--master", "local[1]"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen([sys.executable, "-m", "node", "graph", "run", GRAPH, "--worker-id", worker_id,
+                             "--address", address, "--master", master],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def cpu_s(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each process, and by its live
+    descendants as "NAME children" (a worker's JVM is its child), from /proc; {} where
+    there is no /proc."""
+    if not os.path.isdir("/proc"):
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, used = {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(pid)] = int(fields[1])
+        used[int(pid)] = (int(fields[11]) + int(fields[12])) / tick
+    out = {}
+    for name, root in pids.items():
+        out[name] = used.get(root, 0.0)
+        children = 0.0
+        for pid in used:
+            p = parent.get(pid)
+            while p and p != root and p in parent:
+                p = parent[p]
+            children += used[pid] if p == root and pid != root else 0.0
+        if children:
+            out[f"{name} children"] = children
+    return out
+
+
+async def wait_ready(address: str, graph, workers: dict, timeout_s: float) -> None:
+    """Until every stage's every input partition has an owner (the workers' Spark sessions
+    are up: a worker claims nothing before)."""
+    deadline = time.monotonic() + timeout_s
+    async with aio.Client(address) as client:
+        while True:
+            owned = total = 0
+            balanced = True
+            for stage in graph.stages.values():
+                for stream in stage.inputs:
+                    try:
+                        parts = (await client.describe_group(stream, stage.name))["partitions"]
+                    except errors.GroupNotFound:
+                        parts = []
+                    n = len((await client.get_stream_info(stream)).partitions)
+                    total += n
+                    owned += sum(1 for p in parts if p["owner"])
+                    # (each worker holds its share: none takes a lease from another mid-run)
+                    balanced = balanced and len({p["owner"] for p in parts if p["owner"]}) >= min(n, len(workers))
+            if total and owned >= total and balanced:
+                return
+            dead = [w for w, p in workers.items() if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"workers not ready ({owned}/{total} partitions owned; exited: {dead})")
+            await asyncio.sleep(0.2)
 
 
 async def produce(address: str, clicks: int, users: int, truth: Counter) -> float:
@@ -79,18 +137,23 @@ async def main_async(args, data_dir: str) -> dict:
         await apply_graph(cluster.address, graph)
         log_dir = os.path.join(data_dir, "workers")
         os.makedirs(log_dir)
-        workers = {f"{stage}-{i}": start_worker(cluster.address, cluster.metastore, stage, f"{stage}-{i}", log_dir)
-                   for stage in ("parse", "count") for i in (1, 2)}
+        workers = {f"worker-{i}": start_worker(cluster.address, f"worker-{i}", log_dir, args.master)
+                   for i in range(1, args.workers + 1)}
         try:
+            await wait_ready(cluster.address, graph, workers, args.timeout_s)
+            roots = {**{w: p.pid for w, p in workers.items()},
+                     **{n: node.proc.pid for n, node in cluster.procs.items() if node.proc is not None}}
+            cpu_before = {**cpu_s(roots), "this process (producer, checker)": sum(os.times()[:2])}
             truth: Counter = Counter()
             started = time.monotonic()
             produce_task = asyncio.ensure_future(produce(cluster.address, args.clicks, args.users, truth))
             killed = []
             if args.kill:
-                await asyncio.sleep(args.kill_after_s)
-                for victim in ("parse-1", "count-1"):
-                    workers[victim].kill()
-                    killed.append(victim)
+                while sum((await counted(cluster.address)).values()) < args.clicks // 3 \
+                        and time.monotonic() - started < args.timeout_s:
+                    await asyncio.sleep(0.2)
+                workers["worker-1"].kill()
+                killed.append("worker-1")
             produced_at = await produce_task
             deadline = time.monotonic() + args.timeout_s
             totals: Counter = Counter()
@@ -98,8 +161,9 @@ async def main_async(args, data_dir: str) -> dict:
                 totals = await counted(cluster.address)
                 if sum(totals.values()) >= args.clicks:
                     break
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(0.2)
             done_at = time.monotonic()
+            cpu_after = {**cpu_s(roots), "this process (producer, checker)": sum(os.times()[:2])}
             wrong = {k: (totals.get(k, 0), v) for k, v in truth.items() if totals.get(k, 0) != v}
             extra = {k: v for k, v in totals.items() if k not in truth}
             return {"clicks": args.clicks, "users": args.users, "workers": sorted(workers), "killed": killed,
@@ -107,6 +171,8 @@ async def main_async(args, data_dir: str) -> dict:
                     "wrong_minutes": len(wrong), "examples_wrong": list(wrong.items())[:3],
                     "produce_s": round(produced_at - started, 2), "end_to_end_s": round(done_at - started, 2),
                     "records_per_s_through_both_stages": round(args.clicks / (done_at - started)),
+                    "cpu_s_while_measured": {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 1)
+                                             for k in cpu_after if k in cpu_before},
                     "worker_logs": log_dir}
         finally:
             for p in workers.values():
@@ -121,10 +187,11 @@ async def main_async(args, data_dir: str) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--clicks", type=int, default=20_000)
+    ap.add_argument("--clicks", type=int, default=100_000)
     ap.add_argument("--users", type=int, default=200)
-    ap.add_argument("--kill", action="store_true", help="kill -9 one worker of each stage midway")
-    ap.add_argument("--kill-after-s", type=float, default=15.0)
+    ap.add_argument("--kill", action="store_true", help="kill -9 one worker once a third of the clicks are counted")
+    ap.add_argument("--workers", type=int, default=2, help="worker processes, each running both stages")
+    ap.add_argument("--master", default="local[2]", help="each worker's Spark master")
     ap.add_argument("--timeout-s", type=float, default=240.0)
     args = ap.parse_args()
     data_dir = tempfile.mkdtemp(prefix="sms-clickstream-")

@@ -500,7 +500,7 @@ def test_clickstream_example_parses() -> None:
     assert parse.outputs == (Output("clicks_by_user", "user"),)
     assert parse.operation == "examples.clickstream.ops:parse"
     assert (parse.engine, parse.recovery, parse.checkpoint_records, parse.checkpoint_interval_s,
-            parse.failover_s) == ("spark", "checkpoint", 5000, 2.0, 10.0)
+            parse.failover_s) == ("spark", "checkpoint", 10000, 1.0, 3.0)
     assert g.stages["count"].outputs == (Output("user_minutes", "user"),)
     for spec in g.stages.values():
         assert StageSpec.from_bytes(spec.to_bytes()) == spec
