@@ -10,6 +10,8 @@
         operation: examples.clickstream:parse           # module:function, assumed idempotent
         engine: spark                                   # spark (DataFrame -> DataFrame) or python
         outputs: [{stream: parsed, key: user}]          # or  sink: module:function
+                                                        # an output may have a filter on the records' headers:
+                                                        #   {stream: eu, key: user, filter: {region: [eu-west]}}
         recovery: checkpoint                            # or best_effort
         checkpoint_records: 1000
         checkpoint_interval_s: 5
@@ -30,11 +32,12 @@ from __future__ import annotations
 
 import importlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from sms import limits
 from sms.errors import InvalidArgument
 from sms.metadata import validate_stream_name
+from sps.filters import FilterError, HeaderFilter, parse_filter
 
 RECOVERY_POLICIES = ("checkpoint", "best_effort")
 PERSISTENCE = ("disk", "disk_async", "memory")
@@ -49,6 +52,13 @@ class InvalidGraph(InvalidArgument):
 class Output:
     stream: str
     key: str = "partition_key"        # the result column (spark) or dict key (python) used as partition key
+    filter: HeaderFilter = HeaderFilter()   # on the output record's headers: the records this stream gets
+
+    def to_doc(self) -> dict:
+        d = {"stream": self.stream, "key": self.key}
+        if self.filter:
+            d["filter"] = self.filter.to_doc()
+        return d
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +80,16 @@ class StageSpec:
         return self.dead_letter or f"{self.name}-dead-letters"
 
     def to_bytes(self) -> bytes:
-        d = asdict(self)
-        d["outputs"] = [asdict(o) for o in self.outputs]
+        d = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "outputs"}
+        d["outputs"] = [o.to_doc() for o in self.outputs]
         return json.dumps(d).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "StageSpec":
         d = json.loads(raw)
         d["inputs"] = tuple(d["inputs"])
-        d["outputs"] = tuple(Output(**o) for o in d["outputs"])
+        d["outputs"] = tuple(Output(o["stream"], o.get("key", "partition_key"), parse_filter(o.get("filter")))
+                             for o in d["outputs"])
         d.setdefault("dead_letter", "")
         return cls(**d)
 
@@ -156,9 +167,14 @@ def parse_stage(name: str, d: dict, known_streams: set[str] | None = None) -> St
     for i, o in enumerate(raw_outputs):
         if isinstance(o, str):
             o = {"stream": o}
-        if not isinstance(o, dict) or not isinstance(o.get("stream"), str) or set(o) - {"stream", "key"}:
-            raise InvalidGraph(f"{where}: output {i}: expected {{stream: NAME, key: COLUMN}}")
-        outputs.append(Output(o["stream"], o.get("key", "partition_key")))
+        if not isinstance(o, dict) or not isinstance(o.get("stream"), str) or set(o) - {"stream", "key", "filter"} \
+                or not isinstance(o.get("key", ""), str):
+            raise InvalidGraph(f"{where}: output {i}: expected {{stream: NAME, key: COLUMN, filter: {{HEADER: [...]}}}}")
+        try:
+            header_filter = parse_filter(o.get("filter"))
+        except FilterError as e:
+            raise InvalidGraph(f"{where}: output {i} ({o['stream']}): filter: {e}") from None
+        outputs.append(Output(o["stream"], o.get("key", "partition_key"), header_filter))
     sink = d.get("sink", "")
     if bool(outputs) == bool(sink):
         raise InvalidGraph(f"{where}: needs outputs or a sink (exactly one of them)")
