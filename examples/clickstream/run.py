@@ -108,16 +108,22 @@ async def produce(address: str, clicks: int, users: int, truth: Counter) -> floa
     base_ms = int(time.time() * 1000)
     async with aio.Client(address) as client:
         async with client.producer("clicks", "clickstream-example") as producer:
-            futures = []
+            batches = []
+            chunk = []
             for i in range(clicks):
                 user = f"user-{rng.randrange(users)}"
                 ts = base_ms + i * 3          # a few minutes of clicks
                 truth[(user, ts // 60000)] += 1
                 click = {"user": user, "url": f"/page/{rng.randrange(50)}", "ts": ts}
-                futures.append(await producer.send(json.dumps(click).encode(), user))
+                chunk.append((user, json.dumps(click).encode()))
+                if len(chunk) == 500 or i == clicks - 1:
+                    batches.append(await producer.send_batch(chunk))     # one future per 500 clicks
+                    chunk = []
             await producer.flush()
-            for f in futures:
-                f.result()
+            for b in batches:
+                for outcome in await b:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
     return time.monotonic()
 
 
