@@ -141,6 +141,16 @@ class SparkEngine:
             out[tag].append(row)
         return out
 
+    def broken(self, e: BaseException) -> bool:
+        """The error is the engine's, not the operation's: the session is closed or its JVM
+        is gone (the worker then fails the partitions instead of dead-lettering records)."""
+        if self._closed:
+            return True
+        text = f"{type(e).__name__}: {e}"
+        return any(s in text for s in ("Py4JNetworkError", "Answer from Java side is empty",
+                                       "SparkContext was shut down", "stopped SparkContext",
+                                       "Cannot call methods on a stopped"))
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -32,6 +32,7 @@ starts at LATEST and writes no progress.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import socket
@@ -144,6 +145,8 @@ class Worker:
                 await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
                 for w in waiters[:2]:
                     w.cancel()
+            if loop_task.done():
+                loop_task.result()
             await self.release_all()
             self._report()
             try:
@@ -211,7 +214,8 @@ class Worker:
                         owned.lease = await self.table.renew(owned.lease)
                         owned.last_write = time.monotonic()
                 except LeaseLost:
-                    await self._lose(owned)
+                    if self._holds(owned):
+                        await self._lose(owned)
 
     def _report(self) -> None:
         """A line with the micro-batches' figures so far (every SPS_REPORT_S, and at the end)."""
@@ -280,9 +284,12 @@ class Worker:
                 try:
                     batch, ended = task.result()
                 except asyncio.CancelledError:
+                    raise_if_cancelling()
+                    await self._lost_or_failed(owned, RuntimeError(f"{owned.lease.key}: its read was cancelled"))
                     continue
                 except LeaseLost:
-                    await self._lose(owned)
+                    if self._holds(owned):
+                        await self._lose(owned)
                     continue
                 except Exception as e:        # noqa: BLE001 (the read of one partition: it is released)
                     raise_if_cancelling()
@@ -307,9 +314,9 @@ class Worker:
                 return InputBatch(lease.stream, lease.ordinal), True
             if self.stage.recovery == "checkpoint" and lease.pending_end:
                 owned.replay_end = int(lease.pending_end)
-        replay_end, owned.replay_end = owned.replay_end, None
         batch, owned.iterator, ended = await self._read_batch(lease.stream, lease.ordinal, owned.iterator,
-                                                              replay_end)
+                                                              owned.replay_end)
+        owned.replay_end = None
         return batch, ended
 
     async def _open(self, owned: Owned) -> str | None:
@@ -348,9 +355,12 @@ class Worker:
                     steps.remove(s)
                     await self._lost_or_failed(s.owned, outcome)
         t1 = time.monotonic()
+        work = [s for s in work if self._holds(s.owned)]
         if work:
             await self._apply_steps(work)
             t2 = time.monotonic()
+            # (a lease lost during the apply leaves the micro-batch before its outputs)
+            work = [s for s in work if self._holds(s.owned)]
             emitted = await asyncio.gather(*(self._emit(self._writer(s.owned), s.rows, s.batch.first_sn, s.dead)
                                              for s in work), return_exceptions=True)
             self.micro_batches += 1
@@ -400,12 +410,17 @@ class Worker:
     async def _lost_or_failed(self, owned: Owned, e: BaseException) -> None:
         if isinstance(e, asyncio.CancelledError):
             raise e
-        if self.owned.get(owned.lease.key) is not owned:
+        if not self._holds(owned):
             return                           # (lost meanwhile: the round stopped it, and its writer)
-        if isinstance(e, LeaseLost):
-            await self._lose(owned)
-        else:
-            await self._fail(owned, e)
+        try:
+            if isinstance(e, LeaseLost):
+                await self._lose(owned)
+            else:
+                await self._fail(owned, e)
+        except Exception:                    # noqa: BLE001 (one partition's end must not stop the others)
+            raise_if_cancelling()
+            log.exception("%s: stopping %s", self.worker_id, owned.lease.key)
+            self._forget(owned.lease.key)
 
     async def _lose(self, owned: Owned) -> None:
         self.lost += 1
@@ -451,9 +466,14 @@ class Worker:
             if records:
                 owned.rate_since = now
 
+    def _holds(self, owned: Owned) -> bool:
+        return self.owned.get(owned.lease.key) is owned and not owned.finished.is_set()
+
     def _writer(self, owned: Owned) -> OutputWriter:
+        if owned.finished.is_set():
+            raise LeaseLost(f"{owned.lease.key}: no longer processed by this worker")
         if owned.writer is None:
-            pid = f"sps:{self.stage.name}:{owned.lease.key}".encode()[:limits.PRODUCER_ID_BYTES_MAX]
+            pid = output_producer_id(self.stage.name, owned.lease.key)
             owned.writer = OutputWriter(self.client, pid)
         return owned.writer
 
@@ -501,10 +521,15 @@ class Worker:
             for s in steps:
                 s.rows = rows[s.owned.lease.key]
             return
-        except Exception:                 # noqa: BLE001 (the operation's own error, whatever it is)
+        except Exception as e:            # noqa: BLE001 (the operation's own error, whatever it is)
             raise_if_cancelling()
-        for s in steps:
-            s.rows, s.dead, s.failed, s.error = await self._apply(s.batch.records())
+            self._raise_if_engine_broken(e)
+        # (one budget for the micro-batch, its partitions isolated side by side: a replay
+        # stays within the dedup window however many of them hold failing records)
+        deadline = time.monotonic() + limits.SPS_APPLY_BUDGET_S
+        results = await asyncio.gather(*(self._apply(s.batch.records(), deadline) for s in steps))
+        for s, (rows, dead, failed, error) in zip(steps, results):
+            s.rows, s.dead, s.failed, s.error = rows, dead, failed, error
 
 
     async def _apply(self, batch: list[Record], deadline: float | None = None
@@ -522,6 +547,7 @@ class Worker:
         try:
             return await asyncio.to_thread(self.engine.apply, self.operation, batch), [], 0, ""
         except Exception as e:            # noqa: BLE001 (the operation's own error, whatever it is)
+            self._raise_if_engine_broken(e)
             error = _error_text(e)
             if time.monotonic() > deadline:
                 return [], self._dead(batch, error, "its batch ran out of time"), len(batch), error
@@ -538,8 +564,16 @@ class Worker:
             try:
                 return await asyncio.to_thread(self.engine.apply, self.operation, batch), [], 1, error
             except Exception as e:        # noqa: BLE001
+                self._raise_if_engine_broken(e)
                 error = _error_text(e)
         return [], self._dead(batch, error, f"failed {limits.SPS_RECORD_ATTEMPTS_MAX} times"), 1, error
+
+    def _raise_if_engine_broken(self, e: BaseException) -> None:
+        """An engine that broke (its JVM gone, closed) is not the operation failing on
+        records: the partitions fail (released, claimed again) instead of dead-lettering."""
+        broken = getattr(self.engine, "broken", None)
+        if broken is not None and broken(e):
+            raise e
 
     def _dead(self, records: list[Record], error: str, why: str) -> list[tuple[Record, str]]:
         self.dead_letters += len(records)
@@ -583,23 +617,47 @@ class Worker:
         if self.engine.name == "python":
             out.sort(key=lambda t: (t[0], t[1]))
         else:
-            out.sort(key=lambda t: (t[0], t[1], t[3], t[2], sorted(t[4].items()) if t[4] else ()))
+            out.sort(key=lambda t: (t[0], t[1], t[3], t[2], tuple(sorted(t[4].items())) if t[4] else ()))
         out = [(t[0], t[1], t[2], t[4]) if t[4] else t[:3] for t in out] + dead_out
         if out:
             await writer.write(out, base_sssn(first_sn), seqno.timestamp_ms_of(first_sn))
 
 
+def output_producer_id(stage: str, lease_key: str) -> bytes:
+    """The producer id of a stage's outputs from one input partition: `sps:<stage>:<stream>:
+    <ordinal>`, or, when that is longer than PRODUCER_ID_BYTES_MAX, its start and a digest
+    of the whole (never a cut that two partitions could share)."""
+    pid = f"sps:{stage}:{lease_key}".encode()
+    if len(pid) <= limits.PRODUCER_ID_BYTES_MAX:
+        return pid
+    digest = hashlib.sha256(pid).hexdigest()[:32].encode()
+    return pid[:limits.PRODUCER_ID_BYTES_MAX - len(digest) - 1] + b"~" + digest
+
+
 def _headers(value, stage: str) -> dict[str, bytes] | None:
     """A result row's `headers` (a dict, or Spark's map as a dict or (name, value) pairs;
-    values bytes or text) as an output record's headers."""
+    values bytes or text, numbers as their decimal text; a null value leaves the header
+    out) as an output record's headers."""
     if not value:
         return None
     items = value.items() if isinstance(value, dict) else value
+    out: dict[str, bytes] = {}
     try:
-        return {str(k): v.encode() if isinstance(v, str) else bytes(v) for k, v in items}
-    except (TypeError, ValueError):
-        raise errors.InvalidArgument(f"stage {stage!r}: a result row's headers must map names to bytes or text; "
-                                     f"got {type(value).__name__}") from None
+        for k, v in items:
+            if v is None:
+                continue
+            if isinstance(v, str):
+                out[str(k)] = v.encode()
+            elif isinstance(v, (bytes, bytearray, memoryview)):
+                out[str(k)] = bytes(v)
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[str(k)] = str(v).encode()
+            else:
+                raise TypeError(type(v).__name__)
+    except (TypeError, ValueError) as e:
+        raise errors.InvalidArgument(f"stage {stage!r}: a result row's headers must map names to bytes, text or "
+                                     f"numbers; got {e}") from None
+    return out or None
 
 
 def _error_text(e: BaseException) -> str:
