@@ -75,7 +75,7 @@ async def run_stages(address: str, stages: list[StageSpec], worker_id: str | Non
         for engine in engines.values():
             engine.close()
     return {"worker": workers[0].worker_id, "stages": [w.stage.name for w in workers],
-            "processed": sum(w.processed for w in workers), "micro_batches": sum(w.micro_batches for w in workers),
+            "processed": sum(w.processed for w in workers), "micro_batches": sum(w.timings["micro_batches"] for w in workers),
             "lost": sum(w.lost for w in workers), "dead_letters": sum(w.dead_letters for w in workers)}
 
 

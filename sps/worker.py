@@ -107,7 +107,6 @@ class Worker:
         self._work = asyncio.Event()                 # the micro-batch loop: a lease was claimed
         self._refresh_at = 0.0
         self.processed = 0
-        self.micro_batches = 0
         self.timings: Counter = Counter()            # seconds in each phase of the micro-batches, and counts
         self._report_at = time.monotonic() + limits.SPS_REPORT_S
         self.lost = 0
@@ -363,7 +362,6 @@ class Worker:
             work = [s for s in work if self._holds(s.owned)]
             emitted = await asyncio.gather(*(self._emit(self._writer(s.owned), s.rows, s.batch.first_sn, s.dead)
                                              for s in work), return_exceptions=True)
-            self.micro_batches += 1
             t3 = time.monotonic()
             self.timings["fence_s"] += t1 - t0
             self.timings["apply_s"] += t2 - t1
