@@ -87,7 +87,8 @@ def _validate_entry(member: bool, key: str, value: bytes, delete: bool) -> Lease
         lease = Lease.from_bytes(value, -1)
         kinds = ((lease.stream, str), (lease.owner, str), (lease.checkpoint, str), (lease.pending_end, str),
                  (lease.ordinal, int), (lease.counter, int), (lease.heartbeat_ms, int), (lease.records, int),
-                 (lease.rate, (int, float)), (lease.failures, int), (lease.dead_letters, int), (lease.last_error, str))
+                 (lease.rate, (int, float)), (lease.failures, int), (lease.dead_letters, int), (lease.last_error, str),
+                 (lease.state, str))
         if not all(isinstance(v, t) and not isinstance(v, bool) for v, t in kinds) \
                 or not all(isinstance(p, int) and not isinstance(p, bool) for p in lease.parents):
             raise TypeError("a field of the wrong type")
@@ -105,6 +106,8 @@ def _validate_entry(member: bool, key: str, value: bytes, delete: bool) -> Lease
     elif checkpoint not in (TRIM_HORIZON, LATEST, SHARD_END):
         raise InvalidArgument(f"lease {key}: checkpoint {checkpoint[:60]!r}; expected an SN, "
                               f"{TRIM_HORIZON}, {LATEST} or {SHARD_END}")
+    if lease.state and (not lease.state.isdigit() or len(lease.state) > seqno.SN_DIGITS_MAX):
+        raise InvalidArgument(f"lease {key}: state {lease.state[:60]!r}; expected a changelog SN or nothing")
     return lease
 
 
@@ -282,7 +285,7 @@ class Groups:
                     continue
             held = Lease.from_bytes(entry.value, entry.version)
             moved = dataclasses.replace(held, owner="", counter=held.counter + 1, checkpoint=target.checkpoint,
-                                        pending_end="", records=0)
+                                        pending_end="", records=0, state="")
             try:
                 await self.store.set(path, moved.to_bytes(), entry.version)
                 return

@@ -53,6 +53,7 @@ class Lease:
     failures: int = 0                     # records whose operation failed (then retried)
     dead_letters: int = 0                 # ... and that went to the dead-letter stream
     last_error: str = ""                  # the last failure, for `sms graph status`
+    state: str = ""                       # a stateful stage: changelog SN of its latest snapshot ("": none)
     version: int = -1                     # the store's version of the entry (-1: not stored)
 
     @property
@@ -69,7 +70,8 @@ class Lease:
                            "checkpoint": self.checkpoint, "pending_end": self.pending_end,
                            "parents": list(self.parents), "records": self.records,
                            "rate": round(self.rate, 3), "failures": self.failures,
-                           "dead_letters": self.dead_letters, "last_error": self.last_error}).encode()
+                           "dead_letters": self.dead_letters, "last_error": self.last_error,
+                           "state": self.state}).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes, version: int) -> "Lease":
@@ -78,7 +80,7 @@ class Lease:
                    heartbeat_ms=d["heartbeat_ms"], checkpoint=d["checkpoint"], pending_end=d["pending_end"],
                    parents=tuple(d["parents"]), records=d["records"], rate=d["rate"],
                    failures=d.get("failures", 0), dead_letters=d.get("dead_letters", 0),
-                   last_error=d.get("last_error", ""), version=version)
+                   last_error=d.get("last_error", ""), state=d.get("state", ""), version=version)
 
 
 class LeaseStore(Protocol):
@@ -140,14 +142,16 @@ class LeaseTable:
 
     async def checkpoint(self, lease: Lease, checkpoint: str, pending_end: str = "", records: int = 0,
                          rate: float | None = None, failures: int = 0, dead_letters: int = 0,
-                         last_error: str = "") -> Lease:
+                         last_error: str = "", state: str | None = None) -> Lease:
         """Record progress: everything up to `checkpoint` is done (its outputs acknowledged),
-        and the batch up to `pending_end` is in progress."""
+        and the batch up to `pending_end` is in progress; `state`: where a stateful stage's
+        latest snapshot of the partition is in its changelog (None: unchanged)."""
         return await self._write(lease, self._mine(
             lease, lease.owner, checkpoint=checkpoint, pending_end=pending_end, records=lease.records + records,
             rate=lease.rate if rate is None else rate, failures=lease.failures + failures,
             dead_letters=lease.dead_letters + dead_letters,
-            last_error=last_error[:limits.SPS_ERROR_CHARS_MAX] or lease.last_error))
+            last_error=last_error[:limits.SPS_ERROR_CHARS_MAX] or lease.last_error,
+            state=lease.state if state is None else state))
 
     async def release(self, lease: Lease) -> Lease:
         return await self._write(lease, replace(lease, owner="", counter=lease.counter + 1,

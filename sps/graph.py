@@ -13,6 +13,8 @@
                                                         # an output may have a filter on the records' headers:
                                                         #   {stream: eu, key: user, filter: {region: [eu-west]}}
         recovery: checkpoint                            # or best_effort
+        state: {key: [user], aggregates: {clicks: count}}   # keyed state: outputs are running totals
+                                                        # (sps/state.py: windows, watermark, changelog)
         checkpoint_records: 1000
         checkpoint_interval_s: 5
         failover_s: 10
@@ -38,6 +40,7 @@ from sms import limits
 from sms.errors import InvalidArgument
 from sms.metadata import validate_stream_name
 from sps.filters import FilterError, HeaderFilter, parse_filter
+from sps.state import StateError, StateSpec, parse_state, spec_from_doc
 
 RECOVERY_POLICIES = ("checkpoint", "best_effort")
 PERSISTENCE = ("disk", "disk_async", "memory")
@@ -74,14 +77,16 @@ class StageSpec:
     checkpoint_interval_s: float = limits.SPS_CHECKPOINT_INTERVAL_S_DEFAULT
     failover_s: float = limits.SPS_FAILOVER_S_DEFAULT
     dead_letter: str = ""              # the stream failed records go to ("": <name>-dead-letters)
+    state: StateSpec | None = None     # keyed state (sps/state.py): the outputs are its running aggregates
 
     @property
     def dead_letter_stream(self) -> str:
         return self.dead_letter or f"{self.name}-dead-letters"
 
     def to_bytes(self) -> bytes:
-        d = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "outputs"}
+        d = {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("outputs", "state")}
         d["outputs"] = [o.to_doc() for o in self.outputs]
+        d["state"] = self.state.to_doc() if self.state is not None else None
         return json.dumps(d).encode()
 
     @classmethod
@@ -91,6 +96,7 @@ class StageSpec:
         d["outputs"] = tuple(Output(o["stream"], o.get("key", "partition_key"), parse_filter(o.get("filter")))
                              for o in d["outputs"])
         d.setdefault("dead_letter", "")
+        d["state"] = spec_from_doc(d.get("state"), d["name"])
         return cls(**d)
 
 
@@ -144,7 +150,7 @@ def parse_stage(name: str, d: dict, known_streams: set[str] | None = None) -> St
     except InvalidArgument:
         raise InvalidGraph(f"{where}: a stage name is 1..{limits.STREAM_NAME_CHARS_MAX} of [A-Za-z0-9_.-]") from None
     unknown = set(d) - {"inputs", "operation", "engine", "outputs", "sink", "recovery", "checkpoint_records",
-                        "checkpoint_interval_s", "failover_s", "dead_letter"}
+                        "checkpoint_interval_s", "failover_s", "dead_letter", "state"}
     if unknown:
         raise InvalidGraph(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     inputs = d.get("inputs")
@@ -201,9 +207,24 @@ def parse_stage(name: str, d: dict, known_streams: set[str] | None = None) -> St
                                "come back for ever)")
     elif len(name) + len("-dead-letters") > limits.STREAM_NAME_CHARS_MAX:
         raise InvalidGraph(f"{where}: a name this long needs dead_letter: STREAM (its default is <name>-dead-letters)")
+    state = None
+    if d.get("state") is not None:
+        try:
+            state = parse_state(d["state"], name, where)
+        except StateError as e:
+            raise InvalidGraph(e.message) from None
+        if recovery != "checkpoint":
+            raise InvalidGraph(f"{where}: state needs recovery: checkpoint (its changelog follows the checkpoints)")
+        if state.changelog in inputs or state.changelog in [o.stream for o in outputs] or state.changelog == \
+                (dead_letter or f"{name}-dead-letters"):
+            raise InvalidGraph(f"{where}: changelog {state.changelog!r} is one of the stage's other streams")
+        try:
+            validate_stream_name(state.changelog)
+        except InvalidArgument as e:
+            raise InvalidGraph(f"{where}: state: changelog: {e.message}") from None
     return StageSpec(
         name=name, inputs=tuple(inputs), operation=operation, engine=engine, outputs=tuple(outputs), sink=sink,
-        recovery=recovery, dead_letter=dead_letter,
+        recovery=recovery, dead_letter=dead_letter, state=state,
         checkpoint_records=int(_number(d, "checkpoint_records", limits.SPS_CHECKPOINT_RECORDS_DEFAULT, 1,
                                        limits.SPS_BATCH_RECORDS_MAX, where, integer=True)),
         checkpoint_interval_s=float(_number(d, "checkpoint_interval_s", limits.SPS_CHECKPOINT_INTERVAL_S_DEFAULT,
@@ -273,6 +294,19 @@ def parse_graph(doc: dict) -> Graph:
     if len(stages_doc) > limits.STAGES_PER_GRAPH_MAX:
         raise InvalidGraph(f"{len(stages_doc)} stages; at most {limits.STAGES_PER_GRAPH_MAX}")
     stages = {name: parse_stage(name, d, set(streams)) for name, d in stages_doc.items()}
+    used = {s: name for name, st in stages.items() for s in st.inputs + tuple(o.stream for o in st.outputs)
+            + (st.dead_letter_stream,)}
+    changelogs: dict[str, str] = {}
+    for name, st in stages.items():
+        if st.state is None:
+            continue
+        log = st.state.changelog
+        if log in changelogs:
+            raise InvalidGraph(f"stage {name!r}: changelog {log!r} is stage {changelogs[log]!r}'s changelog too "
+                               "(each stateful stage needs its own)")
+        if log in used:
+            raise InvalidGraph(f"stage {name!r}: changelog {log!r} is a stream of stage {used[log]!r}")
+        changelogs[log] = name
     topological_order(stages)
     return Graph(streams, stages)
 

@@ -39,18 +39,20 @@ class OutputWriter:
         self.written = 0
         self.duplicates = 0
 
-    async def write(self, records: list[tuple], first_sssn: int, at_ms: int) -> None:
+    async def write(self, records: list[tuple], first_sssn: int, at_ms: int) -> list:
         """records: (stream, partition key, data[, headers dict]); record i gets SSSN
         first_sssn + i. Each goes in its session with the output partition that covered
         its key at `at_ms` (the batch's input time), so a replay picks the same session even
         if the output stream was split since: ingestion routes it to the open child, in
-        that session."""
+        that session. Returns each record's outcome (`ProducerResult`), in order."""
         if len(records) > limits.SPS_OUTPUTS_PER_BATCH_MAX:
             raise errors.LimitExceeded(f"{len(records)} outputs of one batch; at most {limits.SPS_OUTPUTS_PER_BATCH_MAX}")
         by_stream: dict[str, list] = {}
+        places: dict[str, list[int]] = {}
         for i, (stream, key, data, *headers) in enumerate(records):
             prepared = prepare_record(key, data, None, headers[0] if headers else None)
             by_stream.setdefault(stream, []).append((prepared, first_sssn + i))
+            places.setdefault(stream, []).append(i)
         outcomes = await asyncio.gather(*(self._write_stream(stream, items, at_ms)
                                           for stream, items in by_stream.items()))
         failures = [o for batch in outcomes for o in batch if isinstance(o, BaseException)]
@@ -59,6 +61,11 @@ class OutputWriter:
                                if not isinstance(o, BaseException) and o.duplicate)
         if failures:
             raise failures[0]
+        ordered: list = [None] * len(records)
+        for stream, batch in zip(by_stream, outcomes):
+            for i, outcome in zip(places[stream], batch):
+                ordered[i] = outcome
+        return ordered
 
     async def _write_stream(self, stream: str, items: list, at_ms: int) -> list:
         producer = self.producers.get(stream)

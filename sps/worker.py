@@ -49,6 +49,7 @@ from sms.leases import (LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, Lea
                         plan_takes)
 from sps.engine import Engine, InputBatch, PythonEngine
 from sps.output import OutputWriter, base_sssn
+from sps.state import KeyedState, parse_changelog
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,10 @@ class Owned:
     unfailed: int = 0                 # ... failed, and dead-lettered
     undead: int = 0
     last_error: str = ""
+    state: KeyedState | None = None   # a stateful stage: the partition's keyed state, as of `done`
+    state_pos: str = ""               # ... the changelog SN of its latest snapshot (kept in the lease)
+    since_snapshot: int = 0           # ... batches written to the changelog since that snapshot
+    snapshot_due: bool = False        # ... the next batch writes a snapshot (state handed down)
 
 
 @dataclass(eq=False)
@@ -85,6 +90,8 @@ class Step:
     dead: list = field(default_factory=list)
     failed: int = 0
     error: str = ""
+    changelog: list = field(default_factory=list)   # a stateful stage: the batch's changelog records
+    snapshot: bool = False                          # ... a snapshot (not a delta)
 
 
 class Worker:
@@ -106,6 +113,7 @@ class Worker:
         self._wake = asyncio.Event()                 # the round: a partition ended or failed
         self._work = asyncio.Event()                 # the micro-batch loop: a lease was claimed
         self._refresh_at = 0.0
+        self._protect_at = 0.0
         self.processed = 0
         self.timings: Counter = Counter()            # seconds in each phase of the micro-batches, and counts
         self._report_at = time.monotonic() + limits.SPS_REPORT_S
@@ -184,6 +192,9 @@ class Worker:
         leases = await self.table.all()
         for lease in leases.values():
             self.clock.observe(lease)
+        if self.stage.state is not None and time.monotonic() >= self._protect_at:
+            await self._protect_changelog(leases)
+            self._protect_at = time.monotonic() + limits.SPS_PARTITION_REFRESH_S
         claims, releases = plan_takes(leases, self.worker_id, workers, self.clock)
         # a lease still this worker's that it no longer processes (a write answered late, a
         # release that failed, a restart under the same id): taken up again from its checkpoint
@@ -313,6 +324,8 @@ class Worker:
                 return InputBatch(lease.stream, lease.ordinal), True
             if self.stage.recovery == "checkpoint" and lease.pending_end:
                 owned.replay_end = int(lease.pending_end)
+            if self.stage.state is not None:
+                await self._restore(owned)      # (before its first batch: as of the checkpoint)
         batch, owned.iterator, ended = await self._read_batch(lease.stream, lease.ordinal, owned.iterator,
                                                               owned.replay_end)
         owned.replay_end = None
@@ -357,10 +370,19 @@ class Worker:
         work = [s for s in work if self._holds(s.owned)]
         if work:
             await self._apply_steps(work)
+            if self.stage.state is not None:
+                for s in list(work):
+                    try:
+                        self._fold(s)
+                    except Exception as e:       # noqa: BLE001 (rows the state cannot take: the partition fails)
+                        work.remove(s)
+                        steps.remove(s)
+                        await self._lost_or_failed(s.owned, e)
             t2 = time.monotonic()
             # (a lease lost during the apply leaves the micro-batch before its outputs)
             work = [s for s in work if self._holds(s.owned)]
-            emitted = await asyncio.gather(*(self._emit(self._writer(s.owned), s.rows, s.batch.first_sn, s.dead)
+            emitted = await asyncio.gather(*(self._emit(self._writer(s.owned), s.rows, s.batch.first_sn, s.dead,
+                                                        s.changelog)
                                              for s in work), return_exceptions=True)
             t3 = time.monotonic()
             self.timings["fence_s"] += t1 - t0
@@ -377,6 +399,8 @@ class Worker:
                     continue
                 o = s.owned
                 o.done = str(s.batch.last_sn)
+                if o.state is not None:
+                    self._snapshotted(s, outcome)
                 o.unfailed += s.failed
                 o.undead += len(s.dead)
                 o.last_error = s.error or o.last_error
@@ -446,12 +470,13 @@ class Worker:
         """Write the lease: checkpoint (default: what is done), the batch in progress, and
         the records done, failed and dead-lettered since the last write."""
         await self._write_lease(owned, owned.done if checkpoint is None else checkpoint, pending_end,
-                                owned.unrecorded, (owned.unfailed, owned.undead, owned.last_error))
+                                owned.unrecorded, (owned.unfailed, owned.undead, owned.last_error),
+                                owned.state_pos if owned.state is not None else None)
         owned.unrecorded = owned.unfailed = owned.undead = 0
         owned.last_error = ""
 
     async def _write_lease(self, owned: Owned, checkpoint: str, pending_end: str = "", records: int = 0,
-                           failures: tuple[int, int, str] = (0, 0, "")) -> None:
+                           failures: tuple[int, int, str] = (0, 0, ""), state: str | None = None) -> None:
         async with owned.lock:
             now = time.monotonic()
             # the partition's workload: records/s since the last progress write (an EMA)
@@ -459,7 +484,8 @@ class Worker:
             rate = owned.lease.rate
             if records and elapsed > 0:
                 rate = records / elapsed if not rate else 0.5 * rate + 0.5 * records / elapsed
-            owned.lease = await self.table.checkpoint(owned.lease, checkpoint, pending_end, records, rate, *failures)
+            owned.lease = await self.table.checkpoint(owned.lease, checkpoint, pending_end, records, rate, *failures,
+                                                      state=state)
             owned.last_write = now
             if records:
                 owned.rate_since = now
@@ -566,6 +592,118 @@ class Worker:
                 error = _error_text(e)
         return [], self._dead(batch, error, f"failed {limits.SPS_RECORD_ATTEMPTS_MAX} times"), 1, error
 
+    # --- keyed state (sps/state.py) ------------------------------------------------------
+    def _fold(self, s: Step) -> None:
+        """A stateful stage: fold the batch's result rows into its partition's state; the
+        batch then outputs the state's changed rows (or closed windows) and writes its
+        changelog record(s): a snapshot when one is due (every snapshot_every batches, and
+        the first batch after a hand-down), else a delta.
+
+        A replayed batch must write the very records its first run wrote (the same SSSNs
+        with other contents are refused as a SessionConflict), so everything here follows
+        from the changelog and the batch alone: the snapshot schedule counts the batches
+        since the last snapshot in the changelog (not, say, whether this worker is about to
+        hand the lease over), and rows are folded in a fixed order when an engine's row
+        order is not (a float sum depends on it)."""
+        o, spec = s.owned, self.stage.state
+        rows = s.rows
+        if self.engine.name != "python" and any(a.function == "sum" for a in spec.aggregates):
+            rows = sorted(rows, key=lambda row: repr(sorted(row.items())))
+        changes = o.state.update(rows)
+        s.snapshot = o.snapshot_due or o.since_snapshot + 1 >= spec.snapshot_every
+        s.changelog = [(spec.changelog, o.lease.key, data)
+                       for data in o.state.changelog_records(s.batch.last_sn, changes, s.snapshot)]
+        s.rows = o.state.output_rows(changes)
+        self.timings["state_changes"] += len(changes.changed) + len(changes.closed)
+        if changes.late:
+            self.timings["late_rows"] += changes.late
+
+    def _snapshotted(self, s: Step, outcomes: list) -> None:
+        """After a batch's writes: where its snapshot starts in the changelog (kept in the
+        lease with the checkpoint, by the next lease write). A snapshot answered as a
+        duplicate is a replay's: the changelog holds what the first run wrote there, which
+        may have been a delta, so its place is not taken."""
+        o = s.owned
+        if not s.snapshot:
+            o.since_snapshot += 1
+            return
+        first = outcomes[len(outcomes) - len(s.changelog)] if s.changelog and outcomes else None
+        if first is not None and not first.duplicate and first.sn is not None:
+            o.state_pos = str(first.sn)
+        o.since_snapshot = 0
+        o.snapshot_due = False
+
+    async def _restore(self, owned: Owned) -> None:
+        """The partition's state as of its checkpoint, from the changelog (from the latest
+        snapshot the lease names); a partition not yet started takes its parents' final
+        entries in its hash range (a split or merge hands state down)."""
+        spec, lease = self.stage.state, owned.lease
+        state = KeyedState(spec, self.stage.name)
+        t0 = time.monotonic()
+        read = 0
+        if lease.checkpoint.isdigit():
+            docs = await self._changelog_docs(lease.key, lease.state)
+            read = len(docs)
+            owned.since_snapshot = state.load(docs, int(lease.checkpoint))
+            owned.state_pos = lease.state
+        elif lease.parents and lease.checkpoint != SHARD_END:
+            leases = await self.table.all()
+            info = await self.client.get_stream_info(lease.stream)
+            me = next((p for p in info.partitions if p.ordinal == lease.ordinal), None)
+            for parent in lease.parents if me is not None else ():
+                held = leases.get(lease_key(lease.stream, parent))
+                docs = await self._changelog_docs(lease_key(lease.stream, parent), held.state if held else "")
+                read += len(docs)
+                theirs = KeyedState(spec, self.stage.name)
+                theirs.load(docs, None)
+                state.adopt(theirs, me.hash_lo, me.hash_hi)
+            owned.snapshot_due = bool(state.entries)      # (its changelog starts with what it was handed)
+        owned.state = state
+        self.timings["restore_s"] += time.monotonic() - t0
+        if read:
+            log.info("%s: stage %s: restored %s's state (%d entries) from %d changelog records in %.2f s",
+                     self.worker_id, self.stage.name, lease.key, len(state.entries), read, time.monotonic() - t0)
+
+    async def _changelog_docs(self, key: str, position: str) -> list[dict]:
+        """A partition's changelog documents from `position` (a snapshot's SN), or from the
+        start of the changelog."""
+        stream = self.stage.state.changelog
+        docs = []
+        try:
+            async for r in self.client.read_stream(stream, **({"sequence_number": position} if position else {})):
+                if r.partition_key != key:
+                    continue
+                try:
+                    docs.append(parse_changelog(r.data))
+                except errors.InvalidArgument as e:
+                    log.warning("%s: stage %s: %s %s in %s is not a changelog record (%s); ignored",
+                                self.worker_id, self.stage.name, key, r.sequence_number, stream, e.message)
+        except errors.RecordsTrimmed as e:
+            raise errors.RecordsTrimmed(f"stage {self.stage.name!r}: the changelog of {key} in {stream!r} was trimmed "
+                                        f"below its snapshot ({e.message}); its state cannot be restored. Keep "
+                                        f"{stream!r} protecting unread records (as `sms graph apply` makes it)") from None
+        return docs
+
+    async def _protect_changelog(self, leases: dict[str, Lease]) -> None:
+        """The stage is a registered consumer of its changelog, at the oldest snapshot a
+        partition may still be restored from: retention keeps that, and everything after.
+        (Leases without a snapshot are not counted; a closed partition's snapshot only until
+        every child has started.)"""
+        spec = self.stage.state
+        oldest: dict[int, int] = {}
+        for lease in leases.values():
+            if not lease.state:
+                continue
+            if lease.done:
+                children = [c for c in leases.values() if c.stream == lease.stream and lease.ordinal in c.parents]
+                if children and all(c.checkpoint.isdigit() or c.done for c in children):
+                    continue
+            sn = int(lease.state)
+            ordinal = seqno.ordinal_of(sn)
+            oldest[ordinal] = min(oldest.get(ordinal, sn), sn)
+        await self.client.checkpoint_consumer(spec.changelog, self.stage.name,
+                                              {ordinal: sn - 1 for ordinal, sn in oldest.items()})
+
     def _raise_if_engine_broken(self, e: BaseException) -> None:
         """An engine that broke (its JVM gone, closed) is not the operation failing on
         records: the partitions fail (released, claimed again) instead of dead-lettering."""
@@ -583,17 +721,19 @@ class Worker:
         return [(r, error) for r in records]
 
     async def _emit(self, writer: OutputWriter, rows: list[dict], first_sn: int,
-                    dead: list[tuple[Record, str]] = ()) -> None:
+                    dead: list[tuple[Record, str]] = (), changelog: list[tuple] = ()) -> list:
+        """Write a batch's outputs, then its dead letters, then its changelog records (each
+        with SSSNs from the batch's first input SN); their outcomes, in that order."""
         dead_out = [(self.stage.dead_letter_stream, r.partition_key, r.data,
                      {"sms-error": error.encode(), "sms-stage": self.stage.name.encode(),
                       "sms-source": f"p{r.partition_ordinal:04d}/{r.sequence_number}".encode()})
-                    for r, error in dead]
+                    for r, error in dead] + list(changelog)
         if self.sink is not None:
             if rows:
                 await asyncio.to_thread(self.sink, rows)
             if dead_out:
-                await writer.write(dead_out, base_sssn(first_sn), seqno.timestamp_ms_of(first_sn))
-            return
+                return await writer.write(dead_out, base_sssn(first_sn), seqno.timestamp_ms_of(first_sn))
+            return []
         out: list = []
         for row in rows:
             data = row.get("data")
@@ -618,7 +758,8 @@ class Worker:
             out.sort(key=lambda t: (t[0], t[1], t[3], t[2], tuple(sorted(t[4].items())) if t[4] else ()))
         out = [(t[0], t[1], t[2], t[4]) if t[4] else t[:3] for t in out] + dead_out
         if out:
-            await writer.write(out, base_sssn(first_sn), seqno.timestamp_ms_of(first_sn))
+            return await writer.write(out, base_sssn(first_sn), seqno.timestamp_ms_of(first_sn))
+        return []
 
 
 def output_producer_id(stage: str, lease_key: str) -> bytes:

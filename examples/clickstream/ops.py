@@ -1,8 +1,9 @@
 """The two operations of the clickstream example (DataFrame -> DataFrame, on Spark).
 
 Input rows have partition_key, data (binary), sequence_number, arrival_time, partition_id.
-A click's data is JSON {"user": ..., "url": ..., "ts": ms}. Each result row has the
-output key column (`user`) and `data`.
+A click's data is JSON {"user": ..., "url": ..., "ts": ms}. `parse`'s result rows have
+the output key column (`user`) and `data`; `clicks_per_minute`'s have the state's key,
+event time and the column it sums (graph.yaml).
 """
 
 from pyspark.sql import functions as F
@@ -18,9 +19,10 @@ def parse(df):
                                        F.col("c.ts").alias("ts"))).alias("data"))
 
 
-def count_per_minute(df):
-    """Clicks per (user, minute) in this batch: partial counts; a reader sums them."""
+def clicks_per_minute(df):
+    """Clicks per (user, minute) in this batch: partial counts, with the minute's start as
+    the event time `ts`. The stage's keyed state (graph.yaml `state:`) sums them into each
+    (user, minute) window's running total."""
     c = df.select(F.from_json(F.col("data").cast("string"), CLICK).alias("c"))
-    per = c.select(F.col("c.user").alias("user"), F.floor(F.col("c.ts") / 60000).cast("long").alias("minute"))
-    counts = per.groupBy("user", "minute").count()
-    return counts.select("user", F.to_json(F.struct("user", "minute", "count")).alias("data"))
+    per = c.select(F.col("c.user").alias("user"), (F.floor(F.col("c.ts") / 60000) * 60000).cast("long").alias("ts"))
+    return per.groupBy("user", "ts").count()

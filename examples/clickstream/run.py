@@ -4,7 +4,8 @@ Starts a local cluster (control + 3 storage nodes), applies `graph.yaml` (three 
 two stages), starts `--workers` worker processes (`sms graph run`, each running both
 stages on its one local Spark session), waits until they hold every input partition,
 sends `--clicks` click events from `--users` users through a de-duplicating producer,
-and waits until the counts in `user_minutes` add up to what was sent. It then compares
+and waits until the running totals in `user_minutes` (the latest per user and minute)
+add up to what was sent. It then compares
 every (user, minute) total with the truth, prints a JSON summary (records/s through both
 stages, from the first click sent to the last one counted), and stops everything. With
 `--kill` it kill -9s one worker once a third of the clicks are counted: the counts must
@@ -128,11 +129,13 @@ async def produce(address: str, clicks: int, users: int, truth: Counter) -> floa
 
 
 async def counted(address: str) -> Counter:
+    """Each (user, minute)'s running total: the latest record of its window (a user's
+    records are in one partition at a time, in order)."""
     totals: Counter = Counter()
     async with aio.Client(address) as client:
         async for r in client.read_stream("user_minutes"):
             d = json.loads(r.data)
-            totals[(d["user"], d["minute"])] += d["count"]
+            totals[(d["user"], d["window_start"] // 60000)] = d["count"]
     return totals
 
 
