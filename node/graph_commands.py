@@ -42,13 +42,16 @@ async def apply_graph(address: str, graph: Graph) -> dict:
                 await client.create_stream(dead, 1, min(3, len(await _storage_nodes(client))))
                 created.append(dead)
             state = graph.stages[name].state
-            if state is not None and state.changelog not in existing and state.changelog not in created:
-                # (one partition: a record per batch per input partition; retention keeps what
-                # a restore needs: the stage is its registered consumer, at its oldest snapshot)
-                await client.create_stream(state.changelog, 1, min(3, len(await _storage_nodes(client))))
+            if state is not None:
+                if state.changelog not in existing and state.changelog not in created:
+                    # (one partition: a record per batch per input partition)
+                    await client.create_stream(state.changelog, 1, min(3, len(await _storage_nodes(client))))
+                    created.append(state.changelog)
+                # retention keeps what a restore needs: the stage is the changelog's registered
+                # consumer, at its oldest snapshot (sps/worker.py _protect_changelog); made
+                # so on every apply, also of a changelog that existed before
                 await client.update_stream(state.changelog, protect_unread=True)
                 await client.register_consumer(state.changelog, name)
-                created.append(state.changelog)
     # (a stage is a consumer group of each of its inputs, named as the stage: its workers
     # make it when they first run; nothing is kept of it apart from that)
     registered = list(graph.order())

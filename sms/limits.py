@@ -233,6 +233,7 @@ SPS_STATE_WINDOW_S_MAX = 7 * 24 * 3600         # an event-time window's size, or
 SPS_STATE_SNAPSHOT_EVERY_DEFAULT = 100         # batches of a partition between full snapshots in the changelog
 SPS_STATE_SNAPSHOT_EVERY_MAX = 100_000
 SPS_STATE_CHANGELOG_RECORD_BYTES = 256 * 1024  # one changelog record (a batch's changes come in parts of this)
+SPS_STATE_HAND_DOWN_DEPTH_MAX = 64             # generations of partitions that ended unprocessed, passing state on
 STAGES_PER_GRAPH_MAX = 64
 SPARK_READ_WAIT_MS = 200                       # a Spark read task's long-poll for records not yet there
 SPARK_READ_STALL_S_MAX = 60.0                  # ... and how long its replica may stay behind the batch's end

@@ -222,6 +222,12 @@ def parse_stage(name: str, d: dict, known_streams: set[str] | None = None) -> St
             validate_stream_name(state.changelog)
         except InvalidArgument as e:
             raise InvalidGraph(f"{where}: state: changelog: {e.message}") from None
+        for o in outputs:
+            if o.key not in state.output_columns:
+                raise InvalidGraph(f"{where}: output {o.stream!r}: key {o.key!r} is not a column of the state's rows "
+                                   f"({', '.join(state.output_columns)})")
+            if o.filter:
+                raise InvalidGraph(f"{where}: output {o.stream!r}: a stateful stage's rows carry no headers to filter")
     return StageSpec(
         name=name, inputs=tuple(inputs), operation=operation, engine=engine, outputs=tuple(outputs), sink=sink,
         recovery=recovery, dead_letter=dead_letter, state=state,

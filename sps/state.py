@@ -227,6 +227,7 @@ class Changes:
     closed: list = field(default_factory=list)          # (key, values) of windows closed by the watermark
     closed_changed: list = field(default_factory=list)  # ... those of them this batch updated first
     late: int = 0                                       # rows dropped: their window had closed
+    rejected: list = field(default_factory=list)        # (row, error) of rows the state cannot take
 
 
 class KeyedState:
@@ -249,46 +250,27 @@ class KeyedState:
         return [0 if a.function == "count" else None for a in self.spec.aggregates]
 
     def update(self, rows: Iterable[dict]) -> Changes:
-        """Fold result rows in: the keys changed, the windows closed, the late rows."""
-        spec, stage = self.spec, self.stage
-        window = spec.window
+        """Fold result rows in: the keys changed, the windows closed, the late rows, and the
+        rows it cannot take (rejected, with why: the worker dead-letters them)."""
         changes = Changes()
         watermark = self.watermark_ms
         batch_max = None
-        aggs = [(i, a.function, a.column) for i, a in enumerate(spec.aggregates)]
         for row in rows:
             try:
-                key = tuple(_scalar(row[k], f"key column {k!r}", stage) for k in spec.key)
-            except KeyError as e:
-                raise StateError(f"stage {stage!r}: a result row has no key column {e.args[0]!r}; it has "
-                                 f"{sorted(row)}") from None
-            if window is not None:
-                if row.get(window.event_time) is None:
-                    raise StateError(f"stage {stage!r}: a result row has no event time {window.event_time!r}; it "
-                                     f"has {sorted(row)}")
-                t = _event_ms(row[window.event_time], f"event time {window.event_time!r}", stage)
-                start = t - t % window.size_ms
-                if watermark is not None and start + window.size_ms <= watermark:
-                    changes.late += 1
-                    continue
+                key, t, values = self._take(row, watermark)
+            except (StateError, errors.LimitExceeded) as e:
+                changes.rejected.append((row, e.message))
+                continue
+            if key is None:
+                changes.late += 1
+                continue
+            if t is not None:
                 batch_max = t if batch_max is None or t > batch_max else batch_max
-                key = key + (start,)
-            values = self.entries.get(key)
-            if values is None:
-                if len(self.entries) >= limits.SPS_STATE_ENTRIES_MAX:
-                    raise errors.LimitExceeded(f"stage {stage!r}: a partition's state holds "
-                                               f"{len(self.entries)} entries; at most {limits.SPS_STATE_ENTRIES_MAX} "
-                                               "(a window with a watermark bounds it)")
-                values = self.entries[key] = self._empty()
-            for i, function, column in aggs:
-                if function == "count":
-                    values[i] += 1
-                    continue
-                if column not in row:
-                    raise StateError(f"stage {stage!r}: a result row has no column {column!r} for aggregate "
-                                     f"{spec.aggregates[i].name!r}; it has {sorted(row)}")
-                v = _number(row[column], f"column {column!r}", stage)
-                values[i] = _combine(function, values[i], v)
+            entry = self.entries.get(key)
+            if entry is None:
+                entry = self.entries[key] = self._empty()
+            for i, (function, v) in enumerate(values):
+                entry[i] = entry[i] + 1 if function == "count" else _combine(function, entry[i], v)
             changes.changed.add(key)
         if batch_max is not None and (self.max_event_ms is None or batch_max > self.max_event_ms):
             self.max_event_ms = batch_max
@@ -298,6 +280,40 @@ class KeyedState:
                 changes.changed.discard(k)
                 changes.closed_changed.append((k, values))
         return changes
+
+    def _take(self, row: dict, watermark: int | None) -> tuple[tuple | None, int | None, list]:
+        """A row checked before it changes anything: (its entry's key, or None when late;
+        its event time; (function, value) per aggregate). StateError or LimitExceeded when
+        the state cannot take it."""
+        spec, stage, window = self.spec, self.stage, self.spec.window
+        try:
+            key = tuple(_scalar(row[k], f"key column {k!r}", stage) for k in spec.key)
+        except KeyError as e:
+            raise StateError(f"stage {stage!r}: a result row has no key column {e.args[0]!r}; it has "
+                             f"{sorted(row)}") from None
+        t = None
+        if window is not None:
+            if row.get(window.event_time) is None:
+                raise StateError(f"stage {stage!r}: a result row has no event time {window.event_time!r}; it "
+                                 f"has {sorted(row)}")
+            t = _event_ms(row[window.event_time], f"event time {window.event_time!r}", stage)
+            start = t - t % window.size_ms
+            if watermark is not None and start + window.size_ms <= watermark:
+                return None, None, []
+            key = key + (start,)
+        values = []
+        for a in spec.aggregates:
+            if a.function == "count":
+                values.append(("count", 1))
+                continue
+            if a.column not in row:
+                raise StateError(f"stage {stage!r}: a result row has no column {a.column!r} for aggregate "
+                                 f"{a.name!r}; it has {sorted(row)}")
+            values.append((a.function, _number(row[a.column], f"column {a.column!r}", stage)))
+        if key not in self.entries and len(self.entries) >= limits.SPS_STATE_ENTRIES_MAX:
+            raise errors.LimitExceeded(f"stage {stage!r}: a partition's state holds {len(self.entries)} entries; "
+                                       f"at most {limits.SPS_STATE_ENTRIES_MAX} (a window with a watermark bounds it)")
+        return key, t, values
 
     def close_windows(self) -> list[tuple[tuple, list]]:
         """Remove the windows that end at or before the watermark: (key, values) of each."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import socket
@@ -90,7 +91,8 @@ class Step:
     dead: list = field(default_factory=list)
     failed: int = 0
     error: str = ""
-    changelog: list = field(default_factory=list)   # a stateful stage: the batch's changelog records
+    changelog: list = field(default_factory=list)   # a stateful stage: rejected rows' dead letters, then the
+    rejected: int = 0                               # ... batch's changelog records (after `rejected` of those)
     snapshot: bool = False                          # ... a snapshot (not a delta)
 
 
@@ -192,9 +194,6 @@ class Worker:
         leases = await self.table.all()
         for lease in leases.values():
             self.clock.observe(lease)
-        if self.stage.state is not None and time.monotonic() >= self._protect_at:
-            await self._protect_changelog(leases)
-            self._protect_at = time.monotonic() + limits.SPS_PARTITION_REFRESH_S
         claims, releases = plan_takes(leases, self.worker_id, workers, self.clock)
         # a lease still this worker's that it no longer processes (a write answered late, a
         # release that failed, a restart under the same id): taken up again from its checkpoint
@@ -226,6 +225,14 @@ class Worker:
                 except LeaseLost:
                     if self._holds(owned):
                         await self._lose(owned)
+        if self.stage.state is not None and time.monotonic() >= self._protect_at:
+            self._protect_at = time.monotonic() + limits.SPS_PARTITION_REFRESH_S
+            try:
+                await self._protect_changelog(leases)
+            except (errors.SmsError, ConnectionError) as e:
+                raise_if_cancelling()
+                log.warning("%s: stage %s: could not move its changelog's retention hold (retrying in %.0f s): %r",
+                            self.worker_id, self.stage.name, limits.SPS_PARTITION_REFRESH_S, e)
 
     def _report(self) -> None:
         """A line with the micro-batches' figures so far (every SPS_REPORT_S, and at the end)."""
@@ -402,7 +409,7 @@ class Worker:
                 if o.state is not None:
                     self._snapshotted(s, outcome)
                 o.unfailed += s.failed
-                o.undead += len(s.dead)
+                o.undead += len(s.dead) + s.rejected
                 o.last_error = s.error or o.last_error
                 o.records += len(s.batch)
                 o.unrecorded += len(s.batch)
@@ -611,8 +618,21 @@ class Worker:
             rows = sorted(rows, key=lambda row: repr(sorted(row.items())))
         changes = o.state.update(rows)
         s.snapshot = o.snapshot_due or o.since_snapshot + 1 >= spec.snapshot_every
-        s.changelog = [(spec.changelog, o.lease.key, data)
-                       for data in o.state.changelog_records(s.batch.last_sn, changes, s.snapshot)]
+        # result rows the state cannot take (a missing column, a value of the wrong type, the
+        # entry limit) go to the dead letters, as JSON, and the others go on
+        source = f"p{s.owned.lease.ordinal:04d}/{s.batch.first_sn}-{s.batch.last_sn}".encode()
+        rejected = [(self.stage.dead_letter_stream, o.lease.key, _row_json(row),
+                     {"sms-error": error.encode(), "sms-stage": self.stage.name.encode(), "sms-source": source})
+                    for row, error in changes.rejected]
+        if rejected:
+            self.dead_letters += len(rejected)
+            s.failed += len(rejected)
+            s.error = changes.rejected[-1][1]
+            s.rejected = len(rejected)
+            log.warning("%s: stage %s: %d result row(s) of %s the state cannot take (%s): to %s", self.worker_id,
+                        self.stage.name, len(rejected), o.lease.key, s.error, self.stage.dead_letter_stream)
+        s.changelog = rejected + [(spec.changelog, o.lease.key, data)
+                                  for data in o.state.changelog_records(s.batch.last_sn, changes, s.snapshot)]
         s.rows = o.state.output_rows(changes)
         self.timings["state_changes"] += len(changes.changed) + len(changes.closed)
         if changes.late:
@@ -620,15 +640,15 @@ class Worker:
 
     def _snapshotted(self, s: Step, outcomes: list) -> None:
         """After a batch's writes: where its snapshot starts in the changelog (kept in the
-        lease with the checkpoint, by the next lease write). A snapshot answered as a
-        duplicate is a replay's: the changelog holds what the first run wrote there, which
-        may have been a delta, so its place is not taken."""
+        lease with the checkpoint, by the next lease write)."""
         o = s.owned
         if not s.snapshot:
             o.since_snapshot += 1
             return
-        first = outcomes[len(outcomes) - len(s.changelog)] if s.changelog and outcomes else None
-        if first is not None and not first.duplicate and first.sn is not None:
+        first = outcomes[len(outcomes) - len(s.changelog) + s.rejected] if s.changelog and outcomes else None
+        if first is not None and first.sn is not None:
+            # (a duplicate is the record the first run stored there: the same contents, or
+            # ingestion would have refused it as a SessionConflict)
             o.state_pos = str(first.sn)
         o.since_snapshot = 0
         o.snapshot_due = False
@@ -649,20 +669,35 @@ class Worker:
         elif lease.parents and lease.checkpoint != SHARD_END:
             leases = await self.table.all()
             info = await self.client.get_stream_info(lease.stream)
-            me = next((p for p in info.partitions if p.ordinal == lease.ordinal), None)
-            for parent in lease.parents if me is not None else ():
-                held = leases.get(lease_key(lease.stream, parent))
-                docs = await self._changelog_docs(lease_key(lease.stream, parent), held.state if held else "")
-                read += len(docs)
-                theirs = KeyedState(spec, self.stage.name)
-                theirs.load(docs, None)
-                state.adopt(theirs, me.hash_lo, me.hash_hi)
+            read = await self._hand_down(state, lease.stream, lease.parents, lease.ordinal, leases, info)
             owned.snapshot_due = bool(state.entries)      # (its changelog starts with what it was handed)
         owned.state = state
         self.timings["restore_s"] += time.monotonic() - t0
         if read:
             log.info("%s: stage %s: restored %s's state (%d entries) from %d changelog records in %.2f s",
                      self.worker_id, self.stage.name, lease.key, len(state.entries), read, time.monotonic() - t0)
+
+    async def _hand_down(self, state: KeyedState, stream: str, parents, ordinal: int, leases: dict,
+                         info, depth: int = 0) -> int:
+        """Into `state`: the final entries of `parents` in partition `ordinal`'s hash range.
+        A parent that wrote no changelog record (it ended before it processed a record)
+        passes on what it was handed itself, from its own parents. Returns the changelog
+        records read."""
+        me = next((p for p in info.partitions if p.ordinal == ordinal), None)
+        if me is None or depth > limits.SPS_STATE_HAND_DOWN_DEPTH_MAX:
+            return 0
+        read = 0
+        for parent in parents:
+            held = leases.get(lease_key(stream, parent))
+            docs = await self._changelog_docs(lease_key(stream, parent), held.state if held else "")
+            read += len(docs)
+            theirs = KeyedState(self.stage.state, self.stage.name)
+            if docs:
+                theirs.load(docs, None)
+            elif held is not None and held.parents:
+                read += await self._hand_down(theirs, stream, held.parents, parent, leases, info, depth + 1)
+            state.adopt(theirs, me.hash_lo, me.hash_hi)
+        return read
 
     async def _changelog_docs(self, key: str, position: str) -> list[dict]:
         """A partition's changelog documents from `position` (a snapshot's SN), or from the
@@ -686,21 +721,38 @@ class Worker:
 
     async def _protect_changelog(self, leases: dict[str, Lease]) -> None:
         """The stage is a registered consumer of its changelog, at the oldest snapshot a
-        partition may still be restored from: retention keeps that, and everything after.
-        (Leases without a snapshot are not counted; a closed partition's snapshot only until
-        every child has started.)"""
+        partition may still be restored from: retention keeps that, and everything after
+        it (in its changelog partition and that partition's descendants). A partition
+        that started without a snapshot yet is restored from the whole changelog, so then
+        nothing is let go. A closed partition's snapshot is let go once every child has a
+        snapshot of its own (or ended, its own children having one)."""
         spec = self.stage.state
+        children: dict[str, list[Lease]] = {}
+        for c in leases.values():
+            for p in c.parents:
+                children.setdefault(lease_key(c.stream, p), []).append(c)
+
+        def covered(lease: Lease, depth: int = 0) -> bool:
+            if lease.state:
+                return True
+            kids = children.get(lease.key, [])
+            return lease.done and bool(kids) and depth < limits.SPS_STATE_HAND_DOWN_DEPTH_MAX \
+                and all(covered(k, depth + 1) for k in kids)
+
+        info = await self.client.get_stream_info(spec.changelog)
         oldest: dict[int, int] = {}
         for lease in leases.values():
-            if not lease.state:
+            kids = children.get(lease.key, [])
+            if lease.done and kids and all(covered(k) for k in kids):
                 continue
-            if lease.done:
-                children = [c for c in leases.values() if c.stream == lease.stream and lease.ordinal in c.parents]
-                if children and all(c.checkpoint.isdigit() or c.done for c in children):
-                    continue
-            sn = int(lease.state)
-            ordinal = seqno.ordinal_of(sn)
-            oldest[ordinal] = min(oldest.get(ordinal, sn), sn)
+            if lease.state:
+                sn = int(lease.state)
+            elif lease.checkpoint.isdigit():
+                sn = 1                          # (started, with no snapshot: the whole changelog)
+            else:
+                continue
+            for ordinal in _with_descendants(info, seqno.ordinal_of(sn) if sn > 1 else None):
+                oldest[ordinal] = min(oldest.get(ordinal, sn), sn)
         await self.client.checkpoint_consumer(spec.changelog, self.stage.name,
                                               {ordinal: sn - 1 for ordinal, sn in oldest.items()})
 
@@ -762,6 +814,19 @@ class Worker:
         return []
 
 
+def _with_descendants(info, ordinal: int | None) -> list[int]:
+    """A changelog partition and every partition after it in the lineage (None: all)."""
+    if ordinal is None:
+        return [p.ordinal for p in info.partitions]
+    out, todo = [], [ordinal]
+    while todo:
+        o = todo.pop()
+        if o not in out:
+            out.append(o)
+            todo += [p.ordinal for p in info.partitions if o in p.parents]
+    return out
+
+
 def output_producer_id(stage: str, lease_key: str) -> bytes:
     """The producer id of a stage's outputs from one input partition: `sps:<stage>:<stream>:
     <ordinal>`, or, when that is longer than PRODUCER_ID_BYTES_MAX, its start and a digest
@@ -797,6 +862,13 @@ def _headers(value, stage: str) -> dict[str, bytes] | None:
         raise errors.InvalidArgument(f"stage {stage!r}: a result row's headers must map names to bytes, text or "
                                      f"numbers; got {e}") from None
     return out or None
+
+
+def _row_json(row: dict) -> bytes:
+    """A result row as a dead letter's data: JSON, anything else as its text."""
+    def text(v):
+        return bytes(v).decode("utf-8", "backslashreplace") if isinstance(v, (bytes, bytearray, memoryview)) else str(v)
+    return json.dumps(row, default=text, sort_keys=True).encode()
 
 
 def _error_text(e: BaseException) -> str:

@@ -15,7 +15,9 @@ waits are those of tests/integration/test_sps_workers.py. The checks:
    totals for their keys, so the totals go on across the split, exact;
 3. windows by event time with a watermark, `emit: final`, through a kill -9: each window
    closed by the watermark is output exactly once with its exact count; none still open
-   is output.
+   is output;
+4. result rows the state cannot take (a missing column) go to the dead-letter stream,
+   once each, with the error, and the partition goes on: the totals of the others exact.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import yaml
 
 from sms.leases import lease_key
 from tests.conftest import stream_name, wait_until
-from tests.integration.sps_state_ops import TS_STEP_MS, seq_of
+from tests.integration.sps_state_ops import BAD_EVERY, TS_STEP_MS, seq_of
 from tests.integration.test_sps_workers import (BALANCE_S, FAILOVER_S, ROUND_S, STABLE_S, WORKER_START_S,
                                                 LeaseWatch, Setup, Workers, balanced, checked_inputs,
                                                 partition_keys, read_all, sms_cli, wait_processed)
@@ -226,3 +228,27 @@ def test_windows_closed_by_the_watermark_are_output_once_with_exact_counts(clien
     assert set(got.values()) == {1}, [w for w, n in got.items() if n > 1][:3]
     print(f"\n{len(inputs)} inputs, {len(windows)} windows, {len(closed)} closed and output once each, "
           f"{len(windows) - len(closed)} still open")
+
+
+# --- 4. rows the state cannot take go to the dead letters ---------------------------------------
+
+def test_rows_the_state_cannot_take_are_dead_lettered_and_the_partition_goes_on(client, stateful):
+    setup = stateful({"key": ["user"], "aggregates": {"count": "count", "total": "sum:n", "last": "max:seq"}},
+                     "clicks_some_bad", partitions=2)
+    keys = partition_keys(client, setup.source, 2)
+    feeder = stateful.feeder(setup.source, keys)
+    setup.workers.start("w1")
+    setup.watch.stable(balanced(2, ["w1"]), STABLE_S, BALANCE_S + WORKER_START_S, "w1 holds both partitions")
+    feeder.write(400)
+    inputs = checked_inputs(client, setup, feeder)
+    wait_processed(client, setup, inputs)
+
+    good = [r for r in inputs if seq_of(r.data) % BAD_EVERY]
+    bad = sorted(seq_of(r.data) for r in inputs if not seq_of(r.data) % BAD_EVERY)
+    assert_running_totals(outputs_by_key(client, setup), good, "total")
+    dead = read_all(client, f"{setup.stage}-dead-letters")
+    assert sorted(json.loads(r.data)["seq"] for r in dead) == bad
+    assert all(b"no column 'n' for aggregate 'total'" in r.headers["sms-error"] for r in dead), dead[0].headers
+    snap = setup.watch.latest()
+    assert sum(lease.dead_letters for lease in snap.leases.values()) == len(bad)
+    assert "failed; releasing" not in setup.workers.log("w1")     # (the partition was never failed)

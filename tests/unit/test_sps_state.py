@@ -20,6 +20,7 @@ import copy
 import datetime
 import json
 import random
+import re
 
 import pytest
 
@@ -347,7 +348,7 @@ def test_stage_spec_round_trips_with_and_without_state():
               stage_doc(state={"key": ["user", "page"], "aggregates": {"n": "count", "lo": "min:ms"},
                                "window": {"event_time": "ts", "size_s": 0.25}, "emit": "final",
                                "changelog": "cl", "snapshot_every": 1}),
-              stage_doc(state={"key": "u", "aggregates": {"n": "count"}}),
+              stage_doc(state={"key": "u", "aggregates": {"n": "count"}}, outputs=[{"stream": "counts", "key": "u"}]),
               stage_doc(state=None)):
         s = parse_stage("count", d)
         back = StageSpec.from_bytes(s.to_bytes())
@@ -356,6 +357,16 @@ def test_stage_spec_round_trips_with_and_without_state():
     legacy = json.loads(parse_stage("count", stage_doc(state=None)).to_bytes())
     del legacy["state"]                                   # a spec written before state existed
     assert StageSpec.from_bytes(json.dumps(legacy).encode()).state is None
+
+
+def test_a_stateful_stages_output_key_must_be_a_state_column_and_filters_are_refused():
+    with pytest.raises(InvalidGraph, match=r"output 'counts': key 'partition_key' is not a column of the state's "
+                                           r"rows \(user, window_start, window_end, clicks\)"):
+        parse_stage("count", stage_doc(outputs=["counts"]))
+    with pytest.raises(InvalidGraph, match="carry no headers to filter"):
+        parse_stage("count", stage_doc(outputs=[{"stream": "counts", "key": "user", "filter": {"a": ["b"]}}]))
+    assert parse_stage("count", stage_doc(outputs=[{"stream": "counts", "key": "window_start"}])).outputs[0].key \
+        == "window_start"
 
 
 def test_two_stages_sharing_a_changelog_are_refused():
@@ -403,23 +414,29 @@ def test_multi_column_keys():
                           (None, "/", True): [1, 16]}
 
 
+def rejected(st: KeyedState, rows: list[dict], match: str) -> None:
+    """update() takes none of `rows` (each rejected, with an error matching `match`, for
+    the worker to dead-letter) and changes nothing."""
+    before = (copy.deepcopy(st.entries), st.max_event_ms)
+    changes = st.update(rows)
+    assert [r for r, _ in changes.rejected] == rows
+    assert all(re.search(match, error) for _, error in changes.rejected), changes.rejected
+    assert not changes.changed and (st.entries, st.max_event_ms) == before
+
 def test_a_row_without_a_key_column_is_refused_naming_it():
     st = KeyedState(spec(key=["user", "page"]), "count")
-    with pytest.raises(StateError, match=r"stage 'count': a result row has no key column 'page'"):
-        st.update([{"user": "a"}])
+    rejected(st, [{"user": "a"}], r"stage 'count': a result row has no key column 'page'")
 
 
 def test_a_row_without_an_aggregate_column_is_refused_naming_it():
     st = KeyedState(spec(aggregates={"n": "count", "total": "sum:amount"}), "count")
-    with pytest.raises(StateError, match=r"no column 'amount' for aggregate 'total'"):
-        st.update([{"user": "a", "x": 1}])
+    rejected(st, [{"user": "a", "x": 1}], r"no column 'amount' for aggregate 'total'")
 
 
 @pytest.mark.parametrize("value", [["a"], {"a": 1}, ("a",), {1}, object()])
 def test_non_scalar_key_values_are_refused(value):
     st = KeyedState(spec(), "count")
-    with pytest.raises(StateError, match=r"stage 'count': key column 'user' is a"):
-        st.update([{"user": value}])
+    rejected(st, [{"user": value}], r"stage 'count': key column 'user' is a")
 
 
 def test_bytes_key_values_decode_to_text():
@@ -427,16 +444,14 @@ def test_bytes_key_values_decode_to_text():
     st.update([{"user": b"alice"}, {"user": bytearray(b"alice")}, {"user": memoryview(b"alice")},
                {"user": "alice"}, {"user": "b\u00e9".encode()}])
     assert st.entries == {("alice",): [4], ("b\u00e9",): [1]}
-    with pytest.raises(StateError, match="key column 'user' is a bytes"):
-        st.update([{"user": b"\xff\xfe"}])
+    rejected(st, [{"user": b"\xff\xfe"}], "key column 'user' is a bytes")
 
 
 @pytest.mark.parametrize("function", ["sum", "min", "max"])
 @pytest.mark.parametrize("value", [True, False, "3", b"3", [3]])
 def test_non_numeric_aggregate_values_are_refused(function, value):
     st = KeyedState(spec(aggregates={"v": f"{function}:x"}), "count")
-    with pytest.raises(StateError, match=r"column 'x' is a .*expected a number"):
-        st.update([{"user": "a", "x": value}])
+    rejected(st, [{"user": "a", "x": value}], r"column 'x' is a .*expected a number")
 
 
 def test_count_does_not_read_any_column():
@@ -451,16 +466,17 @@ def test_entry_limit(monkeypatch):
     st.update([{"user": u} for u in "abc"])
     st.update([{"user": "a"}, {"user": "c"}])          # existing keys at the limit are fine
     assert st.entries == {("a",): [2], ("b",): [1], ("c",): [2]}
-    with pytest.raises(errors.LimitExceeded, match="at most 3"):
-        st.update([{"user": "d"}])
+    rejected(st, [{"user": "d"}], "at most 3")
 
 
 def test_entry_limit_counts_open_windows(monkeypatch):
     monkeypatch.setattr(limits, "SPS_STATE_ENTRIES_MAX", 2)
     st = KeyedState(windowed(size_s=1, watermark_s=3600), "count")
     st.update([{"user": "a", "ts": 0}, {"user": "a", "ts": 1000}])
-    with pytest.raises(errors.LimitExceeded):
-        st.update([{"user": "a", "ts": 1500}, {"user": "a", "ts": 2000}])
+    changes = st.update([{"user": "a", "ts": 1500}, {"user": "a", "ts": 2000}])
+    # (the row of an open window is taken; the one that would open a third is rejected)
+    assert [r for r, _ in changes.rejected] == [{"user": "a", "ts": 2000}]
+    assert "at most 2" in changes.rejected[0][1] and st.entries == {("a", 0): [1], ("a", 1000): [2]}
 
 
 # --- windows ------------------------------------------------------------------------------------
@@ -505,15 +521,13 @@ def test_datetime_event_times_keep_their_milliseconds():
 @pytest.mark.parametrize("value", ["2024-01-01", "1000", True, [1], b"1"])
 def test_bad_event_times_are_refused(value):
     st = KeyedState(windowed(), "count")
-    with pytest.raises(StateError, match=r"event time 'ts' is"):
-        st.update([{"user": "a", "ts": value}])
+    rejected(st, [{"user": "a", "ts": value}], r"event time 'ts' is")
 
 
 @pytest.mark.parametrize("row", [{"user": "a"}, {"user": "a", "ts": None}])
 def test_a_row_without_an_event_time_is_refused(row):
     st = KeyedState(windowed(), "count")
-    with pytest.raises(StateError, match=r"no event time 'ts'"):
-        st.update([row])
+    rejected(st, [row], r"no event time 'ts'")
 
 
 def test_watermark_moves_at_the_end_of_a_batch_only():
