@@ -6,12 +6,12 @@ The operation is a DataFrame -> DataFrame function. Its input DataFrame has the 
 result become output records (their `data` column, string or binary, the stage's key
 column, and a `headers` map column when the result has one).
 
-A micro-batch holds one batch per input partition the worker holds. They cross to the JVM
-as one Arrow table (the pages' columns as the compiled codec decoded them: no Python
-object per record), tagged with their batch's index; the operation is applied to each
-batch's rows separately (a filter on the tag), and the results are put together with a
-union and come back as one Arrow table: one Spark job per micro-batch, whatever the
-number of partitions, and each output row is known to come from one input partition.
+A micro-batch holds one batch per input partition the worker holds. Each crosses to the
+JVM as an Arrow table (the pages' columns as the compiled codec decoded them: no Python
+object per record) and becomes a DataFrame; the operation is applied to each, the results
+(tagged with their batch's index) are put together with a union and come back as one
+Arrow table: one Spark job per micro-batch, whatever the number of partitions, and each
+output row is known to come from one input partition.
 
 Spark is local by default (`local[2]`), or any master URL. One SparkSession serves the
 whole worker process (every stage and lease in it); `start()` makes it before the worker
@@ -29,6 +29,12 @@ from sms.types import Record
 
 INPUT_COLUMNS = ("partition_key", "data", "sequence_number", "arrival_time", "partition_id", "headers")
 _TAG = "__sms_batch"
+# The driver JVM's options (SPS_SPARK_JAVA_OPTIONS in the environment overrides them): its
+# JIT compiles with C1 only, on one thread. A worker's JVM runs many small jobs, and C2's
+# compiling cost more CPU than its faster code saved: on this 2-core machine the
+# clickstream example's JVMs used 16.6 CPU seconds with the defaults and 9.1 with these,
+# and went from 7,700 to 11,000 records/s (docs/sps.md).
+SPARK_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1"
 
 
 def spark_session(master: str = "local[2]", app_name: str = "sms-sps"):
@@ -46,6 +52,7 @@ def spark_session(master: str = "local[2]", app_name: str = "sms-sps"):
             .config("spark.sql.shuffle.partitions", "2")
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+            .config("spark.driver.extraJavaOptions", os.environ.get("SPS_SPARK_JAVA_OPTIONS", SPARK_JAVA_OPTIONS))
             .getOrCreate())
 
 
@@ -122,17 +129,17 @@ class SparkEngine:
                 return
 
     def _apply_tables(self, operation, tables: list) -> list[list[dict]]:
-        import pyarrow as pa
         if not tables:
             return []
-        tagged = pa.concat_tables([t.append_column(_TAG, pa.array([i] * t.num_rows, pa.int32()))
-                                   for i, t in enumerate(tables)])
-        from pyspark.sql import functions as F
-        df = self.spark.createDataFrame(tagged)
         if len(tables) == 1:
-            return [_rows(operation(df.drop(_TAG)).toArrow())]
-        branches = [operation(df.where(F.col(_TAG) == i).drop(_TAG)).withColumn(_TAG, F.lit(i))
-                    for i in range(len(tables))]
+            return [_rows(operation(self.spark.createDataFrame(tables[0])).toArrow())]
+        from pyspark.sql import functions as F
+        # each batch its own DataFrame, the branches put together by a union: one job, and
+        # each branch reads only its batch (one DataFrame of every batch, filtered by a tag
+        # per branch, had each branch convert every batch's rows: twice the JVM's CPU with
+        # four partitions, measured in bench/sps_engine.py)
+        branches = [operation(self.spark.createDataFrame(t)).withColumn(_TAG, F.lit(i))
+                    for i, t in enumerate(tables)]
         result = functools.reduce(lambda a, b: a.unionByName(b), branches).toArrow()
         tags = result.column(_TAG).to_pylist()
         rows = _rows(result.drop_columns([_TAG]))

@@ -17,6 +17,8 @@
                                                         # (sps/state.py: windows, watermark, changelog)
         checkpoint_records: 1000
         checkpoint_interval_s: 5
+        min_batch_records: 0                            # a partition's batch waits for so many records
+                                                        # (at most checkpoint_interval_s): fewer, bigger jobs
         failover_s: 10
       count:
         inputs: [parsed]
@@ -75,6 +77,7 @@ class StageSpec:
     recovery: str = "checkpoint"
     checkpoint_records: int = limits.SPS_CHECKPOINT_RECORDS_DEFAULT
     checkpoint_interval_s: float = limits.SPS_CHECKPOINT_INTERVAL_S_DEFAULT
+    min_batch_records: int = 0         # a partition's batch waits for so many (up to checkpoint_interval_s)
     failover_s: float = limits.SPS_FAILOVER_S_DEFAULT
     dead_letter: str = ""              # the stream failed records go to ("": <name>-dead-letters)
     state: StateSpec | None = None     # keyed state (sps/state.py): the outputs are its running aggregates
@@ -96,6 +99,7 @@ class StageSpec:
         d["outputs"] = tuple(Output(o["stream"], o.get("key", "partition_key"), parse_filter(o.get("filter")))
                              for o in d["outputs"])
         d.setdefault("dead_letter", "")
+        d.setdefault("min_batch_records", 0)
         d["state"] = spec_from_doc(d.get("state"), d["name"])
         return cls(**d)
 
@@ -150,7 +154,7 @@ def parse_stage(name: str, d: dict, known_streams: set[str] | None = None) -> St
     except InvalidArgument:
         raise InvalidGraph(f"{where}: a stage name is 1..{limits.STREAM_NAME_CHARS_MAX} of [A-Za-z0-9_.-]") from None
     unknown = set(d) - {"inputs", "operation", "engine", "outputs", "sink", "recovery", "checkpoint_records",
-                        "checkpoint_interval_s", "failover_s", "dead_letter", "state"}
+                        "checkpoint_interval_s", "min_batch_records", "failover_s", "dead_letter", "state"}
     if unknown:
         raise InvalidGraph(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     inputs = d.get("inputs")
@@ -235,6 +239,8 @@ def parse_stage(name: str, d: dict, known_streams: set[str] | None = None) -> St
                                        limits.SPS_BATCH_RECORDS_MAX, where, integer=True)),
         checkpoint_interval_s=float(_number(d, "checkpoint_interval_s", limits.SPS_CHECKPOINT_INTERVAL_S_DEFAULT,
                                             0.05, limits.SPS_CHECKPOINT_INTERVAL_S_MAX, where)),
+        min_batch_records=int(_number(d, "min_batch_records", 0, 0, d.get("checkpoint_records",
+                                      limits.SPS_CHECKPOINT_RECORDS_DEFAULT), where, integer=True)),
         failover_s=float(_number(d, "failover_s", limits.SPS_FAILOVER_S_DEFAULT, limits.SPS_FAILOVER_S_MIN,
                                  3600, where)))
 

@@ -515,10 +515,11 @@ class Worker:
         batch = InputBatch(stream, ordinal)
         deadline = time.monotonic() + self.stage.checkpoint_interval_s
         want = self.stage.checkpoint_records if replay_end is None else limits.SPS_BATCH_RECORDS_MAX
+        least = max(1, self.stage.min_batch_records)       # (what a batch waits for, up to the deadline)
         while len(batch) < want:
             left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
             kw = {"max_records": min(want - len(batch), limits.GET_RECORDS_COUNT_MAX),
-                  "wait_ms": min(left_ms, 1000) if not len(batch) or replay_end is not None else 0}
+                  "wait_ms": min(left_ms, 1000) if len(batch) < least or replay_end is not None else 0}
             try:
                 page = await self.client.get_next_record_batch(iterator, **kw)
             except errors.RecordsTrimmed as e:
@@ -539,7 +540,7 @@ class Worker:
             iterator = page.next_iterator
             if replay_end is not None:
                 continue                 # the replayed batch ends exactly where the first one did
-            if not len(records) or time.monotonic() >= deadline:
+            if (not len(records) and len(batch) >= least) or time.monotonic() >= deadline:
                 break
         return batch, iterator, False
 

@@ -128,15 +128,46 @@ async def produce(address: str, clicks: int, users: int, truth: Counter) -> floa
     return time.monotonic()
 
 
-async def counted(address: str) -> Counter:
-    """Each (user, minute)'s running total: the latest record of its window (a user's
-    records are in one partition at a time, in order)."""
+async def stored_totals(address: str) -> Counter:
     totals: Counter = Counter()
     async with aio.Client(address) as client:
         async for r in client.read_stream("user_minutes"):
             d = json.loads(r.data)
             totals[(d["user"], d["window_start"] // 60000)] = d["count"]
     return totals
+
+
+class Counted:
+    """Each (user, minute)'s running total as the count stage writes it: the latest record
+    of its window (a user's records are in one partition at a time, in order), followed
+    as they commit (a subscription, not a re-read of the stream per check)."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self.totals: Counter = Counter()
+        self.clicks = 0                  # the sum of the totals
+        self._task: asyncio.Task | None = None
+
+    async def _follow(self) -> None:
+        async with aio.Client(self.address) as client:
+            async for r in client.read_stream("user_minutes", follow=True):
+                d = json.loads(r.data)
+                key = (d["user"], d["window_start"] // 60000)
+                self.clicks += d["count"] - self.totals[key]
+                self.totals[key] = d["count"]
+
+    def __enter__(self) -> "Counted":
+        self._task = asyncio.ensure_future(self._follow())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._task.cancel()
+
+    async def until(self, clicks: int, deadline: float) -> None:
+        while self.clicks < clicks and time.monotonic() < deadline:
+            if self._task.done():
+                self._task.result()
+            await asyncio.sleep(0.05)
 
 
 async def main_async(args, data_dir: str) -> dict:
@@ -154,24 +185,22 @@ async def main_async(args, data_dir: str) -> dict:
                      **{n: node.proc.pid for n, node in cluster.procs.items() if node.proc is not None}}
             cpu_before = {**cpu_s(roots), "this process (producer, checker)": sum(os.times()[:2])}
             truth: Counter = Counter()
-            started = time.monotonic()
-            produce_task = asyncio.ensure_future(produce(cluster.address, args.clicks, args.users, truth))
-            killed = []
-            if args.kill:
-                while sum((await counted(cluster.address)).values()) < args.clicks // 3 \
-                        and time.monotonic() - started < args.timeout_s:
-                    await asyncio.sleep(0.2)
-                workers["worker-1"].kill()
-                killed.append("worker-1")
-            produced_at = await produce_task
-            deadline = time.monotonic() + args.timeout_s
-            totals: Counter = Counter()
-            while time.monotonic() < deadline:
-                totals = await counted(cluster.address)
-                if sum(totals.values()) >= args.clicks:
-                    break
-                await asyncio.sleep(0.2)
-            done_at = time.monotonic()
+            counted = Counted(cluster.address)
+            with counted:
+                started = time.monotonic()
+                produce_task = asyncio.ensure_future(produce(cluster.address, args.clicks, args.users, truth))
+                killed = []
+                if args.kill:
+                    await counted.until(args.clicks // 3, started + args.timeout_s)
+                    workers["worker-1"].kill()
+                    killed.append("worker-1")
+                produced_at = await produce_task
+                await counted.until(args.clicks, time.monotonic() + args.timeout_s)
+                done_at = time.monotonic()
+            # the check reads the output stream again, whole: what is stored, not what was seen
+            totals = await stored_totals(cluster.address)
+            if totals != counted.totals:
+                raise RuntimeError("the output stream read again differs from what its subscription showed")
             cpu_after = {**cpu_s(roots), "this process (producer, checker)": sum(os.times()[:2])}
             wrong = {k: (totals.get(k, 0), v) for k, v in truth.items() if totals.get(k, 0) != v}
             extra = {k: v for k, v in totals.items() if k not in truth}

@@ -489,6 +489,15 @@ def test_load_graph_of_invalid_graph_in_valid_yaml(tmp_path: Path) -> None:
         load_graph(str(path))
 
 
+def test_min_batch_records_is_checked_against_checkpoint_records() -> None:
+    base = {"inputs": ["a"], "operation": "m:f", "outputs": ["b"], "checkpoint_records": 100}
+    assert parse_stage("s", {**base, "min_batch_records": 100}).min_batch_records == 100
+    assert parse_stage("s", base).min_batch_records == 0
+    for bad in (101, -1, 1.5, "10", True):
+        with pytest.raises(InvalidGraph, match="min_batch_records"):
+            parse_stage("s", {**base, "min_batch_records": bad})
+
+
 def test_clickstream_example_parses() -> None:
     g = load_graph(str(CLICKSTREAM))
     assert set(g.streams) == {"clicks", "clicks_by_user", "user_minutes"}
@@ -500,8 +509,10 @@ def test_clickstream_example_parses() -> None:
     assert parse.outputs == (Output("clicks_by_user", "user"),)
     assert parse.operation == "examples.clickstream.ops:parse"
     assert (parse.engine, parse.recovery, parse.checkpoint_records, parse.checkpoint_interval_s,
-            parse.failover_s) == ("spark", "checkpoint", 10000, 1.0, 3.0)
-    assert g.stages["count"].outputs == (Output("user_minutes", "user"),)
+            parse.min_batch_records, parse.failover_s) == ("spark", "checkpoint", 10000, 1.5, 8000, 3.0)
+    count = g.stages["count"]
+    assert count.outputs == (Output("user_minutes", "user"),)
+    assert count.state is not None and count.state.key == ("user",) and count.state.changelog == "count-changelog"
     for spec in g.stages.values():
         assert StageSpec.from_bytes(spec.to_bytes()) == spec
 
