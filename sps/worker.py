@@ -515,11 +515,11 @@ class Worker:
         batch = InputBatch(stream, ordinal)
         deadline = time.monotonic() + self.stage.checkpoint_interval_s
         want = self.stage.checkpoint_records if replay_end is None else limits.SPS_BATCH_RECORDS_MAX
-        least = max(1, self.stage.min_batch_records)       # (what a batch waits for, up to the deadline)
+        least = self.stage.min_batch_records                # (what a batch waits for, up to the deadline)
         while len(batch) < want:
             left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
             kw = {"max_records": min(want - len(batch), limits.GET_RECORDS_COUNT_MAX),
-                  "wait_ms": min(left_ms, 1000) if len(batch) < least or replay_end is not None else 0}
+                  "wait_ms": min(left_ms, 1000) if len(batch) < max(1, least) or replay_end is not None else 0}
             try:
                 page = await self.client.get_next_record_batch(iterator, **kw)
             except errors.RecordsTrimmed as e:
