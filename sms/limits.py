@@ -217,6 +217,7 @@ SPS_WARM_UP_ROUNDS = 5                         # a Spark worker runs its operati
 SPS_WARM_UP_RECORDS = 5_000                    # ... of so many records, before it claims partitions
 SPS_REPORT_S = 10.0                            # a worker logs its micro-batches' figures this often
 SPS_MICRO_BATCH_GATHER_S = 0.05               # a micro-batch waits so long for partitions' reads about to be ready
+SPS_MIN_BATCH_IDLE_MS = 500                    # a batch short of min_batch_records ends when no record came for so long
 SPS_RECORD_ATTEMPTS_MAX = 3                    # a failing record is tried so often, then dead-lettered
 SPS_RETRY_BACKOFF_S = 0.2                      # ... waiting this, doubled each time, between tries
 SPS_APPLY_BUDGET_S = 20.0                      # retries and isolation of one batch's failures, at most

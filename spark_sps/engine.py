@@ -49,7 +49,9 @@ def spark_session(master: str = "local[2]", app_name: str = "sms-sps"):
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2")
+            # (a branch of a micro-batch is one partition's batch, at most SPS_BATCH_RECORDS_MAX
+            # rows: one reduce task each is enough, and the branches run side by side)
+            .config("spark.sql.shuffle.partitions", "1")
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
             .config("spark.driver.extraJavaOptions", os.environ.get("SPS_SPARK_JAVA_OPTIONS", SPARK_JAVA_OPTIONS))

@@ -17,8 +17,8 @@
                                                         # (sps/state.py: windows, watermark, changelog)
         checkpoint_records: 1000
         checkpoint_interval_s: 5
-        min_batch_records: 0                            # a partition's batch waits for so many records
-                                                        # (at most checkpoint_interval_s): fewer, bigger jobs
+        min_batch_records: 0                            # a partition's batch reads on to so many records while
+                                                        # they keep coming (at most checkpoint_interval_s)
         failover_s: 10
       count:
         inputs: [parsed]
@@ -77,7 +77,7 @@ class StageSpec:
     recovery: str = "checkpoint"
     checkpoint_records: int = limits.SPS_CHECKPOINT_RECORDS_DEFAULT
     checkpoint_interval_s: float = limits.SPS_CHECKPOINT_INTERVAL_S_DEFAULT
-    min_batch_records: int = 0         # a partition's batch waits for so many (up to checkpoint_interval_s)
+    min_batch_records: int = 0         # a partition's batch reads on to so many while they keep coming
     failover_s: float = limits.SPS_FAILOVER_S_DEFAULT
     dead_letter: str = ""              # the stream failed records go to ("": <name>-dead-letters)
     state: StateSpec | None = None     # keyed state (sps/state.py): the outputs are its running aggregates

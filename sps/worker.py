@@ -70,6 +70,7 @@ class Owned:
     replay_end: int | None = None     # the first batch replays exactly the pending one
     read: asyncio.Task | None = None  # the next batch, read ahead while the current one is processed
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: bool = False               # its last batch read reached the partition's end
     writer: OutputWriter | None = None
     unrecorded: int = 0               # records done since the last lease write counted them
     unfailed: int = 0                 # ... failed, and dead-lettered
@@ -116,6 +117,7 @@ class Worker:
         self._work = asyncio.Event()                 # the micro-batch loop: a lease was claimed
         self._refresh_at = 0.0
         self._protect_at = 0.0
+        self._writing: asyncio.Task | None = None    # the last micro-batch's outputs being written
         self.processed = 0
         self.timings: Counter = Counter()            # seconds in each phase of the micro-batches, and counts
         self._report_at = time.monotonic() + limits.SPS_REPORT_S
@@ -275,8 +277,20 @@ class Worker:
         """One micro-batch after another, each over every partition this worker holds that
         has records (or ended, or is to be released): read (ahead, while the previous one
         was processed), fence (the pending write of each lease), apply (one engine call),
-        write the outputs, and move each partition on."""
+        write the outputs, and move each partition on. A micro-batch's outputs are written
+        while the next one is read and applied (`_process`)."""
+        try:
+            await self._micro_batch_loop()
+        finally:
+            await cancel_and_wait(self._writing)
+
+    async def _micro_batch_loop(self) -> None:
         while True:
+            if self._writing is not None and (self._writing.done() or any(
+                    o.read is None and (o.ended or o.stopping) for o in self.owned.values())):
+                # a partition that ended or is to be released is moved on by the writing of
+                # its last batch: that first (and a writing that failed says so now)
+                await self._settle()
             self._work.clear()
             active = list(self.owned.values())
             for owned in active:
@@ -312,6 +326,7 @@ class Worker:
                     raise_if_cancelling()
                     await self._fail(owned, e)
                     continue
+                owned.ended = ended
                 if not ended and not owned.stopping and len(batch):
                     # read ahead (not past a replay's end: replay_end is cleared by the read)
                     owned.read = asyncio.get_running_loop().create_task(self._next_batch(owned))
@@ -361,9 +376,33 @@ class Worker:
             return None
 
     async def _process(self, steps: list[Step]) -> None:
+        """One micro-batch: apply (and fold into the state) while the previous micro-batch's
+        outputs are still being written; then, once those are acknowledged and its leases
+        moved on, fence this one's leases and start writing its outputs (`_write_out`, a
+        task the next micro-batch's apply overlaps). Nothing of a batch is written before
+        its fence, so the exactly-once protocol is the one of sps/worker.py's docstring:
+        the apply has no side effect but on the in-memory state, which a partition that
+        fails or is lost takes with it."""
         checkpointing = self.stage.recovery == "checkpoint"
-        work = [s for s in steps if len(s.batch)]
+        work = [s for s in steps if len(s.batch) and self._holds(s.owned)]
         t0 = time.monotonic()
+        if work:
+            await self._apply_steps(work)
+            if self.stage.state is not None:
+                for s in list(work):
+                    if not self._holds(s.owned):
+                        continue
+                    try:
+                        self._fold(s)
+                    except Exception as e:       # noqa: BLE001 (rows the state cannot take are dead-lettered;
+                        work.remove(s)           # anything else fails the partition)
+                        steps.remove(s)
+                        await self._lost_or_failed(s.owned, e)
+        t1 = time.monotonic()
+        await self._settle()
+        t2 = time.monotonic()
+        # (a lease lost or failed meanwhile leaves the micro-batch before its fence)
+        work = [s for s in work if self._holds(s.owned)]
         if checkpointing and work:
             # the fence: a worker that lost a lease learns it here, before it writes outputs
             fenced = await asyncio.gather(*(self._write_progress(s.owned, pending_end=str(s.batch.last_sn))
@@ -373,52 +412,59 @@ class Worker:
                     work.remove(s)
                     steps.remove(s)
                     await self._lost_or_failed(s.owned, outcome)
-        t1 = time.monotonic()
+        t3 = time.monotonic()
+        self.timings["apply_s"] += t1 - t0
+        self.timings["settle_s"] += t2 - t1
+        self.timings["fence_s"] += t3 - t2
+        self._writing = asyncio.get_running_loop().create_task(self._write_out(steps, work))
+        self._writing.add_done_callback(lambda _: self._work.set())    # (the loop looks at how it ended)
+
+    async def _settle(self) -> None:
+        """Wait until the previous micro-batch's outputs are written and its leases moved on."""
+        task, self._writing = self._writing, None
+        if task is not None:
+            await task
+
+    async def _write_out(self, steps: list[Step], work: list[Step]) -> None:
+        """Write the outputs of a micro-batch's fenced partitions (`work`) and, once they are
+        acknowledged, move every partition of it on: its checkpoint (written by its next
+        fence, or here at its end, its release, or when it idles), SHARD_END, a release."""
+        checkpointing = self.stage.recovery == "checkpoint"
+        t0 = time.monotonic()
+        # (a lease lost while its batch was applied or fenced leaves before its outputs)
         work = [s for s in work if self._holds(s.owned)]
+        emitted = await asyncio.gather(*(self._emit(self._writer(s.owned), s.rows, s.batch.first_sn, s.dead,
+                                                    s.changelog)
+                                         for s in work), return_exceptions=True)
+        t1 = time.monotonic()
+        self.timings["emit_s"] += t1 - t0
         if work:
-            await self._apply_steps(work)
-            if self.stage.state is not None:
-                for s in list(work):
-                    try:
-                        self._fold(s)
-                    except Exception as e:       # noqa: BLE001 (rows the state cannot take: the partition fails)
-                        work.remove(s)
-                        steps.remove(s)
-                        await self._lost_or_failed(s.owned, e)
-            t2 = time.monotonic()
-            # (a lease lost during the apply leaves the micro-batch before its outputs)
-            work = [s for s in work if self._holds(s.owned)]
-            emitted = await asyncio.gather(*(self._emit(self._writer(s.owned), s.rows, s.batch.first_sn, s.dead,
-                                                        s.changelog)
-                                             for s in work), return_exceptions=True)
-            t3 = time.monotonic()
-            self.timings["fence_s"] += t1 - t0
-            self.timings["apply_s"] += t2 - t1
-            self.timings["emit_s"] += t3 - t2
             self.timings["records"] += sum(len(s.batch) for s in work)
             self.timings["micro_batches"] += 1
-            if t3 >= self._report_at:
-                self._report()
-            for s, outcome in zip(list(work), emitted):
-                if isinstance(outcome, BaseException):
-                    steps.remove(s)
-                    await self._lost_or_failed(s.owned, outcome)
-                    continue
-                o = s.owned
-                o.done = str(s.batch.last_sn)
-                if o.state is not None:
-                    self._snapshotted(s, outcome)
-                o.unfailed += s.failed
-                o.undead += len(s.dead) + s.rejected
-                o.last_error = s.error or o.last_error
-                o.records += len(s.batch)
-                o.unrecorded += len(s.batch)
-                self.processed += len(s.batch)
-                self._backoff.pop(o.lease.key, None)
+        if t1 >= self._report_at:
+            self._report()
+        for s, outcome in zip(list(work), emitted):
+            if isinstance(outcome, BaseException):
+                steps.remove(s)
+                await self._lost_or_failed(s.owned, outcome)
+                continue
+            o = s.owned
+            if not self._holds(o):
+                continue                     # (failed or lost while its outputs were written)
+            o.done = str(s.batch.last_sn)
+            if o.state is not None:
+                self._snapshotted(s, outcome)
+            o.unfailed += s.failed
+            o.undead += len(s.dead) + s.rejected
+            o.last_error = s.error or o.last_error
+            o.records += len(s.batch)
+            o.unrecorded += len(s.batch)
+            self.processed += len(s.batch)
+            self._backoff.pop(o.lease.key, None)
         for s in steps:
             o = s.owned
-            if self.owned.get(o.lease.key) is not o:
-                continue                     # (lost meanwhile: the round stopped it)
+            if not self._holds(o):
+                continue                     # (lost or failed meanwhile: the round or the loop stopped it)
             try:
                 if s.ended:
                     await self._write_progress(o, SHARD_END)
@@ -515,11 +561,16 @@ class Worker:
         batch = InputBatch(stream, ordinal)
         deadline = time.monotonic() + self.stage.checkpoint_interval_s
         want = self.stage.checkpoint_records if replay_end is None else limits.SPS_BATCH_RECORDS_MAX
-        least = self.stage.min_batch_records                # (what a batch waits for, up to the deadline)
+        least = self.stage.min_batch_records     # (a batch reads on while records keep coming, up to the deadline)
         while len(batch) < want:
             left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
-            kw = {"max_records": min(want - len(batch), limits.GET_RECORDS_COUNT_MAX),
-                  "wait_ms": min(left_ms, 1000) if len(batch) < max(1, least) or replay_end is not None else 0}
+            if not len(batch) or replay_end is not None:
+                wait_ms = min(left_ms, 1000)
+            elif len(batch) < least:        # (more while records keep coming: a pause ends the batch)
+                wait_ms = min(left_ms, limits.SPS_MIN_BATCH_IDLE_MS)
+            else:
+                wait_ms = 0
+            kw = {"max_records": min(want - len(batch), limits.GET_RECORDS_COUNT_MAX), "wait_ms": wait_ms}
             try:
                 page = await self.client.get_next_record_batch(iterator, **kw)
             except errors.RecordsTrimmed as e:
@@ -540,7 +591,7 @@ class Worker:
             iterator = page.next_iterator
             if replay_end is not None:
                 continue                 # the replayed batch ends exactly where the first one did
-            if (not len(records) and len(batch) >= least) or time.monotonic() >= deadline:
+            if not len(records) or time.monotonic() >= deadline:
                 break
         return batch, iterator, False
 
@@ -619,6 +670,9 @@ class Worker:
             rows = sorted(rows, key=lambda row: repr(sorted(row.items())))
         changes = o.state.update(rows)
         s.snapshot = o.snapshot_due or o.since_snapshot + 1 >= spec.snapshot_every
+        # (counted here, not once written: the next batch is folded while this one is written)
+        o.since_snapshot = 0 if s.snapshot else o.since_snapshot + 1
+        o.snapshot_due = False
         # result rows the state cannot take (a missing column, a value of the wrong type, the
         # entry limit) go to the dead letters, as JSON, and the others go on
         source = f"p{s.owned.lease.ordinal:04d}/{s.batch.first_sn}-{s.batch.last_sn}".encode()
@@ -642,17 +696,13 @@ class Worker:
     def _snapshotted(self, s: Step, outcomes: list) -> None:
         """After a batch's writes: where its snapshot starts in the changelog (kept in the
         lease with the checkpoint, by the next lease write)."""
-        o = s.owned
         if not s.snapshot:
-            o.since_snapshot += 1
             return
         first = outcomes[len(outcomes) - len(s.changelog) + s.rejected] if s.changelog and outcomes else None
         if first is not None and first.sn is not None:
             # (a duplicate is the record the first run stored there: the same contents, or
             # ingestion would have refused it as a SessionConflict)
-            o.state_pos = str(first.sn)
-        o.since_snapshot = 0
-        o.snapshot_due = False
+            s.owned.state_pos = str(first.sn)
 
     async def _restore(self, owned: Owned) -> None:
         """The partition's state as of its checkpoint, from the changelog (from the latest

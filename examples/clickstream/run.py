@@ -104,25 +104,31 @@ async def wait_ready(address: str, graph, workers: dict, timeout_s: float) -> No
             await asyncio.sleep(0.2)
 
 
-async def produce(address: str, clicks: int, users: int, truth: Counter) -> float:
+def make_clicks(clicks: int, users: int, truth: Counter) -> list[list[tuple[str, bytes]]]:
+    """The clicks to send, in batches of 500 (made before the clock starts: the figure is
+    the pipeline's, not the making of made-up data), and the truth: clicks per (user,
+    minute)."""
     rng = random.Random(7)
     base_ms = int(time.time() * 1000)
+    batches, chunk = [], []
+    for i in range(clicks):
+        user = f"user-{rng.randrange(users)}"
+        ts = base_ms + i * 3          # a few minutes of clicks
+        truth[(user, ts // 60000)] += 1
+        chunk.append((user, json.dumps({"user": user, "url": f"/page/{rng.randrange(50)}", "ts": ts}).encode()))
+        if len(chunk) == 500 or i == clicks - 1:
+            batches.append(chunk)
+            chunk = []
+    return batches
+
+
+async def produce(address: str, batches: list[list[tuple[str, bytes]]]) -> float:
     async with aio.Client(address) as client:
         async with client.producer("clicks", "clickstream-example") as producer:
-            batches = []
-            chunk = []
-            for i in range(clicks):
-                user = f"user-{rng.randrange(users)}"
-                ts = base_ms + i * 3          # a few minutes of clicks
-                truth[(user, ts // 60000)] += 1
-                click = {"user": user, "url": f"/page/{rng.randrange(50)}", "ts": ts}
-                chunk.append((user, json.dumps(click).encode()))
-                if len(chunk) == 500 or i == clicks - 1:
-                    batches.append(await producer.send_batch(chunk))     # one future per 500 clicks
-                    chunk = []
+            futures = [await producer.send_batch(chunk) for chunk in batches]     # one future per 500 clicks
             await producer.flush()
-            for b in batches:
-                for outcome in await b:
+            for f in futures:
+                for outcome in await f:
                     if isinstance(outcome, BaseException):
                         raise outcome
     return time.monotonic()
@@ -181,14 +187,15 @@ async def main_async(args, data_dir: str) -> dict:
                    for i in range(1, args.workers + 1)}
         try:
             await wait_ready(cluster.address, graph, workers, args.timeout_s)
+            truth: Counter = Counter()
+            batches = make_clicks(args.clicks, args.users, truth)
             roots = {**{w: p.pid for w, p in workers.items()},
                      **{n: node.proc.pid for n, node in cluster.procs.items() if node.proc is not None}}
             cpu_before = {**cpu_s(roots), "this process (producer, checker)": sum(os.times()[:2])}
-            truth: Counter = Counter()
             counted = Counted(cluster.address)
             with counted:
                 started = time.monotonic()
-                produce_task = asyncio.ensure_future(produce(cluster.address, args.clicks, args.users, truth))
+                produce_task = asyncio.ensure_future(produce(cluster.address, batches))
                 killed = []
                 if args.kill:
                     await counted.until(args.clicks // 3, started + args.timeout_s)

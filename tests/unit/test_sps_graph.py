@@ -509,7 +509,7 @@ def test_clickstream_example_parses() -> None:
     assert parse.outputs == (Output("clicks_by_user", "user"),)
     assert parse.operation == "examples.clickstream.ops:parse"
     assert (parse.engine, parse.recovery, parse.checkpoint_records, parse.checkpoint_interval_s,
-            parse.min_batch_records, parse.failover_s) == ("spark", "checkpoint", 10000, 1.5, 8000, 3.0)
+            parse.min_batch_records, parse.failover_s) == ("spark", "checkpoint", 10000, 2.0, 8000, 3.0)
     count = g.stages["count"]
     assert count.outputs == (Output("user_minutes", "user"),)
     assert count.state is not None and count.state.key == ("user",) and count.state.changelog == "count-changelog"
