@@ -254,3 +254,21 @@ def test_a_closed_engine_refuses_work_with_a_clear_error():
     for call in ("apply", "apply_batches", "start"):
         assert outcome[call].startswith("RuntimeError: ") and "closed" in outcome[call], outcome
     assert outcome["second close"] == "returned"
+
+
+def test_the_engine_benchmark_runs_and_reports_every_figure():
+    """bench/sps_engine.py --smoke (its figures are never asserted: only that it runs and
+    reports each one)."""
+    proc = subprocess.run([sys.executable, "-m", "bench.sps_engine", "--smoke"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=LIFECYCLE_S * 3)
+    assert proc.returncode == 0, f"exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    out = json.loads(proc.stdout)
+    def reported(figures: dict) -> bool:
+        # (CPU is counted in clock ticks: a tiny smoke run may show none)
+        return figures["wall_ms_per_micro_batch"] > 0 and figures["records_per_s"] > 0 \
+            and figures["jvm_cpu_us_per_record"] >= 0
+    assert reported(out["limit"]), out["limit"]
+    assert sorted(out["results"]) == sorted(f"{op}/{n}" for op in ("parse", "clicks_per_minute") for n in (1, 2, 4))
+    for name, result in out["results"].items():
+        for way in ("micro_batch", "job_per_partition"):
+            assert reported(result[way]), (name, way, result)
