@@ -31,21 +31,22 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.cpu import cpu_seconds  # noqa: E402
+
 
 def jvm_cpu_s() -> float:
     """CPU seconds used so far by this process's children (the Spark driver JVM)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
     me = os.getpid()
+    children = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                text = f.read()
         except OSError:
             continue
-        if int(fields[1]) == me:
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        if int(text[text.rindex(b")") + 2:].split()[1]) == me:      # (the parent's pid: field 1 after ")")
+            children.append(int(pid))
+    return sum(cpu_seconds(pid) or 0.0 for pid in children)
 
 
 def clicks(n: int, seed: int):
