@@ -607,11 +607,13 @@ def cmd_graph(args) -> int:
         for st in rows:
             lines.append(f"stage {st['stage']}: {len(st['workers'])} workers ({', '.join(st['workers']) or 'none'}); "
                          f"{st['failures']} failed records, {st['dead_letters']} dead letters "
-                         f"(to {st['dead_letter_stream']})")
+                         f"(to {st['dead_letter_stream']})"
+                         + (f"; state changelog {st['changelog']}" if "changelog" in st else ""))
             for p in st["partitions"]:
                 lag = "?" if p["lag_ms"] is None else f"{p['lag_ms']} ms"
                 lines.append(f"  {p['partition']:<24} owner {p['owner'] or '-':<20} checkpoint {p['checkpoint']:<40} "
                              f"records {p['records']:<8} {p['records_per_s']:>8}/s lag {lag}"
+                             + (f"  snapshot at {p['state_snapshot'] or '-'}" if "state_snapshot" in p else "")
                              + (f"  last error: {p['last_error']}" if p["last_error"] else ""))
         _emit(args, rows, "\n".join(lines))
     return 0

@@ -104,9 +104,11 @@ async def graph_status(address: str, graph: Graph) -> list[dict]:
                              "checkpoint": lease.checkpoint, "records": lease.records,
                              "records_per_s": round(lease.rate, 1),
                              "lag_ms": await _lag_ms(client, lease), "failures": lease.failures,
-                             "dead_letters": lease.dead_letters, "last_error": lease.last_error or None})
+                             "dead_letters": lease.dead_letters, "last_error": lease.last_error or None,
+                             **({"state_snapshot": lease.state or None} if graph.stages[name].state else {})})
             out.append({"stage": name, "workers": workers, "partitions": rows,
                         "dead_letter_stream": graph.stages[name].dead_letter_stream,
+                        **({"changelog": graph.stages[name].state.changelog} if graph.stages[name].state else {}),
                         "failures": sum(r["failures"] for r in rows),
                         "dead_letters": sum(r["dead_letters"] for r in rows)})
     return out

@@ -232,7 +232,7 @@ def test_windows_closed_by_the_watermark_are_output_once_with_exact_counts(clien
 
 # --- 4. rows the state cannot take go to the dead letters ---------------------------------------
 
-def test_rows_the_state_cannot_take_are_dead_lettered_and_the_partition_goes_on(client, stateful):
+def test_rows_the_state_cannot_take_are_dead_lettered_and_the_partition_goes_on(cluster, client, stateful):
     setup = stateful({"key": ["user"], "aggregates": {"count": "count", "total": "sum:n", "last": "max:seq"}},
                      "clicks_some_bad", partitions=2)
     keys = partition_keys(client, setup.source, 2)
@@ -252,3 +252,7 @@ def test_rows_the_state_cannot_take_are_dead_lettered_and_the_partition_goes_on(
     snap = setup.watch.latest()
     assert sum(lease.dead_letters for lease in snap.leases.values()) == len(bad)
     assert "failed; releasing" not in setup.workers.log("w1")     # (the partition was never failed)
+    # `sms graph status` names the changelog, each partition's snapshot, and the dead letters
+    status = json.loads(sms_cli(cluster, "graph", "status", str(setup.graph), "--json"))
+    assert status[0]["changelog"] == f"{setup.stage}-changelog" and status[0]["dead_letters"] == len(bad)
+    assert all("state_snapshot" in p for p in status[0]["partitions"]), status[0]["partitions"]
