@@ -54,17 +54,12 @@ def clicks(n: int, seed: int):
     as stored batches come)."""
     import pyarrow as pa
 
-    from sms.batch import arrow_schema
+    from spark_sps.engine import input_table
     rng = random.Random(seed)
-    schema = arrow_schema("us")
     users = [f"user-{rng.randrange(200)}" for _ in range(n)]
     data = [json.dumps({"user": u, "url": f"/page/{rng.randrange(50)}", "ts": 1_700_000_000_000 + 3 * i}).encode()
             for i, u in enumerate(users)]
-    table = pa.table({"partition_key": pa.array(users, pa.string()), "data": pa.array(data, pa.binary()),
-                      "sequence_number": pa.array([str(i) for i in range(n)], pa.string()),
-                      "arrival_time": pa.array(range(n), schema.field("arrival_time").type),
-                      "partition_id": pa.array(["p0000"] * n, pa.string()),
-                      "headers": pa.array([[]] * n, schema.field("headers").type)}, schema=schema)
+    table = input_table(users, data, [str(i) for i in range(n)], range(n), ["p0000"] * n, [[]] * n)
     return pa.Table.from_batches(table.to_batches(max_chunksize=500))
 
 

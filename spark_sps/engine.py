@@ -84,19 +84,10 @@ class SparkEngine:
     def dataframe(self, records: list[Record]):
         """A partition's records as the operation's input (the slow path: a batch being
         split to find a failing record)."""
-        import pyarrow as pa
-
-        from sms.batch import arrow_schema
-        schema = arrow_schema("us")
-        table = pa.table({
-            "partition_key": pa.array([r.partition_key for r in records], pa.string()),
-            "data": pa.array([bytes(r.data) for r in records], pa.binary()),
-            "sequence_number": pa.array([r.sequence_number for r in records], pa.string()),
-            "arrival_time": pa.array([r.arrival_time_ms * 1000 for r in records], schema.field("arrival_time").type),
-            "partition_id": pa.array([r.partition_id for r in records], pa.string()),
-            "headers": pa.array([list(r.headers.items()) for r in records], schema.field("headers").type)},
-            schema=schema)
-        return self.spark.createDataFrame(table)
+        return self.spark.createDataFrame(input_table(
+            [r.partition_key for r in records], [bytes(r.data) for r in records],
+            [r.sequence_number for r in records], [r.arrival_time_ms * 1000 for r in records],
+            [r.partition_id for r in records], [list(r.headers.items()) for r in records]))
 
     def apply(self, operation, records: list[Record]) -> list[dict]:
         return _rows(operation(self.dataframe(records)).toArrow())
@@ -111,19 +102,10 @@ class SparkEngine:
         partitions' SPS_WARM_UP_RECORDS records): a new JVM compiles Spark's own code and the
         operation's plan on its first jobs, which cost seconds and several times the CPU of
         later ones. Its outcome does not matter (made-up data may fail the operation)."""
-        import pyarrow as pa
-
         from sms import limits
-        from sms.batch import arrow_schema
         n = limits.SPS_WARM_UP_RECORDS
-        schema = arrow_schema("us")
-        table = pa.table({
-            "partition_key": pa.array([f"warm-up-{i % 64}" for i in range(n)], pa.string()),
-            "data": pa.array([b'{"warm_up": %d}' % i for i in range(n)], pa.binary()),
-            "sequence_number": pa.array([str(i) for i in range(n)], pa.string()),
-            "arrival_time": pa.array(range(n), schema.field("arrival_time").type),
-            "partition_id": pa.array(["p0000"] * n, pa.string()),
-            "headers": pa.array([[]] * n, schema.field("headers").type)}, schema=schema)
+        table = input_table([f"warm-up-{i % 64}" for i in range(n)], [b'{"warm_up": %d}' % i for i in range(n)],
+                            [str(i) for i in range(n)], range(n), ["p0000"] * n, [[]] * n)
         for _ in range(limits.SPS_WARM_UP_ROUNDS):
             try:
                 self._apply_tables(operation, [table, table])
@@ -166,6 +148,20 @@ class SparkEngine:
             if self._spark is not None:
                 self._spark.stop()
                 self._spark = None
+
+
+def input_table(keys, data, sequence_numbers, arrival_time_us, partition_ids, headers):
+    """An operation's input as a pyarrow.Table (sms.batch's columns, timestamps in µs) from
+    one list per column; `headers`: a list of (name, value) pairs per record."""
+    import pyarrow as pa
+
+    from sms.batch import arrow_schema
+    schema = arrow_schema("us")
+    return pa.table({"partition_key": pa.array(keys, pa.string()), "data": pa.array(data, pa.binary()),
+                     "sequence_number": pa.array(sequence_numbers, pa.string()),
+                     "arrival_time": pa.array(arrival_time_us, schema.field("arrival_time").type),
+                     "partition_id": pa.array(partition_ids, pa.string()),
+                     "headers": pa.array(headers, schema.field("headers").type)}, schema=schema)
 
 
 def _rows(table) -> list[dict]:

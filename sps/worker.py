@@ -675,10 +675,8 @@ class Worker:
         o.snapshot_due = False
         # result rows the state cannot take (a missing column, a value of the wrong type, the
         # entry limit) go to the dead letters, as JSON, and the others go on
-        source = f"p{s.owned.lease.ordinal:04d}/{s.batch.first_sn}-{s.batch.last_sn}".encode()
-        rejected = [(self.stage.dead_letter_stream, o.lease.key, _row_json(row),
-                     {"sms-error": error.encode(), "sms-stage": self.stage.name.encode(), "sms-source": source})
-                    for row, error in changes.rejected]
+        source = f"p{o.lease.ordinal:04d}/{s.batch.first_sn}-{s.batch.last_sn}"
+        rejected = [self._dead_letter(o.lease.key, _row_json(row), error, source) for row, error in changes.rejected]
         if rejected:
             self.dead_letters += len(rejected)
             s.failed += len(rejected)
@@ -823,13 +821,17 @@ class Worker:
                     self.stage.dead_letter_stream)
         return [(r, error) for r in records]
 
+    def _dead_letter(self, key: str, data: bytes, error: str, source: str) -> tuple:
+        """A record for the dead-letter stream: the error, the stage and where it came from
+        (`pNNNN/SN` of an input record, or `pNNNN/FIRST-LAST` of a batch) as headers."""
+        return (self.stage.dead_letter_stream, key, data,
+                {"sms-error": error.encode(), "sms-stage": self.stage.name.encode(), "sms-source": source.encode()})
+
     async def _emit(self, writer: OutputWriter, rows: list[dict], first_sn: int,
                     dead: list[tuple[Record, str]] = (), changelog: list[tuple] = ()) -> list:
         """Write a batch's outputs, then its dead letters, then its changelog records (each
         with SSSNs from the batch's first input SN); their outcomes, in that order."""
-        dead_out = [(self.stage.dead_letter_stream, r.partition_key, r.data,
-                     {"sms-error": error.encode(), "sms-stage": self.stage.name.encode(),
-                      "sms-source": f"p{r.partition_ordinal:04d}/{r.sequence_number}".encode()})
+        dead_out = [self._dead_letter(r.partition_key, r.data, error, f"p{r.partition_ordinal:04d}/{r.sequence_number}")
                     for r, error in dead] + list(changelog)
         if self.sink is not None:
             if rows:

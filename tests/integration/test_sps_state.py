@@ -24,61 +24,54 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 import yaml
 
 from sms.leases import lease_key
-from tests.conftest import stream_name, wait_until
+from tests.conftest import wait_until
 from tests.integration.sps_state_ops import BAD_EVERY, TS_STEP_MS, seq_of
-from tests.integration.test_sps_workers import (BALANCE_S, FAILOVER_S, ROUND_S, STABLE_S, WORKER_START_S,
-                                                LeaseWatch, Setup, Workers, balanced, checked_inputs,
-                                                partition_keys, read_all, sms_cli, wait_processed)
+from tests.integration.test_sps_workers import (BALANCE_S, FAILOVER_S, ROUND_S, STABLE_S, WORKER_START_S, Setup,
+                                                balanced, checked_inputs, partition_keys, read_all, sms_cli,
+                                                stage_maker, wait_processed)
 
 pytestmark = pytest.mark.integration
 
 OPS = "tests.integration.sps_state_ops"
 
 
+def write_stateful_graph(path: Path, stage: str, source: str, sink: str, state: dict, operation: str,
+                         partitions: int = 4, checkpoint_records: int = 50) -> Path:
+    doc = {"streams": {source: {"partitions": partitions}, sink: {"partitions": 2}},
+           "stages": {stage: {"inputs": [source], "operation": f"{OPS}:{operation}", "engine": "python",
+                              "outputs": [{"stream": sink, "key": "user"}], "recovery": "checkpoint",
+                              "checkpoint_records": checkpoint_records, "checkpoint_interval_s": 0.5,
+                              "failover_s": FAILOVER_S, "state": state}}}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 @pytest.fixture
-def stateful(cluster, client, tmp_path):
-    """make(state, operation, partitions) -> Setup of a fresh stateful stage (`sms graph
-    apply`), and make.feeder(...) -> Feeder; everything stopped at teardown."""
-    from tests.integration.test_sps_workers import Feeder
-    made: list[Setup] = []
-    feeders: list = []
-
-    def make(state: dict, operation: str, partitions: int = 4, checkpoint_records: int = 50) -> Setup:
-        stage, source, sink = stream_name("stage"), stream_name("in"), stream_name("out")
-        doc = {"streams": {source: {"partitions": partitions}, sink: {"partitions": 2}},
-               "stages": {stage: {"inputs": [source], "operation": f"{OPS}:{operation}", "engine": "python",
-                                  "outputs": [{"stream": sink, "key": "user"}], "recovery": "checkpoint",
-                                  "checkpoint_records": checkpoint_records, "checkpoint_interval_s": 0.5,
-                                  "failover_s": FAILOVER_S, "state": state}}}
-        graph = tmp_path / f"{stage}.yaml"
-        graph.write_text(yaml.safe_dump(doc))
-        applied = json.loads(sms_cli(cluster, "graph", "apply", str(graph), "--json"))
-        assert sorted(applied["streams_created"]) == sorted([source, sink, f"{stage}-dead-letters",
-                                                             f"{stage}-changelog"])
-        setup = Setup(stage, source, sink, graph, Workers(cluster, graph, stage, tmp_path),
-                      LeaseWatch(cluster.metastore, stage, source).start())
-        made.append(setup)
-        return setup
-
-    def feeder(*args, **kwargs):
-        f = Feeder(cluster.address, *args, **kwargs)
-        feeders.append(f)
-        return f
-
-    make.feeder = feeder
-    try:
+def stateful(cluster, tmp_path):
+    """make(state, operation, partitions, checkpoint_records) -> Setup of a fresh stateful
+    stage (`stage_maker`: `sms graph apply` also creates its changelog), and make.feeder."""
+    with stage_maker(cluster, tmp_path, write_stateful_graph, also_created=("changelog",)) as make:
         yield make
-    finally:
-        for f in feeders:
-            f.close()
-        for setup in made:
-            setup.workers.stop_all()
-            setup.watch.stop()
+
+
+def more_inputs(feeder, n: int, after: str) -> None:
+    """wait_until the running feeder has written n more records."""
+    sent = feeder.count()
+    wait_until(lambda: feeder.count() >= sent + n, 60, f"{n} more inputs after {after}")
+
+
+def all_processed(client, setup: Setup, feeder) -> list:
+    """Stop the feeder; the inputs (checked against what it wrote), once all are processed."""
+    feeder.stop()
+    inputs = checked_inputs(client, setup, feeder)
+    wait_processed(client, setup, inputs)
+    return inputs
 
 
 def outputs_by_key(client, setup: Setup) -> dict[str, list[dict]]:
@@ -131,8 +124,7 @@ def test_running_totals_exact_across_kill9_handover_and_newcomer(client, statefu
     survivors = [w for w in ids if w != victim]
     setup.watch.until(lambda s: all(s.leases[k].owner in survivors for k in moved), FAILOVER_S + ROUND_S + 30,
                       f"{victim}'s leases {moved} to move")
-    sent = feeder.count()
-    wait_until(lambda: feeder.count() >= sent + 300, 60, "300 more inputs after the kill")
+    more_inputs(feeder, 300, "the kill")
 
     # a clean handover: SIGTERM one survivor
     leaving = survivors[0]
@@ -143,11 +135,8 @@ def test_running_totals_exact_across_kill9_handover_and_newcomer(client, statefu
     setup.workers.start("w4")
     setup.watch.stable(balanced(4, [survivors[1], "w4"]), STABLE_S, BALANCE_S + WORKER_START_S,
                        "the last survivor and the newcomer balanced")
-    sent = feeder.count()
-    wait_until(lambda: feeder.count() >= sent + 300, 60, "300 more inputs after the newcomer")
-    feeder.stop()
-    inputs = checked_inputs(client, setup, feeder)
-    wait_processed(client, setup, inputs)
+    more_inputs(feeder, 300, "the newcomer")
+    inputs = all_processed(client, setup, feeder)
 
     outputs = outputs_by_key(client, setup)
     assert_running_totals(outputs, inputs, "count")
@@ -202,11 +191,8 @@ def test_windows_closed_by_the_watermark_are_output_once_with_exact_counts(clien
     setup.workers.kill9("w1")
     setup.watch.until(lambda s: all(lease.owner == "w2" for lease in s.leases.values()), FAILOVER_S + ROUND_S + 30,
                       "w1's lease to move to w2")
-    sent = feeder.count()
-    wait_until(lambda: feeder.count() >= sent + 300, 60, "300 more inputs")
-    feeder.stop()
-    inputs = checked_inputs(client, setup, feeder)
-    wait_processed(client, setup, inputs)
+    more_inputs(feeder, 300, "the kill")
+    inputs = all_processed(client, setup, feeder)
 
     size, delay = int(window_s * 1000), int(watermark_s * 1000)
     max_ts: dict[int, int] = {}

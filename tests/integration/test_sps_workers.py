@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -421,19 +422,23 @@ class Setup:
     watch: LeaseWatch
 
 
-@pytest.fixture
-def sps_stage(cluster, tmp_path):
-    """make(**graph options) -> Setup: a fresh graph (its own streams and stage), applied
-    with `sms graph apply`, a LeaseWatch on it and its Workers; all stopped at teardown."""
+@contextlib.contextmanager
+def stage_maker(cluster, tmp_path, write, also_created: tuple[str, ...] = ()):
+    """make(*args, **options) -> Setup: a fresh graph (its own streams and stage) written by
+    write(path, stage, source, sink, *args, **options), applied with `sms graph apply` (which
+    creates the streams, the dead-letter stream and `<stage>-<name>` for each of
+    also_created), a LeaseWatch on it and its Workers; make.feeder(...) -> Feeder. All
+    stopped when the context ends."""
     made: list[Setup] = []
     feeders: list[Feeder] = []
 
-    def make(**options) -> Setup:
+    def make(*args, **options) -> Setup:
         stage, source, sink = stream_name("stage"), stream_name("in"), stream_name("out")
-        graph = write_graph(tmp_path / f"{stage}.yaml", stage, source, sink, **options)
+        graph = write(tmp_path / f"{stage}.yaml", stage, source, sink, *args, **options)
         applied = json.loads(sms_cli(cluster, "graph", "apply", str(graph), "--json"))
         assert applied["stages_registered"] == [stage]
-        assert sorted(applied["streams_created"]) == sorted([source, sink, f"{stage}-dead-letters"])
+        assert sorted(applied["streams_created"]) == sorted([source, sink, f"{stage}-dead-letters",
+                                                             *(f"{stage}-{name}" for name in also_created)])
         setup = Setup(stage, source, sink, graph, Workers(cluster, graph, stage, tmp_path),
                       LeaseWatch(cluster.metastore, stage, source).start())
         made.append(setup)
@@ -453,6 +458,13 @@ def sps_stage(cluster, tmp_path):
         for setup in made:
             setup.workers.stop_all()
             setup.watch.stop()
+
+
+@pytest.fixture
+def sps_stage(cluster, tmp_path):
+    """make(**graph options) -> Setup (write_graph's options; `stage_maker`)."""
+    with stage_maker(cluster, tmp_path, write_graph) as make:
+        yield make
 
 
 def read_all(client, stream: str) -> list[Record]:
