@@ -9,7 +9,10 @@ on one local[2] session, and prints one JSON document:
 - `limit`: the same micro-batch through Spark and back with no operation (Arrow in,
   `toArrow` out): what moving the records costs, whatever the operation;
 - for each operation and number of input partitions (1, 2, 4), N records split over them:
-  - `micro_batch`: one job for every partition (`apply_batches`, what a worker does);
+  - `micro_batch`: one job for every partition, as a worker runs it (both operations keep
+    `partition_id`, so it is one DataFrame of the whole micro-batch);
+  - `by_branches`: one job for every partition, a DataFrame per partition put together
+    by a union (how an operation that does not keep `partition_id` runs);
   - `job_per_partition`: one job per partition (what workers did before micro-batches).
 
 Each figure is after a warm-up (the worker's own `warm_up`), over R rounds: wall ms per
@@ -82,7 +85,10 @@ def main() -> int:
     args = ap.parse_args()
     records, rounds = (2_000, 2) if args.smoke else (args.records, args.rounds)
 
+    import pyarrow as pa
+
     from examples.clickstream import ops
+    from sms.types import partition_id
     from spark_sps.engine import SPARK_JAVA_OPTIONS, SparkEngine
     engine = SparkEngine("local[2]")
     engine.start()
@@ -96,10 +102,14 @@ def main() -> int:
         for op in (ops.parse, ops.clicks_per_minute):
             for parts in (1, 2, 4):
                 step = records // parts
-                tables = [table.slice(i * step, step) for i in range(parts)]
+                ids = [partition_id(i) for i in range(parts)]
+                tables = [table.slice(i * step, step).set_column(
+                    table.schema.get_field_index("partition_id"), "partition_id", pa.array([ids[i]] * step))
+                    for i in range(parts)]
                 n = step * parts
                 out["results"][f"{op.__name__}/{parts}"] = {
-                    "micro_batch": measure(lambda: engine._apply_tables(op, tables), n, rounds),
+                    "micro_batch": measure(lambda: engine._apply_tables(op, tables, ids), n, rounds),
+                    "by_branches": measure(lambda: engine._apply_tables(op, tables), n, rounds),
                     "job_per_partition": measure(lambda: [engine._apply_tables(op, [t]) for t in tables], n, rounds)}
                 print(f"{op.__name__} over {parts} partition(s): {out['results'][f'{op.__name__}/{parts}']}",
                       file=sys.stderr, flush=True)

@@ -2,7 +2,8 @@
 
 Starts a local cluster (control + 3 storage nodes), applies `graph.yaml` (three streams,
 two stages), starts `--workers` worker processes (`sms graph run`, each running both
-stages on its one local Spark session), waits until they hold every input partition,
+stages on its one local Spark session: by default one, a JVM per machine, and two with
+`--kill`, one to kill and one to take over), waits until they hold every input partition,
 sends `--clicks` click events from `--users` users through a de-duplicating producer,
 and waits until the running totals in `user_minutes` (the latest per user and minute)
 add up to what was sent. It then compares
@@ -235,10 +236,15 @@ def main() -> int:
     ap.add_argument("--clicks", type=int, default=100_000)
     ap.add_argument("--users", type=int, default=200)
     ap.add_argument("--kill", action="store_true", help="kill -9 one worker once a third of the clicks are counted")
-    ap.add_argument("--workers", type=int, default=2, help="worker processes, each running both stages")
+    ap.add_argument("--workers", type=int, help="worker processes, each running both stages (default: 1, and 2 "
+                                                "with --kill)")
     ap.add_argument("--master", default="local[2]", help="each worker's Spark master")
     ap.add_argument("--timeout-s", type=float, default=240.0)
     args = ap.parse_args()
+    if args.workers is None:
+        args.workers = 2 if args.kill else 1
+    if args.workers < 1 or (args.kill and args.workers < 2):
+        ap.error("--workers: at least 1, and 2 with --kill (one to kill, one to take over)")
     data_dir = tempfile.mkdtemp(prefix="sms-clickstream-")
     result = asyncio.run(main_async(args, data_dir))
     print(json.dumps(result, indent=2))

@@ -2,13 +2,16 @@
 one Spark job gives each partition what it gets alone (spark_sps/engine.py).
 
 `apply_batches` runs a stage's operation on every input partition's batch of a micro-batch
-in ONE Spark job: the batches cross to the JVM as one Arrow table with a tag column, each
-branch filters its tag, and a union puts the results together. That is only right if no
-row of one partition reaches another's branch and none is lost or doubled on the way. This
-differential test runs four operations (a row-wise projection, a groupBy count per key,
-one reading the `headers` map column, one returning a `headers` map column) over 1, 2 and
-4 batches and checks, per batch, that the rows (as a multiset) are exactly those of
-`apply` on that batch's records alone, and of a plain-Python reference computed here.
+in ONE Spark job, in one of two ways: an operation whose result keeps `partition_id` runs
+once on one DataFrame of every batch, its rows sorted back by that column; any other runs
+on each batch's own DataFrame, the results tagged and put together with a union. Either is
+only right if no row of one partition reaches another's and none is lost or doubled on the
+way. This differential test runs six operations (a row-wise projection and a group-by that
+keep `partition_id`, a groupBy count per key that does not, one reading the `headers` map
+column, one returning a `headers` map column) over 1, 2 and 4 batches and checks, per
+batch, that the rows (as a multiset) are exactly those of `apply` on that batch's records
+alone, and of a plain-Python reference computed here; and that each operation ran the way
+it should, including one that only pretends to keep `partition_id`.
 
 The batches are real stored-batch bytes, built and sealed as storage seals them
 (`wire.build_batch` then `wire.sequence` with a first SN), read as pages of slices
@@ -129,6 +132,15 @@ def count_per_key_reference(records: list[Record]) -> list[dict]:
     return [{"partition_key": k, "count": n} for k, n in Counter(r.partition_key for r in records).items()]
 
 
+def count_per_partition_and_key(df):
+    return df.groupBy("partition_id", "partition_key").count()
+
+
+def count_per_partition_and_key_reference(records: list[Record]) -> list[dict]:
+    return [{"partition_id": records[0].partition_id, "partition_key": k, "count": n}
+            for k, n in Counter(r.partition_key for r in records).items()]
+
+
 def header_value(df):
     """A row's `region` header as its data (null where it has none)."""
     return df.select("partition_key", "sequence_number",
@@ -156,6 +168,7 @@ def with_headers_reference(records: list[Record]) -> list[dict]:
 OPERATIONS = {
     "upper": (upper, upper_reference),
     "count_per_key": (count_per_key, count_per_key_reference),
+    "count_per_partition_and_key": (count_per_partition_and_key, count_per_partition_and_key_reference),
     "header_value": (header_value, header_value_reference),
     "with_headers": (with_headers, with_headers_reference),
 }
@@ -192,9 +205,43 @@ def test_one_job_over_many_batches_gives_each_batch_what_it_gets_alone(engine, b
                 f"{sorted(set(got) - set(alone[key]))[:3]}, only alone: {sorted(set(alone[key]) - set(got))[:3]}")
 
 
+def test_an_operation_keeping_partition_id_runs_once_per_micro_batch_and_others_by_branches(engine, batches):
+    """Which way each operation ran, as the engine learnt it on its first micro-batch."""
+    chosen = {key: batch for key, (batch, _want) in batches.items()}
+    for operation, keeps in ((upper, True), (count_per_partition_and_key, True), (count_per_key, False),
+                             (with_headers, False)):
+        engine.apply_batches(operation, chosen)
+        assert engine._keeps_partition.get(operation) is keeps, operation.__name__
+
+
+def pretends_to_keep_partition_id(df):
+    """A `partition_id` column that is not the input's: the engine must not trust it."""
+    return df.select("partition_key", "data", F.lit("p9999").alias("partition_id"))
+
+
+def test_a_result_partition_id_that_is_not_the_input_one_falls_back_to_branches(engine, batches):
+    chosen = {key: batch for key, (batch, _want) in batches.items()}
+    for _ in range(2):               # (the first micro-batch finds it out; the next goes by branches at once)
+        together = engine.apply_batches(pretends_to_keep_partition_id, chosen)
+        assert engine._keeps_partition[pretends_to_keep_partition_id] is False
+        for key, (_batch, want) in batches.items():
+            assert sorted((row["partition_key"], row["data"]) for row in together[key]) == \
+                   sorted((r.partition_key, r.data) for r in want), key
+
+
+def test_two_input_streams_sharing_a_partition_id_go_by_branches(engine, batches):
+    """A stage with two input streams may hold both streams' partition 0 in one micro-batch:
+    partition_id cannot tell their rows apart, so each runs on its own DataFrame."""
+    (key, (batch, want)), = list(batches.items())[:1]
+    other = InputBatch("other", batch.ordinal, batch.pages)
+    together = engine.apply_batches(upper, {"in:0": batch, "other:0": other})
+    for k in ("in:0", "other:0"):
+        assert sorted(int(row["sequence_number"]) for row in together[k]) == [r.sn for r in want], k
+
+
 def test_every_row_comes_back_to_its_own_partition(engine, batches):
-    """The tag is the only thing telling the batches apart: each output row of the
-    projection carries its input's partition id and SN, and lands under that partition."""
+    """Each output row of the projection carries its input's partition id and SN, and
+    lands under that partition."""
     together = engine.apply_batches(upper, {key: batch for key, (batch, _want) in batches.items()})
     for key, (_batch, want) in batches.items():
         assert {row["partition_id"] for row in together[key]} == {partition_id(want[0].partition_ordinal)}
@@ -270,5 +317,5 @@ def test_the_engine_benchmark_runs_and_reports_every_figure():
     assert reported(out["limit"]), out["limit"]
     assert sorted(out["results"]) == sorted(f"{op}/{n}" for op in ("parse", "clicks_per_minute") for n in (1, 2, 4))
     for name, result in out["results"].items():
-        for way in ("micro_batch", "job_per_partition"):
+        for way in ("micro_batch", "by_branches", "job_per_partition"):
             assert reported(result[way]), (name, way, result)
