@@ -95,6 +95,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     from metastore.view import ClusterView
     from control.service import ControlService
     from ingestion.service import IngestionService
+    from node.health import NodeHealth
     from retrieval.service import RetrievalService
     from sms.tokens import TokenCodec
     from sms.proto import sms_pb2_grpc
@@ -150,6 +151,16 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     # protocols and reads of other replicas; admin and client calls need the client port
     # and a key, even for a holder of a node certificate
     sms_pb2_grpc.add_ControlServicer_to_server(control, server)
+    # (every node serves the Control service: discovery calls, whatever its roles)
+    health = NodeHealth(("control",) + tuple(r for r in ("storage", "ingestion", "retrieval") if r in roles))
+    health.add_to(server)
+    await health.starting()
+    background: set[asyncio.Task] = set()
+
+    def in_background(coroutine) -> None:
+        task = loop.create_task(coroutine)
+        background.add(task)
+        task.add_done_callback(background.discard)
     storage = ingestion = election = None
     if "storage" in roles:
         storage = StorageNode(node_id, data_dir, store, incarnation=started_ms)
@@ -179,8 +190,11 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
             task = loop.create_task(report_disk_failed())
             reports.add(task)
             task.add_done_callback(reports.discard)
+        def fenced() -> None:
+            report()
+            in_background(health.failed_disk())
         # called on the thread that found the failure
-        storage.logs.health.on_fence = lambda: loop.call_soon_threadsafe(report)
+        storage.logs.health.on_fence = lambda: loop.call_soon_threadsafe(fenced)
     if "ingestion" in roles:
         # the chain heads this node ingests for are its own storage role's replicas: batches
         # reach them by a direct call (storage/head.py), not over loopback gRPC
@@ -236,20 +250,19 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         election = LeaderElection(store, node_id, address, started_ms, elected, deposed)
         election.start()
 
-    background: set[asyncio.Task] = set()
-
     async def register_again() -> None:
+        await health.unregistered()
         for path, value in registrations:
             await register(path, value)
         _write_session_file(session_file, store)
+        await health.serving()
 
     def reregister() -> None:   # our session expired (we were paused): register again
-        task = loop.create_task(register_again())
-        background.add(task)
-        task.add_done_callback(background.discard)
+        in_background(register_again())
 
     store.on_session_lost(reregister)
     _write_session_file(session_file, store)
+    await health.serving()
     log.info("node %s serving %s on %s (%s; wire codec: %s)", node_id, ",".join(roles), address,
              f"TLS, cluster port {cluster_address}" if tls else "plaintext: --insecure", wire.IMPLEMENTATION)
     if ready_file:
@@ -261,6 +274,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
 
     await stop.wait()
     log.info("node %s stopping", node_id)
+    await health.stopping()
     if election is not None:      # first: a stopping cluster must not look like failing nodes
         await election.stop()
     if parent_watch is not None:

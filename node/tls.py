@@ -24,6 +24,8 @@ from control.revocation import RevokedCerts
 from sms import errors, limits, rpc, security
 
 INTERNAL_SERVICES = ("/sms.v1.Storage/",)      # served to cluster nodes only, on the cluster port
+# answered without a key (probes carry none; they tell nothing of streams or records: node/health.py)
+PUBLIC_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/")
 
 
 def client_port_credentials(tls: security.TlsConfig) -> grpc.ServerCredentials:
@@ -153,7 +155,7 @@ class ClientPortGuard(grpc.aio.ServerInterceptor):
         if method.startswith(INTERNAL_SERVICES):
             return _refusing(handler, f"{method} is a cluster-internal call: it is served on a node's cluster "
                                       f"port to holders of a node certificate only")
-        if self.keys is not None:
+        if self.keys is not None and not method.startswith(PUBLIC_SERVICES):
             return _authenticated(handler, method, self.keys)
         return handler
 

@@ -208,6 +208,22 @@ def _replicas(client, cluster, node_id: str) -> dict[str, dict]:
     return {r["chain_id"]: r for r in _status(client, cluster, node_id)["replicas"]}
 
 
+def _health(cluster, node_id: str) -> dict[str, str]:
+    """The node's gRPC health statuses: for itself ("") and each of its services."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from sms import security
+    creds = security.TlsConfig.from_files(cluster.ca_file).channel_credentials()
+    out = {}
+    with grpc.secure_channel(cluster.procs[node_id].address, creds) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        for service in ("", "sms.v1.Control", "sms.v1.Storage", "sms.v1.Ingestion", "sms.v1.Retrieval"):
+            answer = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            out[service] = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+    return out
+
+
 def _removed_for_disk(client, stream: str, victim: str) -> list[str] | None:
     """The reasons `victim` was removed, once no chain holds it; None before."""
     try:
@@ -261,6 +277,13 @@ def _run_fsync_trial(cluster: LocalCluster, disk: FaultyDisk) -> None:
             t_fenced = time.monotonic()
             assert disk.failed_fsyncs() >= 1
             assert "Input/output error" in status["storage_last_error"], status["storage_last_error"]
+            # the standard health service says so to probes: the node and its data roles
+            # are NOT_SERVING, its Control service still answers (node/health.py)
+            wait_until(lambda: _health(cluster, VICTIM) == {"": "NOT_SERVING", "sms.v1.Storage": "NOT_SERVING",
+                                                            "sms.v1.Ingestion": "NOT_SERVING",
+                                                            "sms.v1.Retrieval": "NOT_SERVING",
+                                                            "sms.v1.Control": "SERVING"},
+                       FAULT_SEEN_TIMEOUT_S, f"{VICTIM}'s health NOT_SERVING: {_health(cluster, VICTIM)}")
             failures = status["storage_write_failures"]
 
             # the node reports its failed disk and the chain manager takes it out of every
@@ -306,6 +329,7 @@ def _run_fsync_trial(cluster: LocalCluster, disk: FaultyDisk) -> None:
                   f"{t_healed - t_up:.2f}s after it")
             load.wait_acks(load.acked_count() + AFTER_ACKS // 2, ACK_TIMEOUT_S)
             assert _status(client, cluster, VICTIM)["storage_write_failures"] == 0
+            assert set(_health(cluster, VICTIM).values()) == {"SERVING"}, _health(cluster, VICTIM)
             load.stop(STOP_TIMEOUT_S)
         final = read_back(client, stream, history=load.history)
     result = check(load.history, final)
