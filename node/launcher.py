@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from node import logs
 from sms import limits
 
 STORAGE_ROLES = "storage,ingestion,retrieval"
@@ -143,9 +144,12 @@ class LocalCluster:
         cmd = self.command_prefix(node_id) + cmd
         # no preexec_fn: it runs Python between fork and exec, where gRPC's fork
         # handlers break a child of a process that has live channels
-        with open(logfile, "ab") as log:
-            node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=bool(self.launcher_pid))
+        # the node logs to DIR/logs/NODE.log itself, rotated (node/logs.py); what it writes
+        # outside logging (a start-up error, a crash, a stack dump) goes to NODE.out
+        env = {**os.environ, logs.ENV_FILE: logfile}
+        with open(_out_file(logfile), "ab") as out:
+            node.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=bool(self.launcher_pid), env=env)
 
     def command_prefix(self, node_id: str) -> list[str]:
         """What runs a node's command (none here; network-fault tests run each node in a
@@ -160,8 +164,8 @@ class LocalCluster:
                 node = self.procs[node_id]
                 ready, logfile = self._paths(node_id)
                 if node.proc.poll() is not None:
-                    raise RuntimeError(f"node {node_id} exited with {node.proc.returncode}; see {logfile}:\n"
-                                       + _tail(logfile))
+                    raise RuntimeError(f"node {node_id} exited with {node.proc.returncode}; see {logfile} and "
+                                       f"{_out_file(logfile)}:\n" + _tail(logfile) + _tail(_out_file(logfile)))
                 if os.path.exists(ready):
                     with open(ready) as f:
                         facts = json.load(f)
@@ -260,6 +264,11 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _out_file(logfile: str) -> str:
+    """Where a node's standard output and error go, beside its log."""
+    return logfile.removesuffix(".log") + ".out"
 
 
 def _tail(path: str, lines: int = 30) -> str:

@@ -24,6 +24,7 @@ import grpc
 
 from control import auth
 from control.revocation import RevokedCerts
+from node import logs
 from node import tls as node_tls
 from sms import limits, metadata, rpc, security, wire
 from sms.errors import InvalidArgument, SmsError
@@ -299,8 +300,10 @@ def _log_tasks() -> None:
 
 
 def run(args) -> int:
-    logging.basicConfig(level=os.environ.get("SMS_LOG_LEVEL", "INFO"),
-                        format=f"%(asctime)s {args.node_id} %(levelname)s %(name)s: %(message)s")
+    try:
+        logs.configure(args.node_id)
+    except logs.LogConfigError as e:
+        raise SystemExit(f"sms serve: {e}") from None
     roles = parse_roles(args.roles)
     # SIGUSR2 writes every thread's stack to the log, SIGUSR1 every asyncio task's (serve()):
     # what a launcher sends a node that did not stop in time, so its log says where it hung

@@ -79,6 +79,8 @@ STORAGE_READ_BATCHES_MAX = 1000                # stored batches visited by one r
 
 # --- process tuning ------------------------------------------------------------------
 SERVER_GC_THRESHOLDS = (50_000, 20, 100)       # gc.set_threshold of servers (node/server.py)
+LOG_FILE_BYTES_MAX = 50 * 1024 * 1024          # a node's log file (SMS_LOG_FILE; `sms up`) is rotated at this size
+LOG_FILE_BACKUPS = 5                            # ... keeping so many old files (NODE.log.1 the newest)
 
 # --- metadata store ------------------------------------------------------------------
 METASTORE_VALUE_BYTES_MAX = 1024 * 1024
@@ -268,3 +270,7 @@ PARTITION_LIMIT_BURST_S = 1.0                      # a partition may take this m
 READ_BUCKETS_MAX = 100_000                         # partitions a node keeps read buckets of (then afresh)
 READ_THROTTLE_WAIT_S_MAX = 5.0                     # a read over its limit waits at most this long, then
                                                    # answers Throttled
+
+# --- the CLI ---
+CLI_CONNECT_TIMEOUT_S = 1.0                    # a client command first connects (TCP) to the cluster's address;
+                                               # none accepting within this: "no cluster answers" (exit 1)
