@@ -33,7 +33,7 @@ import grpc
 from control import chains
 from metastore import reads
 from metastore import BadVersionError, MetaStore, NoNodeError, Set
-from sms import limits, metadata, rpc
+from sms import limits, metadata, metrics, rpc
 from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation
 from sms.metadata import ChainConfig, StreamConfig
@@ -268,6 +268,7 @@ class ChainManager:
             self.changes += 1
             handoff_started = handoff_started or bool(new.handoff)
             for change in new.history[len(new.history) - _new_changes(config, new):]:
+                metrics.CHAIN_CHANGES.labels(change.action).inc()
                 log.warning("chain %s epoch %d: %s %s (%s)", config.chain_id, change.epoch, change.action,
                             change.node, change.reason)
             for n in set(new.members) | set(new.learners):

@@ -19,7 +19,7 @@ from metastore.tenants import TenantShares
 from metastore.view import ClusterView, bounded
 from ingestion.partition import Outcome, PartitionIngest, Results, Submission
 from ingestion.writer import PartitionWriter
-from sms import wire, limits, seqno
+from sms import wire, limits, metrics, seqno
 from sms.aiotools import cancel_and_wait, wait_event
 from sms.errors import InvalidArgument, PartitionClosed, SmsError, StreamNotFound, Unavailable, WrongOwner
 from sms.ratelimit import PartitionLimits
@@ -27,7 +27,7 @@ from sms.metadata import ChainConfig, tenant_of
 from sms.ports import HeadPort
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors
-from sms.types import PartitionState, StreamStatus
+from sms.types import PartitionState, StreamStatus, partition_id
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
 
     @rpc_errors
     async def PutRecords(self, request, context):
+        t0 = time.perf_counter()
         view = await self._stream_view(request.stream)
         if view.config.status is not StreamStatus.ACTIVE:
             raise Unavailable(f"stream {request.stream!r} is {view.config.status.value}")
@@ -182,6 +183,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         limited = view.config.write_records_per_s or view.config.write_bytes_per_s
         by_bytes = bool(view.config.write_bytes_per_s)
         ordinals = [0] * len(records)
+        unrouted: set[int] = set()
         outcomes: list[Outcome | SmsError | None] = [None] * len(records)
         entries = {e.ordinal: e for e in view.map.entries}
         for i, (hash_key, sub) in enumerate(records):
@@ -194,6 +196,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                                           f"{request.stream} no longer exists (retention dropped it)")
                 if session is None:      # newer than this node's map: it refreshes meanwhile
                     self.view.invalidate()
+                    unrouted.add(i)
                     outcomes[i] = PartitionClosed(f"p{sub.session_ordinal:04d} of {request.stream} is not in "
                                                   f"map version {view.map.version} here yet; retry")
                     continue
@@ -207,8 +210,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             ordinals[i] = entry.ordinal
             sub.hwm = request.hwm.get(entry.ordinal if sub.session_ordinal is None else sub.session_ordinal, -1)
             by_partition.setdefault(entry.ordinal, []).append(i)
-            if by_bytes:
-                sizes[entry.ordinal] = sizes.get(entry.ordinal, 0) + len(sub.data) + len(sub.key)
+            sizes[entry.ordinal] = sizes.get(entry.ordinal, 0) + len(sub.data) + len(sub.key)
         missing_out = []
         submitted: list[tuple[list[int], Results]] = []
         for ordinal, indexes in by_partition.items():
@@ -225,7 +227,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                     raise WrongOwner(f"partition {ordinal} of {request.stream} is owned by {chain.head}")
                 part = self._partition(chain, view)
                 if limited:
-                    self._within_limits(part, view.config, len(indexes), sizes.get(ordinal, 0))
+                    self._within_limits(part, view.config, len(indexes), sizes.get(ordinal, 0) if by_bytes else 0)
                 if not part.ready.is_set():
                     if not await wait_event(part.ready, limits.APPEND_TIMEOUT_S):
                         raise Unavailable(f"{chain.chain_id}: de-duplication table still rebuilding")
@@ -244,6 +246,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         for indexes, results in submitted:
             for i, value in zip(indexes, results.values):
                 outcomes[i] = late if value is None else value
+        routed = ordinals[:]                  # (the partition each record went to, for the metrics)
         sns, errors_out, duplicates = [], [], []
         for i, o in enumerate(outcomes):
             if isinstance(o, Outcome):
@@ -256,6 +259,8 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                 err = o if isinstance(o, SmsError) else Unavailable(str(o))
                 sns.append(0)
                 errors_out.append(sms_pb2.RecordError(index=i, name=err.name, message=err.message))
+        _count_put(request.stream, records, by_partition, sizes, errors_out, duplicates, routed, unrouted)
+        metrics.COMMIT_SECONDS.labels(request.stream).observe(time.perf_counter() - t0)
         sn_bytes, ordinal_bytes = wire.encode_put_results(sns, ordinals)
         return sms_pb2.PutRecordsResponse(
             sequence_numbers=sn_bytes, ordinals=ordinal_bytes,
@@ -270,4 +275,23 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             for st in (p.status() for p in self.partitions.values())])
 
 
-
+def _count_put(stream: str, records, by_partition: dict[int, list[int]], sizes: dict[int, int], errors_out,
+               duplicates: list[int], routed: list[int], unrouted: set[int]) -> None:
+    """A PutRecords call's metrics: records and bytes acknowledged per partition (the
+    submitted ones but those that failed or were duplicates, taken off one by one),
+    duplicates, and errors by name."""
+    metrics.PUT_BATCH_RECORDS.labels(stream).observe(len(records))
+    done = {o: len(indexes) for o, indexes in by_partition.items()}
+    for i in [e.index for e in errors_out] + list(duplicates):
+        o = routed[i]
+        if i not in unrouted and o in done:
+            done[o] -= 1
+            sizes[o] -= len(records[i][1].data) + len(records[i][1].key)
+    for o, n in done.items():
+        if n > 0:
+            metrics.PUT_RECORDS.labels(stream, partition_id(o)).inc(n)
+            metrics.PUT_BYTES.labels(stream, partition_id(o)).inc(max(0, sizes.get(o, 0)))
+    if duplicates:
+        metrics.PUT_DUPLICATES.labels(stream).inc(len(duplicates))
+    for e in errors_out:
+        metrics.PUT_RECORD_ERRORS.labels(stream, e.name).inc()

@@ -41,6 +41,7 @@ class NodeProcess:
     proc: subprocess.Popen | None = None
     address: str = ""
     cluster_address: str = ""      # a TLS node's cluster port ("" when plaintext: the one address)
+    metrics_address: str = ""      # its Prometheus endpoint (node/metrics.py)
 
     @property
     def pid(self) -> int:
@@ -171,6 +172,7 @@ class LocalCluster:
                         facts = json.load(f)
                     node.address = facts["address"]
                     node.cluster_address = facts.get("cluster_address", "")
+                    node.metrics_address = facts.get("metrics_address", "")
                     pending.remove(node_id)
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"nodes {pending} not ready after {timeout_s}s")
@@ -193,8 +195,8 @@ class LocalCluster:
         info = {"address": self.address, "ca_file": self.ca_file, "token": self.admin_token,
                 "launcher_pid": os.getpid(),
                 "metastore": self.metastore,
-                "nodes": [{"node_id": n.node_id, "roles": n.roles, "pid": n.pid, "address": n.address}
-                          for n in self.procs.values()]}
+                "nodes": [{"node_id": n.node_id, "roles": n.roles, "pid": n.pid, "address": n.address,
+                           "metrics_address": n.metrics_address} for n in self.procs.values()]}
         _write_json(os.path.join(self.data_dir, "cluster.json"), info)
 
     def signal(self, node_id: str, sig: int) -> None:
@@ -300,7 +302,8 @@ def add_node(data_dir: str, timeout_s: float = limits.NODE_START_TIMEOUT_S) -> N
     cluster.spawn(node_id)
     cluster.wait_ready([node_id], timeout_s)
     node = cluster.procs[node_id]
-    info["nodes"].append({"node_id": node_id, "roles": node.roles, "pid": node.pid, "address": node.address})
+    info["nodes"].append({"node_id": node_id, "roles": node.roles, "pid": node.pid, "address": node.address,
+                          "metrics_address": node.metrics_address})
     _write_json(path, info)
     return node
 

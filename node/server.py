@@ -83,11 +83,13 @@ def _write_session_file(path: str, store) -> None:
 async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_dir: str, listen: str,
                 ready_file: str | None = None, exit_with_parent: bool = False, session_file: str = "",
                 exit_with_pid: int = 0, tls: security.TlsConfig | None = None, cluster_listen: str = "",
-                bootstrap_token: str = "") -> None:
+                bootstrap_token: str = "", metrics_listen: str = "",
+                tls_files: tuple[str, str] = ("", "")) -> None:
     """`tls`: this node's certificate and the cluster's CA (node/tls.py: a client port and
     a cluster port, and every client call's key checked); None: one plaintext port for
     everything, no credentials. `bootstrap_token`: the cluster's first admin key, made
-    once in its life (`sms up`)."""
+    once in its life (`sms up`). `metrics_listen`: where /metrics is served (default: the
+    client port's host, any free port), over HTTPS with `tls_files` (certificate, key)."""
     from control.admin import StreamAdmin, ensure_roots
     from control.election import LeaderElection
     from control.manager import ChainManager
@@ -97,6 +99,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     from control.service import ControlService
     from ingestion.service import IngestionService
     from node.health import NodeHealth
+    from node.metrics import NodeCollector, serve_metrics, stop_metrics
     from retrieval.service import RetrievalService
     from sms.tokens import TokenCodec
     from sms.proto import sms_pb2_grpc
@@ -214,8 +217,12 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     if storage is not None:
         await storage.start()
 
+    collector = NodeCollector(loop, node_id, roles, data_dir, storage=storage, ingestion=ingestion, view=view,
+                              is_leader=lambda: control.admin is not None)
+    metrics_server, metrics_address = serve_metrics(metrics_listen or f"{host}:0", collector,
+                                                    *(tls_files if tls is not None else ("", "")))
     info = NodeInfo(node_id=node_id, address=address, roles=roles, pid=os.getpid(), started_ms=started_ms,
-                    cluster_address=cluster_address)
+                    cluster_address=cluster_address, metrics_address=metrics_address)
     async def register(path: str, value: bytes) -> None:
         """Create our ephemeral entry; an entry left by our own killed predecessor
         vanishes when its session expires, so wait that long before giving up."""
@@ -264,13 +271,14 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     store.on_session_lost(reregister)
     _write_session_file(session_file, store)
     await health.serving()
-    log.info("node %s serving %s on %s (%s; wire codec: %s)", node_id, ",".join(roles), address,
-             f"TLS, cluster port {cluster_address}" if tls else "plaintext: --insecure", wire.IMPLEMENTATION)
+    log.info("node %s serving %s on %s (%s; wire codec: %s; metrics on %s)", node_id, ",".join(roles), address,
+             f"TLS, cluster port {cluster_address}" if tls else "plaintext: --insecure", wire.IMPLEMENTATION,
+             metrics_address)
     if ready_file:
         tmp = ready_file + ".tmp"
         with open(tmp, "w") as f:
             json.dump({"node_id": node_id, "address": address, "cluster_address": cluster_address,
-                       "pid": os.getpid()}, f)
+                       "metrics_address": metrics_address, "pid": os.getpid()}, f)
         os.replace(tmp, ready_file)
 
     await stop.wait()
@@ -281,6 +289,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     if parent_watch is not None:
         parent_watch.cancel()
     await asyncio.gather(*(srv.stop(grace=1.0) for srv in servers))
+    await asyncio.to_thread(stop_metrics, metrics_server, collector)
     if revoked is not None:
         await revoked.close()
     if ingestion is not None:
@@ -324,7 +333,9 @@ def run(args) -> int:
             raise SystemExit(f"sms serve: --bootstrap-token-file {args.bootstrap_token_file}: {e}") from None
     asyncio.run(serve(args.node_id, roles, args.metastore, args.data_dir, args.listen, args.ready_file,
                       args.exit_with_parent, args.session_file or "", args.exit_with_pid or 0,
-                      tls=tls, cluster_listen=args.cluster_listen or "", bootstrap_token=bootstrap_token))
+                      tls=tls, cluster_listen=args.cluster_listen or "", bootstrap_token=bootstrap_token,
+                      metrics_listen=getattr(args, "metrics_listen", None) or "",
+                      tls_files=(args.cert_file or "", args.key_file or "")))
     return 0
 
 

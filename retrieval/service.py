@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from metastore.tenants import TenantShares, wait_out
 from metastore.view import ClusterView
-from sms import limits, seqno
+from sms import limits, metrics, seqno
 from sms.errors import (InvalidArgument, InvalidIteratorType, InvalidSequenceNumber, PartitionNotFound, RecordNotFound,
                         RecordsTrimmed)
 from sms.metadata import chain_id, tenant_of
@@ -172,6 +172,10 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             behind_ms = 0
         pb_slices = [sms_pb2.BatchSlice(batch=s.batch, start=s.start, end=s.end) for s in slices]
         _charge(buckets, slices)
+        if slices:
+            pid = partition_id(pos.ordinal)
+            metrics.READ_RECORDS.labels(pos.stream, pid).inc(sum(s.end - s.start for s in slices))
+            metrics.READ_BYTES.labels(pos.stream, pid).inc(sum(len(s.batch) for s in slices))
         if ending is not None and (ending == 0 or next_position > ending) and replica.committed_sn >= ending:
             # a closed partition read to its end: no next position; the children go on
             return _Page(pb_slices, None, 0, [partition_id(c) for c in entry.children])

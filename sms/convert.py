@@ -69,7 +69,7 @@ def cluster_to_pb(c: ClusterInfo) -> sms_pb2.ClusterDescription:
     return sms_pb2.ClusterDescription(
         control_address=c.control_address,
         nodes=[sms_pb2.Node(node_id=n.node_id, address=n.address, roles=list(n.roles), pid=n.pid,
-                            started_ms=n.started_ms) for n in c.nodes])
+                            started_ms=n.started_ms, metrics_address=n.metrics_address) for n in c.nodes])
 
 
 def node_loads_to_pb(loads) -> sms_pb2.ListNodesResponse:
@@ -86,7 +86,8 @@ def node_loads_from_pb(d: sms_pb2.ListNodesResponse) -> list[NodeLoad]:
 def cluster_from_pb(d: sms_pb2.ClusterDescription) -> ClusterInfo:
     return ClusterInfo(control_address=d.control_address,
                        nodes=tuple(NodeInfo(node_id=n.node_id, address=n.address, roles=tuple(n.roles),
-                                            pid=n.pid, started_ms=n.started_ms) for n in d.nodes))
+                                            pid=n.pid, started_ms=n.started_ms, metrics_address=n.metrics_address)
+                                   for n in d.nodes))
 
 
 def records_from_slice(batch: bytes, start: int, end: int, ordinal: int) -> list[Record]:

@@ -81,6 +81,7 @@ STORAGE_READ_BATCHES_MAX = 1000                # stored batches visited by one r
 SERVER_GC_THRESHOLDS = (50_000, 20, 100)       # gc.set_threshold of servers (node/server.py)
 LOG_FILE_BYTES_MAX = 50 * 1024 * 1024          # a node's log file (SMS_LOG_FILE; `sms up`) is rotated at this size
 LOG_FILE_BACKUPS = 5                            # ... keeping so many old files (NODE.log.1 the newest)
+METRICS_SCRAPE_TIMEOUT_S = 5.0                  # a metrics scrape reads the node's state within this (node/metrics.py)
 
 # --- metadata store ------------------------------------------------------------------
 METASTORE_VALUE_BYTES_MAX = 1024 * 1024

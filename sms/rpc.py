@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 
 import grpc
 
-from sms import errors, limits, security
+from sms import errors, limits, metrics, security
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +85,16 @@ async def probe_port(address: str, timeout_s: float) -> str:
 def rpc_errors(handler):
     """Map SmsError (and unexpected exceptions) of a unary grpc.aio handler to a status."""
 
+    method = handler.__name__
+    seconds = metrics.RPC_SECONDS.labels(method)
+
     @functools.wraps(handler)
     async def wrapper(self, request, context):
+        t0 = time.perf_counter()
         try:
             return await handler(self, request, context)
         except errors.SmsError as e:
+            metrics.RPC_ERRORS.labels(method, e.name).inc()
             context.set_trailing_metadata(((ERROR_KEY, e.name),))
             await context.abort(e.code, e.message or e.name)
         except errors.InvariantViolation:
@@ -97,14 +103,18 @@ def rpc_errors(handler):
             # a call this handler made to another node failed: name it as that node's error
             # (Unavailable for a node that is down), so the caller can retry
             err = to_sms_error(e)
+            metrics.RPC_ERRORS.labels(method, err.name).inc()
             context.set_trailing_metadata(((ERROR_KEY, err.name),))
             await context.abort(err.code, f"a call to another node failed: {err.message or err.name}")
         except Exception as e:  # an operating error we did not name: answer, keep serving
             if isinstance(e, (grpc.aio.AbortError,)):
                 raise
+            metrics.RPC_ERRORS.labels(method, "InternalError").inc()
             log.exception("unexpected error in %s", handler.__name__)
             context.set_trailing_metadata(((ERROR_KEY, "InternalError"),))
             await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        finally:
+            seconds.observe(time.perf_counter() - t0)
 
     return wrapper
 
@@ -113,12 +123,15 @@ def rpc_stream_errors(handler):
     """rpc_errors for a server-streaming handler (an async generator): its events pass
     through; a named error ends the stream with its status, as for a unary call."""
 
+    method = handler.__name__
+
     @functools.wraps(handler)
     async def wrapper(self, request, context):
         try:
             async for event in handler(self, request, context):
                 yield event
         except errors.SmsError as e:
+            metrics.RPC_ERRORS.labels(method, e.name).inc()
             context.set_trailing_metadata(((ERROR_KEY, e.name),))
             await context.abort(e.code, e.message or e.name)
         except errors.InvariantViolation:
@@ -126,6 +139,7 @@ def rpc_stream_errors(handler):
         except Exception as e:  # an operating error we did not name: answer, keep serving
             if isinstance(e, (grpc.aio.AbortError, asyncio.CancelledError)):
                 raise
+            metrics.RPC_ERRORS.labels(method, "InternalError").inc()
             log.exception("unexpected error in %s", handler.__name__)
             context.set_trailing_metadata(((ERROR_KEY, "InternalError"),))
             await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")

@@ -256,6 +256,7 @@ class NodeInfo:
     pid: int
     started_ms: int
     cluster_address: str = ""    # the cluster port of a secure node (mutual TLS); "": the client port
+    metrics_address: str = ""    # its Prometheus endpoint, HOST:PORT (node/metrics.py); "": none
 
     @property
     def internal_address(self) -> str:

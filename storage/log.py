@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import lmdb
 from sortedcontainers import SortedDict
 
-from sms import errors, wire, limits, seqno
+from sms import errors, wire, limits, metrics, seqno
 from sms.aiotools import cancel_and_wait
 from sms.errors import invariant
 from sms.types import Persistence
@@ -195,6 +195,8 @@ class GroupCommitWriter:
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lmdb-{name}")
         self.task: asyncio.Task | None = None
         self.commits = 0
+        self._commit_seconds = metrics.STORAGE_COMMIT_SECONDS.labels(name)
+        self._commit_batches = metrics.STORAGE_COMMIT_BATCHES.labels(name)
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name="group-commit")
@@ -211,12 +213,15 @@ class GroupCommitWriter:
 
     def _commit(self, items: list) -> None:
         watermarks = {}
+        t0 = time.perf_counter()
         with self.env.begin(write=True) as txn:
             for plog, key, batch, _fut in items:
                 txn.put(key, batch, db=self.batches_db)
             for plog in {item[0] for item in items}:
                 watermarks[plog] = plog.committed_sn
                 txn.put(plog.prefix, seqno.to_bytes(watermarks[plog]), db=self.parts_db)
+        self._commit_seconds.observe(time.perf_counter() - t0)
+        self._commit_batches.observe(len(items))
         for plog, sn in watermarks.items():      # only once the transaction is durable
             plog.stored_committed_sn = max(plog.stored_committed_sn, sn)
 

@@ -1,0 +1,193 @@
+"""A node's Prometheus endpoint: the event metrics of sms/metrics.py, and what the node
+holds, read when Prometheus scrapes (prometheus_client).
+
+`sms serve --metrics-listen HOST:PORT` (default: the client port's host, any free port)
+serves `/metrics` over HTTPS with the node's certificate on a secure cluster (Prometheus
+trusts the cluster CA: `tls_config: {ca_file: ca.pem}`), plain HTTP with `--insecure`. The
+address is in the node's registration, `sms status` and `sms up`'s cluster.json.
+
+What a scrape reads is gathered on the node's event loop (the structures are the loop's),
+within METRICS_SCRAPE_TIMEOUT_S; a node too busy to answer in time gives an empty scrape
+for those, and `sms_scrape_errors_total` says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+
+from prometheus_client import REGISTRY, Counter, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from sms import limits, seqno
+from sms.metadata import parse_chain_id
+from sms.types import partition_id
+
+log = logging.getLogger(__name__)
+
+SCRAPE_ERRORS = Counter("sms_scrape_errors", "Scrapes whose node state could not be read in time")
+
+
+class NodeCollector:
+    """What the node holds: replicas, peer links, LMDB, de-dup tables, and on the control
+    leader every chain."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, node_id: str, roles: tuple[str, ...], data_dir: str,
+                 storage=None, ingestion=None, view=None, is_leader=lambda: False):
+        self.loop = loop
+        self.node_id = node_id
+        self.roles = roles
+        self.data_dir = data_dir
+        self.storage = storage
+        self.ingestion = ingestion
+        self.view = view
+        self.is_leader = is_leader
+
+    def describe(self):
+        """Nothing ahead of a scrape (else registering would call collect() on the event
+        loop's own thread, which waits for the loop)."""
+        return []
+
+    def collect(self):
+        info = GaugeMetricFamily("sms_node_info", "This node: its id and roles (always 1)",
+                                 labels=["node", "roles"])
+        info.add_metric([self.node_id, ",".join(self.roles)], 1)
+        yield info
+        try:
+            snap = asyncio.run_coroutine_threadsafe(self._snapshot(), self.loop).result(
+                timeout=limits.METRICS_SCRAPE_TIMEOUT_S)
+        except Exception:                    # noqa: BLE001 (a scrape never fails the node)
+            SCRAPE_ERRORS.inc()
+            log.warning("metrics: the node's state could not be read for a scrape", exc_info=True)
+            return
+        yield from snap
+
+    async def _snapshot(self) -> list:
+        out = []
+        if self.storage is not None:
+            out += self._storage()
+        if self.ingestion is not None:
+            out += self._ingestion()
+        if self.view is not None and self.is_leader():
+            out += await self._chains()
+        return out
+
+    def _storage(self) -> list:
+        node = self.storage
+        epoch = GaugeMetricFamily("sms_replica_epoch", "The chain epoch of each replica held here, by role",
+                                  labels=["stream", "partition", "role"])
+        records = GaugeMetricFamily("sms_replica_records", "Records held by each replica",
+                                    labels=["stream", "partition"])
+        behind = GaugeMetricFamily("sms_replica_uncommitted_records",
+                                   "Records a replica holds past the chain's commit point: on the head, what is "
+                                   "still on its way down the chain (replication lag in records)",
+                                   labels=["stream", "partition", "role"])
+        behind_ms = GaugeMetricFamily("sms_replica_uncommitted_ms",
+                                      "Age of the oldest record past the commit point, by the SNs' times "
+                                      "(replication lag in ms)", labels=["stream", "partition", "role"])
+        for s in node.status():
+            stream, ordinal = parse_chain_id(s["chain_id"])
+            pid, role = partition_id(ordinal), s["role"] or "none"
+            epoch.add_metric([stream, pid, role], s["epoch"])
+            records.add_metric([stream, pid], s["records"])
+            last, committed = s["last_sn"], s["committed_sn"]
+            lag = seqno.counter_of(last) - seqno.counter_of(committed) if last and committed else 0
+            behind.add_metric([stream, pid, role], max(0, lag))
+            age = seqno.timestamp_ms_of(last) - seqno.timestamp_ms_of(committed) if lag > 0 else 0
+            behind_ms.add_metric([stream, pid, role], max(0, age))
+        connected = GaugeMetricFamily("sms_peer_link_connected", "A replication stream to (out) or from (in) a "
+                                      "peer node is connected", labels=["peer", "direction"])
+        chains = GaugeMetricFamily("sms_peer_link_chains", "Chain links a replication stream carries",
+                                   labels=["peer", "direction"])
+        frames = CounterMetricFamily("sms_peer_link_frames", "Frames sent or received on a replication stream "
+                                     "since the node started", labels=["peer", "direction"])
+        for link in node.link_status():
+            labels = [link.peer, "out" if link.outgoing else "in"]
+            connected.add_metric(labels, 1 if link.connected else 0)
+            chains.add_metric(labels, link.chains)
+            frames.add_metric(labels, link.frames)
+        failures, _last = node.logs.write_failures()
+        failed = CounterMetricFamily("sms_storage_write_failures", "LMDB write transactions that failed (a full or "
+                                     "failing disk) since the node started")
+        failed.add_metric([], failures)
+        used = GaugeMetricFamily("sms_lmdb_used_bytes", "Bytes of an LMDB environment's map in use",
+                                 labels=["persistence"])
+        size = GaugeMetricFamily("sms_lmdb_map_bytes", "The size an LMDB environment may grow to (LMDB_MAP_BYTES)",
+                                 labels=["persistence"])
+        for persistence, env in node.logs.envs.items():
+            info, stat = env.info(), env.stat()
+            used.add_metric([persistence.value], (info["last_pgno"] + 1) * stat["psize"])
+            size.add_metric([persistence.value], info["map_size"])
+        disk = shutil.disk_usage(self.data_dir if os.path.isdir(self.data_dir) else "/")
+        free = GaugeMetricFamily("sms_disk_free_bytes", "Free bytes on the data directory's file system")
+        free.add_metric([], disk.free)
+        total = GaugeMetricFamily("sms_disk_bytes", "Size of the data directory's file system")
+        total.add_metric([], disk.total)
+        return [epoch, records, behind, behind_ms, connected, chains, frames, failed, used, size, free, total]
+
+    def _ingestion(self) -> list:
+        labels = ["stream", "partition"]
+        entries = GaugeMetricFamily("sms_dedup_entries", "Submissions held in de-dup sessions, above their HWMs",
+                                    labels=labels)
+        sessions = GaugeMetricFamily("sms_dedup_sessions", "Producer sessions in a partition's de-dup table",
+                                     labels=labels)
+        keys = GaugeMetricFamily("sms_dedup_keys", "Keys in a partition's de-dup window", labels=labels)
+        queued = GaugeMetricFamily("sms_ingest_queued_records", "Records waiting for their batch to be written",
+                                   labels=labels)
+        inflight = GaugeMetricFamily("sms_ingest_inflight_batches", "Batches on their way down the chain",
+                                     labels=labels)
+        for part in list(self.ingestion.partitions.values()):
+            st = part.status()
+            stream, ordinal = parse_chain_id(st["chain_id"])
+            values = [stream, partition_id(ordinal)]
+            entries.add_metric(values, st["table"]["entries"])
+            sessions.add_metric(values, st["table"]["sessions"])
+            keys.add_metric(values, st["table"]["dedup_keys"])
+            queued.add_metric(values, st["queued_records"])
+            inflight.add_metric(values, st["inflight_batches"])
+        return [entries, sessions, keys, queued, inflight]
+
+    async def _chains(self) -> list:
+        labels = ["stream", "partition"]
+        members = GaugeMetricFamily("sms_chain_members", "Replicas in a partition's chain (the control leader)",
+                                    labels=labels)
+        wanted = GaugeMetricFamily("sms_chain_replication_factor", "The replicas a partition's chain should have",
+                                   labels=labels)
+        learners = GaugeMetricFamily("sms_chain_learners", "Replicas being copied into a partition's chain",
+                                     labels=labels)
+        epoch = GaugeMetricFamily("sms_chain_epoch", "A partition's chain epoch (a change of members raises it)",
+                                  labels=labels)
+        for name in await self.view.list_streams():
+            try:
+                sv = await self.view.stream(name)
+            except Exception:                # noqa: BLE001 (deleted meanwhile)
+                continue
+            for ordinal, chain in sv.chains.items():
+                values = [name, partition_id(ordinal)]
+                members.add_metric(values, len(chain.members))
+                wanted.add_metric(values, sv.config.replication_factor)
+                learners.add_metric(values, len(chain.learners))
+                epoch.add_metric(values, chain.epoch)
+        return [members, wanted, learners, epoch]
+
+
+def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", key_file: str = ""):
+    """Start the HTTP(S) server of /metrics on `listen` (HOST:PORT, 0: any free port);
+    (the server, its address)."""
+    host, _, port = listen.rpartition(":")
+    REGISTRY.register(collector)
+    try:
+        server, _thread = start_http_server(int(port), addr=host, certfile=cert_file or None,
+                                            keyfile=key_file or None)
+    except (OSError, ValueError) as e:
+        REGISTRY.unregister(collector)
+        raise SystemExit(f"sms serve: cannot serve metrics on {listen}: {e}") from None
+    return server, f"{host}:{server.server_port}"
+
+
+def stop_metrics(server, collector: NodeCollector) -> None:
+    server.shutdown()
+    server.server_close()
+    REGISTRY.unregister(collector)

@@ -1,0 +1,140 @@
+"""Every node's Prometheus endpoint (node/metrics.py, sms/metrics.py) on a real cluster:
+scraped over HTTPS with the cluster CA (plain HTTP on a plaintext cluster), its address
+in the node's registration and cluster.json, and its figures equal to what was done:
+records and bytes written per partition, records read, errors by name, each replica's
+epoch and records, LMDB and disk sizes, de-dup tables, and the chains as the control
+leader sees them."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import urllib.error
+import urllib.request
+from collections import defaultdict
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import sms
+from node.launcher import LocalCluster
+from sms import errors
+
+pytestmark = pytest.mark.integration
+
+SCRAPE_TIMEOUT_S = 10
+STREAM = "metered"
+PARTITIONS = 2
+RECORDS = 300
+
+
+def scrape(url: str, ca_file: str = "") -> dict[str, list]:
+    """{sample name: [(labels, value)]} of one scrape."""
+    context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+    text = urllib.request.urlopen(url, context=context, timeout=SCRAPE_TIMEOUT_S).read().decode()
+    out: dict[str, list] = defaultdict(list)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name].append((sample.labels, sample.value))
+    return out
+
+
+def total(samples: dict, name: str, **labels) -> float:
+    return sum(v for have, v in samples.get(name, []) if all(have.get(k) == x for k, x in labels.items()))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with LocalCluster(str(tmp_path_factory.mktemp("metrics")), nodes=3) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def worked(cluster):
+    """A stream written (in three calls) and read back whole, and one failing call."""
+    with sms.Client(cluster.address, **cluster.client_options()) as client:
+        client.create_stream(STREAM, partitions=PARTITIONS, replication_factor=2)
+        sent = [(f"key-{i}", b"v" * (i % 7 + 1)) for i in range(RECORDS)]
+        for i in range(0, RECORDS, 100):
+            client.put_records(STREAM, sent[i:i + 100])
+        read = sum(1 for _ in client.read_stream(STREAM))
+        with pytest.raises(errors.StreamNotFound):
+            client.put_records("no-such-stream", [("k", b"v")])
+    return sent, read
+
+
+def scrapes(cluster) -> dict[str, dict]:
+    return {node_id: scrape(f"https://{node.metrics_address}/metrics", cluster.ca_file)
+            for node_id, node in cluster.procs.items()}
+
+
+def test_addresses_are_registered_and_in_cluster_json(cluster):
+    with open(os.path.join(cluster.data_dir, "cluster.json")) as f:
+        listed = {n["node_id"]: n["metrics_address"] for n in json.load(f)["nodes"]}
+    assert listed == {node_id: node.metrics_address for node_id, node in cluster.procs.items()}
+    assert all(a and a.rsplit(":", 1)[1] != "0" for a in listed.values()), listed
+    with sms.Client(cluster.address, **cluster.client_options()) as client:
+        registered = {n.node_id: n.metrics_address for n in client.describe_cluster().nodes}
+    assert registered == listed
+
+
+def test_it_is_https_with_the_cluster_ca(cluster):
+    node = cluster.procs["n1"]
+    with pytest.raises(urllib.error.URLError) as e:
+        urllib.request.urlopen(f"https://{node.metrics_address}/metrics", timeout=SCRAPE_TIMEOUT_S)
+    assert "CERTIFICATE_VERIFY_FAILED" in str(e.value)
+    assert scrape(f"https://{node.metrics_address}/metrics", cluster.ca_file)["sms_node_info"]
+
+
+def test_writes_reads_and_errors_are_counted(cluster, worked):
+    sent, read = worked
+    assert read == RECORDS
+    by_node = scrapes(cluster)
+    written = sum(total(s, "sms_put_records_total", stream=STREAM) for s in by_node.values())
+    assert written == RECORDS, {n: s.get("sms_put_records_total") for n, s in by_node.items()}
+    per_partition = defaultdict(float)
+    for s in by_node.values():
+        for labels, v in s.get("sms_put_records_total", []):
+            if labels["stream"] == STREAM:
+                per_partition[labels["partition"]] += v
+    assert len(per_partition) == PARTITIONS
+    assert sum(total(s, "sms_put_bytes_total", stream=STREAM) for s in by_node.values()) == \
+        sum(len(k) + len(v) for k, v in sent)
+    assert sum(total(s, "sms_read_records_total", stream=STREAM) for s in by_node.values()) >= RECORDS
+    assert sum(total(s, "sms_commit_seconds_count", stream=STREAM) for s in by_node.values()) >= 3
+    assert sum(total(s, "sms_rpc_errors_total", error="StreamNotFound") for s in by_node.values()) >= 1
+    storage = [s for n, s in by_node.items() if n.startswith("n")]
+    assert sum(total(s, "sms_storage_commit_seconds_count", persistence="disk") for s in storage) >= 1
+
+
+def test_what_nodes_hold_is_read_at_scrape_time(cluster, worked):
+    by_node = scrapes(cluster)
+    storage = {n: s for n, s in by_node.items() if n.startswith("n")}
+    # each partition: replication factor 2, so two replicas, one head, each holding every record
+    replicas = defaultdict(list)
+    for s in storage.values():
+        for labels, v in s.get("sms_replica_records", []):
+            if labels["stream"] == STREAM:
+                replicas[labels["partition"]].append(v)
+    assert len(replicas) == PARTITIONS and all(len(v) == 2 for v in replicas.values()), replicas
+    assert sum(max(v) for v in replicas.values()) == RECORDS
+    heads = [labels for s in storage.values() for labels, _v in s.get("sms_replica_epoch", [])
+             if labels["stream"] == STREAM and labels["role"] == "head"]
+    assert len(heads) == PARTITIONS
+    assert all(total(s, "sms_lmdb_used_bytes") > 0 and total(s, "sms_disk_free_bytes") > 0
+               for s in storage.values())
+    assert sum(len([x for x in s.get("sms_dedup_entries", []) if x[0]["stream"] == STREAM])
+               for s in storage.values()) == PARTITIONS       # one table per partition, on its head
+    control = by_node["control"]
+    for name, want in (("sms_chain_members", 2), ("sms_chain_replication_factor", 2), ("sms_chain_learners", 0)):
+        values = [v for labels, v in control.get(name, []) if labels["stream"] == STREAM]
+        assert values == [want] * PARTITIONS, (name, control.get(name))
+    assert total(control, "sms_scrape_errors_total") == 0
+
+
+def test_a_plaintext_cluster_serves_plain_http(tmp_path):
+    with LocalCluster(str(tmp_path), nodes=1, tls=False) as cluster:
+        samples = scrape(f"http://{cluster.procs['n1'].metrics_address}/metrics")
+    assert [labels for labels, _v in samples["sms_node_info"]] == [{"node": "n1",
+                                                                     "roles": "storage,ingestion,retrieval"}]
