@@ -2,17 +2,23 @@
 
 Human-readable output by default, `--json` for scripts. Client commands find the
 cluster from `--address`, else $SMS_ADDRESS, else DIR/cluster.json of `sms up`
-(`--data-dir`, default ./sms-data). Named errors print as `error: Name: message` and
-exit 1; usage errors exit 2.
+(`--data-dir`, default ./sms-data), and first check that something accepts a connection
+there (CLI_CONNECT_TIMEOUT_S). Named errors print as `error: Name: message` and exit 1;
+usage errors exit 2; Ctrl-C exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import base64
+import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -24,20 +30,22 @@ from sms.aio import TENANT_LIMITS
 
 DEFAULT_DATA_DIR = "sms-data"
 DEFAULT_PORT = 7480
+DISTRIBUTION = "sms-sps"          # the package `sms --version` names (pyproject.toml's project.name)
 
 
 def _address(args) -> str:
     """The cluster's address. Its CA, when known here (--ca-file, or the cluster.json of
     `sms up`), goes into $SMS_CA_FILE, which every client of this process and of the
-    workers it starts reads (sms/security.py); "" there means plaintext."""
+    workers it starts reads (sms/security.py); "" there means plaintext. Each command calls
+    it once: it exits with one line when nothing accepts a connection there."""
     if getattr(args, "ca_file", None):
         os.environ[security.ENV_CA_FILE] = os.path.abspath(args.ca_file)
     if getattr(args, "token", None):
         os.environ[security.ENV_TOKEN] = args.token
     if args.address:
-        return args.address
+        return _answering(args.address, "--address")
     if os.environ.get("SMS_ADDRESS"):
-        return os.environ["SMS_ADDRESS"]
+        return _answering(os.environ["SMS_ADDRESS"], "$SMS_ADDRESS")
     path = os.path.join(args.data_dir, "cluster.json")
     try:
         with open(path) as f:
@@ -50,6 +58,23 @@ def _address(args) -> str:
         os.environ[security.ENV_CA_FILE] = info.get("ca_file", "")
     if not getattr(args, "token", None) and not os.environ.get(security.ENV_TOKEN):
         os.environ[security.ENV_TOKEN] = info.get("token", "")
+    return _answering(address, path)
+
+
+def _answering(address: str, source: str) -> str:
+    """`address` ("host:port[,host:port...]"), once one of its nodes accepts a TCP
+    connection within CLI_CONNECT_TIMEOUT_S; else exit with one line. (Without this a
+    stopped cluster costs an admin command CLIENT_LEADER_WAIT_S of retries, then gRPC's
+    own text.) Only the connection is checked: TLS and the calls report their own errors."""
+    from sms import rpc
+    seeds = [a.strip() for a in address.split(",") if a.strip()]
+
+    async def probe() -> list[str]:
+        return await asyncio.gather(*(rpc.probe_port(a, limits.CLI_CONNECT_TIMEOUT_S) for a in seeds))
+
+    if rpc.PROBE_LISTENING not in asyncio.run(probe()):
+        raise SystemExit(f"error: no cluster answers at {address} (from {source}): is it running? "
+                         f"(`sms up` starts one)")
     return address
 
 
@@ -64,17 +89,42 @@ def _emit(args, obj, human: str) -> None:
 
 # --- cluster ---------------------------------------------------------------------------
 
+def _port_busy(host: str, port: int) -> bool:
+    """Whether a process listens on host:port (bound as gRPC binds: SO_REUSEADDR, so a
+    closed connection lingering in TIME_WAIT does not count)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _port_busy_exit(address: str) -> SystemExit:
+    return SystemExit(f"error: {address} is in use (another `sms up`?); choose another port with --port N "
+                      f"(0: any free port)")
+
+
 def cmd_up(args) -> int:
     from node.launcher import LocalCluster
+    host = "127.0.0.1"                      # (LocalCluster's default host)
+    if args.port and _port_busy(host, args.port):
+        raise _port_busy_exit(f"{host}:{args.port}")
     cluster = LocalCluster(args.data_dir, nodes=args.nodes, port=args.port, metastore=args.metastore,
-                           controls=args.controls, tls=not args.insecure, ca_dir=args.ca_dir)
+                           controls=args.controls, tls=not args.insecure, ca_dir=args.ca_dir, host=host)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     if args.insecure:
         print("warning: --insecure: plaintext on every port, and any process that reaches one may call "
               "anything; for local experiments only", file=sys.stderr, flush=True)
-    cluster.start()
+    try:
+        cluster.start()
+    except RuntimeError as e:
+        if not args.port or "Failed to bind to address" not in str(e):
+            raise
+        raise _port_busy_exit(f"{host}:{args.port}") from None      # taken since the check above
     print(f"address: {cluster.address}", flush=True)
     if cluster.tls:
         print(f"tls: CA {cluster.ca_file}; admin token in {os.path.join(cluster.data_dir, 'cluster.json')} "
@@ -210,7 +260,8 @@ def cmd_status(args) -> int:
         cluster = client.describe_cluster()
         nodes = []
         for n in cluster.nodes:
-            entry = {"node_id": n.node_id, "address": n.address, "roles": list(n.roles), "pid": n.pid}
+            entry = {"node_id": n.node_id, "address": n.address, "roles": list(n.roles), "pid": n.pid,
+                     "metrics_address": n.metrics_address}
             try:
                 if "storage" in n.roles:
                     status = client.node_status(n.address)
@@ -232,7 +283,8 @@ def cmd_status(args) -> int:
                 continue      # deleted meanwhile
     lines = [f"control: {cluster.control_address}"]
     for n in nodes:
-        lines.append(f"node {n['node_id']:<8} {n['address']:<22} pid {n['pid']:<8} {','.join(n['roles'])}")
+        lines.append(f"node {n['node_id']:<8} {n['address']:<22} pid {n['pid']:<8} {','.join(n['roles'])}"
+                     + (f"  metrics {n['metrics_address']}" if n["metrics_address"] else ""))
         if n.get("storage_write_failures"):
             at = time.strftime("%H:%M:%S", time.localtime(n["storage_last_error_ms"] / 1000))
             lines.append(f"    storage: {n['storage_write_failures']} failed write transactions; "
@@ -423,6 +475,10 @@ def cmd_stream(args) -> int:
 # --- put / read ------------------------------------------------------------------------
 
 def cmd_put(args) -> int:
+    if args.key == "":         # (the API refuses it: before anything is read or sent)
+        raise errors.InvalidPartitionKey(f"--key ''; a partition key has {limits.PARTITION_KEY_CHARS_MIN}.."
+                                         f"{limits.PARTITION_KEY_CHARS_MAX} characters (leave --key out for a "
+                                         f"random key per record)")
     lines = args.data if args.data else (line.rstrip("\n") for line in sys.stdin)
     results, failed = [], 0
     with _client(args) as client:
@@ -441,7 +497,7 @@ def cmd_put(args) -> int:
 
         headers = _parse_headers(args.header)
         for line in lines:
-            key = args.key or uuid.uuid4().hex
+            key = uuid.uuid4().hex if args.key is None else args.key
             batch.append((key, line.encode(), None, headers) if headers else (key, line.encode()))
             if len(batch) == limits.PUT_RECORDS_COUNT_MAX:
                 flush()
@@ -466,28 +522,45 @@ def _parse_headers(specs: list[str] | None) -> dict[str, bytes]:
 
 
 def _text(raw: bytes) -> str:
+    """Bytes for a person: valid UTF-8 as it is; anything else as Python writes bytes,
+    escaped (DE AD BE EF shows as \\xde\\xad\\xbe\\xef, never as text such as "deadbeef")."""
+    text = _utf8(raw)
+    return repr(raw)[2:-1] if text is None else text
+
+
+def _utf8(raw: bytes) -> str | None:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        return raw.hex()
+        return None
 
 
 def _record_json(r) -> dict:
+    """A record for `--json`: "data" holds data that is valid UTF-8, else "data_b64" holds
+    it in base64 (never both); header values likewise, in "headers" or "headers_b64"."""
     out = {"partition_id": r.partition_id, "sequence_number": r.sequence_number, "partition_key": r.partition_key,
-           "arrival_time_ms": r.arrival_time_ms, "data": _text(r.data)}
-    headers = r.headers
-    if headers:
-        out["headers"] = {name: _text(value) for name, value in headers.items()}
+           "arrival_time_ms": r.arrival_time_ms}
+    text = _utf8(r.data)
+    if text is None:
+        out["data_b64"] = base64.b64encode(r.data).decode("ascii")
+    else:
+        out["data"] = text
+    for name, value in (r.headers or {}).items():
+        text = _utf8(value)
+        if text is None:
+            out.setdefault("headers_b64", {})[name] = base64.b64encode(value).decode("ascii")
+        else:
+            out.setdefault("headers", {})[name] = text
     return out
 
 
 def _print_record(args, r) -> None:
-    d = _record_json(r)
     if args.json:
-        print(json.dumps(d), flush=True)
+        print(json.dumps(_record_json(r)), flush=True)
         return
-    headers = " [" + ", ".join(f"{k}={v}" for k, v in d["headers"].items()) + "]" if "headers" in d else ""
-    print(f"{d['partition_id']} {d['sequence_number']} {d['partition_key']}{headers}: {d['data']}", flush=True)
+    headers = r.headers
+    shown = " [" + ", ".join(f"{k}={_text(v)}" for k, v in headers.items()) + "]" if headers else ""
+    print(f"{r.partition_id} {r.sequence_number} {r.partition_key}{shown}: {_text(r.data)}", flush=True)
 
 
 def cmd_read(args) -> int:
@@ -568,15 +641,24 @@ def _read_lineage(args) -> int:
     else:
         raise errors.InvalidIteratorType(f"iterator type {args.iterator_type!r}; expected TRIM_HORIZON, LATEST, "
                                          "AT_SEQUENCE_NUMBER, AFTER_SEQUENCE_NUMBER or AT_TIMESTAMP")
-    shown = 0
-    with _client(args) as client:
-        for r in client.read_stream(args.stream, **kwargs):
-            if skip_sn is not None and str(r.sequence_number) == str(skip_sn):
-                continue
-            _print_record(args, r)
-            shown += 1
-            if args.max is not None and shown >= args.max:
-                break
+    from sms import aio
+    address = _address(args)
+
+    async def read() -> None:
+        # asyncio: Ctrl-C cancels this task, so the read's generator is closed where it
+        # runs (the sync client's generator, interrupted in another thread, could not be)
+        shown = 0
+        async with aio.Client(address) as client, \
+                contextlib.aclosing(client.read_stream(args.stream, **kwargs)) as records:
+            async for r in records:
+                if skip_sn is not None and str(r.sequence_number) == str(skip_sn):
+                    continue
+                _print_record(args, r)
+                shown += 1
+                if args.max is not None and shown >= args.max:
+                    break
+
+    asyncio.run(read())
     return 0
 
 
@@ -678,6 +760,33 @@ def _demo(args, data_dir: str) -> int:
 
 # --- parser ----------------------------------------------------------------------------
 
+def _version() -> str:
+    """The installed distribution's version, else (a source tree not installed) the one
+    in pyproject.toml next to this package."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    import tomllib
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)["project"]["version"]
+    except (OSError, tomllib.TOMLDecodeError, KeyError):
+        return "unknown"
+
+
+class _VersionAction(argparse.Action):
+    """`--version`: the version is looked up only when asked for."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"sms {_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--address", help="any node's HOST:PORT (default: $SMS_ADDRESS or DIR/cluster.json)")
@@ -689,11 +798,13 @@ def build_parser() -> argparse.ArgumentParser:
                                           "(default: $SMS_CA_FILE, or the one DIR/cluster.json names)")
 
     p = argparse.ArgumentParser(prog="sms", description="SMS: chained-replication stream storage")
+    p.add_argument("--version", action=_VersionAction, help="print the version of the sms-sps package and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     up = sub.add_parser("up", parents=[common], help="run a local multi-process cluster")
     up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--port", type=int, default=DEFAULT_PORT, help="client port of the control node")
+    up.add_argument("--port", type=int, default=DEFAULT_PORT,
+                    help=f"client port of the control node (default {DEFAULT_PORT}; 0: any free port)")
     up.add_argument("--controls", type=int, default=1, help="control processes (more than one elect a leader)")
     up.add_argument("--metastore", help="zk://host:port[,host:port]/prefix (default: an embedded store in DIR)")
     up.add_argument("--insecure", action="store_true",
@@ -715,6 +826,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cert-file", help="this node's certificate (PEM, from `sms certs issue --node ID`)")
     serve.add_argument("--key-file", help="this node's private key (PEM)")
     serve.add_argument("--insecure", action="store_true", help="serve plaintext on one port, without TLS")
+    serve.add_argument("--metrics-listen", help="where Prometheus scrapes /metrics, HOST:PORT (default: the --listen "
+                                                "host, any free port; HTTPS with the node's certificate unless "
+                                                "--insecure)")
     serve.add_argument("--bootstrap-token-file", help="a file holding the token of the cluster's first admin "
                                                       "key, created once in the cluster's life (`sms up` sets it)")
     serve.add_argument("--ready-file")
@@ -768,12 +882,19 @@ def build_parser() -> argparse.ArgumentParser:
     put = sub.add_parser("put", parents=[common], help="put records from arguments or stdin lines")
     put.add_argument("stream")
     put.add_argument("data", nargs="*")
-    put.add_argument("--key", help="partition key (default: a random key per record)")
+    put.add_argument("--key", help=f"partition key, {limits.PARTITION_KEY_CHARS_MIN}..{limits.PARTITION_KEY_CHARS_MAX} "
+                                   "characters (default: a random key per record)")
     put.add_argument("--header", action="append", metavar="NAME=VALUE",
                      help="a header every record carries (repeatable; read back by `sms read`)")
     put.set_defaults(func=cmd_put)
 
-    read = sub.add_parser("read", parents=[common], help="read records")
+    read = sub.add_parser("read", parents=[common], help="read records",
+                          description="Print records, one a line: PARTITION SN KEY [HEADERS]: DATA. Data that is "
+                                      "not valid UTF-8 shows as Python writes bytes, escaped "
+                                      "(\\xde\\xad\\xbe\\xef). With --json, one object a line; data that is "
+                                      "not valid UTF-8 comes in base64 as \"data_b64\" instead of \"data\" "
+                                      "(header values: \"headers_b64\" instead of \"headers\"). Ctrl-C stops, "
+                                      "with exit code 130.")
     read.add_argument("stream")
     read.add_argument("--partition", default="all")
     read.add_argument("--from", dest="iterator_type", default="TRIM_HORIZON",
@@ -781,7 +902,7 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument("--sequence-number")
     read.add_argument("--timestamp-ms", type=int)
     read.add_argument("--max", type=int)
-    read.add_argument("--follow", action="store_true", help="keep tailing")
+    read.add_argument("--follow", action="store_true", help="keep tailing, until Ctrl-C (exit code 130)")
     read.add_argument("--skip-trimmed", action="store_true",
                       help="records deleted (retention, a trim) before they were read: go on from the oldest left "
                            "instead of failing with RecordsTrimmed")

@@ -268,6 +268,10 @@ def test_up_streams_put_read_status_and_sigterm(up_factory):
     assert all(link["connected"] for n in ("n1", "n2", "n3") for link in by_id[n]["links"] if link["chains"])
     text = ok(sms_cmd(d, "status"))
     assert "link -> " in text and "link <- " in text
+    # each node's Prometheus endpoint (node/metrics.py), as cluster.json lists it
+    assert {n["node_id"]: n["metrics_address"] for n in cluster["nodes"]} == \
+           {i: n["metrics_address"] for i, n in by_id.items()}
+    assert all(n["metrics_address"] and f"metrics {n['metrics_address']}" in text for n in by_id.values())
 
     missing = sms_cmd(d, "stream", "describe", "nope")
     assert missing.returncode == 1
