@@ -64,9 +64,9 @@ from sms.limits import (
     METASTORE_HEARTBEAT_INTERVAL_S,
     METASTORE_MAP_BYTES,
     METASTORE_POLL_INTERVAL_S,
-    METASTORE_SESSION_TTL_S,
     METASTORE_WATCHES_MAX,
 )
+from sms import limits          # (METASTORE_SESSION_TTL_S is read when used: node/config.py may set it)
 
 # Paths are LMDB keys (and parts of index keys), and LMDB keys are at most 511 bytes.
 METASTORE_PATH_BYTES_MAX = 400                 # UTF-8 bytes of one path, embedded store
@@ -498,7 +498,7 @@ class EmbeddedMetaStore(MetaStore):
             self._shared.env.reader_check()
             session_id = _new_session_id()
             self._transact(lambda tree: tree.put_session(
-                session_id, tree.now + METASTORE_SESSION_TTL_S))
+                session_id, tree.now + limits.METASTORE_SESSION_TTL_S))
         except BaseException:
             _release_env(self._shared)
             self._shared = None
@@ -666,7 +666,7 @@ class EmbeddedMetaStore(MetaStore):
                 logger.exception("metadata store %s: heartbeat failed", self._path)
 
     def _renew_session(self, tree: _TreeWriter) -> None:
-        tree.put_session(self._session_id, tree.now + METASTORE_SESSION_TTL_S)
+        tree.put_session(self._session_id, tree.now + limits.METASTORE_SESSION_TTL_S)
 
     async def _poll_loop(self) -> None:
         while True:
@@ -742,7 +742,7 @@ class EmbeddedMetaStore(MetaStore):
             if tree.session_live(self._session_id):
                 return apply(tree)
             replacement = _new_session_id()
-            tree.put_session(replacement, tree.now + METASTORE_SESSION_TTL_S)
+            tree.put_session(replacement, tree.now + limits.METASTORE_SESSION_TTL_S)
             return _SessionReplaced(replacement)
 
         outcome = self._transact(as_session)

@@ -100,7 +100,7 @@ from metastore.base import (
     validate_version,
 )
 from metastore.embedded import METASTORE_PATH_BYTES_MAX
-from sms.limits import METASTORE_SESSION_TTL_S, METASTORE_WATCHES_MAX
+from sms import limits
 
 ZOOKEEPER_SCHEME = "zk"
 ZK_DEFAULT_PORT = 2181
@@ -322,7 +322,7 @@ class ZooKeeperMetaStore(MetaStore):
         self._transition(_State.STARTING)
         retry = KazooRetry(max_tries=-1, delay=ZK_RECONNECT_DELAY_S, backoff=2,
                            max_delay=ZK_RECONNECT_DELAY_MAX_S)
-        client = KazooClient(hosts=self._hosts, timeout=METASTORE_SESSION_TTL_S,
+        client = KazooClient(hosts=self._hosts, timeout=limits.METASTORE_SESSION_TTL_S,
                              connection_retry=retry, randomize_hosts=True, **zk_auth())
         client.add_listener(self._kazoo_listener)
         self._client = client
@@ -705,9 +705,9 @@ class ZooKeeperMetaStore(MetaStore):
         if not callable(callback):
             raise ValueError(f"callback {callback!r}: expected a callable")
         self._require_open()
-        if self._watch_count >= METASTORE_WATCHES_MAX:
+        if self._watch_count >= limits.METASTORE_WATCHES_MAX:
             raise TooManyWatchesError(
-                f"{self._watch_count} live watches; at most {METASTORE_WATCHES_MAX}")
+                f"{self._watch_count} live watches; at most {limits.METASTORE_WATCHES_MAX}")
         pw = self._path_watches.get(zpath)
         if pw is None:
             client = self._kazoo
@@ -737,9 +737,9 @@ class ZooKeeperMetaStore(MetaStore):
             raise ValueError(f"callback {callback!r}: expected a callable")
         if self._state in (_State.CLOSING, _State.CLOSED):
             raise MetaStoreClosedError(f"metadata store {self._url!r} is closed")
-        if len(self._lost_callbacks) >= METASTORE_WATCHES_MAX:
+        if len(self._lost_callbacks) >= limits.METASTORE_WATCHES_MAX:
             raise TooManyWatchesError(f"{len(self._lost_callbacks)} session-lost"
-                                      f" callbacks; at most {METASTORE_WATCHES_MAX}")
+                                      f" callbacks; at most {limits.METASTORE_WATCHES_MAX}")
         key = next(self._keys)
         self._lost_callbacks[key] = callback
         return lambda: self._lost_callbacks.pop(key, None)

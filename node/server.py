@@ -24,7 +24,7 @@ import grpc
 
 from control import auth
 from control.revocation import RevokedCerts
-from node import logs
+from node import config, logs
 from node import tls as node_tls
 from sms import limits, metadata, rpc, security, wire
 from sms.errors import InvalidArgument, SmsError
@@ -309,10 +309,17 @@ def _log_tasks() -> None:
 
 
 def run(args) -> int:
+    # the configuration first (node/config.py): it sets sms/limits.py's tunables and the
+    # log settings before anything uses them
+    flags = {"node.listen": ("--listen", args.listen), "node.cluster_listen": ("--cluster-listen", args.cluster_listen),
+             "node.metrics_listen": ("--metrics-listen", getattr(args, "metrics_listen", None))}
     try:
+        values = config.load(getattr(args, "config", None), flags=flags)
+        config.apply(values)
         logs.configure(args.node_id)
-    except logs.LogConfigError as e:
+    except (config.ConfigError, logs.LogConfigError) as e:
         raise SystemExit(f"sms serve: {e}") from None
+    listen = values["node.listen"].value or "127.0.0.1:0"
     roles = parse_roles(args.roles)
     # SIGUSR2 writes every thread's stack to the log, SIGUSR1 every asyncio task's (serve()):
     # what a launcher sends a node that did not stop in time, so its log says where it hung
@@ -331,10 +338,12 @@ def run(args) -> int:
             auth.parse_token(bootstrap_token)
         except (OSError, SmsError) as e:
             raise SystemExit(f"sms serve: --bootstrap-token-file {args.bootstrap_token_file}: {e}") from None
-    asyncio.run(serve(args.node_id, roles, args.metastore, args.data_dir, args.listen, args.ready_file,
+    log.info("configuration: %s", ", ".join(f"{v.setting.key}={v.value!r} ({v.source})"
+                                            for v in values.values() if v.source != "default") or "the defaults")
+    asyncio.run(serve(args.node_id, roles, args.metastore, args.data_dir, listen, args.ready_file,
                       args.exit_with_parent, args.session_file or "", args.exit_with_pid or 0,
-                      tls=tls, cluster_listen=args.cluster_listen or "", bootstrap_token=bootstrap_token,
-                      metrics_listen=getattr(args, "metrics_listen", None) or "",
+                      tls=tls, cluster_listen=values["node.cluster_listen"].value, bootstrap_token=bootstrap_token,
+                      metrics_listen=values["node.metrics_listen"].value,
                       tls_files=(args.cert_file or "", args.key_file or "")))
     return 0
 

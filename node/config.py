@@ -1,0 +1,211 @@
+"""What an operator tunes: a TOML file, environment overrides, each value checked.
+
+The constants in sms/limits.py are the defaults. A node process (`sms serve`, and the
+nodes `sms up` starts) reads, each over the one before:
+
+1. the defaults;
+2. the TOML file named by `--config FILE`, else $SMS_CONFIG (none by default);
+3. the environment: `SMS_<SECTION>_<KEY>`, e.g. SMS_STORAGE_SIZE_CAP_BYTES=10737418240;
+4. for the addresses, the command line (`--listen` and the like), when given.
+
+Every value is checked when the process starts: an unknown key, a value of the wrong
+type, or one out of range stops it with one line naming the key, the value and where it
+came from (ConfigError). `sms config show [--config FILE]` prints what is in force and
+where each value came from.
+
+The TOML file:
+
+    [storage]
+    size_cap_bytes = 68719476736    # an LMDB environment grows to at most this
+
+    [metastore]
+    session_ttl_s = 3.0
+
+    [timeouts]
+    append_s = 10.0
+
+    [node]
+    listen = "10.0.0.1:7401"
+    metrics_listen = "10.0.0.1:9401"
+
+    [log]
+    format = "json"
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+from node import logs
+from sms import limits
+
+ENV_CONFIG = "SMS_CONFIG"
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used: the message names it, its value and its source."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str                      # "section.name"
+    kind: type                    # int, float or str
+    default: Any
+    help: str
+    limit: str = ""               # the sms/limits.py constant it sets, if any
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()
+
+    @property
+    def env(self) -> str:
+        return "SMS_" + self.key.replace(".", "_").upper()
+
+
+def _address_ok(value: str) -> bool:
+    host, sep, port = value.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 <= int(port) <= 65535)
+
+
+GiB = 1024 ** 3
+SETTINGS: tuple[Setting, ...] = (
+    Setting("storage.size_cap_bytes", int, limits.LMDB_MAP_BYTES,
+            "an LMDB environment (one per persistence) grows to at most this; appends past it fail with "
+            "StorageFull", "LMDB_MAP_BYTES", 64 * 1024 * 1024, 1024 * GiB),
+    Setting("storage.write_queue_max", int, limits.STORAGE_WRITE_QUEUE_MAX,
+            "appends waiting for a node's LMDB writer", "STORAGE_WRITE_QUEUE_MAX", 1, 100_000),
+    Setting("storage.group_commit_batches_max", int, limits.STORAGE_GROUP_COMMIT_BATCHES_MAX,
+            "stored batches folded into one LMDB write transaction (one fsync)", "STORAGE_GROUP_COMMIT_BATCHES_MAX",
+            1, 4096),
+    Setting("metastore.session_ttl_s", float, limits.METASTORE_SESSION_TTL_S,
+            "a node's metadata session (its registration) outlives it so long: the failure detection time; "
+            "the same on every node of a cluster", "METASTORE_SESSION_TTL_S",
+            3 * limits.METASTORE_HEARTBEAT_INTERVAL_S, 60.0),
+    Setting("timeouts.rpc_s", float, limits.RPC_TIMEOUT_S, "a call between nodes", "RPC_TIMEOUT_S", 0.5, 300.0),
+    Setting("timeouts.append_s", float, limits.APPEND_TIMEOUT_S,
+            "PutRecords answers Unavailable when its records are not committed within this", "APPEND_TIMEOUT_S",
+            0.5, 300.0),
+    Setting("timeouts.metadata_read_s", float, limits.METADATA_READ_WAIT_S,
+            "a call waits so long for the metadata store, then answers Unavailable (default: the session TTL)",
+            "METADATA_READ_WAIT_S", 0.5, 300.0),
+    Setting("timeouts.repartition_s", float, limits.REPARTITION_WAIT_S,
+            "a repartition returns, or times out, within this", "REPARTITION_WAIT_S", 5.0, 3600.0),
+    Setting("timeouts.node_stop_s", float, limits.NODE_STOP_TIMEOUT_S,
+            "a stopping node is killed after this", "NODE_STOP_TIMEOUT_S", 1.0, 600.0),
+    Setting("ingestion.pending_records_max", int, limits.INGEST_PENDING_RECORDS_MAX,
+            "records queued per partition before PutRecords is throttled", "INGEST_PENDING_RECORDS_MAX",
+            limits.PUT_RECORDS_COUNT_MAX, 10_000_000),
+    Setting("retention.check_interval_s", float, limits.RETENTION_CHECK_INTERVAL_S,
+            "nodes apply retention this often", "RETENTION_CHECK_INTERVAL_S", 0.1, 3600.0),
+    Setting("metrics.scrape_timeout_s", float, limits.METRICS_SCRAPE_TIMEOUT_S,
+            "a metrics scrape reads the node's state within this", "METRICS_SCRAPE_TIMEOUT_S", 0.1, 60.0),
+    Setting("node.listen", str, "", "the client port, HOST:PORT (--listen wins)"),
+    Setting("node.cluster_listen", str, "", "the cluster port of a TLS node, HOST:PORT (--cluster-listen wins)"),
+    Setting("node.metrics_listen", str, "", "/metrics, HOST:PORT (--metrics-listen wins)"),
+    Setting("log.level", str, "INFO", "DEBUG, INFO, WARNING or ERROR", choices=logs.LEVELS),
+    Setting("log.format", str, "text", "text or json", choices=logs.FORMATS),
+    Setting("log.file", str, "", "a file to log to, rotated (default: standard error)"),
+    Setting("log.file_bytes_max", int, limits.LOG_FILE_BYTES_MAX, "a log file is rotated at this size",
+            "LOG_FILE_BYTES_MAX", 64 * 1024, 100 * GiB),
+    Setting("log.file_backups", int, limits.LOG_FILE_BACKUPS, "old log files kept", "LOG_FILE_BACKUPS", 0, 1000),
+)
+BY_KEY = {s.key: s for s in SETTINGS}
+_LOG_ENV = {"log.level": logs.ENV_LEVEL, "log.format": logs.ENV_FORMAT, "log.file": logs.ENV_FILE}
+
+
+@dataclass(frozen=True)
+class Value:
+    setting: Setting
+    value: Any
+    source: str                   # "default", "FILE", "$SMS_...", "--flag"
+
+
+def _check(setting: Setting, raw: Any, source: str) -> Any:
+    where = f"{setting.key} = {raw!r} (from {source})"
+    kind = setting.kind
+    if isinstance(raw, str) and kind is not str:      # (the environment's values are text)
+        try:
+            raw = kind(raw.strip().replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"{where}: expected {'an integer' if kind is int else 'a number'}") from None
+    if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
+        raw = float(raw)
+    if not isinstance(raw, kind) or isinstance(raw, bool):
+        raise ConfigError(f"{where}: expected {kind.__name__}")
+    if kind is str:
+        raw = raw.strip()
+        if setting.choices:
+            match = next((c for c in setting.choices if c.lower() == raw.lower()), None)
+            if match is None:
+                raise ConfigError(f"{where}: expected one of {', '.join(setting.choices)}")
+            raw = match
+        elif setting.key.endswith("listen") and raw and not _address_ok(raw):
+            raise ConfigError(f"{where}: expected HOST:PORT")
+        return raw
+    if (setting.lo is not None and raw < setting.lo) or (setting.hi is not None and raw > setting.hi):
+        bounds = f"{setting.lo:.0f}..{setting.hi:.0f}" if kind is int else f"{setting.lo:g}..{setting.hi:g}"
+        raise ConfigError(f"{where}: expected {bounds}")
+    return raw
+
+
+def load(path: str | None = None, env=None, flags: dict[str, str] | None = None) -> dict[str, Value]:
+    """Every setting's value in force, and its source; raises ConfigError."""
+    env = os.environ if env is None else env
+    path = path if path is not None else env.get(ENV_CONFIG, "")
+    out = {s.key: Value(s, s.default, "default") for s in SETTINGS}
+    if path:
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except OSError as e:
+            raise ConfigError(f"cannot read the configuration {path!r}: {e.strerror or e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        for section, table in doc.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"{path}: {section!r} is not a [section]; sections: "
+                                  f"{', '.join(sorted({k.split('.')[0] for k in BY_KEY}))}")
+            for name, raw in table.items():
+                setting = BY_KEY.get(f"{section}.{name}")
+                if setting is None:
+                    known = sorted(k for k in BY_KEY if k.startswith(section + "."))
+                    raise ConfigError(f"{path}: unknown setting {section}.{name}"
+                                      + (f"; [{section}] has {', '.join(known)}" if known else
+                                         f"; sections: {', '.join(sorted({k.split('.')[0] for k in BY_KEY}))}"))
+                out[setting.key] = Value(setting, _check(setting, raw, path), path)
+    for setting in SETTINGS:
+        names = [setting.env] + ([_LOG_ENV[setting.key]] if setting.key in _LOG_ENV else [])
+        for name in names:
+            if env.get(name, "").strip():
+                out[setting.key] = Value(setting, _check(setting, env[name], f"${name}"), f"${name}")
+                break
+    for key, (flag, raw) in (flags or {}).items():
+        if raw:
+            out[key] = Value(BY_KEY[key], _check(BY_KEY[key], raw, flag), flag)
+    ttl = out["metastore.session_ttl_s"]
+    if ttl.source != "default" and out["timeouts.metadata_read_s"].source == "default":
+        out["timeouts.metadata_read_s"] = Value(BY_KEY["timeouts.metadata_read_s"], ttl.value,
+                                                f"metastore.session_ttl_s ({ttl.source})")
+    return out
+
+
+def apply(values: dict[str, Value]) -> None:
+    """Set the sms/limits.py constants in force (at a process's start, before the node's
+    modules use them), and the log settings' environment (node/logs.py reads it)."""
+    for v in values.values():
+        if v.setting.limit:
+            setattr(limits, v.setting.limit, v.value)
+    ttl = values["metastore.session_ttl_s"].value
+    limits.CLIENT_LEADER_WAIT_S = 4 * ttl              # (derived in sms/limits.py)
+    for key, name in _LOG_ENV.items():
+        if values[key].source != "default":
+            os.environ[name] = str(values[key].value)
+
+
+def show(values: dict[str, Value]) -> list[dict]:
+    """What `sms config show` prints: each setting, its value, where it came from."""
+    return [{"key": v.setting.key, "value": v.value, "source": v.source, "env": v.setting.env,
+             "limit": v.setting.limit, "help": v.setting.help} for v in values.values()]
