@@ -321,6 +321,12 @@ def run(args) -> int:
         raise SystemExit(f"sms serve: {e}") from None
     listen = values["node.listen"].value or "127.0.0.1:0"
     roles = parse_roles(args.roles)
+    if "storage" in roles:      # the data directory's format first: a newer one is refused untouched
+        from storage import dataformat
+        try:
+            dataformat.open_dir(os.path.join(args.data_dir, "storage"))
+        except dataformat.DataFormatError as e:
+            raise SystemExit(f"sms serve: {e.name}: {e}") from None
     # SIGUSR2 writes every thread's stack to the log, SIGUSR1 every asyncio task's (serve()):
     # what a launcher sends a node that did not stop in time, so its log says where it hung
     faulthandler.register(signal.SIGUSR2, all_threads=True)
