@@ -4,7 +4,8 @@
 # FUSE 3 (fusermount3 and the libfuse3 library that the `mfusepy` package loads: the
 # failing disk of tests/integration/test_fsync_failure.py), and iptables and iproute2
 # (tests/netfault/ builds test hosts of network namespaces and cuts them with iptables;
-# those trials run as root only).
+# those trials run as root only), and Chromium with its driver (the web console's
+# browser tests drive a real headless Chromium; they skip without it).
 # Needs root (or sudo) and apt-get; elsewhere it says what to install and goes on,
 # and the ZooKeeper (and FUSE) tests skip with a message.
 set -euo pipefail
@@ -14,6 +15,8 @@ command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 [ ${#need[@]} -eq 0 ] && exit 0
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: please install ${need[*]} (no apt-get here); ZooKeeper tests will skip" >&2
