@@ -1,10 +1,13 @@
+# PYTHON_ARGCOMPLETE_OK  (argcomplete: `sms` completes its commands and options; see `sms completion`)
 """The `sms` command: run a local cluster or a node, administer streams, put and read.
 
 Human-readable output by default, `--json` for scripts. Client commands find the
 cluster from `--address`, else $SMS_ADDRESS, else DIR/cluster.json of `sms up`
 (`--data-dir`, default ./sms-data), and first check that something accepts a connection
 there (CLI_CONNECT_TIMEOUT_S). Named errors print as `error: Name: message` and exit 1;
-usage errors exit 2; Ctrl-C exits 130.
+usage errors exit 2; Ctrl-C exits 130. Long work (a repartition, a put from stdin, a read)
+shows its progress on stderr when that is a terminal (`_progress`), never on stdout.
+`sms completion SHELL` prints the shell code of argcomplete's completion.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+
+import argcomplete
 
 from sms import errors, limits, security
 from sms.aio import TENANT_LIMITS
@@ -87,6 +93,27 @@ def _emit(args, obj, human: str) -> None:
     print(json.dumps(obj, indent=2, default=str) if args.json else human)
 
 
+@contextlib.contextmanager
+def _progress(first: str, *, stdout_too: bool = False) -> Iterator[Callable[[str], None] | None]:
+    """A line of progress on long work (a spinner, `first` then what `update(text)` says,
+    the time elapsed), drawn with rich on stderr and erased at the end; only when stderr is
+    a terminal (rich's test: FORCE_COLOR and TTY_COMPATIBLE count too), so scripts, pipes
+    and logs see exactly what they did without it. Yields `update`, or None when nothing is
+    shown. Nothing goes to stdout. `stdout_too`: the command prints to stdout meanwhile,
+    so the line is shown only when stdout is not a terminal (records on the screen are
+    progress enough, and would tear the line)."""
+    from rich.console import Console
+    console = Console(stderr=True)
+    if not console.is_terminal or (stdout_too and sys.stdout.isatty()):
+        yield None
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True, redirect_stdout=False, redirect_stderr=False) as bar:
+        task = bar.add_task(first)
+        yield lambda text: bar.update(task, description=text)
+
+
 # --- cluster ---------------------------------------------------------------------------
 
 def _port_busy(host: str, port: int) -> bool:
@@ -111,6 +138,13 @@ def cmd_up(args) -> int:
     host = "127.0.0.1"                      # (LocalCluster's default host)
     if args.port and _port_busy(host, args.port):
         raise _port_busy_exit(f"{host}:{args.port}")
+    if args.config:             # (checked here, then every node reads it: node/config.py)
+        from node import config
+        try:
+            config.load(args.config)
+        except config.ConfigError as e:
+            raise SystemExit(f"error: {e}") from None
+        os.environ[config.ENV_CONFIG] = os.path.abspath(args.config)
     cluster = LocalCluster(args.data_dir, nodes=args.nodes, port=args.port, metastore=args.metastore,
                            controls=args.controls, tls=not args.insecure, ca_dir=args.ca_dir, host=host)
     stop = threading.Event()
@@ -131,13 +165,10 @@ def cmd_up(args) -> int:
               f"(the sms command and sms.Client.from_cluster_file use both)", flush=True)
     print(f"data: {cluster.data_dir} ({args.nodes} storage nodes, {args.controls} control; metadata in "
           f"{cluster.metastore}); Ctrl-C stops", flush=True)
-    reported: set[str] = set()
     try:
-        while not stop.wait(0.5):
-            for node_id, code in cluster.exited().items():
-                if node_id not in reported:
-                    print(f"node {node_id} exited with {code}", file=sys.stderr, flush=True)
-                    reported.add(node_id)
+        while not stop.wait(limits.NODE_SUPERVISE_POLL_S):
+            for line in cluster.supervise(stopping=stop.is_set):      # a node that died starts again
+                print(line, file=sys.stderr, flush=True)
     finally:
         cluster.stop()
         print("stopped", flush=True)
@@ -449,11 +480,13 @@ def cmd_stream(args) -> int:
             _emit(args, {"deleted": args.name}, f"deleted {args.name}")
         elif args.stream_cmd == "repartition":
             if args.split is not None:
-                info = client.split(args.name, args.split, args.at_hash)
+                op, call = "split", lambda: client.split(args.name, args.split, args.at_hash)
             elif args.merge is not None:
-                info = client.merge(args.name, *args.merge)
+                op, call = "merge", lambda: client.merge(args.name, *args.merge)
             else:
-                info = client.scale(args.name, args.scale)
+                op, call = "scale", lambda: client.scale(args.name, args.scale)
+            with _progress(f"{op} {args.name}: requested") as shown:
+                info = call() if shown is None else _repartition_shown(client, args.name, op, call, shown)
             d = _describe(info)
             _emit(args, d, _describe_text(d))
         elif args.stream_cmd == "update":
@@ -466,10 +499,57 @@ def cmd_stream(args) -> int:
                                         read_bytes_per_s=args.read_bytes_per_s)
             d = _describe(info)
             _emit(args, d, _describe_text(d))
+        elif args.stream_cmd in ("export", "import"):
+            from node import backup
+            what = f"{args.stream_cmd} {args.name}"
+            with _progress(f"{what}: starting") as shown:
+                progress = None if shown is None else (lambda n: shown(f"{what}: {n:,} records"))
+                if args.stream_cmd == "export":
+                    doc = client._run(backup.export_stream(client._aio, args.name, args.dir, progress))
+                    out = {"stream": args.name, "dir": args.dir, "records": doc["records"],
+                           "partitions": len(doc["partitions"])}
+                    text = f"exported {doc['records']} records of {len(doc['partitions'])} partitions to {args.dir}"
+                else:
+                    out = client._run(backup.import_stream(client._aio, args.dir, args.name, progress))
+                    text = f"imported {out['records']} records into {args.name} ({out['partitions']} partitions)"
+            _emit(args, out, text)
         elif args.stream_cmd == "trim":
             client.trim_stream(args.name, before_sn=args.before_sn, before_time_ms=args.before_time_ms)
             _emit(args, {"trimmed": args.name}, f"trim of {args.name} requested; replicas delete in the background")
     return 0
+
+
+REPARTITION_PHASE_POLL_S = 0.5      # how often a repartition shown in progress reads the stream's phase
+
+
+def _repartition_shown(client, name: str, op: str, call: Callable, shown: Callable[[str], None]):
+    """`call()` (a repartition, which returns once done) in a thread of its own, while
+    this one shows the phase of the stream's repartition under way (control/phases.py)."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["info"] = call()
+        except BaseException as e:        # (raised again below, in the command's thread)
+            outcome["error"] = e
+
+    worker = threading.Thread(target=run, name="repartition", daemon=True)
+    worker.start()
+    while True:
+        worker.join(REPARTITION_PHASE_POLL_S)
+        if not worker.is_alive():
+            break
+        try:
+            state = client.get_stream_info(name).repartition or {}
+        except errors.SmsError:
+            continue
+        phase = state.get("phase", "")
+        if phase and not state.get("done"):
+            steps = f", {state['steps_done']} steps done" if state.get("steps_done") else ""
+            shown(f"{op} {name}: {phase.lower()}{steps}")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["info"]
 
 
 # --- put / read ------------------------------------------------------------------------
@@ -481,7 +561,8 @@ def cmd_put(args) -> int:
                                          f"random key per record)")
     lines = args.data if args.data else (line.rstrip("\n") for line in sys.stdin)
     results, failed = [], 0
-    with _client(args) as client:
+    with _client(args) as client, \
+            _progress(f"put {args.stream}: reading stdin") if not args.data else contextlib.nullcontext() as shown:
         batch: list = []
 
         def flush() -> None:
@@ -494,6 +575,8 @@ def cmd_put(args) -> int:
                 results.append({"partition_id": r.partition_id, "sequence_number": r.sequence_number}
                                if r.ok else {"error": r.error_name, "message": r.error_message})
             batch.clear()
+            if shown:
+                shown(f"put {args.stream}: {len(results):,} records sent" + (f", {failed:,} failed" if failed else ""))
 
         headers = _parse_headers(args.header)
         for line in lines:
@@ -569,7 +652,7 @@ def cmd_read(args) -> int:
         return _read_group(args)
     if args.partition == "all":
         return _read_lineage(args)
-    with _client(args) as client:
+    with _client(args) as client, _reading(args) as count:
         ordinals = [parse_partition_id(args.partition)]
         iterators = {o: client.get_iterator(args.stream, o, args.iterator_type, sequence_number=args.sequence_number,
                                             timestamp_ms=args.timestamp_ms) for o in ordinals}
@@ -586,6 +669,7 @@ def cmd_read(args) -> int:
                 for r in res.records:
                     _print_record(args, r)
                 shown += len(res.records)
+                count(shown)
                 idle = idle and not res.records
                 if res.next_iterator is None:
                     del iterators[o]
@@ -594,6 +678,15 @@ def cmd_read(args) -> int:
             if idle and not args.follow:
                 break
     return 0
+
+
+@contextlib.contextmanager
+def _reading(args) -> Iterator[Callable[[int], None]]:
+    """`sms read` without --follow: yields count(records read so far), shown in progress
+    (see `_progress`) when stdout is not a terminal."""
+    progress = _progress(f"read {args.stream}", stdout_too=True) if not args.follow else contextlib.nullcontext()
+    with progress as shown:
+        yield (lambda n: shown(f"read {args.stream}: {n:,} records")) if shown else (lambda n: None)
 
 
 def _read_group(args) -> int:
@@ -607,7 +700,8 @@ def _read_group(args) -> int:
     if kind == "AT_TIMESTAMP":
         options["timestamp_ms"] = args.timestamp_ms
     shown = 0
-    with _client(args) as client, client.consumer(args.stream, args.group, **options) as consumer:
+    with _client(args) as client, client.consumer(args.stream, args.group, **options) as consumer, \
+            _reading(args) as count:
         while args.max is None or shown < args.max:
             batch = consumer.poll(None if args.follow else limits.CLI_GROUP_READ_IDLE_S)
             if batch is None:
@@ -616,6 +710,7 @@ def _read_group(args) -> int:
             for r in taken:
                 _print_record(args, r)
             shown += len(taken)
+            count(shown)
             if args.max is not None:        # (only what was shown counts as processed)
                 consumer.checkpoint(batch if len(taken) == len(batch.records)
                                     else dataclasses.replace(batch, records=taken))
@@ -644,7 +739,7 @@ def _read_lineage(args) -> int:
     from sms import aio
     address = _address(args)
 
-    async def read() -> None:
+    async def read(count: Callable[[int], None]) -> None:
         # asyncio: Ctrl-C cancels this task, so the read's generator is closed where it
         # runs (the sync client's generator, interrupted in another thread, could not be)
         shown = 0
@@ -655,10 +750,12 @@ def _read_lineage(args) -> int:
                     continue
                 _print_record(args, r)
                 shown += 1
+                count(shown)
                 if args.max is not None and shown >= args.max:
                     break
 
-    asyncio.run(read())
+    with _reading(args) as count:
+        asyncio.run(read(count))
     return 0
 
 
@@ -758,6 +855,33 @@ def _demo(args, data_dir: str) -> int:
     return 0 if ok else 1
 
 
+# --- configuration ---------------------------------------------------------------------
+
+def cmd_config(args) -> int:
+    """`sms config show`: every setting a node started here would have, and its source."""
+    from node import config
+    try:
+        values = config.load(args.config)
+    except config.ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+    rows = config.show(values)
+    width = max(len(r["key"]) for r in rows)
+    lines = [f"{r['key']:<{width}}  {r['value']!r:<24} {r['source']}" for r in rows]
+    _emit(args, rows, "\n".join(lines))
+    return 0
+
+
+# --- shell completion ------------------------------------------------------------------
+
+COMPLETION_SHELLS = ("bash", "zsh", "fish")
+
+
+def cmd_completion(args) -> int:
+    """argcomplete's shell code for `sms` (what `register-python-argcomplete sms` prints)."""
+    print(argcomplete.shellcode(["sms"], shell=args.shell), end="")
+    return 0
+
+
 # --- parser ----------------------------------------------------------------------------
 
 def _version() -> str:
@@ -801,8 +925,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_VersionAction, help="print the version of the sms-sps package and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    up = sub.add_parser("up", parents=[common], help="run a local multi-process cluster")
-    up.add_argument("--nodes", type=int, default=3)
+    up = sub.add_parser("up", parents=[common], help="run a local multi-process cluster",
+                        description="Run a control process and storage nodes on this machine until Ctrl-C or "
+                                    "SIGTERM. A node that dies is started again (at most "
+                                    f"{limits.NODE_RESTARTS_MAX} times in {limits.NODE_RESTART_WINDOW_S:g} s), "
+                                    "with a line on stderr.")
+    up.add_argument("--nodes", type=int, default=3, help="storage nodes to run (default 3)")
     up.add_argument("--port", type=int, default=DEFAULT_PORT,
                     help=f"client port of the control node (default {DEFAULT_PORT}; 0: any free port)")
     up.add_argument("--controls", type=int, default=1, help="control processes (more than one elect a leader)")
@@ -811,15 +939,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="plaintext, no certificates (local experiments only; TLS is the default)")
     up.add_argument("--ca-dir", help="the CA that issues the node certificates (default: $SMS_CA_DIR, else "
                                      "DIR/tls/ca, created when missing)")
+    up.add_argument("--config", help="a TOML file of settings every node reads (docs/operations.md, "
+                                     "\"Configuration\")")
     up.set_defaults(func=cmd_up)
 
     serve = sub.add_parser("serve", help="run one node process")
-    serve.add_argument("--node-id", required=True)
-    serve.add_argument("--roles", default="storage,ingestion,retrieval")
+    serve.add_argument("--node-id", required=True, help="this node's id in the cluster (e.g. n1)")
+    serve.add_argument("--roles", default="storage,ingestion,retrieval",
+                       help="comma-separated: control, storage, ingestion, retrieval "
+                            "(default storage,ingestion,retrieval)")
     serve.add_argument("--metastore", required=True,
                        help="zk://host:port[,host:port...]/prefix, or embedded:///path/meta.lmdb (one host only)")
-    serve.add_argument("--data-dir", required=True)
-    serve.add_argument("--listen", default="127.0.0.1:0", help="the client port, HOST:PORT (0: any free port)")
+    serve.add_argument("--data-dir", required=True, help="this node's LMDB data directory")
+    serve.add_argument("--listen", help="the client port, HOST:PORT (0: any free port; default: the configuration's "
+                                        "node.listen, else 127.0.0.1:0)")
+    serve.add_argument("--config", help="a TOML file of settings (default: $SMS_CONFIG; docs/operations.md, "
+                                        "\"Configuration\")")
     serve.add_argument("--cluster-listen", help="the cluster port of a TLS node (default: the --listen host, "
                                                 "any free port)")
     serve.add_argument("--ca-file", help="the cluster CA's certificate (PEM)")
@@ -831,7 +966,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "--insecure)")
     serve.add_argument("--bootstrap-token-file", help="a file holding the token of the cluster's first admin "
                                                       "key, created once in the cluster's life (`sms up` sets it)")
-    serve.add_argument("--ready-file")
+    serve.add_argument("--ready-file", help="a JSON file written once the node serves: its addresses "
+                                            "(`sms up` waits for it)")
     serve.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process dies")
     serve.add_argument("--exit-with-pid", type=int, default=0, help="stop when process PID is gone")
     serve.add_argument("--session-file", help=argparse.SUPPRESS)   # fault tests: expose the ZooKeeper session
@@ -839,49 +975,66 @@ def build_parser() -> argparse.ArgumentParser:
 
     stream = sub.add_parser("stream", help="create, describe, list or delete streams")
     ssub = stream.add_subparsers(dest="stream_cmd", required=True)
-    c = ssub.add_parser("create", parents=[common])
-    c.add_argument("name")
-    c.add_argument("--partitions", type=int, default=1)
-    c.add_argument("--replication-factor", "--rf", type=int, default=1)
-    c.add_argument("--persistence", default="disk", choices=["disk", "disk_async", "memory"])
-    c.add_argument("--ingestion-policy", default="at_least_once_no_dup")
+    c = ssub.add_parser("create", parents=[common], help="a new stream: partitions, replication, persistence")
+    c.add_argument("name", help="the stream's name")
+    c.add_argument("--partitions", type=int, default=1, help="partitions to begin with (default 1)")
+    c.add_argument("--replication-factor", "--rf", type=int, default=1,
+                   help="replicas of each partition, one per storage node in its chain (default 1)")
+    c.add_argument("--persistence", default="disk", choices=["disk", "disk_async", "memory"],
+                   help="disk: fsynced per batch (default); disk_async: written per batch, flushed by the "
+                        "OS; memory: lost when a node restarts")
+    c.add_argument("--ingestion-policy", default="at_least_once_no_dup",
+                   help="at_least_once_no_dup (default: a retried write is stored once), "
+                        "at_least_once_dup_permitted or best_effort")
     c.add_argument("--retention-hours", type=int, default=0,
                    help=f"how long records are kept (default {limits.RETENTION_HOURS_DEFAULT}, or the tenant's "
                         "retention cap when shorter)")
-    c.add_argument("--dedup-window-s", type=int, default=limits.DEDUP_WINDOW_MS_DEFAULT // 1000)
+    c.add_argument("--dedup-window-s", type=int, default=limits.DEDUP_WINDOW_MS_DEFAULT // 1000,
+                   help="how long a retried write is recognised as a duplicate, seconds "
+                        f"(default {limits.DEDUP_WINDOW_MS_DEFAULT // 1000})")
     c.add_argument("--min-in-sync", type=int, default=1, metavar="N",
                    help="refuse new records (NotEnoughReplicas, retried) while a partition's chain has fewer "
                         "than N members (1..replication factor; default 1)")
-    for name in ("describe", "delete"):
-        s = ssub.add_parser(name, parents=[common])
-        s.add_argument("name")
-    ssub.add_parser("list", parents=[common])
+    for name, text in (("describe", "a stream's partitions, hash ranges, chains and lineage"),
+                       ("delete", "delete a stream and its records")):
+        s = ssub.add_parser(name, parents=[common], help=text)
+        s.add_argument("name", help="the stream's name")
+    ssub.add_parser("list", parents=[common], help="the names of the streams")
     r = ssub.add_parser("repartition", parents=[common], help="split, merge or scale a stream while it runs")
-    r.add_argument("name")
+    r.add_argument("name", help="the stream's name")
     how = r.add_mutually_exclusive_group(required=True)
     how.add_argument("--split", metavar="PARTITION", help="split this partition (e.g. p0001 or 1)")
     how.add_argument("--merge", nargs=2, metavar="PARTITION", help="merge two adjacent partitions")
     how.add_argument("--scale", type=int, metavar="N", help="split and merge toward N even partitions")
     r.add_argument("--at-hash", help="split point: the first hash key of the upper child (default: the middle)")
     u = ssub.add_parser("update", parents=[common], help="change retention, protection or auto-splitting")
-    u.add_argument("name")
-    u.add_argument("--retention-hours", type=int)
-    u.add_argument("--retention-s", type=int)
-    u.add_argument("--protect-unread", choices=["true", "false"])
+    u.add_argument("name", help="the stream's name")
+    u.add_argument("--retention-hours", type=int, help="how long records are kept, hours")
+    u.add_argument("--retention-s", type=int, help="how long records are kept, seconds")
+    u.add_argument("--protect-unread", choices=["true", "false"],
+                   help="true: retention keeps records its consumer groups have not read yet")
     u.add_argument("--auto-split-rate", type=int, help="records/s per partition that triggers a split (0: off)")
-    u.add_argument("--auto-split-period-s", type=int)
+    u.add_argument("--auto-split-period-s", type=int,
+                   help="seconds a partition must stay above --auto-split-rate before it splits")
     u.add_argument("--write-records-per-s", type=int, help="write limit per partition, records/s (0: none)")
     u.add_argument("--write-bytes-per-s", type=int, help="write limit per partition, bytes/s (0: none)")
     u.add_argument("--read-bytes-per-s", type=int, help="read limit per partition, bytes/s (0: none)")
+    ex = ssub.add_parser("export", parents=[common],
+                         help="write a stream's records and lineage to a directory of Parquet files (a backup)")
+    ex.add_argument("name", help="the stream's name")
+    ex.add_argument("dir", help="a new or empty directory")
+    im = ssub.add_parser("import", parents=[common], help="create a new stream from an export's directory")
+    im.add_argument("dir", help="the directory `sms stream export` wrote")
+    im.add_argument("name", help="the new stream's name (it must not exist)")
     t = ssub.add_parser("trim", parents=[common], help="delete old records now")
-    t.add_argument("name")
+    t.add_argument("name", help="the stream's name")
     t.add_argument("--before-sn", help="records of this SN's partition before it")
     t.add_argument("--before-time-ms", type=int, help="records of every partition older than this")
     stream.set_defaults(func=cmd_stream)
 
     put = sub.add_parser("put", parents=[common], help="put records from arguments or stdin lines")
-    put.add_argument("stream")
-    put.add_argument("data", nargs="*")
+    put.add_argument("stream", help="the stream's name")
+    put.add_argument("data", nargs="*", help="one record each (none: one record per line of stdin)")
     put.add_argument("--key", help=f"partition key, {limits.PARTITION_KEY_CHARS_MIN}..{limits.PARTITION_KEY_CHARS_MAX} "
                                    "characters (default: a random key per record)")
     put.add_argument("--header", action="append", metavar="NAME=VALUE",
@@ -895,13 +1048,14 @@ def build_parser() -> argparse.ArgumentParser:
                                       "not valid UTF-8 comes in base64 as \"data_b64\" instead of \"data\" "
                                       "(header values: \"headers_b64\" instead of \"headers\"). Ctrl-C stops, "
                                       "with exit code 130.")
-    read.add_argument("stream")
-    read.add_argument("--partition", default="all")
+    read.add_argument("stream", help="the stream's name")
+    read.add_argument("--partition", default="all",
+                      help="one partition (e.g. p0001 or 1); default all, walking the lineage")
     read.add_argument("--from", dest="iterator_type", default="TRIM_HORIZON",
                       help="TRIM_HORIZON, LATEST, AT_SEQUENCE_NUMBER, AFTER_SEQUENCE_NUMBER or AT_TIMESTAMP")
-    read.add_argument("--sequence-number")
-    read.add_argument("--timestamp-ms", type=int)
-    read.add_argument("--max", type=int)
+    read.add_argument("--sequence-number", help="the SN for --from AT_SEQUENCE_NUMBER or AFTER_SEQUENCE_NUMBER")
+    read.add_argument("--timestamp-ms", type=int, help="the time for --from AT_TIMESTAMP, ms since the epoch")
+    read.add_argument("--max", type=int, help="stop after this many records")
     read.add_argument("--follow", action="store_true", help="keep tailing, until Ctrl-C (exit code 130)")
     read.add_argument("--skip-trimmed", action="store_true",
                       help="records deleted (retention, a trim) before they were read: go on from the oldest left "
@@ -942,23 +1096,24 @@ def build_parser() -> argparse.ArgumentParser:
     key = sub.add_parser("key", help="credentials: keys with a role (admin, producer, consumer)")
     ksub = key.add_subparsers(dest="key_cmd", required=True)
     kc = ksub.add_parser("create", parents=[common], help="a new key; its token is printed this once")
-    kc.add_argument("--role", required=True, choices=["admin", "producer", "consumer"])
+    kc.add_argument("--role", required=True, choices=["admin", "producer", "consumer"],
+                    help="admin: everything; producer: write; consumer: read")
     kc.add_argument("--stream", action="append", default=[], help="limit the key to this stream (repeat)")
     kc.add_argument("--name", default="", help="what the key is for")
     kc.add_argument("--tenant", default="", help="the key's tenant (default: the caller's own)")
     ksub.add_parser("list", parents=[common], help="every key: id, role, streams, name (never a secret)")
     kr = ksub.add_parser("revoke", parents=[common], help="delete a key: its token stops working within a second")
-    kr.add_argument("key_id")
+    kr.add_argument("key_id", help="the key's id, as `sms key list` shows it")
     key.set_defaults(func=cmd_key)
 
     tenant = sub.add_parser("tenant", help="tenants: each sees only its own streams, under its own names")
     tsub = tenant.add_subparsers(dest="tenant_cmd", required=True)
     tc = tsub.add_parser("create", parents=[common], help="a new tenant (then: sms key create --tenant NAME)")
-    tc.add_argument("name")
+    tc.add_argument("name", help="the tenant's name ([a-z0-9-])")
     tsub.add_parser("list", parents=[common], help="every tenant, with its limits")
     tu = tsub.add_parser("update", parents=[common], help="a tenant's limits: throughput over all its partitions, "
                                                           "and caps on what it holds (0 removes one)")
-    tu.add_argument("name")
+    tu.add_argument("name", help="the tenant's name")
     tu.add_argument("--write-records-per-s", type=int, help="records/s written over all its partitions")
     tu.add_argument("--write-bytes-per-s", type=int, help="bytes/s written over all its partitions")
     tu.add_argument("--read-bytes-per-s", type=int, help="bytes/s read over all its partitions")
@@ -967,21 +1122,21 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--retention-hours-max", type=int,
                     help="hours its records may be kept (its streams' retention, and unread records protected)")
     td = tsub.add_parser("delete", parents=[common], help="delete a tenant without streams, and its keys")
-    td.add_argument("name")
+    td.add_argument("name", help="the tenant's name")
     tenant.set_defaults(func=cmd_tenant)
 
     consumer = sub.add_parser("consumer", help="consumer groups: members, checkpoints, lag; move or delete a group")
     gsub = consumer.add_subparsers(dest="consumer_cmd", required=True)
     gl = gsub.add_parser("list", parents=[common], help="a stream's consumer groups and registered consumers")
-    gl.add_argument("stream")
+    gl.add_argument("stream", help="the stream's name")
     for name, text in (("describe", "a group's members, and per partition its owner, checkpoint and lag"),
                        ("delete", "delete a group (its checkpoints; it no longer protects unread records)")):
         g = gsub.add_parser(name, parents=[common], help=text)
-        g.add_argument("stream")
-        g.add_argument("group")
+        g.add_argument("stream", help="the stream's name")
+        g.add_argument("group", help="the consumer group's name")
     gr = gsub.add_parser("reset", parents=[common], help="move a group's checkpoints (running members follow)")
-    gr.add_argument("stream")
-    gr.add_argument("group")
+    gr.add_argument("stream", help="the stream's name")
+    gr.add_argument("group", help="the consumer group's name")
     where = gr.add_mutually_exclusive_group()
     where.add_argument("--to", choices=["TRIM_HORIZON", "LATEST"],
                        help="the oldest record kept, or the end of each partition now (default TRIM_HORIZON)")
@@ -994,7 +1149,7 @@ def build_parser() -> argparse.ArgumentParser:
     csub = certs.add_subparsers(dest="certs_cmd", required=True)
     ci = csub.add_parser("init", help="create a CA: DIR/ca.pem (give it to clients) and DIR/ca.key (keep it safe)")
     ci.add_argument("--dir", required=True, help="where the CA goes")
-    ci.add_argument("--days", type=int, default=3650)
+    ci.add_argument("--days", type=int, default=3650, help="how long the CA certificate is valid (default 3650)")
     ci.add_argument("--json", action="store_true", help="machine-readable output")
     cs = csub.add_parser("issue", help="a node's or a client's certificate and key, signed by the CA")
     cs.add_argument("--ca-dir", required=True, help="the CA's directory (`sms certs init --dir`)")
@@ -1004,7 +1159,7 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--host", action="append", default=[],
                     help="a name or address clients reach the node at (repeat; localhost is always in)")
     cs.add_argument("--out", default=".", help="directory for NAME.pem and NAME.key (default .)")
-    cs.add_argument("--days", type=int, default=825)
+    cs.add_argument("--days", type=int, default=825, help="how long the certificate is valid (default 825)")
     cs.add_argument("--json", action="store_true", help="machine-readable output")
     cr = csub.add_parser("revoke", parents=[common],
                          help="no cluster port serves this certificate any more (a node key that leaked)")
@@ -1017,15 +1172,35 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=cmd_status)
 
     demo = sub.add_parser("demo", parents=[common], help="start a cluster, put and read records, stop")
-    demo.add_argument("--nodes", type=int, default=3)
-    demo.add_argument("--records", type=int, default=20_000)
+    demo.add_argument("--nodes", type=int, default=3, help="storage nodes to run (default 3)")
+    demo.add_argument("--records", type=int, default=20_000, help="records to put and read back (default 20000)")
     demo.add_argument("--keep", action="store_true", help="use --data-dir instead of a temp dir")
     demo.set_defaults(func=cmd_demo)
+
+    conf = sub.add_parser("config", help="the settings a node reads (TOML file, environment) and their sources")
+    csub2 = conf.add_subparsers(dest="config_cmd", required=True)
+    cshow = csub2.add_parser("show", help="every setting in force here, and where its value came from")
+    cshow.add_argument("--config", help="a TOML file of settings (default: $SMS_CONFIG)")
+    cshow.add_argument("--json", action="store_true", help="JSON output: key, value, source, env, limit, help")
+    conf.set_defaults(func=cmd_config)
+
+    completion = sub.add_parser(
+        "completion", help="shell code that completes sms commands and options (argcomplete)",
+        description="Print the shell code that completes sms commands and options. In ~/.bashrc: "
+                    'eval "$(sms completion bash)"; in ~/.zshrc (after compinit): eval "$(sms completion zsh)"; '
+                    "in ~/.config/fish/config.fish: sms completion fish | source")
+    completion.add_argument("shell", choices=COMPLETION_SHELLS, help="the shell to complete in")
+    completion.set_defaults(func=cmd_completion)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if argv is None:
+        # under the shell's completion hook ($_ARGCOMPLETE set) this prints the candidates and
+        # exits; otherwise it returns at once
+        argcomplete.autocomplete(parser)
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except errors.SmsError as e:

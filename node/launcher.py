@@ -7,11 +7,15 @@ Each node keeps its LMDB data under DIR/<node_id>, so a restart
 with the same directory finds its streams again. Children stop by themselves when the
 launcher dies (`--exit-with-parent`), and `stop()` sends SIGTERM, then SIGKILL after
 NODE_STOP_TIMEOUT_S.
+`sms up` calls `supervise()` every NODE_SUPERVISE_POLL_S: a node that exited without
+being stopped here is started again (same id, data directory and, for a control node,
+client address), at most NODE_RESTARTS_MAX times within NODE_RESTART_WINDOW_S.
 Tests use `LocalCluster` directly to kill, pause and restart nodes.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -20,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from node import logs
@@ -69,6 +74,13 @@ class LocalCluster:
             self.procs[f"control{i}"] = NodeProcess(f"control{i}", "control", f"{host}:0")
         for i in range(1, nodes + 1):
             self.procs[f"n{i}"] = NodeProcess(f"n{i}", STORAGE_ROLES, f"{host}:0")
+        # supervision (`supervise()`): nodes stopped on purpose are held down; a restarted
+        # node is starting until its ready file appears; each node's recent restart times
+        self.clock = time.monotonic
+        self._held_down: set[str] = set()
+        self._starting: dict[str, float] = {}       # node id -> when it was spawned (clock)
+        self._restarts: dict[str, collections.deque[float]] = {}
+        self._given_up: set[str] = set()
 
     @property
     def address(self) -> str:
@@ -127,6 +139,9 @@ class LocalCluster:
 
     def spawn(self, node_id: str) -> None:
         node = self.procs[node_id]
+        self._held_down.discard(node_id)       # (supervised again, also once given up: started by hand)
+        self._given_up.discard(node_id)
+        self._starting.pop(node_id, None)
         ready, logfile = self._paths(node_id)
         os.makedirs(os.path.dirname(ready), exist_ok=True)
         os.makedirs(os.path.dirname(logfile), exist_ok=True)
@@ -163,21 +178,30 @@ class LocalCluster:
         while pending:
             for node_id in list(pending):
                 node = self.procs[node_id]
-                ready, logfile = self._paths(node_id)
+                _, logfile = self._paths(node_id)
                 if node.proc.poll() is not None:
                     raise RuntimeError(f"node {node_id} exited with {node.proc.returncode}; see {logfile} and "
                                        f"{_out_file(logfile)}:\n" + _tail(logfile) + _tail(_out_file(logfile)))
-                if os.path.exists(ready):
-                    with open(ready) as f:
-                        facts = json.load(f)
-                    node.address = facts["address"]
-                    node.cluster_address = facts.get("cluster_address", "")
-                    node.metrics_address = facts.get("metrics_address", "")
+                if self._take_ready(node_id):
                     pending.remove(node_id)
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"nodes {pending} not ready after {timeout_s}s")
             if pending:
                 time.sleep(0.05)
+
+    def _take_ready(self, node_id: str) -> bool:
+        """Whether the node has written its ready file (atomically, node/server.py); if so,
+        its addresses are taken from it."""
+        ready, _ = self._paths(node_id)
+        if not os.path.exists(ready):
+            return False
+        with open(ready) as f:
+            facts = json.load(f)
+        node = self.procs[node_id]
+        node.address = facts["address"]
+        node.cluster_address = facts.get("cluster_address", "")
+        node.metrics_address = facts.get("metrics_address", "")
+        return True
 
     def start(self) -> "LocalCluster":
         os.makedirs(self.data_dir, exist_ok=True)
@@ -191,19 +215,85 @@ class LocalCluster:
         self._write_cluster_json()
         return self
 
-    def _write_cluster_json(self) -> None:
+    def _write_cluster_json(self, keep_added: bool = False) -> None:
+        """DIR/cluster.json: the address, credentials and nodes. With `keep_added`, the
+        nodes that `sms node add` appended to it (started by another process) stay."""
+        path = os.path.join(self.data_dir, "cluster.json")
+        nodes = [{"node_id": n.node_id, "roles": n.roles, "pid": n.pid, "address": n.address,
+                  "metrics_address": n.metrics_address} for n in self.procs.values()]
+        if keep_added:
+            try:
+                with open(path) as f:
+                    nodes += [n for n in json.load(f)["nodes"] if n["node_id"] not in self.procs]
+            except (OSError, ValueError, KeyError):
+                pass
         info = {"address": self.address, "ca_file": self.ca_file, "token": self.admin_token,
                 "launcher_pid": os.getpid(),
                 "metastore": self.metastore,
-                "nodes": [{"node_id": n.node_id, "roles": n.roles, "pid": n.pid, "address": n.address,
-                           "metrics_address": n.metrics_address} for n in self.procs.values()]}
-        _write_json(os.path.join(self.data_dir, "cluster.json"), info)
+                "nodes": nodes}
+        _write_json(path, info)
+
+    def supervise(self, stopping: Callable[[], bool] = lambda: False) -> list[str]:
+        """One round of `sms up`'s supervision (called every NODE_SUPERVISE_POLL_S): start
+        again each node that exited without being stopped here (`stop`, `kill`, `restart`
+        hold a node down), at most NODE_RESTARTS_MAX times per node within
+        NODE_RESTART_WINDOW_S, after which it stays down. Does not wait for a restarted
+        node: a later round sees its ready file and rewrites cluster.json. Returns one line
+        per event for the operator; `stopping()` true skips restarts (the launcher is
+        stopping, and its nodes may be exiting of the same Ctrl-C)."""
+        lines: list[str] = []
+        ready = False
+        for node_id, node in self.procs.items():
+            if node.proc is None or node_id in self._held_down or node_id in self._given_up:
+                continue
+            code = node.proc.poll()
+            if node_id in self._starting and code is None:
+                if self._take_ready(node_id):
+                    del self._starting[node_id]
+                    ready = True
+                elif self.clock() - self._starting[node_id] > limits.NODE_START_TIMEOUT_S:
+                    node.proc.kill()        # hung while starting: counts as a death in the next round
+                    node.proc.wait()
+                continue
+            if code is None or stopping():
+                continue
+            self._starting.pop(node_id, None)
+            lines.append(self._restart_dead(node_id, code))
+        if ready:
+            self._write_cluster_json(keep_added=True)
+        return lines
+
+    def _restart_dead(self, node_id: str, code: int) -> str:
+        """Start again a node that exited with `code` (negative: the signal), within its
+        restart budget; the operator's line about it."""
+        node = self.procs[node_id]
+        now = self.clock()
+        recent = self._restarts.setdefault(node_id, collections.deque())
+        while recent and now - recent[0] > limits.NODE_RESTART_WINDOW_S:
+            recent.popleft()
+        _, logfile = self._paths(node_id)
+        how = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        died = f"node {node_id} (pid {node.pid}) {how}"
+        window = f"in the last {limits.NODE_RESTART_WINDOW_S:g} s"
+        if len(recent) >= limits.NODE_RESTARTS_MAX:
+            self._given_up.add(node_id)
+            return (f"{died}; it stays down: restarted {len(recent)} times {window} (see {logfile} and "
+                    f"{_out_file(logfile)})")
+        recent.append(now)
+        try:
+            self.spawn(node_id)
+        except OSError as e:            # (its log directory or certificate unwritable, say)
+            self._given_up.add(node_id)
+            return f"{died}; it stays down: it could not be started again: {e}"
+        self._starting[node_id] = now
+        return f"{died}; restarting ({len(recent)} of {limits.NODE_RESTARTS_MAX} {window})"
 
     def signal(self, node_id: str, sig: int) -> None:
         self.procs[node_id].proc.send_signal(sig)
 
     def kill(self, node_id: str) -> None:
         node = self.procs[node_id]
+        self._held_down.add(node_id)
         node.proc.kill()
         node.proc.wait()
 
@@ -216,6 +306,7 @@ class LocalCluster:
         self._write_cluster_json()
 
     def _stop_one(self, node: NodeProcess) -> None:
+        self._held_down.add(node.node_id)
         if node.proc is None or node.proc.poll() is not None:
             return
         try:
@@ -235,6 +326,7 @@ class LocalCluster:
         chain manager like failing nodes), SIGKILL what is left after the timeout."""
         order = ([n for n in self.procs.values() if n.roles == "control"]
                  + [n for n in self.procs.values() if n.roles != "control"])
+        self._held_down.update(self.procs)
         for node in order:
             if node.proc and node.proc.poll() is None:
                 node.proc.send_signal(signal.SIGCONT)
@@ -266,6 +358,13 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _out_file(logfile: str) -> str:

@@ -275,3 +275,9 @@ READ_THROTTLE_WAIT_S_MAX = 5.0                     # a read over its limit waits
 # --- the CLI ---
 CLI_CONNECT_TIMEOUT_S = 1.0                    # a client command first connects (TCP) to the cluster's address;
                                                # none accepting within this: "no cluster answers" (exit 1)
+
+# --- sms up's supervision ---
+NODE_RESTARTS_MAX = 5                          # `sms up` restarts a node that died at most this often ...
+NODE_RESTART_WINDOW_S = 300.0                  # ... within this window; past that it stays down (logged once)
+NODE_SUPERVISE_POLL_S = 0.5                    # `sms up` looks for nodes that exited this often
+assert NODE_SUPERVISE_POLL_S < NODE_START_TIMEOUT_S < NODE_RESTART_WINDOW_S

@@ -44,10 +44,10 @@ def _env() -> dict[str, str]:
 class Up:
     """A running `sms up`: its process and the lines it printed, read by a thread."""
 
-    def __init__(self, data_dir: str, nodes: int):
+    def __init__(self, data_dir: str, nodes: int, *extra: str):
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "node", "up", "--data-dir", data_dir, "--port", "0", "--nodes", str(nodes)],
+            [sys.executable, "-m", "node", "up", "--data-dir", data_dir, "--port", "0", "--nodes", str(nodes), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=_env(),
             cwd=data_dir)
         self.lines: queue.Queue[str | None] = queue.Queue()
