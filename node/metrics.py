@@ -17,8 +17,9 @@ import asyncio
 import logging
 import os
 import shutil
+import socket
 
-from prometheus_client import REGISTRY, Counter, start_http_server
+from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from sms import limits, seqno
@@ -173,17 +174,39 @@ class NodeCollector:
         return [members, wanted, learners, epoch]
 
 
-def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", key_file: str = ""):
-    """Start the HTTP(S) server of /metrics on `listen` (HOST:PORT, 0: any free port);
-    (the server, its address)."""
+def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", key_file: str = "", app=None):
+    """Start the node's HTTP(S) server on `listen` (HOST:PORT, 0: any free port): /metrics,
+    and every other path to `app` (a WSGI app: the web console on a control node; None:
+    404). Returns (the server, its address)."""
+    import ssl
+    import threading
+    from wsgiref.simple_server import make_server
+
+    from prometheus_client import make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+
+    metrics_app = make_wsgi_app(REGISTRY)
+
+    def dispatch(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics" or app is None:
+            return metrics_app(environ, start_response)
+        return app(environ, start_response)
+
     host, _, port = listen.rpartition(":")
     REGISTRY.register(collector)
     try:
-        server, _thread = start_http_server(int(port), addr=host, certfile=cert_file or None,
-                                            keyfile=key_file or None)
-    except (OSError, ValueError) as e:
+        class Server(ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        server = make_server(host, int(port), dispatch, Server, handler_class=_SilentHandler)
+        if cert_file and key_file:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(cert_file, key_file)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+    except (OSError, ValueError, ssl.SSLError) as e:
         REGISTRY.unregister(collector)
         raise SystemExit(f"sms serve: cannot serve metrics on {listen}: {e}") from None
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server, f"{host}:{server.server_port}"
 
 
