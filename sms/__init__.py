@@ -5,10 +5,17 @@ asyncio one; both discover the cluster from any node address. Errors a client ca
 are in `sms.errors`; domain types in `sms.types`.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sms.client import Client
+
 __all__ = ["Client"]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> type[Client]:
     if name == "Client":
         from sms.client import Client
         return Client

@@ -30,9 +30,9 @@ from __future__ import annotations
 import dataclasses
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
 from sms import errors, limits, wire
 from sms.limits import PRODUCER_DEDUP_WINDOW_MARGIN_S, PRODUCER_SESSION_WINDOW_MAX
@@ -50,7 +50,7 @@ class Outcome(Protocol):
 
     def done(self) -> bool: ...
     def cancelled(self) -> bool: ...
-    def set_result(self, result) -> None: ...
+    def set_result(self, result: ProducerResult) -> None: ...
     def set_exception(self, error: BaseException) -> None: ...
 
 
@@ -143,7 +143,7 @@ class Accumulator:
 
     def __init__(self, stream: str, producer_id: bytes, *, linger_s: float, max_pending_per_partition: int,
                  max_pending_bytes: int, retry_backoff_s: float, retry_backoff_max_s: float,
-                 delivery_timeout_s: float, clock_ms: Callable[[], int]):
+                 delivery_timeout_s: float, clock_ms: Callable[[], int]) -> None:
         self.stream = stream
         self.producer_id = producer_id
         self.linger_s = linger_s
@@ -195,16 +195,20 @@ class Accumulator:
 
     def partition(self, ordinal: int) -> PartitionInfo | None:
         try:
-            return self.info.partition(ordinal)
+            return self._info().partition(ordinal)
         except LookupError:
             return None
 
     def _target(self, record: PendingRecord) -> PartitionInfo | None:
         """The open partition a record of a closed session goes to now (by its hash)."""
         try:
-            return self.info.open_partition_for_hash(record.hash_key)
+            return self._info().open_partition_for_hash(record.hash_key)
         except LookupError:
             return None
+
+    def _info(self) -> StreamInfo:
+        """The map, once set_map() ran (the producer loads it before it adds a record)."""
+        return cast(StreamInfo, self.info)      # (None only before the first set_map())
 
     # --- adding records -------------------------------------------------------------------
     def room(self, hash_key: int, size: int, ordinal: int | None = None) -> Session | str:
@@ -213,11 +217,11 @@ class Accumulator:
         Raises Unavailable (and wants a map refresh) if no open partition covers the hash."""
         if ordinal is None:
             try:
-                ordinal = self.routes.partition_for(hash_key).ordinal
+                ordinal = cast(Routes, self.routes).partition_for(hash_key).ordinal   # (set with the map)
             except LookupError:
                 self.want_refresh()
                 raise errors.Unavailable(f"no open partition of {self.stream!r} covers hash key {hash_key} "
-                                         f"in map version {self.info.map_version}; retry") from None
+                                         f"in map version {self._info().map_version}; retry") from None
         session = self.sessions.get(ordinal)
         if session is None:
             session = self.sessions[ordinal] = Session(ordinal)
@@ -237,17 +241,18 @@ class Accumulator:
         errors.invariant(added == 1 and session.records.get(session.next_sssn - 1) is not None,
                          f"p{session.ordinal}: a record room() made room for was not added")
 
-    def add_many(self, prepared: list, start: int, outcome_of: Callable[[int], Outcome], now_s: float,
-                 pins: list | None = None) -> int:
+    def add_many(self, prepared: Sequence[tuple[bytes, bytes, int, bytes]], start: int,
+                 outcome_of: Callable[[int], Outcome], now_s: float,
+                 pins: Sequence[tuple[int, int]] | None = None) -> int:
         """add() for prepared[start:], (key, data, hash key, extra) each (and pins[i]:
         (session ordinal, SSSN) when pinned), as long as each has room without waiting;
         returns the index of the first record not added (len(prepared) if all were).
         Raises as room() does, with the records before added."""
-        window_s = self.info.dedup_window_s - limits.DEDUP_CLOCK_SKEW_MS_MAX / 1000 - PRODUCER_DEDUP_WINDOW_MARGIN_S
+        window_s = self._info().dedup_window_s - limits.DEDUP_CLOCK_SKEW_MS_MAX / 1000 - PRODUCER_DEDUP_WINDOW_MARGIN_S
         deadline_s = now_s + max(0.0, min(self.delivery_timeout_s, window_s))
         sessions, per_partition_max = self.sessions, self.max_pending_per_partition
         pending_bytes, bytes_max = self.pending_bytes, self.max_pending_bytes
-        routes = self.routes
+        routes = cast(Routes, self.routes)         # (set with the map, which add() needs)
         los, opened = routes.los, routes.partitions
         i, n = start, len(prepared)
         try:
@@ -260,7 +265,8 @@ class Accumulator:
                     if p is None or not p.hash_lo <= hash_key < p.hash_hi:
                         self.pending_bytes = pending_bytes
                         self.room(hash_key, size)          # raises Unavailable
-                    ordinal, sssn = p.ordinal, None
+                    # (p is None only where room() raised)
+                    ordinal, sssn = cast(PartitionInfo, p).ordinal, None
                 else:
                     ordinal, sssn = pins[i]
                 session = sessions.get(ordinal)
@@ -313,6 +319,7 @@ class Accumulator:
         outcome = record.outcome
         if error is None:
             self.totals["acked"] += 1
+            result = cast(ProducerResult, result)     # (given whenever `error` is not)
             self.totals["duplicates"] += result.duplicate
             if not outcome.cancelled():
                 outcome.set_result(result)
@@ -350,7 +357,8 @@ class Accumulator:
 
     # --- requests -------------------------------------------------------------------------
     def backoff_s(self, failures: int) -> float:
-        return min(self.retry_backoff_s * 2 ** min(max(failures - 1, 0), 16), self.retry_backoff_max_s)
+        factor: int = 2 ** min(max(failures - 1, 0), 16)
+        return min(self.retry_backoff_s * factor, self.retry_backoff_max_s)
 
     def poll(self, now_s: float) -> tuple[list[PutRequest], float]:
         """Expire records, fail those of partitions gone from the map, and build one request
@@ -513,10 +521,10 @@ class Accumulator:
         fresh = [r for r in items if r.entry is None]
         if fresh:
             self._encode(fresh)
-        entries = []
+        entries: list[bytes] = []
         for record in items:
             record.attempts += 1
-            entries.append(record.entry)
+            entries.append(cast(bytes, record.entry))     # (_encode() gave every record its entry)
         self.inflight[owner] = len(items)
         self.totals["requests"] += 1
         message = sms_pb2.PutRecordsRequest(stream=self.stream, count=len(items), entries=b"".join(entries),
@@ -591,7 +599,7 @@ class Accumulator:
             return
         failed = {e.index: e for e in response.errors}
         duplicates = set(response.duplicates)
-        answered: dict[int, tuple[int, list[PendingRecord]]] = {}   # ordinal -> (records in flight, to resend)
+        answered: dict[int, list[Any]] = {}   # ordinal -> [records in flight, [records to resend]]
         refresh = False
         throttled: set[int] = set()                 # partitions with a record answered Throttled
         sessions = self.sessions
@@ -629,7 +637,7 @@ class Accumulator:
                 session.urgent = True
                 session.not_before_s = 0.0
 
-    def _requeue(self, by_ordinal, *, refresh: bool, now_s: float) -> None:
+    def _requeue(self, by_ordinal: Mapping[int, Sequence[Any]], *, refresh: bool, now_s: float) -> None:
         """End a request's flight for each session; put retriable records back at the
         front of their queues (they are the lowest un-settled SSSNs), with a backoff."""
         for ordinal, (sent, again) in by_ordinal.items():
@@ -656,7 +664,7 @@ class Accumulator:
             self.want_refresh()
 
     # --- what it holds --------------------------------------------------------------------
-    def statistics(self) -> dict:
+    def statistics(self) -> dict[str, Any]:
         return {
             "pending": {o: len(s.records) for o, s in self.sessions.items()},
             "queued": {o: len(s.queue) for o, s in self.sessions.items()},
@@ -668,7 +676,7 @@ class Accumulator:
         }
 
 
-def _check_response(response, n: int) -> str:
+def _check_response(response: sms_pb2.PutRecordsResponse, n: int) -> str:
     """Why an answer to n records cannot be read; empty when it can."""
     if len(response.sequence_numbers) != wire.SN_BYTES * n or len(response.ordinals) != wire.ORDINAL.size * n:
         return (f"PutRecords answer with {len(response.sequence_numbers)} bytes of SNs and "

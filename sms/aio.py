@@ -16,7 +16,8 @@ import json
 import random
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
@@ -26,19 +27,25 @@ from sms.records import encode_put
 from sms.tokens import peek
 from sms.batch import RecordBatch
 from sms.consumer import GroupConsumer, GroupLeases
-from sms.types import (ClusterInfo, NodeLoad, GetRecordBatchResult, GetRecordsResult, IteratorType, PartitionInfo, PartitionState, PutRecordResult,
-                       PutRecordsResult, Record, Routes, StreamInfo, parse_partition_id, partition_id)
+from sms.tokens import Position
+from sms.types import (ClusterInfo, Headers, NodeLoad, GetRecordBatchResult, GetRecordsResult, IteratorType,
+                       PartitionInfo, PartitionState, PutRecordResult, PutRecordsResult, Record, RecordInput, Routes,
+                       StreamInfo, parse_partition_id, partition_id)
+
+if TYPE_CHECKING:
+    from sms.producer import Producer
 
 _REDIRECT_BACKOFF_S = 0.05
 
 
-def _encode_puts(records: Iterable) -> list[tuple[bytes, int]]:
+def _encode_puts(records: Iterable[RecordInput]) -> list[tuple[bytes, int]]:
     """(entry, hash key) per record, or the named error of the first bad one."""
     entries, hashes = wire.encode_puts(records, encode_put)
     return list(zip(entries, hashes))
 
 
-def _page(ordinal: int, slices, next_iterator: str, behind_ms: int, children) -> GetRecordsResult:
+def _page(ordinal: int, slices: Iterable[Any], next_iterator: str, behind_ms: int,
+          children: Iterable[str]) -> GetRecordsResult:
     """A page of a GetNextRecords answer or a Subscribe event, decoded into `Record`s."""
     records: list[Record] = []
     for s in slices:
@@ -47,8 +54,9 @@ def _page(ordinal: int, slices, next_iterator: str, behind_ms: int, children) ->
                             child_partitions=tuple(children))
 
 
-def _descendants_and(by: dict, ordinals: set[int]) -> set[int]:
-    out, todo = set(), list(ordinals)
+def _descendants_and(by: Mapping[int, PartitionInfo], ordinals: set[int]) -> set[int]:
+    out: set[int] = set()
+    todo = list(ordinals)
     while todo:
         o = todo.pop()
         if o in out:
@@ -62,11 +70,11 @@ def _descendants_and(by: dict, ordinals: set[int]) -> set[int]:
 TENANT_LIMITS = metadata.TenantConfig.LIMITS
 
 
-def _tenant_dict(pb: sms_pb2.TenantInfo) -> dict:
+def _tenant_dict(pb: sms_pb2.TenantInfo) -> dict[str, Any]:
     return {"name": pb.name, **{f: getattr(pb, f) for f in TENANT_LIMITS}}
 
 
-def _key_info(pb: sms_pb2.KeyInfo) -> dict:
+def _key_info(pb: sms_pb2.KeyInfo) -> dict[str, Any]:
     return {"key_id": pb.key_id, "tenant": pb.tenant, "role": pb.role, "streams": list(pb.streams), "name": pb.name,
             "created_ms": pb.created_ms}
 
@@ -80,10 +88,26 @@ class Client:
     `ca_file=""`, it speaks plaintext (a cluster started with `sms up --insecure`).
     `token`: the token of a key (`sms key create`; default $SMS_TOKEN), sent with every
     call over TLS, never over plaintext.
-    `Client.from_cluster_file(path)` takes all of it from `sms up`'s DIR/cluster.json."""
+    `Client.from_cluster_file(path)` takes all of it from `sms up`'s DIR/cluster.json.
+
+    Errors are `sms.errors` classes (`SmsError`). Besides those each method names, any
+    call may raise Unavailable (no node answered, or no control leader), Timeout,
+    TlsHandshakeFailed, Unauthenticated or PermissionDenied (the key's role or streams),
+    and Throttled (a tenant or stream limit)."""
 
     def __init__(self, address: str, *, timeout_s: float = limits.RPC_TIMEOUT_S, ca_file: str | None = None,
-                 cert_file: str | None = None, key_file: str | None = None, token: str | None = None):
+                 cert_file: str | None = None, key_file: str | None = None, token: str | None = None) -> None:
+        """A client of the nodes at `address`; no call is made until the first method.
+
+        Args:
+            address: "host:port[,host:port...]", any nodes of the cluster.
+            timeout_s: the deadline of each call.
+            ca_file, cert_file, key_file: TLS files (see the class docstring); None reads
+                $SMS_CA_FILE, $SMS_CERT_FILE, $SMS_KEY_FILE.
+            token: a key's token (None: $SMS_TOKEN), sent over TLS only.
+
+        Raises:
+            InvalidArgument: a TLS file that cannot be read."""
         self.address = address
         self.timeout_s = timeout_s
         self.tls = security.TlsConfig.resolve(ca_file, cert_file, key_file)
@@ -98,19 +122,27 @@ class Client:
         self._read_member: dict[tuple[str, int], int] = {}
 
     @classmethod
-    def from_cluster_file(cls, path: str, **kwargs) -> "Client":
+    def from_cluster_file(cls, path: str, **kwargs: Any) -> "Client":
         """A client of the cluster `sms up` runs: its DIR/cluster.json (or DIR) names the
-        address, the CA and the admin token."""
+        address, the CA and the admin token.
+
+        Args:
+            path: the cluster file, or the DIR that holds it.
+            **kwargs: `Client` options, over those the file gives.
+
+        Raises:
+            InvalidArgument: the file cannot be read, is not JSON or names no address."""
         address, options = security.cluster_file_options(path)
         return cls(address, **{**options, **kwargs})
 
     async def __aenter__(self) -> "Client":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:
+        """Close every channel this client opened. Idempotent; raises nothing."""
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
@@ -122,7 +154,8 @@ class Client:
             channel = self._channels[address] = rpc.aio_channel(address, self.tls)
         return channel
 
-    async def _call(self, address: str, stub_cls, method: str, request, timeout_s: float | None = None):
+    async def _call(self, address: str, stub_cls: Any, method: str, request: Any,
+                    timeout_s: float | None = None) -> Any:
         stub = stub_cls(self._channel(address))
         try:
             return await getattr(stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
@@ -135,9 +168,10 @@ class Client:
         """The producers' transport: one PutRecords, as built, to the ingestion node at
         `address`, with no routing and no retry (`sms.producer.Producer` decides those).
         Raises the call's named error (`SmsError`)."""
-        return await self._call(address, sms_pb2_grpc.IngestionStub, "PutRecords", request, timeout_s=timeout_s)
+        response: sms_pb2.PutRecordsResponse = await self._call(address, sms_pb2_grpc.IngestionStub, "PutRecords", request, timeout_s=timeout_s)
+        return response
 
-    async def _discovery_call(self, method: str, request, learn_cluster: bool = True):
+    async def _discovery_call(self, method: str, request: Any, learn_cluster: bool = True) -> Any:
         """A read-only Control call to the first node that answers: the addresses this
         client was given ("host:port[,host:port...]"), then every node it has seen (any
         node answers these). The first success also learns the cluster's nodes, so the
@@ -165,11 +199,13 @@ class Client:
         raise last or errors.Unavailable("no node answered")
 
     async def describe_cluster(self) -> ClusterInfo:
+        """The cluster's nodes (id, address, roles, metrics address) and its control
+        leader's address, from the first node that answers (and learnt for discovery)."""
         self._cluster = convert.cluster_from_pb(await self._discovery_call("DescribeCluster", sms_pb2.Empty(),
                                                                            learn_cluster=False))
         return self._cluster
 
-    async def _admin_call(self, method: str, request, timeout_s: float | None = None):
+    async def _admin_call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         """An admin call to the control leader; while leadership moves (the leader died,
         a standby takes over) it re-resolves the leader and retries, up to a deadline."""
         deadline = asyncio.get_running_loop().time() + limits.CLIENT_LEADER_WAIT_S
@@ -191,11 +227,25 @@ class Client:
                             retention_hours: int = 0,
                             dedup_window_s: int = limits.DEDUP_WINDOW_MS_DEFAULT // 1000,
                             min_in_sync: int = 1) -> StreamInfo:
-        """`retention_hours`: 0 takes the default (RETENTION_HOURS_DEFAULT, or the
-        tenant's retention cap when that is shorter).
-        `min_in_sync` (1..replication_factor): a partition takes new records only while its
-        chain has at least that many members; else they fail with the retriable
-        NotEnoughReplicas (docs/operations.md, "Minimum in-sync replicas")."""
+        """Create a stream and wait until it is ACTIVE; returns its map.
+
+        Args:
+            name: the stream's name.
+            partitions: how many partitions it starts with (even hash ranges).
+            replication_factor: the length of each partition's chain.
+            persistence: "disk", "disk_async" or "memory".
+            ingestion_policy: "at_least_once_no_dup", "at_least_once_dup_permitted" or
+                "best_effort".
+            retention_hours: 0 takes the default (RETENTION_HOURS_DEFAULT, or the
+                tenant's retention cap when that is shorter).
+            dedup_window_s: how long the ingestion owners remember a producer's records.
+            min_in_sync: (1..replication_factor) a partition takes new records only while
+                its chain has at least that many members; else they fail with the
+                retriable NotEnoughReplicas (docs/operations.md, "Minimum in-sync replicas").
+
+        Raises:
+            StreamAlreadyExists, InvalidStreamName, InvalidStreamConfig, NotEnoughNodes,
+            TooManyPartitions, TenantLimitExceeded."""
         if isinstance(min_in_sync, bool) or not isinstance(min_in_sync, int) or min_in_sync < 1:
             # (0 on the wire means "the default"; a caller's 0 or -1 is a mistake)
             raise errors.InvalidStreamConfig(f"min_in_sync {min_in_sync!r}; expected 1..{replication_factor} "
@@ -211,33 +261,51 @@ class Client:
 
     # --- credentials (admin keys only; docs/security.md) --------------------------------
     async def create_key(self, role: str, *, streams: Iterable[str] = (), name: str = "",
-                         tenant: str = "") -> tuple[dict, str]:
+                         tenant: str = "") -> tuple[dict[str, Any], str]:
         """A new key of `role` ("admin", "producer" or "consumer"), limited to `streams`
         when given, of the caller's tenant or (an admin of the default tenant) of
-        `tenant`: (its description, its token). The token is shown this once."""
+        `tenant`: (its description, its token). The token is shown this once.
+
+        Args:
+            role: "admin", "producer" or "consumer".
+            streams: the streams it may use (empty: all of its tenant's).
+            name: a label for operators.
+            tenant: the tenant it belongs to ("": the caller's).
+
+        Raises:
+            InvalidArgument (an unknown role), TenantNotFound, PermissionDenied."""
         pb = await self._admin_call("CreateKey", sms_pb2.CreateKeyRequest(role=role, streams=list(streams), name=name,
                                                                           tenant=tenant))
         return _key_info(pb.key), pb.token
 
     async def create_tenant(self, name: str) -> None:
-        """A tenant: its keys see only its streams, under their own names (admins of the
-        default tenant only)."""
+        """Create a tenant: its keys see only its streams, under their own names (admins
+        of the default tenant only).
+
+        Raises:
+            InvalidArgument (a bad name, or one that exists), PermissionDenied."""
         await self._admin_call("CreateTenant", sms_pb2.TenantRequest(name=name))
 
     async def list_tenants(self) -> list[str]:
+        """The names of every tenant. Raises PermissionDenied for a non-admin key."""
         return list((await self._admin_call("ListTenants", sms_pb2.Empty())).names)
 
-    async def describe_tenants(self) -> list[dict]:
+    async def describe_tenants(self) -> list[dict[str, Any]]:
         """Every tenant with its limits (0: none): throughput over all its partitions
         (write_records_per_s, write_bytes_per_s, read_bytes_per_s) and caps on what it
-        holds (streams_max, partitions_max, retention_hours_max)."""
+        holds (streams_max, partitions_max, retention_hours_max). Raises
+        PermissionDenied for a non-admin key."""
         return [_tenant_dict(t) for t in (await self._admin_call("ListTenants", sms_pb2.Empty())).tenants]
 
-    async def update_tenant(self, name: str, **limits: int | None) -> dict:
+    async def update_tenant(self, name: str, **limits: int | None) -> dict[str, Any]:
         """Change a tenant's limits (`describe_tenants` names them; None: unchanged, 0
         removes one). Each live node takes an even share of a throughput limit; a write
-        over it gets Throttled and a read waits. A change past a cap gets
-        TenantLimitExceeded; a lower retention cap shortens its streams' retention."""
+        over it gets Throttled and a read waits. A lower retention cap shortens its
+        streams' retention. Returns the tenant with its limits now.
+
+        Raises:
+            TypeError: a limit that is not one of TENANT_LIMITS.
+            TenantNotFound, TenantLimitExceeded (a change past a cap), InvalidArgument."""
         request = sms_pb2.UpdateTenantRequest(name=name, write_records_per_s=-1, write_bytes_per_s=-1)
         for field, value in limits.items():
             if field not in TENANT_LIMITS:
@@ -248,34 +316,60 @@ class Client:
 
     async def revoke_certificate(self, certificate: str, reason: str = "") -> str:
         """Revoke a certificate, given as its serial in hex or as a PEM file's path: no
-        cluster port serves it from about REVOCATION_REFRESH_S on. Its serial, in hex."""
+        cluster port serves it from about REVOCATION_REFRESH_S on. Returns its serial,
+        in hex.
+
+        Raises:
+            InvalidArgument: neither a serial nor a readable certificate."""
         serial = security.cert_serial(certificate)
         await self._admin_call("RevokeCertificate", sms_pb2.RevokeCertificateRequest(serial=serial, reason=reason))
         return serial
 
-    async def list_revoked_certificates(self) -> list[dict]:
+    async def list_revoked_certificates(self) -> list[dict[str, Any]]:
+        """Every revoked certificate: {serial, revoked_ms, reason}."""
         pb = await self._admin_call("ListRevokedCertificates", sms_pb2.Empty())
         return [{"serial": c.serial, "revoked_ms": c.revoked_ms, "reason": c.reason} for c in pb.certificates]
 
     async def delete_tenant(self, name: str) -> None:
-        """Refused while it has streams; its keys go with it."""
+        """Delete a tenant; its keys go with it.
+
+        Raises:
+            TenantNotFound, FailedPrecondition (it still has streams)."""
         await self._admin_call("DeleteTenant", sms_pb2.TenantRequest(name=name))
 
-    async def list_keys(self) -> list[dict]:
+    async def list_keys(self) -> list[dict[str, Any]]:
+        """Every key the caller may see: {key_id, tenant, role, streams, name, created_ms}
+        (never a token)."""
         return [_key_info(k) for k in (await self._admin_call("ListKeys", sms_pb2.Empty())).keys]
 
     async def revoke_key(self, key_id: str) -> None:
-        """Every node refuses the key's token within a second (KEY_CACHE_TTL_S)."""
+        """Revoke a key: every node refuses its token within a second (KEY_CACHE_TTL_S).
+
+        Raises:
+            KeyNotFound."""
         await self._admin_call("RevokeKey", sms_pb2.RevokeKeyRequest(key_id=key_id))
 
     async def delete_stream(self, name: str) -> None:
+        """Delete a stream and every record of it. Raises StreamNotFound."""
         await self._admin_call("DeleteStream", sms_pb2.DeleteStreamRequest(name=name))
         self._streams.pop(name, None)
 
     async def repartition_stream(self, name: str, op: str, *, partitions: Iterable[int | str] = (),
                                  at_hash: int | str | None = None, target_partitions: int = 0) -> StreamInfo:
         """split / merge / scale a stream while it runs; returns the stream once the new map
-        is committed (for scale, the last of its steps). See `split`, `merge`, `scale`."""
+        is committed (for scale, the last of its steps). See `split`, `merge`, `scale`.
+
+        Args:
+            name: the stream.
+            op: "split", "merge" or "scale".
+            partitions: the partition (split) or two partitions (merge), ids or ordinals.
+            at_hash: where a split cuts (its middle by default).
+            target_partitions: how many even ranges a scale makes.
+
+        Raises:
+            StreamNotFound, PartitionNotFound, PartitionNotOpen, PartitionsNotAdjacent,
+            InvalidSplitPoint, RepartitionInProgress, TooManyPartitions, RescaleTooSoon,
+            InvalidArgument."""
         ordinals = [p if isinstance(p, int) else parse_partition_id(p) for p in partitions]
         req = sms_pb2.RepartitionStreamRequest(name=name, op=op, partitions=ordinals,
                                                at_hash="" if at_hash is None else str(at_hash),
@@ -287,15 +381,18 @@ class Client:
         return info
 
     async def split(self, name: str, partition: int | str, at_hash: int | str | None = None) -> StreamInfo:
-        """Split an open partition at `at_hash` (its middle by default) into two children."""
+        """Split an open partition at `at_hash` (its middle by default) into two children;
+        returns the new map. Raises as `repartition_stream`."""
         return await self.repartition_stream(name, "split", partitions=[partition], at_hash=at_hash)
 
     async def merge(self, name: str, partition_a: int | str, partition_b: int | str) -> StreamInfo:
-        """Merge two open partitions with adjacent hash ranges into one child."""
+        """Merge two open partitions with adjacent hash ranges into one child; returns the
+        new map. Raises as `repartition_stream`."""
         return await self.repartition_stream(name, "merge", partitions=[partition_a, partition_b])
 
     async def scale(self, name: str, target_partitions: int) -> StreamInfo:
-        """Split and merge toward `target_partitions` even hash ranges."""
+        """Split and merge toward `target_partitions` even hash ranges; returns the map
+        after the last step. Raises as `repartition_stream`."""
         return await self.repartition_stream(name, "scale", target_partitions=target_partitions)
 
     async def update_stream(self, name: str, *, retention_hours: int | None = None, retention_s: int | None = None,
@@ -306,7 +403,11 @@ class Client:
         per-partition limits while it runs. A limit of 0 removes it: writes over
         `write_records_per_s` or `write_bytes_per_s` get `Throttled` (retriable, with the
         wait in its message; producers back off by themselves); reads over
-        `read_bytes_per_s` are slowed down."""
+        `read_bytes_per_s` are slowed down. None leaves a setting as it is. Returns the
+        stream's map with the change.
+
+        Raises:
+            StreamNotFound, InvalidStreamConfig, TenantLimitExceeded."""
         req = sms_pb2.UpdateStreamRequest(
             name=name, retention_hours=retention_hours or 0, retention_s=retention_s or 0,
             protect_unread="" if protect_unread is None else ("true" if protect_unread else "false"),
@@ -320,12 +421,19 @@ class Client:
         return info
 
     async def update_retention(self, name: str, *, hours: int | None = None, seconds: int | None = None) -> StreamInfo:
+        """`update_stream` of the retention only, in hours or seconds; returns the map.
+
+        Raises:
+            StreamNotFound, InvalidStreamConfig, TenantLimitExceeded."""
         return await self.update_stream(name, retention_hours=hours, retention_s=seconds)
 
     async def trim_stream(self, name: str, *, before_sn: int | str | None = None,
                           before_time_ms: int | None = None) -> None:
         """Delete records before an SN (of its partition) or older than a time (every
-        partition), on every replica, in the background."""
+        partition), on every replica, in the background.
+
+        Raises:
+            StreamNotFound, InvalidSequenceNumber, InvalidArgument (neither or both given)."""
         await self._admin_call("TrimStream", sms_pb2.TrimStreamRequest(
             name=name, before_sn="" if before_sn is None else str(before_sn), before_ms=before_time_ms or 0))
 
@@ -338,25 +446,36 @@ class Client:
         """Empty a storage node before removing it: its replicas move to the other nodes
         while writes go on (each chain keeps its replication factor throughout), and
         nothing new is placed on it. Returns at once; `list_nodes` shows the progress.
-        `undo=True` stops draining."""
+        `undo=True` stops draining. Returns every node's load, as `list_nodes`.
+
+        Raises:
+            NodeNotFound, NotEnoughNodes (no other node can take its replicas)."""
         return convert.node_loads_from_pb(await self._admin_call(
             "DrainNode", sms_pb2.DrainNodeRequest(node_id=node_id, undo=undo)))
 
     # --- consumer groups (sms/consumer.py) ------------------------------------------------
-    def consumer(self, stream: str, group: str, **options) -> GroupConsumer:
+    def consumer(self, stream: str, group: str, **options: Any) -> GroupConsumer:
         """A member of the consumer group `group` of `stream`: `async with` it and iterate
         for ConsumerBatch-es. Options: member_id, start (TRIM_HORIZON, LATEST or
         AT_TIMESTAMP with timestamp_ms) for partitions the group has not read yet,
-        auto_checkpoint (True), failover_s, max_records, wait_ms, skip_trimmed (False)."""
+        auto_checkpoint (True), failover_s, max_records, wait_ms, skip_trimmed (False).
+
+        Raises:
+            InvalidArgument: a bad option (the stream is checked when it is opened:
+                StreamNotFound)."""
         return GroupConsumer(self, stream, group, **options)
 
     async def list_groups(self, stream: str) -> list[str]:
+        """The names of the stream's consumer groups. Raises StreamNotFound."""
         return list((await self._discovery_call("ListGroups", sms_pb2.ListGroupsRequest(stream=stream))).groups)
 
-    async def describe_group(self, stream: str, group: str) -> dict:
+    async def describe_group(self, stream: str, group: str) -> dict[str, Any]:
         """The group's members and, per partition of its lease table, the owner, the
         checkpoint, records processed under the lease, and how far the checkpoint is
-        behind the partition's last committed record (ms; 0 at its end)."""
+        behind the partition's last committed record (ms; 0 at its end).
+
+        Raises:
+            GroupNotFound, StreamNotFound."""
         state = await GroupLeases(self, stream, group).state()
         if not state.leases and not state.members:
             raise errors.GroupNotFound(f"stream {stream!r} has no consumer group {group!r}")
@@ -392,7 +511,10 @@ class Client:
         partition id -> SN; partitions not named from TRIM_HORIZON). LATEST is the end of
         each partition now, as Kafka's --to-latest: what is written after the reset is
         read. Running members lose their leases at their next write and resume from the
-        new checkpoints."""
+        new checkpoints.
+
+        Raises:
+            StreamNotFound, GroupNotFound, InvalidArgument, InvalidSequenceNumber."""
         if to == "LATEST" and not sequence_numbers:
             sequence_numbers = {}
             for p in (await self.get_stream_info(stream)).partitions:
@@ -405,29 +527,41 @@ class Client:
             sequence_numbers={k: str(v) for k, v in (sequence_numbers or {}).items()}))
 
     async def delete_group(self, stream: str, group: str) -> None:
+        """Delete a consumer group: its leases, checkpoints and members. Raises
+        GroupNotFound, StreamNotFound."""
         await self._discovery_call("DeleteGroup", sms_pb2.GroupRequest(stream=stream, group=group))
 
     async def register_consumer(self, stream: str, consumer: str) -> None:
         """Register a consumer: while the stream protects unread records, nothing it has not
-        checkpointed past is trimmed."""
+        checkpointed past is trimmed. Raises StreamNotFound."""
         await self.checkpoint_consumer(stream, consumer, {})
 
-    async def checkpoint_consumer(self, stream: str, consumer: str, checkpoints: dict) -> None:
+    async def checkpoint_consumer(self, stream: str, consumer: str,
+                                  checkpoints: Mapping[int, int | str] | Mapping[str, int | str]) -> None:
         """Record, per partition (ordinal or id), the SN of the last record processed, or
-        "SHARD_END" once a closed partition is read to its end."""
+        "SHARD_END" once a closed partition is read to its end.
+
+        Raises:
+            StreamNotFound, PartitionNotFound (a bad partition id), InvalidSequenceNumber."""
         pb = {(p if isinstance(p, int) else parse_partition_id(p)): str(sn) for p, sn in checkpoints.items()}
         await self._admin_call("UpdateConsumer", sms_pb2.UpdateConsumerRequest(
             stream=stream, consumer=consumer, checkpoints=pb))
 
     async def deregister_consumer(self, stream: str, consumer: str) -> None:
+        """Forget a registered consumer: its unread records no longer hold retention back.
+        Raises StreamNotFound."""
         await self._admin_call("UpdateConsumer", sms_pb2.UpdateConsumerRequest(
             stream=stream, consumer=consumer, remove=True))
 
     async def list_streams(self) -> list[str]:
+        """The names of the streams the caller may see."""
         pb = await self._discovery_call("ListStreams", sms_pb2.Empty())
         return list(pb.names)
 
     async def get_stream_info(self, name: str, *, refresh: bool = True) -> StreamInfo:
+        """The stream's map: status, settings and partitions with their chains.
+        `refresh=False` answers from this client's cache when it holds the stream.
+        Raises StreamNotFound."""
         if not refresh and name in self._streams:
             return self._streams[name]
         pb = await self._discovery_call("DescribeStream", sms_pb2.DescribeStreamRequest(name=name))
@@ -438,18 +572,42 @@ class Client:
     # --- writes -------------------------------------------------------------------------
     async def put_record(self, stream: str, data: bytes, partition_key: str, *,
                          explicit_hash_key: int | str | None = None,
-                         headers: Mapping[str, bytes | str] | None = None) -> PutRecordResult:
+                         headers: Headers | None = None) -> PutRecordResult:
         """Store one record (with optional headers: name -> bytes, read back as
-        `Record.headers`); returns its result or raises its named error."""
-        record = (partition_key, data, explicit_hash_key, headers) if headers else (partition_key, data, explicit_hash_key)
+        `Record.headers`); returns its result or raises its named error.
+
+        Args:
+            stream: the stream.
+            data: the record's bytes (at most RECORD_DATA_BYTES_MAX).
+            partition_key: routes the record (its MD5), 1..256 characters.
+            explicit_hash_key: routes it instead of the key's hash (0..2^128-1).
+            headers: name -> bytes or str.
+
+        Raises:
+            InvalidPartitionKey, InvalidHashKey, RecordTooLarge, InvalidRecordHeader,
+            InvalidArgument (data that is not bytes), StreamNotFound, and the record's
+            own error (e.g. Throttled, NotEnoughReplicas, Unavailable) after retries."""
+        record: RecordInput = ((partition_key, data, explicit_hash_key, headers) if headers
+                               else (partition_key, data, explicit_hash_key))
         result = (await self.put_records(stream, [record])).records[0]
         if not result.ok:
             raise errors.from_name(result.error_name, result.error_message)
         return result
 
-    async def put_records(self, stream: str, records: Iterable) -> PutRecordsResult:
+    async def put_records(self, stream: str, records: Iterable[RecordInput]) -> PutRecordsResult:
         """Store 1..500 records; one result per record, in order. A failed record does
-        not fail the others; routing errors are retried transparently."""
+        not fail the others (its result names the error); routing errors are retried
+        transparently.
+
+        Args:
+            stream: the stream.
+            records: (partition_key, data[, explicit_hash_key[, headers]]) tuples or
+                dicts with those names.
+
+        Raises:
+            RequestTooLarge (count or bytes), InvalidArgument (a record of another
+            shape), InvalidPartitionKey, InvalidHashKey, RecordTooLarge,
+            InvalidRecordHeader, StreamNotFound."""
         encoded = _encode_puts(records)
         if not 1 <= len(encoded) <= limits.PUT_RECORDS_COUNT_MAX:
             raise errors.RequestTooLarge(f"{len(encoded)} records; expected 1..{limits.PUT_RECORDS_COUNT_MAX}")
@@ -476,8 +634,8 @@ class Client:
             outcomes = await asyncio.gather(*(self._put_group(stream, address, idx, encoded)
                                               for address, idx in groups.items()))
             retry = []
-            for group in outcomes:
-                for i, result in group:
+            for answers in outcomes:
+                for i, result in answers:
                     err = errors.registry().get(result.error_name)
                     if result.ok or err is None or not err.retriable or attempt == limits.CLIENT_REDIRECT_RETRIES_MAX:
                         results[i] = result
@@ -488,9 +646,10 @@ class Client:
             todo = retry
             await asyncio.sleep(_REDIRECT_BACKOFF_S * (attempt + 1))
             info = await self.get_stream_info(stream)
-        return PutRecordsResult(tuple(results))
+        return PutRecordsResult(tuple(cast(list[PutRecordResult], results)))   # (every index is set by now)
 
-    async def _put_group(self, stream: str, address: str, indexes: list[int], encoded) -> list:
+    async def _put_group(self, stream: str, address: str, indexes: list[int],
+                         encoded: list[tuple[bytes, int]]) -> list[tuple[int, PutRecordResult]]:
         if not address:
             err = errors.Unavailable("no ingestion owner for the partition yet")
             return [(i, PutRecordResult(error_name=err.name, error_message=err.message)) for i in indexes]
@@ -503,7 +662,7 @@ class Client:
                 raise
             return [(i, PutRecordResult(error_name=e.name, error_message=e.message)) for i in indexes]
         failed = {e.index: e for e in resp.errors}
-        out = []
+        out: list[tuple[int, PutRecordResult]] = []
         sns, ordinals = wire.decode_put_results(resp.sequence_numbers, resp.ordinals, len(indexes))
         for j, i in enumerate(indexes):
             if j in failed:
@@ -530,7 +689,7 @@ class Client:
             self._read_member[key] = random.randrange(len(members))
         return members[self._read_member[key] % len(members)].address
 
-    def _position(self, iterator: str):
+    def _position(self, iterator: str) -> Position:
         """Where an iterator points, its stream as this client names it: on a secure
         cluster a tenant's stream is stored, and named in its tokens, as tenant~name
         (docs/security.md), and its clients know it by the name alone."""
@@ -543,7 +702,8 @@ class Client:
         key = (stream, ordinal)
         self._read_member[key] = self._read_member.get(key, 0) + 1
 
-    async def _read_call(self, stream: str, ordinal: int, method: str, request, timeout_s: float | None = None):
+    async def _read_call(self, stream: str, ordinal: int, method: str, request: Any,
+                         timeout_s: float | None = None) -> Any:
         """Send a retrieval call to a replica of the partition, failing over along the chain."""
         last: errors.SmsError | None = None
         for attempt in range(limits.CLIENT_UNAVAILABLE_RETRIES_MAX):
@@ -561,7 +721,7 @@ class Client:
     async def subscribe(self, stream: str, partition_id: str | int, iterator_type: str | IteratorType = "LATEST", *,
                         sequence_number: str | int | None = None, timestamp_ms: int | None = None,
                         max_records: int = limits.SUBSCRIBE_RECORDS_MAX_DEFAULT, iterator: str | None = None,
-                        skip_trimmed: bool = False):
+                        skip_trimmed: bool = False) -> AsyncGenerator[GetRecordsResult, None]:
         """Push reads of one partition (Kinesis's SubscribeToShard): an async iterator of
         pages (`GetRecordsResult`) as records commit, from the position the iterator type
         names. A quiet partition sends an empty page every SUBSCRIBE_HEARTBEAT_S. The
@@ -570,13 +730,19 @@ class Client:
         the children and has no next iterator). Reading slowly slows the sender: pages wait
         in HTTP/2 flow control, not in an unbounded buffer. `iterator`: start where an
         iterator from get_iterator (or a page's next_iterator) points, instead.
-        `skip_trimmed`: as get_next_records."""
+        `skip_trimmed`: as get_next_records. The other arguments as `get_iterator`.
+
+        Raises:
+            StreamNotFound, PartitionNotFound, InvalidIteratorType, InvalidSequenceNumber,
+            InvalidIterator, ExpiredIterator, RecordsTrimmed; Unavailable once the
+            replicas failed CLIENT_UNAVAILABLE_RETRIES_MAX times in a row."""
         it = iterator or await self.get_iterator(stream, partition_id, iterator_type, sequence_number=sequence_number,
                                                  timestamp_ms=timestamp_ms)
         async for page in self._subscription(it, max_records, skip_trimmed):
             yield page
 
-    async def _subscription(self, iterator: str, max_records: int, skip_trimmed: bool = False):
+    async def _subscription(self, iterator: str, max_records: int,
+                            skip_trimmed: bool = False) -> AsyncGenerator[GetRecordsResult, None]:
         pos = self._position(iterator)
         failures = 0
         while True:
@@ -605,6 +771,17 @@ class Client:
 
     async def get_iterator(self, stream: str, partition_id: str | int, iterator_type: str | IteratorType = "TRIM_HORIZON",
                            *, sequence_number: str | int | None = None, timestamp_ms: int | None = None) -> str:
+        """An iterator (an opaque token) at a position of one partition, for
+        `get_next_records`.
+
+        Args:
+            stream: the stream.
+            partition_id: its id ("p0003") or ordinal.
+            iterator_type: TRIM_HORIZON, LATEST, AT_SEQUENCE_NUMBER, AFTER_SEQUENCE_NUMBER
+                (with `sequence_number`) or AT_TIMESTAMP (with `timestamp_ms`).
+
+        Raises:
+            StreamNotFound, PartitionNotFound, InvalidIteratorType, InvalidSequenceNumber."""
         ordinal = partition_id if isinstance(partition_id, int) else parse_partition_id(partition_id)
         kind = iterator_type.value if isinstance(iterator_type, IteratorType) else str(iterator_type)
         req = sms_pb2.GetIteratorRequest(
@@ -612,7 +789,8 @@ class Client:
             sequence_number="" if sequence_number is None else str(sequence_number),
             timestamp_ms=timestamp_ms or 0)
         resp = await self._read_call(stream, ordinal, "GetIterator", req)
-        return resp.iterator
+        iterator: str = resp.iterator
+        return iterator
 
     async def get_next_records(self, iterator: str, max_records: int = 1000, wait_ms: int = 0, *,
                                skip_trimmed: bool = False) -> GetRecordsResult:
@@ -620,21 +798,33 @@ class Client:
         for new ones), the next iterator, and, at the end of a closed partition, its
         children and no next iterator. Records after the position that retention or a
         trim deleted before this read are RecordsTrimmed, never skipped in silence;
-        `skip_trimmed=True` goes on from the oldest record left."""
+        `skip_trimmed=True` goes on from the oldest record left.
+
+        Args:
+            iterator: from `get_iterator` or a page's `next_iterator`.
+            max_records: at most this many records (1..GET_RECORDS_COUNT_MAX).
+            wait_ms: wait up to this long for a record when there is none (0: answer at once).
+            skip_trimmed: see above.
+
+        Raises:
+            InvalidIterator, ExpiredIterator, RecordsTrimmed, StreamNotFound,
+            PartitionNotFound, InvalidArgument."""
         pos, resp = await self._get_next(iterator, max_records, wait_ms, skip_trimmed)
         return _page(pos.ordinal, resp.slices, resp.next_iterator, resp.millis_behind_latest, resp.child_partitions)
 
     async def get_next_record_batch(self, iterator: str, max_records: int = 1000,
                                     wait_ms: int = 0, *, skip_trimmed: bool = False) -> GetRecordBatchResult:
         """get_next_records as columns: the page's records as one `RecordBatch`
-        (`to_arrow()`, `records()`), decoded without an object per record."""
+        (`to_arrow()`, `records()`), decoded without an object per record. Arguments
+        and errors as `get_next_records`."""
         pos, resp = await self._get_next(iterator, max_records, wait_ms, skip_trimmed)
         return GetRecordBatchResult(batch=RecordBatch(pos.ordinal, [(s.batch, s.start, s.end) for s in resp.slices]),
                                     next_iterator=resp.next_iterator or None,
                                     millis_behind_latest=resp.millis_behind_latest,
                                     child_partitions=tuple(resp.child_partitions))
 
-    async def _get_next(self, iterator: str, max_records: int, wait_ms: int, skip_trimmed: bool = False):
+    async def _get_next(self, iterator: str, max_records: int, wait_ms: int,
+                        skip_trimmed: bool = False) -> tuple[Position, Any]:
         pos = self._position(iterator)
         req = sms_pb2.GetNextRecordsRequest(iterator=iterator, max_records=max_records, wait_ms=wait_ms,
                                             skip_trimmed=skip_trimmed)
@@ -654,7 +844,8 @@ class Client:
 
     async def read_stream(self, stream: str, *, start: str = "TRIM_HORIZON", timestamp_ms: int | None = None,
                           sequence_number: int | str | None = None, follow: bool = False,
-                          max_records: int = 1000, wait_ms: int = 1000, skip_trimmed: bool = False):
+                          max_records: int = 1000, wait_ms: int = 1000,
+                          skip_trimmed: bool = False) -> AsyncGenerator[Record, None]:
         """Every record of the stream once, walking its lineage: a partition's records come
         only after all of its parents' (so per key, in SN order across splits and merges).
 
@@ -665,13 +856,18 @@ class Client:
         by a subscription (`subscribe`: records pushed as they commit; `wait_ms` is no
         longer used and stays for callers that pass it). An async iterator of `Record`.
         Records deleted (retention, a trim) while the read was behind them raise
-        RecordsTrimmed; `skip_trimmed=True` goes on from the oldest left."""
+        RecordsTrimmed; `skip_trimmed=True` goes on from the oldest left.
+
+        Raises:
+            StreamNotFound, InvalidSequenceNumber, RecordsTrimmed, and a partition's
+            read error once it failed READ_STREAM_RETRIES_MAX times in a row."""
         info = await self.get_stream_info(stream)
         by = {p.ordinal: p for p in info.partitions}
-        starts: dict[int, tuple[str, dict]] = {}
+        starts: dict[int, tuple[str, dict[str, Any]]] = {}
         if sequence_number is not None or timestamp_ms is not None:
             sn = None if sequence_number is None else seqno.parse(sequence_number)
-            ts = timestamp_ms if sn is None else seqno.timestamp_ms_of(sn)
+            # (timestamp_ms is given when sequence_number is not)
+            ts = cast(int, timestamp_ms) if sn is None else seqno.timestamp_ms_of(sn)
             # the partitions valid at ts, and the roots younger than ts: those whose parents
             # retention dropped cover the hash ranges of partitions no longer in the map
             for p in info.partitions_at(ts) + [r for r in info.roots() if r.valid_from_ms > ts]:
@@ -686,14 +882,16 @@ class Client:
         scope = _descendants_and(by, set(starts))
         done: set[int] = set()
         started: set[int] = set()
-        queue: asyncio.Queue = asyncio.Queue(maxsize=limits.READ_STREAM_PAGES_QUEUED_MAX)
-        tasks: dict[int, asyncio.Task] = {}
+        # (what, ordinal, payload): ("records", o, [Record]), ("end", o, [child ordinals]),
+        # ("idle", o, None) or ("error", o, exception)
+        queue: asyncio.Queue[tuple[str, int, Any]] = asyncio.Queue(maxsize=limits.READ_STREAM_PAGES_QUEUED_MAX)
+        tasks: dict[int, asyncio.Task[None]] = {}
 
-        async def read_partition(ordinal: int, kind: str, kw: dict) -> None:
+        async def read_partition(ordinal: int, kind: str, kw: dict[str, Any]) -> None:
             last_sn = None           # after a retriable failure the read resumes after it
             failures = 0
             try:
-                it = await self.get_iterator(stream, ordinal, kind, **kw)
+                it: str | None = await self.get_iterator(stream, ordinal, kind, **kw)
                 pages = self._subscription(it, max_records, skip_trimmed) if follow and it else None
                 while it:
                     try:
@@ -735,7 +933,7 @@ class Client:
             except Exception as e:           # (a cancelled reader puts nothing: nobody reads)
                 await queue.put(("error", ordinal, e))
 
-        def start_partition(ordinal: int, kind: str, kw: dict) -> None:
+        def start_partition(ordinal: int, kind: str, kw: dict[str, Any]) -> None:
             started.add(ordinal)
             tasks[ordinal] = asyncio.get_running_loop().create_task(read_partition(ordinal, kind, kw))
 
@@ -771,13 +969,20 @@ class Client:
                 task.cancel()
 
     async def get_record(self, stream: str, sequence_number: str | int) -> Record:
+        """The record of that sequence number.
+
+        Raises:
+            InvalidSequenceNumber, StreamNotFound, PartitionNotFound, RecordNotFound,
+            RecordsTrimmed."""
         sn = seqno.parse(sequence_number)
         resp = await self._read_call(stream, seqno.ordinal_of(sn), "GetRecord",
                                      sms_pb2.GetRecordRequest(stream=stream, sequence_number=str(sn)))
         return convert.records_from_slice(resp.slice.batch, resp.slice.start, resp.slice.end, seqno.ordinal_of(sn))[0]
 
-    async def node_status(self, address: str) -> dict:
-        """Replicas held by the storage node at `address` (operators; `sms status`)."""
+    async def node_status(self, address: str) -> dict[str, Any]:
+        """Replicas held by the storage node at `address` (operators; `sms status`): its
+        id, pid, roles, replicas, storage failures and replication links. Raises
+        Unavailable when that node does not answer."""
         pb = await self._call(address, sms_pb2_grpc.ControlStub, "NodeStatus", sms_pb2.NodeStatusRequest())
         return {"node_id": pb.node_id, "pid": pb.pid, "roles": list(pb.roles),
                 "replicas": [{"chain_id": r.chain_id, "epoch": r.epoch, "role": r.role, "last_sn": r.last_sn,
@@ -790,19 +995,30 @@ class Client:
                            "frames": p.frames, "messages": p.items, "streams_opened": p.streams,
                            "connected": p.connected} for p in pb.peer_links]}
 
-    async def ingestion_status(self, address: str) -> dict:
-        """Per partition owned by the ingestion node at `address`: dedup table sizes, queue."""
+    async def ingestion_status(self, address: str) -> dict[str, Any]:
+        """Per partition owned by the ingestion node at `address`: dedup table sizes, queue.
+        Raises Unavailable when that node does not answer."""
         pb = await self._call(address, sms_pb2_grpc.IngestionStub, "IngestionStatus", sms_pb2.Empty())
         return {"node_id": pb.node_id, "partitions": [
             {"chain_id": p.chain_id, "policy": p.policy, "ready": p.ready, "table": dict(p.table),
              "queued_records": p.queued_records, "inflight_batches": p.inflight_batches}
             for p in pb.partitions]}
 
-    def producer(self, stream: str, producer_id: str | bytes | None = None, **options):
-        """A de-duplicating producer for `stream` (sms/producer.py; docs/dedup.md)."""
+    def producer(self, stream: str, producer_id: str | bytes | None = None, **options: Any) -> Producer:
+        """A de-duplicating producer for `stream` (sms/producer.py; docs/dedup.md).
+
+        Args:
+            stream: the stream it writes to.
+            producer_id: its identity across restarts (None: a random one).
+            **options: `sms.producer.Producer` options (linger_ms, max_pending_*, ...).
+
+        Raises:
+            InvalidProducerId, InvalidArgument (an option out of range)."""
         from sms.producer import Producer
         return Producer(self, stream, producer_id, **options)
 
     async def partitions(self, stream: str) -> list[PartitionInfo]:
+        """The stream's partitions (open and closed), from a fresh map. Raises
+        StreamNotFound."""
         return list((await self.get_stream_info(stream)).partitions)
 

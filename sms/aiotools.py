@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 
-async def cancel_and_wait(task: asyncio.Task | None) -> None:
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
     """Cancel an owned task and wait until it has stopped. A task that had already died
     of an error is logged here, so its failure is never lost silently."""
     if task is None:

@@ -11,13 +11,15 @@ without another copy (one chunk per stored batch); `records()` gives the same re
 
 from __future__ import annotations
 
+from typing import Any
+
 from sms import seqno, wire
 from sms.types import Record, partition_id
 
 ARROW_COLUMNS = ("partition_key", "data", "sequence_number", "arrival_time", "partition_id", "headers")
 
 
-def _pyarrow():
+def _pyarrow() -> Any:
     try:
         import pyarrow
     except ImportError:
@@ -30,10 +32,10 @@ class RecordBatch:
 
     __slots__ = ("partition_ordinal", "slices", "_columns")
 
-    def __init__(self, partition_ordinal: int, slices: list[tuple[bytes, int, int]]):
+    def __init__(self, partition_ordinal: int, slices: list[tuple[bytes, int, int]]) -> None:
         self.partition_ordinal = partition_ordinal
         self.slices = [(batch, start, min(end, wire.read_header(batch).count)) for batch, start, end in slices]
-        self._columns: list[tuple] | None = None
+        self._columns: list[wire.Columns] | None = None
 
     def __len__(self) -> int:
         return sum(max(0, end - start) for _b, start, end in self.slices)
@@ -67,7 +69,7 @@ class RecordBatch:
                 out.append((batch, start, cut))
         return RecordBatch(self.partition_ordinal, out)
 
-    def columns(self) -> list[tuple]:
+    def columns(self) -> list[wire.Columns]:
         """Per slice: (count, then wire.COLUMNS buffers), decoded once."""
         if self._columns is None:
             self._columns = [wire.columns(batch, start, end) for batch, start, end in self.slices]
@@ -77,7 +79,7 @@ class RecordBatch:
         return [r for batch, start, end in self.slices
                 for r in wire.decode_records(batch, start, end, self.partition_ordinal)]
 
-    def to_arrow(self, *, timestamp_unit: str = "ms"):
+    def to_arrow(self, *, timestamp_unit: str = "ms") -> Any:
         """A pyarrow.Table with ARROW_COLUMNS (one chunk per stored batch); arrival times as
         timestamp[`timestamp_unit`, UTC]."""
         pa = _pyarrow()
@@ -85,14 +87,15 @@ class RecordBatch:
         chunks = [self._arrow_chunk(pa, schema, cols) for cols in self.columns() if cols[0]]
         return pa.Table.from_batches(chunks, schema=schema)
 
-    def to_arrow_batches(self, *, timestamp_unit: str = "ms") -> list:
+    def to_arrow_batches(self, *, timestamp_unit: str = "ms") -> list[Any]:
         """The same as pyarrow.RecordBatch objects, one per stored batch."""
         pa = _pyarrow()
         schema = arrow_schema(timestamp_unit)
         return [self._arrow_chunk(pa, schema, cols) for cols in self.columns() if cols[0]]
 
-    def _arrow_chunk(self, pa, schema, cols: tuple):
-        n, ko, kv, do, dv, so, sv, ts, ho, hko, hkv, hvo, hvv = cols
+    def _arrow_chunk(self, pa: Any, schema: Any, cols: wire.Columns) -> Any:
+        n = cols[0]
+        ko, kv, do, dv, so, sv, ts, ho, hko, hkv, hvo, hvv = cols[1:]
         buf = pa.py_buffer
         arrival = pa.Array.from_buffers(pa.timestamp("ms", tz="UTC"), n, [None, buf(ts)])
         if schema.field("arrival_time").type.unit != "ms":
@@ -110,7 +113,7 @@ class RecordBatch:
         ], schema=schema)
 
 
-def arrow_schema(timestamp_unit: str = "ms"):
+def arrow_schema(timestamp_unit: str = "ms") -> Any:
     pa = _pyarrow()
     return pa.schema([
         pa.field("partition_key", pa.string()),

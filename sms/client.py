@@ -1,198 +1,361 @@
 """The synchronous client: `sms.Client(address)`, the asyncio client on a private loop.
 
 Each method runs the matching `sms.aio.Client` coroutine on an event loop owned by a
-daemon thread of this client and waits for it, so sync and async clients behave alike.
+daemon thread of this client and waits for it, so sync and async clients behave alike:
+the same arguments, results and named errors (`sms.errors`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Coroutine, Generator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sms import aio, security
 from sms.consumer import SyncGroupConsumer
+from sms.types import (ClusterInfo, GetRecordBatchResult, GetRecordsResult, Headers, IteratorType, NodeLoad,
+                       PartitionInfo, PutRecordResult, PutRecordsResult, Record, RecordInput, StreamInfo)
 
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
+
+    from sms.producer import SyncProducer
+
+_T = TypeVar("_T")
 
 class Client:
-    def __init__(self, address: str, **kwargs):
+    """A synchronous client of the cluster at `address` ("host:port[,host:port...]").
+
+    Options and errors as `sms.aio.Client`: every method raises the named errors of its
+    `sms.aio.Client` counterpart (`sms.errors`), and any call may raise Unavailable,
+    Timeout, TlsHandshakeFailed, Unauthenticated, PermissionDenied or Throttled. Close it
+    (or use `with`) to stop its loop thread."""
+
+    def __init__(self, address: str, **kwargs: Any) -> None:
+        """A client of the nodes at `address`; `kwargs` as `sms.aio.Client` (timeout_s,
+        ca_file, cert_file, key_file, token). Raises InvalidArgument for a TLS file that
+        cannot be read."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sms-client", daemon=True)
         self._thread.start()
         self._aio = self._run(self._make(address, kwargs))
 
-    async def _make(self, address, kwargs) -> aio.Client:
+    async def _make(self, address: str, kwargs: dict[str, Any]) -> aio.Client:
         return aio.Client(address, **kwargs)
 
     @classmethod
-    def from_cluster_file(cls, path: str, **kwargs) -> "Client":
+    def from_cluster_file(cls, path: str, **kwargs: Any) -> "Client":
         """A client of the cluster `sms up` runs: its DIR/cluster.json (or DIR) names the
-        address, the CA and the admin token (see `sms.aio.Client`)."""
+        address, the CA and the admin token (see `sms.aio.Client`); `kwargs` override
+        them. Raises InvalidArgument when the file cannot be read or names no address."""
         address, options = security.cluster_file_options(path)
         return cls(address, **{**options, **kwargs})
 
-    def _run(self, coro):
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
+        """Close the channels and stop the loop thread. Idempotent; raises nothing."""
         if self._loop.is_running():
             self._run(self._aio.close())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()
 
-    def describe_cluster(self):
+    def describe_cluster(self) -> ClusterInfo:
+        """The cluster's nodes and control leader (`sms.aio.Client.describe_cluster`)."""
         return self._run(self._aio.describe_cluster())
 
-    def create_stream(self, name, partitions=1, replication_factor=1, **kwargs):
+    def create_stream(self, name: str, partitions: int = 1, replication_factor: int = 1,
+                      **kwargs: Any) -> StreamInfo:
+        """Create a stream and wait until it is ACTIVE; returns its map. `kwargs`:
+        persistence, ingestion_policy, retention_hours, dedup_window_s, min_in_sync
+        (`sms.aio.Client.create_stream`).
+
+        Raises:
+            StreamAlreadyExists, InvalidStreamName, InvalidStreamConfig, NotEnoughNodes,
+            TooManyPartitions, TenantLimitExceeded."""
         return self._run(self._aio.create_stream(name, partitions, replication_factor, **kwargs))
 
-    def create_key(self, role, *, streams=(), name="", tenant=""):
+    def create_key(self, role: str, *, streams: Iterable[str] = (), name: str = "",
+                   tenant: str = "") -> tuple[dict[str, Any], str]:
+        """A new key of `role` ("admin", "producer" or "consumer"), limited to `streams`
+        when given: (its description, its token); the token is shown this once.
+
+        Raises:
+            InvalidArgument (an unknown role), TenantNotFound, PermissionDenied."""
         return self._run(self._aio.create_key(role, streams=streams, name=name, tenant=tenant))
 
-    def create_tenant(self, name):
+    def create_tenant(self, name: str) -> None:
+        """Create a tenant (admins of the default tenant only).
+
+        Raises:
+            InvalidArgument, PermissionDenied."""
         return self._run(self._aio.create_tenant(name))
 
-    def list_tenants(self):
+    def list_tenants(self) -> list[str]:
+        """The names of every tenant. Raises PermissionDenied for a non-admin key."""
         return self._run(self._aio.list_tenants())
 
-    def describe_tenants(self):
+    def describe_tenants(self) -> list[dict[str, Any]]:
+        """Every tenant with its limits (`sms.aio.Client.describe_tenants`). Raises
+        PermissionDenied for a non-admin key."""
         return self._run(self._aio.describe_tenants())
 
-    def update_tenant(self, name, **limits):
+    def update_tenant(self, name: str, **limits: int | None) -> dict[str, Any]:
+        """Change a tenant's limits (None: unchanged, 0 removes one); returns the tenant.
+
+        Raises:
+            TypeError (an unknown limit), TenantNotFound, TenantLimitExceeded, InvalidArgument."""
         return self._run(self._aio.update_tenant(name, **limits))
 
-    def delete_tenant(self, name):
+    def delete_tenant(self, name: str) -> None:
+        """Delete a tenant and its keys.
+
+        Raises:
+            TenantNotFound, FailedPrecondition (it still has streams)."""
         return self._run(self._aio.delete_tenant(name))
 
-    def revoke_certificate(self, certificate, reason=""):
+    def revoke_certificate(self, certificate: str, reason: str = "") -> str:
+        """Revoke a certificate (its serial in hex, or a PEM file's path); returns its
+        serial in hex. Raises InvalidArgument for neither a serial nor a readable
+        certificate."""
         return self._run(self._aio.revoke_certificate(certificate, reason))
 
-    def list_revoked_certificates(self):
+    def list_revoked_certificates(self) -> list[dict[str, Any]]:
+        """Every revoked certificate: {serial, revoked_ms, reason}."""
         return self._run(self._aio.list_revoked_certificates())
 
-    def list_keys(self):
+    def list_keys(self) -> list[dict[str, Any]]:
+        """Every key the caller may see (never a token)."""
         return self._run(self._aio.list_keys())
 
-    def revoke_key(self, key_id):
+    def revoke_key(self, key_id: str) -> None:
+        """Revoke a key: every node refuses its token within a second. Raises KeyNotFound."""
         return self._run(self._aio.revoke_key(key_id))
 
-    def delete_stream(self, name):
+    def delete_stream(self, name: str) -> None:
+        """Delete a stream and every record of it. Raises StreamNotFound."""
         return self._run(self._aio.delete_stream(name))
 
-    def list_streams(self):
+    def list_streams(self) -> list[str]:
+        """The names of the streams the caller may see."""
         return self._run(self._aio.list_streams())
 
-    def get_stream_info(self, name, *, refresh=True):
+    def get_stream_info(self, name: str, *, refresh: bool = True) -> StreamInfo:
+        """The stream's map (`refresh=False`: from this client's cache when it holds it).
+        Raises StreamNotFound."""
         return self._run(self._aio.get_stream_info(name, refresh=refresh))
 
-    def put_record(self, stream, data, partition_key, *, explicit_hash_key=None, headers=None):
+    def put_record(self, stream: str, data: bytes, partition_key: str, *,
+                   explicit_hash_key: int | str | None = None,
+                   headers: Headers | None = None) -> PutRecordResult:
+        """Store one record; returns its result (`sms.aio.Client.put_record`).
+
+        Raises:
+            InvalidPartitionKey, InvalidHashKey, RecordTooLarge, InvalidRecordHeader,
+            InvalidArgument, StreamNotFound, and the record's own error after retries."""
         return self._run(self._aio.put_record(stream, data, partition_key, explicit_hash_key=explicit_hash_key,
                                               headers=headers))
 
-    def put_records(self, stream, records):
+    def put_records(self, stream: str, records: Iterable[RecordInput]) -> PutRecordsResult:
+        """Store 1..500 records: (partition_key, data[, explicit_hash_key[, headers]])
+        tuples or dicts; one result per record, in order, a failed record naming its error.
+
+        Raises:
+            RequestTooLarge, InvalidArgument, InvalidPartitionKey, InvalidHashKey,
+            RecordTooLarge, InvalidRecordHeader, StreamNotFound."""
         return self._run(self._aio.put_records(stream, records))
 
-    def get_iterator(self, stream, partition_id, iterator_type="TRIM_HORIZON", *, sequence_number=None,
-                     timestamp_ms=None):
+    def get_iterator(self, stream: str, partition_id: str | int,
+                     iterator_type: str | IteratorType = "TRIM_HORIZON", *,
+                     sequence_number: str | int | None = None, timestamp_ms: int | None = None) -> str:
+        """An iterator at a position of one partition (`sms.aio.Client.get_iterator`).
+
+        Raises:
+            StreamNotFound, PartitionNotFound, InvalidIteratorType, InvalidSequenceNumber."""
         return self._run(self._aio.get_iterator(stream, partition_id, iterator_type,
                                                 sequence_number=sequence_number, timestamp_ms=timestamp_ms))
 
-    def get_next_records(self, iterator, max_records=1000, wait_ms=0, *, skip_trimmed=False):
+    def get_next_records(self, iterator: str, max_records: int = 1000, wait_ms: int = 0, *,
+                         skip_trimmed: bool = False) -> GetRecordsResult:
+        """The next records after the iterator's position, and the next iterator
+        (`sms.aio.Client.get_next_records`).
+
+        Raises:
+            InvalidIterator, ExpiredIterator, RecordsTrimmed, StreamNotFound,
+            PartitionNotFound, InvalidArgument."""
         return self._run(self._aio.get_next_records(iterator, max_records, wait_ms, skip_trimmed=skip_trimmed))
 
-    def get_next_record_batch(self, iterator, max_records=1000, wait_ms=0, *, skip_trimmed=False):
+    def get_next_record_batch(self, iterator: str, max_records: int = 1000, wait_ms: int = 0, *,
+                              skip_trimmed: bool = False) -> GetRecordBatchResult:
+        """get_next_records as one columnar `RecordBatch`. Errors as get_next_records."""
         return self._run(self._aio.get_next_record_batch(iterator, max_records, wait_ms, skip_trimmed=skip_trimmed))
 
-    def get_record(self, stream, sequence_number):
+    def get_record(self, stream: str, sequence_number: str | int) -> Record:
+        """The record of that sequence number.
+
+        Raises:
+            InvalidSequenceNumber, StreamNotFound, PartitionNotFound, RecordNotFound,
+            RecordsTrimmed."""
         return self._run(self._aio.get_record(stream, sequence_number))
 
-    def partitions(self, stream):
+    def partitions(self, stream: str) -> list[PartitionInfo]:
+        """The stream's partitions, from a fresh map. Raises StreamNotFound."""
         return self._run(self._aio.partitions(stream))
 
-    def node_status(self, address):
+    def node_status(self, address: str) -> dict[str, Any]:
+        """Replicas held by the storage node at `address`. Raises Unavailable when that
+        node does not answer."""
         return self._run(self._aio.node_status(address))
 
-    def ingestion_status(self, address):
+    def ingestion_status(self, address: str) -> dict[str, Any]:
+        """Dedup tables and queues of the ingestion node at `address`. Raises
+        Unavailable when that node does not answer."""
         return self._run(self._aio.ingestion_status(address))
 
-    def producer(self, stream, producer_id=None, **options):
-        """A de-duplicating producer for `stream`; send() returns concurrent futures."""
+    def producer(self, stream: str, producer_id: str | bytes | None = None, **options: Any) -> SyncProducer:
+        """A de-duplicating producer for `stream`; send() returns concurrent futures.
+        `options` as `sms.producer.Producer`.
+
+        Raises:
+            InvalidProducerId, InvalidArgument (an option out of range)."""
         from sms.producer import SyncProducer
         return SyncProducer(self, stream, producer_id, **options)
 
     # --- repartitioning, retention, consumers (see sms.aio.Client) ---------------------------
-    def repartition_stream(self, name, op, **kwargs):
+    def repartition_stream(self, name: str, op: str, **kwargs: Any) -> StreamInfo:
+        """split / merge / scale a stream while it runs (`kwargs`: partitions, at_hash,
+        target_partitions); returns the map once committed.
+
+        Raises:
+            StreamNotFound, PartitionNotFound, PartitionNotOpen, PartitionsNotAdjacent,
+            InvalidSplitPoint, RepartitionInProgress, TooManyPartitions, RescaleTooSoon,
+            InvalidArgument."""
         return self._run(self._aio.repartition_stream(name, op, **kwargs))
 
-    def split(self, name, partition, at_hash=None):
+    def split(self, name: str, partition: int | str, at_hash: int | str | None = None) -> StreamInfo:
+        """Split an open partition (at its middle by default); returns the new map.
+        Raises as `repartition_stream`."""
         return self._run(self._aio.split(name, partition, at_hash))
 
-    def merge(self, name, partition_a, partition_b):
+    def merge(self, name: str, partition_a: int | str, partition_b: int | str) -> StreamInfo:
+        """Merge two adjacent open partitions; returns the new map. Raises as
+        `repartition_stream`."""
         return self._run(self._aio.merge(name, partition_a, partition_b))
 
-    def scale(self, name, target_partitions):
+    def scale(self, name: str, target_partitions: int) -> StreamInfo:
+        """Split and merge toward `target_partitions` even ranges; returns the map.
+        Raises as `repartition_stream`."""
         return self._run(self._aio.scale(name, target_partitions))
 
-    def update_stream(self, name, **kwargs):
+    def update_stream(self, name: str, **kwargs: Any) -> StreamInfo:
+        """Change retention, protection, auto-splitting or per-partition limits
+        (`sms.aio.Client.update_stream`); returns the map.
+
+        Raises:
+            StreamNotFound, InvalidStreamConfig, TenantLimitExceeded."""
         return self._run(self._aio.update_stream(name, **kwargs))
 
-    def update_retention(self, name, *, hours=None, seconds=None):
+    def update_retention(self, name: str, *, hours: int | None = None, seconds: int | None = None) -> StreamInfo:
+        """Change the retention, in hours or seconds; returns the map.
+
+        Raises:
+            StreamNotFound, InvalidStreamConfig, TenantLimitExceeded."""
         return self._run(self._aio.update_retention(name, hours=hours, seconds=seconds))
 
-    def trim_stream(self, name, *, before_sn=None, before_time_ms=None):
+    def trim_stream(self, name: str, *, before_sn: int | str | None = None,
+                    before_time_ms: int | None = None) -> None:
+        """Delete records before an SN or older than a time, in the background.
+
+        Raises:
+            StreamNotFound, InvalidSequenceNumber, InvalidArgument."""
         return self._run(self._aio.trim_stream(name, before_sn=before_sn, before_time_ms=before_time_ms))
 
-    def list_nodes(self):
+    def list_nodes(self) -> list[NodeLoad]:
         """Every storage node that is live or holds a replica, with its share of chains."""
         return self._run(self._aio.list_nodes())
 
-    def drain_node(self, node_id, *, undo=False):
-        """Move every replica off a storage node (see `sms.aio.Client.drain_node`)."""
+    def drain_node(self, node_id: str, *, undo: bool = False) -> list[NodeLoad]:
+        """Move every replica off a storage node (see `sms.aio.Client.drain_node`).
+
+        Raises:
+            NodeNotFound, NotEnoughNodes."""
         return self._run(self._aio.drain_node(node_id, undo=undo))
 
-    def consumer(self, stream, group, **options):
+    def consumer(self, stream: str, group: str, **options: Any) -> SyncGroupConsumer:
         """A member of the consumer group `group` of `stream` (sms/consumer.py): `with` it
-        and iterate for ConsumerBatch-es; options as sms.aio.Client.consumer."""
+        and iterate for ConsumerBatch-es; options as sms.aio.Client.consumer.
+
+        Raises:
+            InvalidArgument (a bad option); StreamNotFound when it is opened."""
         return SyncGroupConsumer(self, self._aio.consumer(stream, group, **options))
 
-    def list_groups(self, stream):
+    def list_groups(self, stream: str) -> list[str]:
+        """The names of the stream's consumer groups. Raises StreamNotFound."""
         return self._run(self._aio.list_groups(stream))
 
-    def describe_group(self, stream, group):
+    def describe_group(self, stream: str, group: str) -> dict[str, Any]:
+        """The group's members and per-partition owners, checkpoints and lag.
+
+        Raises:
+            GroupNotFound, StreamNotFound."""
         return self._run(self._aio.describe_group(stream, group))
 
-    def reset_group(self, stream, group, **kwargs):
+    def reset_group(self, stream: str, group: str, **kwargs: Any) -> None:
+        """Move the group's checkpoints (`kwargs`: to, timestamp_ms, sequence_numbers;
+        `sms.aio.Client.reset_group`).
+
+        Raises:
+            StreamNotFound, GroupNotFound, InvalidArgument, InvalidSequenceNumber."""
         return self._run(self._aio.reset_group(stream, group, **kwargs))
 
-    def delete_group(self, stream, group):
+    def delete_group(self, stream: str, group: str) -> None:
+        """Delete a consumer group. Raises GroupNotFound, StreamNotFound."""
         return self._run(self._aio.delete_group(stream, group))
 
-    def register_consumer(self, stream, consumer):
+    def register_consumer(self, stream: str, consumer: str) -> None:
+        """Register a consumer whose unread records retention keeps (when the stream
+        protects unread records). Raises StreamNotFound."""
         return self._run(self._aio.register_consumer(stream, consumer))
 
-    def checkpoint_consumer(self, stream, consumer, checkpoints):
+    def checkpoint_consumer(self, stream: str, consumer: str,
+                            checkpoints: Mapping[int, int | str] | Mapping[str, int | str]) -> None:
+        """Record, per partition (ordinal or id), the SN of the last record processed, or
+        "SHARD_END".
+
+        Raises:
+            StreamNotFound, PartitionNotFound, InvalidSequenceNumber."""
         return self._run(self._aio.checkpoint_consumer(stream, consumer, checkpoints))
 
-    def deregister_consumer(self, stream, consumer):
+    def deregister_consumer(self, stream: str, consumer: str) -> None:
+        """Forget a registered consumer. Raises StreamNotFound."""
         return self._run(self._aio.deregister_consumer(stream, consumer))
 
-    def read_stream(self, stream, **kwargs):
-        """A generator over every record of the stream, lineage in order (sms.aio.Client.read_stream)."""
+    def read_stream(self, stream: str, **kwargs: Any) -> Generator[Record, None, None]:
+        """A generator over every record of the stream, lineage in order
+        (sms.aio.Client.read_stream: start, timestamp_ms, sequence_number, follow,
+        max_records, wait_ms, skip_trimmed). Errors are raised as it iterates:
+        StreamNotFound, InvalidSequenceNumber, RecordsTrimmed, a partition's read error."""
         return self._iterate(self._aio.read_stream(stream, **kwargs))
 
-    def subscribe(self, stream, partition_id, iterator_type="LATEST", **kwargs):
-        """A generator of pages pushed as records commit (sms.aio.Client.subscribe)."""
+    def subscribe(self, stream: str, partition_id: str | int, iterator_type: str | IteratorType = "LATEST",
+                  **kwargs: Any) -> Generator[GetRecordsResult, None, None]:
+        """A generator of pages pushed as records commit (sms.aio.Client.subscribe).
+        Errors are raised as it iterates: StreamNotFound, PartitionNotFound,
+        InvalidIteratorType, InvalidSequenceNumber, InvalidIterator, RecordsTrimmed."""
         return self._iterate(self._aio.subscribe(stream, partition_id, iterator_type, **kwargs))
 
-    def _iterate(self, agen):
+    def _iterate(self, agen: AsyncGenerator[_T, None]) -> Generator[_T, None, None]:
 
-        async def step():
+        async def step() -> _T | object:
             try:
                 return await agen.__anext__()
             except StopAsyncIteration:
@@ -200,7 +363,7 @@ class Client:
 
         try:
             while (item := self._run(step())) is not _END:
-                yield item
+                yield cast(_T, item)        # (not _END: an item of the generator)
         finally:
             self._run(agen.aclose())
 

@@ -38,14 +38,20 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, cast
 
 from sms import errors, limits, seqno
-from sms.leases import (LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, LeaseTable, lease_key,
-                        plan_takes)
+from sms.errors import LeaseLost
+from sms.leases import LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseTable, lease_key, plan_takes
 from sms.proto import sms_pb2
 from sms.tokens import peek
 from sms.types import Record, partition_id
+
+if TYPE_CHECKING:
+    from sms import aio, client as sync_client
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +77,7 @@ class ConsumerBatch:
 class GroupLeases:
     """The group's lease entries through the cluster's API (a sms/leases.py LeaseStore)."""
 
-    def __init__(self, client, stream: str, group: str, member: bool = False):
+    def __init__(self, client: aio.Client, stream: str, group: str, member: bool = False) -> None:
         self.client = client
         self.stream = stream
         self.group = group
@@ -84,7 +90,7 @@ class GroupLeases:
     def _key(self, key: str) -> str:
         return key if self.member else key.rsplit(":", 1)[-1]
 
-    def normalised(self, entries) -> list[tuple[str, bytes, int]]:
+    def normalised(self, entries: Iterable[Any]) -> list[tuple[str, bytes, int]]:
         if self.member:
             return [(e.key, e.value, e.version) for e in entries]
         out = []
@@ -102,7 +108,8 @@ class GroupLeases:
         pb = await self.client._discovery_call("GroupWrite", sms_pb2.GroupWriteRequest(
             stream=self.stream, group=self.group, member=self.member, key=self._key(key), value=value,
             version=version, delete=delete))
-        return pb.version
+        written: int = pb.version
+        return written
 
     async def create(self, key: str, value: bytes) -> int:
         return await self._write(key, value, -1)
@@ -121,7 +128,7 @@ class StreamsLeases:
     """One group's leases over several streams (an SPS stage with several inputs): a
     LeaseStore whose keys are "<stream>:<ordinal>", each kept in its stream's group."""
 
-    def __init__(self, client, streams: tuple[str, ...], group: str):
+    def __init__(self, client: aio.Client, streams: tuple[str, ...], group: str) -> None:
         self.by_stream = {s: GroupLeases(client, s, group) for s in streams}
 
     async def entries(self) -> list[tuple[str, bytes, int]]:
@@ -148,7 +155,7 @@ class Membership:
     are alive as this member observes them: one whose counter has not moved for
     failover_s is not (its own clock only). Entries gone for long are removed."""
 
-    def __init__(self, client, stream: str, group: str, member_id: str, failover_s: float):
+    def __init__(self, client: aio.Client, stream: str, group: str, member_id: str, failover_s: float) -> None:
         self.member_id = member_id
         self.failover_s = failover_s
         self.entries = GroupLeases(client, stream, group, member=True)
@@ -194,7 +201,7 @@ class Membership:
 @dataclass(eq=False)
 class _Owned:
     lease: Lease
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
     delivered: str = ""               # SN of the last record handed out ("": none yet)
     processed: str = ""               # SN up to which the caller is done
     uncounted: int = 0                # records processed since the lease last counted them
@@ -216,10 +223,10 @@ def _due(owned: "_Owned") -> str:
 class GroupConsumer:
     """One member of a consumer group (asyncio). See the module's docstring."""
 
-    def __init__(self, client, stream: str, group: str, *, member_id: str | None = None, start: str = TRIM_HORIZON,
-                 timestamp_ms: int | None = None, auto_checkpoint: bool = True,
+    def __init__(self, client: aio.Client, stream: str, group: str, *, member_id: str | None = None,
+                 start: str = TRIM_HORIZON, timestamp_ms: int | None = None, auto_checkpoint: bool = True,
                  failover_s: float = limits.CONSUMER_FAILOVER_S_DEFAULT, max_records: int = 1000,
-                 wait_ms: int = 1000, skip_trimmed: bool = False):
+                 wait_ms: int = 1000, skip_trimmed: bool = False) -> None:
         if start not in (TRIM_HORIZON, LATEST, "AT_TIMESTAMP"):
             raise errors.InvalidArgument(f"start {start!r}; expected TRIM_HORIZON, LATEST or AT_TIMESTAMP")
         if (start == "AT_TIMESTAMP") != (timestamp_ms is not None):
@@ -244,12 +251,12 @@ class GroupConsumer:
         self._owned: dict[str, _Owned] = {}
         # batches read ahead, at most CONSUMER_BATCHES_QUEUED_MAX (a reader takes a slot
         # before it queues one), and _STOP once failed or closed: it wakes a waiting __anext__
-        self._queue: asyncio.Queue = asyncio.Queue(maxsize=limits.CONSUMER_BATCHES_QUEUED_MAX + 1)
+        self._queue: asyncio.Queue[ConsumerBatch | object] = asyncio.Queue(maxsize=limits.CONSUMER_BATCHES_QUEUED_MAX + 1)
         self._stopped = False
         self._slots = asyncio.Semaphore(limits.CONSUMER_BATCHES_QUEUED_MAX)
         self._handed: list[ConsumerBatch] = []     # handed out, not yet marked processed (auto)
         self._wake = asyncio.Event()
-        self._coordinator: asyncio.Task | None = None
+        self._coordinator: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._closed = False
         self._writes = asyncio.Lock()             # lease writes: one at a time
@@ -259,7 +266,8 @@ class GroupConsumer:
         await self.open()
         return self
 
-    async def __aexit__(self, exc_type, exc, tb) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         await self.close(processed=exc_type is None)
 
     async def open(self) -> None:
@@ -304,7 +312,7 @@ class GroupConsumer:
         self._owned.clear()
 
     # --- batches ----------------------------------------------------------------------
-    def __aiter__(self):
+    def __aiter__(self) -> GroupConsumer:
         return self
 
     async def __anext__(self) -> ConsumerBatch:
@@ -317,6 +325,7 @@ class GroupConsumer:
                 if self._failure is not None:
                     raise self._failure
                 raise StopAsyncIteration
+            batch = cast(ConsumerBatch, batch)     # (the queue holds batches and _STOP)
             self._slots.release()
             owned = batch._owned
             if owned.lost or owned.releasing or self._owned.get(owned.lease.key) is not owned:
@@ -444,13 +453,13 @@ class GroupConsumer:
                    and not lease.done]
         claims = dropped + [lease for lease in claims if lease.key not in {d.key for d in dropped}]
         for lease in releases:
-            owned = self._owned.get(lease.key)
-            if owned is not None and not owned.releasing:
+            mine = self._owned.get(lease.key)
+            if mine is not None and not mine.releasing:
                 # handed over once the caller is done with the batches it holds of it (a
                 # clean rebalance reads nothing twice); what is queued is left to the next owner
-                owned.releasing = time.monotonic()
-                if owned.task is not None:
-                    owned.task.cancel()
+                mine.releasing = time.monotonic()
+                if mine.task is not None:
+                    mine.task.cancel()
         for key, owned in list(self._owned.items()):
             # (auto_checkpoint: the caller asks for its next batch when done with this one; a
             # caller that checkpoints itself and does not within the failover time hands over
@@ -617,7 +626,7 @@ class GroupConsumer:
 class SyncGroupConsumer:
     """The sync client's consumer group member: a GroupConsumer run on the client's loop."""
 
-    def __init__(self, client, consumer: GroupConsumer):
+    def __init__(self, client: sync_client.Client, consumer: GroupConsumer) -> None:
         self._client = client
         self._consumer = consumer
 
@@ -625,10 +634,11 @@ class SyncGroupConsumer:
         self._client._run(self._consumer.open())
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self._client._run(self._consumer.close(processed=exc_type is None))
 
-    def __iter__(self):
+    def __iter__(self) -> SyncGroupConsumer:
         return self
 
     def __next__(self) -> ConsumerBatch:

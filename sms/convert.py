@@ -6,6 +6,7 @@ Only this module, the gRPC services and the client's transport touch `_pb2` obje
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 from sms import wire, seqno
 from sms.proto import sms_pb2
@@ -72,7 +73,7 @@ def cluster_to_pb(c: ClusterInfo) -> sms_pb2.ClusterDescription:
                             started_ms=n.started_ms, metrics_address=n.metrics_address) for n in c.nodes])
 
 
-def node_loads_to_pb(loads) -> sms_pb2.ListNodesResponse:
+def node_loads_to_pb(loads: Iterable[NodeLoad]) -> sms_pb2.ListNodesResponse:
     return sms_pb2.ListNodesResponse(nodes=[
         sms_pb2.NodeLoad(node_id=n.node_id, address=n.address, live=n.live, draining=n.draining,
                          replicas=n.replicas, heads=n.heads, learners=n.learners) for n in loads])

@@ -10,6 +10,8 @@ under `python -O` and is never caught by the error mapping.
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 _REGISTRY: dict[str, type["SmsError"]] = {}
@@ -22,11 +24,11 @@ class SmsError(Exception):
     retriable: bool = False
     refresh_map: bool = False
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _REGISTRY[cls.__name__] = cls
 
-    def __init__(self, message: str = "", **details):
+    def __init__(self, message: str = "", **details: Any) -> None:
         super().__init__(message)
         self.message = message
         self.details = details

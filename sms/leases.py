@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from sms import limits
 from sms.errors import LeaseLost
@@ -129,7 +129,7 @@ class LeaseTable:
             raise LeaseLost(f"{self.name}: lease {old.key} changed under {old.owner or 'nobody'}") from None
         return replace(new, version=version)
 
-    def _mine(self, lease: Lease, worker: str, **changes) -> Lease:
+    def _mine(self, lease: Lease, worker: str, **changes: Any) -> Lease:
         return replace(lease, owner=worker, counter=lease.counter + 1, heartbeat_ms=int(time.time() * 1000),
                        **changes)
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import json
 import re
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from sms import limits
 from sms.errors import InvalidStreamName
@@ -181,7 +182,7 @@ class StreamConfig:
     trim_before_sns: tuple[tuple[int, int], ...] = ()   # trim_stream(before_sn): per partition ordinal
     auto_split_records_per_s: int = 0     # 0: off; else the chain manager splits a partition
     auto_split_period_s: int = limits.AUTO_SPLIT_PERIOD_S_DEFAULT   # whose rate stays above it so long
-    repartition: dict | None = None       # the change under way: {"op": split|merge|scale, "phase": ...}
+    repartition: dict[str, Any] | None = None  # the change under way: {"op": split|merge|scale, "phase": ...}
                                           # (control/phases.py RepartitionState reads and writes it)
     repartitions_ms: tuple[int, ...] = () # when recent splits and merges committed (rate limit)
     min_in_sync: int = 1                  # a chain takes and commits new batches only while it has
@@ -231,7 +232,7 @@ class ChainChange:
     node: str = ""
     reason: str = ""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "at_ms": self.at_ms, "action": self.action, "node": self.node,
                 "reason": self.reason}
 

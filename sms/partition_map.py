@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import json
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from sms import limits
 from sms.errors import (InvalidSplitPoint, PartitionNotFound, PartitionNotOpen, PartitionsNotAdjacent,
@@ -41,7 +42,7 @@ class PartitionEntry:
     def covers(self, hash_key: int) -> bool:
         return self.hash_lo <= hash_key < self.hash_hi
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "ordinal": self.ordinal, "hash_lo": str(self.hash_lo), "hash_hi": str(self.hash_hi),
             "valid_from_ms": self.valid_from_ms, "valid_to_ms": self.valid_to_ms,
@@ -51,7 +52,7 @@ class PartitionEntry:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "PartitionEntry":
+    def from_json(cls, d: dict[str, Any]) -> "PartitionEntry":
         return cls(
             ordinal=d["ordinal"], hash_lo=int(d["hash_lo"]), hash_hi=int(d["hash_hi"]),
             valid_from_ms=d["valid_from_ms"], valid_to_ms=d["valid_to_ms"],
@@ -174,7 +175,7 @@ class PartitionMap:
                           ending_sn=ending_sns[e.ordinal]) for e in (a, b)]
         return self._with_changes(closed, [child])
 
-    def next_scale_step(self, target: int) -> tuple | None:
+    def next_scale_step(self, target: int) -> tuple[str, int, int] | None:
         """The next change toward `target` even ranges, or None once the open partitions
         are exactly those ranges. Every step removes a boundary that is not a target one
         (a merge) or adds a target one (a split), so the plan ends; and it never has more

@@ -23,11 +23,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from sms import wire, errors, limits
-from sms.accumulator import HWM_NONE, SESSION_META_BYTES, Accumulator, ProducerResult, PutRequest, Session
-from sms.records import prepare_record, prepare_records
+from sms.accumulator import HWM_NONE, SESSION_META_BYTES, Accumulator, Outcome, ProducerResult, PutRequest, Session
+from sms.records import PreparedRecord, prepare_record, prepare_records
 from sms.limits import (
     PRODUCER_DEDUP_WINDOW_MARGIN_S,
     PRODUCER_DELIVERY_TIMEOUT_S,
@@ -41,9 +42,17 @@ from sms.limits import (
     PRODUCER_RETRY_BACKOFF_MS_MAX,
     PRODUCER_SESSION_WINDOW_MAX,
 )
-from sms.types import StreamInfo
+from sms.proto import sms_pb2
+from sms.types import Headers, RecordInput, StreamInfo
+
+if TYPE_CHECKING:
+    from sms import client as sync_client
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+# One record's outcome in a send_batch() result: its ProducerResult or its named error.
+RecordOutcome = ProducerResult | BaseException
 
 # --- limits of the producer -------------------------------------------------------------
 
@@ -62,6 +71,15 @@ __all__ = ["HWM_NONE", "Producer", "ProducerClosed", "ProducerResult", "Producer
            "producer_id_bytes"]
 
 ProducerClosed = errors.ProducerClosed
+
+
+class Transport(Protocol):
+    """What a producer needs of its client (`sms.aio.Client` has both)."""
+
+    async def get_stream_info(self, name: str, *, refresh: bool = True) -> StreamInfo: ...
+
+    async def send_put_records(self, address: str,
+                               request: sms_pb2.PutRecordsRequest) -> sms_pb2.PutRecordsResponse: ...
 
 
 class ProducerState(enum.Enum):
@@ -103,18 +121,18 @@ class _BatchOutcome:
 
     __slots__ = ("values", "pending", "future")
 
-    def __init__(self, count: int, loop: asyncio.AbstractEventLoop):
-        self.values: list = [None] * count
+    def __init__(self, count: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.values: list[RecordOutcome | None] = [None] * count
         self.pending = count
-        self.future: asyncio.Future = loop.create_future()
+        self.future: asyncio.Future[list[RecordOutcome]] = loop.create_future()
 
-    def settle(self, index: int, value) -> None:
+    def settle(self, index: int, value: RecordOutcome) -> None:
         if self.values[index] is not None:
             return
         self.values[index] = value
         self.pending -= 1
         if self.pending == 0 and not self.future.done():
-            self.future.set_result(self.values)
+            self.future.set_result(cast(list[RecordOutcome], self.values))   # (all settled: no None left)
 
 
 class _Slot:
@@ -122,7 +140,7 @@ class _Slot:
 
     __slots__ = ("batch", "index")
 
-    def __init__(self, batch: _BatchOutcome, index: int):
+    def __init__(self, batch: _BatchOutcome, index: int) -> None:
         self.batch = batch
         self.index = index
 
@@ -184,16 +202,39 @@ class Producer:
     asyncio sender around an `Accumulator`.
 
     `client` is the transport: anything with `get_stream_info(stream, refresh=)` and
-    `send_put_records(address, request)`, as `sms.aio.Client` has."""
+    `send_put_records(address, request)`, as `sms.aio.Client` has.
 
-    def __init__(self, client, stream: str, producer_id: str | bytes | None = None, *,
+    Errors are `sms.errors` classes: bad input raises at once (InvalidPartitionKey,
+    InvalidHashKey, RecordTooLarge, InvalidRecordHeader, InvalidDedupKey,
+    DedupKeyTooLarge, InvalidArgument); a record's future fails with its named error
+    (Timeout after `delivery_timeout_s`, or one that cannot be retried); calls after
+    close() raise ProducerClosed, and after the sender failed (a bug) InternalError."""
+
+    def __init__(self, client: Transport, stream: str, producer_id: str | bytes | None = None, *,
                  linger_ms: float = PRODUCER_LINGER_MS,
                  max_pending_per_partition: int = PRODUCER_PENDING_PER_PARTITION_MAX,
                  max_pending_bytes: int = PRODUCER_PENDING_BYTES_MAX,
                  retry_backoff_ms: float = PRODUCER_RETRY_BACKOFF_MS,
                  retry_backoff_max_ms: float = PRODUCER_RETRY_BACKOFF_MS_CAP,
                  delivery_timeout_s: float = PRODUCER_DELIVERY_TIMEOUT_S,
-                 clock_ms: Callable[[], int] = _wall_clock_ms):
+                 clock_ms: Callable[[], int] = _wall_clock_ms) -> None:
+        """A producer of `stream`; it sends nothing until the first record.
+
+        Args:
+            client: the transport (an `sms.aio.Client`).
+            stream: the stream it writes to.
+            producer_id: its identity across restarts, 1..PRODUCER_ID_BYTES_MAX bytes
+                (str as UTF-8); None: a random one.
+            linger_ms: how long a record may wait for others to fill a request.
+            max_pending_per_partition: un-settled records per partition before send() waits.
+            max_pending_bytes: un-settled bytes in all before send() waits.
+            retry_backoff_ms, retry_backoff_max_ms: the first and the longest wait
+                before a resend.
+            delivery_timeout_s: a record not stored by then fails with Timeout.
+            clock_ms: the wall clock records are stamped with (tests inject one).
+
+        Raises:
+            InvalidProducerId, InvalidArgument (an option out of range)."""
         self.producer_id: bytes = producer_id_bytes(producer_id)
         self.stream = stream
         self._acc = Accumulator(
@@ -216,51 +257,70 @@ class Producer:
         self._wakeup: asyncio.Event | None = None
         self._progress = _Pulse()                # some record settled
         self._closing: asyncio.Event | None = None   # set when the close() under way ends
-        self._sender: asyncio.Task | None = None
+        self._sender: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- public API -------------------------------------------------------------------
     async def __aenter__(self) -> "Producer":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     @property
     def state(self) -> ProducerState:
+        """RUNNING, CLOSING, BROKEN or CLOSED."""
         return self._state
 
     @property
     def linger_s(self) -> float:
+        """How long a record may wait for others to fill a request, in seconds."""
         return self._acc.linger_s
 
     @property
     def max_pending_per_partition(self) -> int:
+        """Un-settled records per partition before send() waits."""
         return self._acc.max_pending_per_partition
 
     @property
     def max_pending_bytes(self) -> int:
+        """Un-settled bytes in all before send() waits."""
         return self._acc.max_pending_bytes
 
     @property
     def delivery_timeout_s(self) -> float:
+        """A record not stored within this fails with Timeout."""
         return self._acc.delivery_timeout_s
 
     async def send(self, data: bytes, partition_key: str, *, explicit_hash_key: int | str | None = None,
-                   dedup_key: bytes | str | None = None, headers=None) -> asyncio.Future:
+                   dedup_key: bytes | str | None = None,
+                   headers: Headers | None = None) -> asyncio.Future[ProducerResult]:
         """Queue one record and return a future of its `ProducerResult` (or its named
         error). Bad input raises at once and queues nothing; waits only while the record's
         partition has max_pending_per_partition un-settled records, or all partitions
-        max_pending_bytes."""
+        max_pending_bytes.
+
+        Args:
+            data: the record's bytes.
+            partition_key: routes the record, 1..256 characters.
+            explicit_hash_key: routes it instead of the key's hash.
+            dedup_key: de-duplicates it against other records of the same key (docs/dedup.md).
+            headers: name -> bytes or str.
+
+        Raises:
+            InvalidPartitionKey, InvalidHashKey, RecordTooLarge, InvalidRecordHeader,
+            InvalidDedupKey, DedupKeyTooLarge, InvalidArgument, StreamNotFound (the first
+            map), ProducerClosed, InternalError (the sender failed)."""
         self._check_running()
         prepared = prepare_record(partition_key, data, explicit_hash_key, headers)
         extra = prepared.extra
-        dedup_key = _dedup_key_bytes(dedup_key)
-        if dedup_key is not None:
-            extra += bytes((wire.TAG_DEDUP_KEY, len(dedup_key))) + dedup_key
-        return await self._queue(prepared.key, prepared.data, prepared.hash_key, extra)
+        dedup = _dedup_key_bytes(dedup_key)
+        if dedup is not None:
+            extra += bytes((wire.TAG_DEDUP_KEY, len(dedup))) + dedup
+        future = await self._queue(prepared.key, prepared.data, prepared.hash_key, extra)
+        return cast("asyncio.Future[ProducerResult]", future)     # (given no outcome, _queue makes a future)
 
-    async def send_batch(self, records) -> asyncio.Future:
+    async def send_batch(self, records: Iterable[RecordInput]) -> asyncio.Future[list[RecordOutcome]]:
         """send() for each record of `records`, in order: (partition_key, data) pairs, or
         (partition_key, data, explicit_hash_key) or dicts as `Client.put_records` takes
         them. Returns ONE future for the batch, resolving once every record is settled to a
@@ -268,32 +328,45 @@ class Producer:
         `SmsError`, like `asyncio.gather(..., return_exceptions=True)`). No future per
         record: the batch is the unit of work. Every record is checked before any is queued:
         bad input raises and queues none. Waits, like send(), while a partition or the
-        producer is full."""
+        producer is full.
+
+        Raises:
+            InvalidArgument (a record of another shape), InvalidPartitionKey,
+            InvalidHashKey, RecordTooLarge, InvalidRecordHeader, StreamNotFound,
+            ProducerClosed, InternalError."""
         self._check_running()
         return await self._queue_batch(prepare_records(records))
 
-    async def send_pinned(self, records) -> asyncio.Future:
+    async def send_pinned(self, records: Sequence[tuple[PreparedRecord, int, int]]
+                          ) -> asyncio.Future[list[RecordOutcome]]:
         """For writers that derive SSSNs from their input, so that a replay sends the same
         records under the same SSSNs (SPS stage outputs, the Spark sink): `records` are
         (PreparedRecord, session ordinal, SSSN), SSSNs rising within each session (or
         starting a session again once it is idle). A record keeps its session and SSSN
         even if that partition closed: it goes to the open partition covering its hash.
-        Returns one future of the outcomes, as send_batch()."""
+        Returns one future of the outcomes, as send_batch().
+
+        Raises:
+            ProducerClosed, InternalError, StreamNotFound (the first map); a pinned SSSN
+            out of range or below pending ones is an InvariantViolation."""
         self._check_running()
         return await self._queue_batch([(p.key, p.data, p.hash_key, p.extra) for p, _, _ in records],
                                        [(ordinal, sssn) for _, ordinal, sssn in records])
 
     async def stream_map(self) -> StreamInfo:
-        """The stream map this producer routes by."""
+        """The stream map this producer routes by (loaded at the first call). Raises
+        StreamNotFound."""
         return self._acc.info or await self._load_map()
 
-    async def put(self, data: bytes, partition_key: str, **kwargs) -> ProducerResult:
-        """send() and wait for the record's result; raises its named error."""
+    async def put(self, data: bytes, partition_key: str, **kwargs: Any) -> ProducerResult:
+        """send() (`kwargs`: explicit_hash_key, dedup_key, headers) and wait for the
+        record's result. Raises what send() raises, and the record's named error
+        (Timeout, or one that cannot be retried)."""
         return await (await self.send(data, partition_key, **kwargs))
 
     async def flush(self) -> None:
         """Wait until every record sent before this call is settled (acked or failed),
-        sending without lingering meanwhile."""
+        sending without lingering meanwhile. Raises InternalError if the sender failed."""
         # (the outcomes, not SSSNs: a record not yet sent when its partition closed moves to
         # a child's session under a new SSSN, and keeps its outcome)
         pending = [r.outcome for r in sorted(self._acc.unsettled(), key=lambda r: r.enqueued_s)]
@@ -314,7 +387,7 @@ class Producer:
     async def close(self, *, flush: bool = True) -> None:
         """Refuse new records, flush (unless `flush` is False: then every record not
         settled yet fails with ProducerClosed, though it may have been stored), then stop
-        the sender. Idempotent."""
+        the sender. Idempotent; raises nothing of its own."""
         while self._closing is not None:           # another close() is under way
             await self._closing.wait()
         if self._state is ProducerState.CLOSED:
@@ -337,8 +410,9 @@ class Producer:
             self._closing = None
             closing.set()
 
-    def statistics(self) -> dict:
-        """Pending records per partition, requests in flight, and totals since creation."""
+    def statistics(self) -> dict[str, Any]:
+        """The state, pending records per partition, requests in flight, and totals since
+        creation."""
         return {"state": self._state.value, **self._acc.statistics()}
 
     # --- states -------------------------------------------------------------------------
@@ -357,14 +431,16 @@ class Producer:
             raise errors.InternalError(f"producer of {self.stream!r} failed: {self._broken!r}") from self._broken
 
     # --- queueing ---------------------------------------------------------------------
-    async def _queue_batch(self, prepared: list, pins: list | None = None) -> asyncio.Future:
-        batch = _BatchOutcome(len(prepared), self._loop or self._bind_loop())
+    async def _queue_batch(self, prepared: Sequence[tuple[bytes, bytes, int, bytes]],
+                           pins: Sequence[tuple[int, int]] | None = None) -> asyncio.Future[list[RecordOutcome]]:
+        loop = self._loop or self._bind_loop()
+        batch = _BatchOutcome(len(prepared), loop)
         acc = self._acc
         i, n = 0, len(prepared)
         while i < n:
             if acc.info is not None and self._state is ProducerState.RUNNING:
                 start = i
-                i = acc.add_many(prepared, i, lambda index: _Slot(batch, index), self._loop.time(), pins)
+                i = acc.add_many(prepared, i, lambda index: _Slot(batch, index), loop.time(), pins)
                 if i > start:
                     self._kick()
                 if i == n:
@@ -378,8 +454,8 @@ class Producer:
             batch.future.set_result([])
         return batch.future
 
-    async def _queue(self, key: bytes, data: bytes, hash_key: int, extra: bytes, outcome=None,
-                     ordinal: int | None = None, sssn: int | None = None):
+    async def _queue(self, key: bytes, data: bytes, hash_key: int, extra: bytes, outcome: Outcome | None = None,
+                     ordinal: int | None = None, sssn: int | None = None) -> Outcome:
         size = len(key) + len(data) + SESSION_META_BYTES + len(extra)
         if size > limits.PUT_RECORDS_BYTES_MAX:
             errors.invariant(False, f"a valid record of {size} bytes fits no request")
@@ -416,7 +492,7 @@ class Producer:
         async with self._map_lock:
             if self._acc.info is None:
                 self._acc.set_map(await self._client.get_stream_info(self.stream, refresh=False))
-        return self._acc.info
+        return cast(StreamInfo, self._acc.info)      # (set just now, or before)
 
     async def _refresh_map(self) -> None:
         try:
@@ -452,7 +528,7 @@ class Producer:
         try:
             await self._sender
         except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():
+            if cast(asyncio.Task[Any], asyncio.current_task()).cancelling():   # (in a task: not None)
                 raise                              # close() itself was cancelled
 
     async def _run_sender(self) -> None:
@@ -469,7 +545,7 @@ class Producer:
         acc = self._acc
         async with asyncio.TaskGroup() as requests:
             while True:
-                self._wakeup.clear()
+                cast(asyncio.Event, self._wakeup).clear()    # (_ensure_sender set it before this task)
                 if acc.refresh_wanted and loop.time() >= acc.refresh_not_before_s:
                     await self._refresh_map()
                 due, wake_s = acc.poll(loop.time())
@@ -479,7 +555,7 @@ class Producer:
                 timeout_s = None if wake_s == float("inf") else max(0.0, wake_s - loop.time())
                 try:
                     async with asyncio.timeout(timeout_s):
-                        await self._wakeup.wait()
+                        await cast(asyncio.Event, self._wakeup).wait()
                 except TimeoutError:
                     pass
 
@@ -501,18 +577,25 @@ class Producer:
 class SyncProducer:
     """A `Producer` on the private loop of a synchronous `sms.Client`. `send()` returns a
     `concurrent.futures.Future`; do not call this producer from that future's callbacks
-    (they run on the client's loop thread)."""
+    (they run on the client's loop thread). Errors as `Producer`."""
 
-    def __init__(self, client, stream: str, producer_id: str | bytes | None = None, **kwargs):
+    def __init__(self, client: sync_client.Client, stream: str, producer_id: str | bytes | None = None,
+                 **kwargs: Any) -> None:
+        """A producer of `stream` on `client`'s loop; `kwargs` as `Producer`.
+
+        Raises:
+            InvalidProducerId, InvalidArgument (an option out of range), ProducerClosed
+            (the client is closed)."""
         self._client = client
         self._loop: asyncio.AbstractEventLoop = client._loop
         self._producer: Producer = self._run(self._make(client._aio, stream, producer_id, kwargs))
 
     @staticmethod
-    async def _make(aio_client, stream, producer_id, kwargs) -> Producer:
+    async def _make(aio_client: Transport, stream: str, producer_id: str | bytes | None,
+                    kwargs: dict[str, Any]) -> Producer:
         return Producer(aio_client, stream, producer_id, **kwargs)
 
-    def _run(self, coro):
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         if threading.current_thread() is getattr(self._client, "_thread", None):
             coro.close()
             errors.invariant(False, "SyncProducer called from its client's loop thread (a future's callback?)")
@@ -524,54 +607,75 @@ class SyncProducer:
     def __enter__(self) -> "SyncProducer":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property
     def producer_id(self) -> bytes:
+        """The producer's id (given, or the random one it made)."""
         return self._producer.producer_id
 
     def send(self, data: bytes, partition_key: str, *, explicit_hash_key: int | str | None = None,
-             dedup_key: bytes | str | None = None, headers=None) -> concurrent.futures.Future:
+             dedup_key: bytes | str | None = None,
+             headers: Headers | None = None) -> concurrent.futures.Future[ProducerResult]:
+        """Queue one record; a future of its `ProducerResult` or its named error
+        (`Producer.send`).
+
+        Raises:
+            InvalidPartitionKey, InvalidHashKey, RecordTooLarge, InvalidRecordHeader,
+            InvalidDedupKey, DedupKeyTooLarge, InvalidArgument, StreamNotFound,
+            ProducerClosed, InternalError."""
         return self._run(self._send(data, partition_key, explicit_hash_key, dedup_key, headers))
 
-    async def _send(self, data, partition_key, explicit_hash_key, dedup_key, headers) -> concurrent.futures.Future:
+    async def _send(self, data: bytes, partition_key: str, explicit_hash_key: int | str | None,
+                    dedup_key: bytes | str | None,
+                    headers: Headers | None) -> concurrent.futures.Future[ProducerResult]:
         future = await self._producer.send(data, partition_key, explicit_hash_key=explicit_hash_key,
                                            dedup_key=dedup_key, headers=headers)
-        out: concurrent.futures.Future = concurrent.futures.Future()
+        out: concurrent.futures.Future[ProducerResult] = concurrent.futures.Future()
         out.set_running_or_notify_cancel()         # a sent record cannot be called back
         future.add_done_callback(lambda f: _copy_outcome(f, out))
         return out
 
-    def put(self, data: bytes, partition_key: str, **kwargs) -> ProducerResult:
+    def put(self, data: bytes, partition_key: str, **kwargs: Any) -> ProducerResult:
+        """send() (`kwargs`: explicit_hash_key, dedup_key, headers) and wait for the
+        record's result. Raises what send() raises, and the record's named error."""
         return self.send(data, partition_key, **kwargs).result()
 
-    def send_batch(self, records) -> concurrent.futures.Future:
-        """`Producer.send_batch`: one future of the list of outcomes, in order."""
+    def send_batch(self, records: Iterable[RecordInput]) -> concurrent.futures.Future[list[RecordOutcome]]:
+        """`Producer.send_batch`: one future of the list of outcomes, in order.
+
+        Raises:
+            InvalidArgument, InvalidPartitionKey, InvalidHashKey, RecordTooLarge,
+            InvalidRecordHeader, StreamNotFound, ProducerClosed, InternalError."""
         return self._run(self._send_batch(list(records)))
 
-    async def _send_batch(self, records) -> concurrent.futures.Future:
+    async def _send_batch(self, records: list[RecordInput]) -> concurrent.futures.Future[list[RecordOutcome]]:
         future = await self._producer.send_batch(records)
-        out: concurrent.futures.Future = concurrent.futures.Future()
+        out: concurrent.futures.Future[list[RecordOutcome]] = concurrent.futures.Future()
         out.set_running_or_notify_cancel()
         future.add_done_callback(lambda f: _copy_outcome(f, out))
         return out
 
     def flush(self) -> None:
+        """Wait until every record sent before is settled. Raises InternalError if the
+        sender failed, ProducerClosed if the client is closed."""
         self._run(self._producer.flush())
 
     def close(self) -> None:
+        """Flush and stop the producer (`Producer.close`). Idempotent."""
         if self._loop.is_running():
             self._run(self._producer.close())
 
-    def statistics(self) -> dict:
+    def statistics(self) -> dict[str, Any]:
+        """`Producer.statistics`. Raises ProducerClosed if the client is closed."""
         return self._run(self._statistics())
 
-    async def _statistics(self) -> dict:
+    async def _statistics(self) -> dict[str, Any]:
         return self._producer.statistics()
 
 
-def _copy_outcome(source: asyncio.Future, target: concurrent.futures.Future) -> None:
+def _copy_outcome(source: asyncio.Future[_T], target: concurrent.futures.Future[_T]) -> None:
     if source.cancelled():
         target.set_exception(ProducerClosed("the record's future was cancelled"))
     elif source.exception() is not None:

@@ -6,7 +6,9 @@ producer."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sms import errors, hashing, limits, wire
 
@@ -20,7 +22,7 @@ class PreparedRecord:
 
 
 def prepare_record(partition_key: str, data: bytes, explicit_hash_key: int | str | None = None,
-                   headers=None) -> PreparedRecord:
+                   headers: Mapping[str, bytes | str] | None = None) -> PreparedRecord:
     hashing.validate_partition_key(partition_key)
     try:
         key = partition_key.encode("utf-8")
@@ -40,7 +42,7 @@ def prepare_record(partition_key: str, data: bytes, explicit_hash_key: int | str
     return PreparedRecord(key, data, hash_key, extra)
 
 
-def _fields(r) -> tuple:
+def _fields(r: object) -> tuple[Any, Any, Any, Any]:
     """(partition_key, data, explicit_hash_key, headers) of one record of a put."""
     if isinstance(r, dict):
         unknown = set(r) - {"partition_key", "data", "explicit_hash_key", "headers"}
@@ -54,19 +56,19 @@ def _fields(r) -> tuple:
                                  "or a tuple (partition_key, data[, explicit_hash_key[, headers]])")
 
 
-def prepare(r) -> PreparedRecord:
+def prepare(r: object) -> PreparedRecord:
     """One record of a put in any accepted shape, checked."""
     return prepare_record(*_fields(r))
 
 
-def encode_put(r) -> tuple[bytes, int]:
+def encode_put(r: object) -> tuple[bytes, int]:
     """(PutRecords entry, hash key) of one record in any accepted shape: the fallback of
     `wire.encode_puts`."""
     p = prepare(r)
     return wire.encode_entry(p.key, p.data, p.extra), p.hash_key
 
 
-def prepare_records(records) -> list[tuple[bytes, bytes, int, bytes]]:
+def prepare_records(records: Iterable[object]) -> list[tuple[bytes, bytes, int, bytes]]:
     """(key bytes, data, hash key, extra meta) per record of a put: (partition_key, data)
     or (partition_key, data, explicit_hash_key[, headers]) tuples, or dicts with those
     names. The usual shape, a (str, bytes) pair, takes a lean path; anything else goes

@@ -13,12 +13,25 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 
 from sms import errors, limits, metrics, security
 
 log = logging.getLogger(__name__)
+
+_Servicer = TypeVar("_Servicer")
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
+
+
+class ServicerContext(Protocol):
+    """What the handler wrappers use of a grpc.aio.ServicerContext (grpc ships no types)."""
+
+    def set_trailing_metadata(self, trailing_metadata: tuple[tuple[str, str], ...]) -> None: ...
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn: ...
 
 ERROR_KEY = "sms-error"
 
@@ -82,14 +95,15 @@ async def probe_port(address: str, timeout_s: float) -> str:
     return PROBE_LISTENING
 
 
-def rpc_errors(handler):
+def rpc_errors(handler: Callable[[_Servicer, _Request, ServicerContext], Awaitable[_Response]]
+               ) -> Callable[[_Servicer, _Request, ServicerContext], Awaitable[_Response]]:
     """Map SmsError (and unexpected exceptions) of a unary grpc.aio handler to a status."""
 
     method = handler.__name__
     seconds = metrics.RPC_SECONDS.labels(method)
 
     @functools.wraps(handler)
-    async def wrapper(self, request, context):
+    async def wrapper(self: _Servicer, request: _Request, context: ServicerContext) -> _Response:
         t0 = time.perf_counter()
         try:
             return await handler(self, request, context)
@@ -119,14 +133,15 @@ def rpc_errors(handler):
     return wrapper
 
 
-def rpc_stream_errors(handler):
+def rpc_stream_errors(handler: Callable[[_Servicer, _Request, ServicerContext], AsyncIterator[_Response]]
+                      ) -> Callable[[_Servicer, _Request, ServicerContext], AsyncIterator[_Response]]:
     """rpc_errors for a server-streaming handler (an async generator): its events pass
     through; a named error ends the stream with its status, as for a unary call."""
 
     method = handler.__name__
 
     @functools.wraps(handler)
-    async def wrapper(self, request, context):
+    async def wrapper(self: _Servicer, request: _Request, context: ServicerContext) -> AsyncIterator[_Response]:
         try:
             async for event in handler(self, request, context):
                 yield event
@@ -215,7 +230,7 @@ def use_node_tls(tls: "security.TlsConfig | None") -> None:
     _node_credentials = tls.channel_credentials() if tls is not None else None
 
 
-def _node_channel(address: str, options: list) -> grpc.aio.Channel:
+def _node_channel(address: str, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
     if _node_credentials is None:
         return grpc.aio.insecure_channel(address, options=options)
     # every node certificate names NODE_TARGET_NAME: a peer is checked as a node of this

@@ -25,6 +25,7 @@ import functools
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -120,7 +121,7 @@ def cert_serial(certificate: str) -> str:
     return certificate
 
 
-def peer_cert(context) -> PeerCert | None:
+def peer_cert(context: grpc.ServicerContext) -> PeerCert | None:
     """The certificate the caller of a gRPC call presented (verified against the CA by the
     handshake), or None: plaintext, or no certificate."""
     pems = context.auth_context().get("x509_pem_cert")
@@ -129,14 +130,14 @@ def peer_cert(context) -> PeerCert | None:
     return parse_cert(pems[0])
 
 
-def peer_node_id(context) -> str | None:
+def peer_node_id(context: grpc.ServicerContext) -> str | None:
     """The node id of the cluster node at the other end of the call, from its
     certificate; None if the caller holds no node certificate."""
     cert = peer_cert(context)
     return cert.name if cert is not None and cert.unit == NODE_UNIT else None
 
 
-def read_cluster_file(path: str) -> dict:
+def read_cluster_file(path: str) -> dict[str, Any]:
     """`sms up`'s DIR/cluster.json (given the file or DIR): address, ca_file, nodes."""
     if os.path.isdir(path):
         path = os.path.join(path, "cluster.json")
@@ -152,7 +153,7 @@ def read_cluster_file(path: str) -> dict:
     return info
 
 
-def cluster_file_options(path: str) -> tuple[str, dict]:
+def cluster_file_options(path: str) -> tuple[str, dict[str, str]]:
     """(address, client options) of the cluster a cluster file names: its CA and its
     admin token ("" for a plaintext cluster)."""
     info = read_cluster_file(path)

@@ -17,6 +17,7 @@ import hmac
 import re
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sms import limits, seqno
@@ -53,7 +54,7 @@ class Position:
 
 
 class TokenCodec:
-    def __init__(self, secret: bytes, clock=time.time):
+    def __init__(self, secret: bytes, clock: Callable[[], float] = time.time) -> None:
         assert len(secret) >= 16
         self.secret = secret
         self.clock = clock

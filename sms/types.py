@@ -9,11 +9,22 @@ from __future__ import annotations
 
 import bisect
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from sms import seqno
 from sms.errors import PartitionNotFound
+
+if TYPE_CHECKING:
+    from sms.batch import RecordBatch
+
+# A record's headers as a writer gives them: name -> value (str values are sent as UTF-8).
+Headers: TypeAlias = Mapping[str, bytes | str]
+# One record of a put, in the shapes `put_records` and the producer's `send_batch` take:
+# (partition_key, data[, explicit_hash_key[, headers]]), or a dict with those names.
+RecordInput: TypeAlias = (tuple[str, bytes] | tuple[str, bytes, int | str | None]
+                          | tuple[str, bytes, int | str | None, Headers | None] | Mapping[str, Any])
 
 
 class Persistence(str, enum.Enum):
@@ -142,7 +153,7 @@ class PartitionInfo:
     chain: tuple[ChainMember, ...]
     ingestion_owner: ChainMember | None
     learners: tuple[ChainMember, ...] = ()      # copying the tail's log before joining
-    history: tuple[dict, ...] = ()              # the chain's last changes {epoch, at_ms, action, node, reason}
+    history: tuple[dict[str, Any], ...] = ()              # the chain's last changes {epoch, at_ms, action, node, reason}
     ending_sn: int | None = None                # closed: its last SN (0: it held nothing)
     sealed: bool = False                        # its head takes no new records (closing or closed)
 
@@ -167,7 +178,7 @@ class StreamInfo:
     protect_unread: bool = False                # registered consumers' unread records are kept
     auto_split_records_per_s: int = 0           # 0: off
     auto_split_period_s: int = 0
-    repartition: dict | None = None             # the split / merge / scale under way (or last done)
+    repartition: dict[str, Any] | None = None             # the split / merge / scale under way (or last done)
     consumers: tuple[str, ...] = ()
     min_in_sync: int = 1                        # a partition takes new records only while its chain
                                                 # has at least this many members
@@ -242,7 +253,7 @@ class GetRecordsResult:
 
 @dataclass(frozen=True, slots=True)
 class GetRecordBatchResult:
-    batch: "object"                  # sms.batch.RecordBatch
+    batch: RecordBatch
     next_iterator: str | None
     millis_behind_latest: int
     child_partitions: tuple[str, ...] = ()

@@ -46,9 +46,9 @@ import logging
 import os
 import struct
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import xxhash
 
@@ -132,7 +132,7 @@ def decode_meta(meta: bytes | memoryview) -> dict[int, bytes]:
 
 # --- headers ----------------------------------------------------------------------------
 
-def encode_headers(headers: Mapping[str, bytes] | None) -> bytes:
+def encode_headers(headers: Mapping[str, bytes | str] | None) -> bytes:
     """A record's headers (name -> bytes or str) as meta TLVs; InvalidRecordHeader
     names the first broken limit."""
     if not headers:
@@ -243,9 +243,10 @@ def encode_session_entry(key: bytes, data: bytes, sssn: int, submit_ms: int, ext
     return ENTRY.pack(len(data), len(key), len(meta)) + key + meta + data
 
 
-def encode_session_entries(records: list, submit_ms: int) -> list[bytes]:
+def encode_session_entries(records: Iterable[Any], submit_ms: int) -> list[bytes]:
     """encode_session_entry() for each record (anything with key, data, sssn and extra),
-    all with the same submit time: one call per request, not per record."""
+    all with the same submit time: one call per request, not per record. (Any: the
+    producer's PendingRecord, whose `data` is bytes until it is encoded and None after.)"""
     session_meta, entry, tag_sssn, tag_submit = _SESSION_META.pack, ENTRY.pack, TAG_SSSN, TAG_SUBMIT_MS
     out = []
     for r in records:
@@ -255,9 +256,9 @@ def encode_session_entries(records: list, submit_ms: int) -> list[bytes]:
     return out
 
 
-def encode_session_ordinals(ordinals) -> bytes:
-    ordinals = list(ordinals)
-    return struct.pack(f"<{len(ordinals)}I", *ordinals)
+def encode_session_ordinals(ordinals: Iterable[int]) -> bytes:
+    ordinal_list = list(ordinals)
+    return struct.pack(f"<{len(ordinal_list)}I", *ordinal_list)
 
 
 def decode_ordinals(raw: bytes) -> list[int]:
@@ -428,7 +429,7 @@ class PutEntry(NamedTuple):
 class SessionFields(NamedTuple):
     """The producer-session fields of one stored record, for a dedup table rebuild."""
 
-    index: int                  # in its batch
+    index: int  # type: ignore[assignment]  # in its batch (a field named as tuple.index: the C codec sets it)
     producer_id: bytes
     sssn: int
     dedup_key: bytes | None
@@ -454,11 +455,12 @@ def _signature(key: bytes, data: bytes, headers: bytes = b"") -> bytes:
     return h.digest()
 
 
-def _encode_puts(records, fallback) -> tuple[list[bytes], list[int]]:
+def _encode_puts(records: Iterable[Any], fallback: Callable[[Any], tuple[bytes, int]]) -> tuple[list[bytes], list[int]]:
     """(entry, hash key) per record of a put: (partition_key str, data bytes) pairs take
     the lean path; any other shape goes through `fallback(record) -> (entry, hash key)`,
     which validates it (named errors). The entries carry no session fields."""
-    entries, hashes = [], []
+    entries: list[bytes] = []
+    hashes: list[int] = []
     key_min, key_max = limits.PARTITION_KEY_CHARS_MIN, limits.PARTITION_KEY_CHARS_MAX
     data_max, pack = limits.RECORD_DATA_BYTES_MAX, ENTRY.pack
     for r in records:
@@ -529,22 +531,25 @@ def _parse_put(count: int, blob: bytes, producer_id: bytes) -> list[PutEntry]:
             _t1, _l1, sssn, _t2, _l2, submit_ms = _SESSION_META.unpack_from(blob, m)
             out.append(PutEntry(hash_of(key), key, data, sssn, submit_ms, None, None, b"", _signature(key, data)))
             continue
-        hash_key = sssn = submit_ms = 0
-        explicit = dedup_key = session_ordinal = None
-        headers = []
+        explicit: bytes | None = None
+        dedup_key: bytes | None = None
+        raw_sssn = raw_submit = b""
+        raw_session: bytes | None = None
+        session_ordinal: int | None = None
+        headers: list[bytes] = []
         has_sssn = has_submit = False
         if meta_len:
             for tag, value in iter_meta(blob[m:d]):
                 if tag == TAG_EXPLICIT_HASH_KEY:
                     explicit = value
                 elif tag == TAG_SSSN:
-                    sssn, has_sssn = value, True
+                    raw_sssn, has_sssn = value, True
                 elif tag == TAG_SUBMIT_MS:
-                    submit_ms, has_submit = value, True
+                    raw_submit, has_submit = value, True
                 elif tag == TAG_DEDUP_KEY:
                     dedup_key = value
                 elif tag == TAG_SESSION_ORDINAL:
-                    session_ordinal = value
+                    raw_session = value
                 elif tag == TAG_HEADER:
                     headers.append(_tlv(tag, value))
         if explicit is not None:
@@ -556,16 +561,16 @@ def _parse_put(count: int, blob: bytes, producer_id: bytes) -> list[PutEntry]:
         if producer_id:
             if not (has_sssn and has_submit):
                 raise InvalidArgument(f"record {i}: a producer session needs an SSSN and a submit time per record")
-            sssn = _u64(sssn, "SSSN", i)
-            submit_ms = _u64(submit_ms, "submit time", i)
+            sssn = _u64(raw_sssn, "SSSN", i)
+            submit_ms = _u64(raw_submit, "submit time", i)
         else:
             sssn = submit_ms = 0
             if dedup_key is not None:
                 raise InvalidArgument(f"record {i}: a dedup key needs a producer session (producer_id)")
-        if session_ordinal is not None:
-            if not producer_id or len(session_ordinal) != 4:
+        if raw_session is not None:
+            if not producer_id or len(raw_session) != 4:
                 raise InvalidArgument(f"record {i}: a session partition is 4 bytes and needs a producer session")
-            session_ordinal = int.from_bytes(session_ordinal, "big")
+            session_ordinal = int.from_bytes(raw_session, "big")
         raw_headers = b"".join(headers)
         if raw_headers:
             try:
@@ -582,7 +587,26 @@ def _parse_put(count: int, blob: bytes, producer_id: bytes) -> list[PutEntry]:
     return out
 
 
-def _stored_entries(records) -> bytes:
+class StoredRecord(Protocol):
+    """What `stored_entries` reads of a record to store (ingestion's writes)."""
+
+    @property
+    def key(self) -> bytes: ...
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def headers(self) -> bytes: ...
+    @property
+    def producer_id(self) -> bytes: ...
+    @property
+    def sssn(self) -> int: ...
+    @property
+    def dedup_key(self) -> bytes | None: ...
+    @property
+    def session_ordinal(self) -> int | None: ...
+
+
+def _stored_entries(records: Iterable[StoredRecord]) -> bytes:
     """The stored entries of records (each with `key`, `data`, `producer_id`, `sssn`,
     `dedup_key`, `session_ordinal`, `headers`), back to back: key, data, and the session
     fields a dedup rebuild reads back (TLVs in tag order: producer id, SSSN, dedup key,
@@ -605,7 +629,7 @@ def _stored_entries(records) -> bytes:
     return b"".join(out)
 
 
-def _check_stored(i: int, s) -> None:
+def _check_stored(i: int, s: StoredRecord) -> None:
     """Every field of a record to store fits its stored field (ingestion's parse bounds
     them all: this names a programmer error instead of writing bytes that do not frame)."""
     meta = len(s.headers)
@@ -706,7 +730,10 @@ COLUMNS = ("key_offsets", "key_values", "data_offsets", "data_values", "sn_offse
            "header_values")
 
 
-def _columns(batch: bytes, start: int, end: int) -> tuple:
+Columns = tuple[int, *tuple[bytes, ...]]     # (count, then one buffer per name in COLUMNS)
+
+
+def _columns(batch: bytes, start: int, end: int) -> Columns:
     """Records [start, end) of a verified stored batch as Arrow-shaped buffers: (count,
     then the COLUMNS): keys, data and SNs (decimal text) as int32 little-endian offsets plus
     values; arrival times as int64 ms; headers as a map (per-record offsets into the header
@@ -760,10 +787,11 @@ reference = types.SimpleNamespace(
 
 # --- which implementation is in force ------------------------------------------------------
 
-def _load_compiled():
-    """The compiled implementation, configured, or None (not built, or SMS_PURE_PYTHON)."""
+def _load_compiled() -> Any:
+    """The compiled implementation (an untyped extension module), configured, or None
+    (not built, or SMS_PURE_PYTHON)."""
     try:
-        from sms import _wire  # type: ignore[attr-defined]
+        import sms._wire as _wire
     except ImportError as e:
         log.info("sms.wire: the compiled codec is not built (%s); using the pure-Python reference", e)
         return None
@@ -783,12 +811,24 @@ compiled = None if os.environ.get("SMS_PURE_PYTHON", "") not in ("", "0") else _
 _impl = compiled or reference
 IMPLEMENTATION = "compiled" if compiled else "python"
 
-encode_puts = _impl.encode_puts
-parse_put = _impl.parse_put
-stored_entries = _impl.stored_entries
-check_framing = _impl.check_framing
-decode_records = _impl.decode_records
-columns = _impl.columns
-session_fields = _impl.session_fields
-signature = _impl.signature
-hash_key = _impl.hash_key
+if TYPE_CHECKING:
+    # the compiled module is untyped: its functions take and return what the reference does
+    encode_puts = _encode_puts
+    parse_put = _parse_put
+    stored_entries = _stored_entries
+    check_framing = _check_framing
+    decode_records = _decode_records
+    columns = _columns
+    session_fields = _session_fields
+    signature = _signature
+    hash_key = _hash_of
+else:
+    encode_puts = _impl.encode_puts
+    parse_put = _impl.parse_put
+    stored_entries = _impl.stored_entries
+    check_framing = _impl.check_framing
+    decode_records = _impl.decode_records
+    columns = _impl.columns
+    session_fields = _impl.session_fields
+    signature = _impl.signature
+    hash_key = _impl.hash_key
