@@ -160,6 +160,7 @@ def cmd_up(args) -> int:
             raise
         raise _port_busy_exit(f"{host}:{args.port}") from None      # taken since the check above
     print(f"address: {cluster.address}", flush=True)
+    print(f"console: {cluster.console_url} (read-only; the browser must trust the cluster CA)", flush=True)
     if cluster.tls:
         print(f"tls: CA {cluster.ca_file}; admin token in {os.path.join(cluster.data_dir, 'cluster.json')} "
               f"(the sms command and sms.Client.from_cluster_file use both)", flush=True)

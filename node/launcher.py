@@ -87,6 +87,12 @@ class LocalCluster:
         return self.procs["control"].address
 
     @property
+    def console_url(self) -> str:
+        """The web console (node/console.py), served by the first control node on its metrics port."""
+        address = self.procs["control"].metrics_address if "control" in self.procs else ""
+        return f"{'https' if self.tls else 'http'}://{address}/console/" if address else ""
+
+    @property
     def ca_file(self) -> str:
         """The CA certificate clients trust ("" for a plaintext cluster)."""
         return os.path.join(self.ca_dir, "ca.pem") if self.tls else ""
@@ -230,6 +236,7 @@ class LocalCluster:
         info = {"address": self.address, "ca_file": self.ca_file, "token": self.admin_token,
                 "launcher_pid": os.getpid(),
                 "metastore": self.metastore,
+                "console": self.console_url,
                 "nodes": nodes}
         _write_json(path, info)
 

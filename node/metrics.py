@@ -189,9 +189,12 @@ def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", ke
 
     def dispatch(environ, start_response):
         path = environ.get("PATH_INFO", "")
-        if path == "/metrics" or app is None:
+        if path == "/metrics":
             return metrics_app(environ, start_response)
-        return app(environ, start_response)
+        if app is not None:
+            return app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found: this node serves /metrics\n"]
 
     host, _, port = listen.rpartition(":")
     REGISTRY.register(collector)

@@ -98,6 +98,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     from metastore.view import ClusterView
     from control.service import ControlService
     from ingestion.service import IngestionService
+    from node.console import Console
     from node.health import NodeHealth
     from node.metrics import NodeCollector, serve_metrics, stop_metrics
     from retrieval.service import RetrievalService
@@ -219,8 +220,11 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
 
     collector = NodeCollector(loop, node_id, roles, data_dir, storage=storage, ingestion=ingestion, view=view,
                               is_leader=lambda: control.admin is not None)
+    # the web console (node/console.py), read-only, on the metrics port of a control node
+    console = (Console(loop, node_id, view, control.groups, is_leader=lambda: control.admin is not None)
+               if "control" in roles else None)
     metrics_server, metrics_address = serve_metrics(metrics_listen or f"{host}:0", collector,
-                                                    *(tls_files if tls is not None else ("", "")))
+                                                    *(tls_files if tls is not None else ("", "")), app=console)
     info = NodeInfo(node_id=node_id, address=address, roles=roles, pid=os.getpid(), started_ms=started_ms,
                     cluster_address=cluster_address, metrics_address=metrics_address)
     async def register(path: str, value: bytes) -> None:

@@ -56,6 +56,18 @@ def test_up_with_a_config_file_and_a_backup_restored(tmp_path):
         said = next(line["message"] for line in lines if line["message"].startswith("configuration: "))
         assert f"storage.size_cap_bytes=268435456 ({conf})" in said, said
 
+        # the web console: printed by `sms up`, in cluster.json, and answering
+        with open(data / "cluster.json") as f:
+            info = json.load(f)
+        assert info["console"].startswith("https://") and info["console"].endswith("/console/")
+        assert started.lines.get(timeout=30) == f"console: {info['console']} (read-only; the browser must trust " \
+                                                "the cluster CA)"
+        import ssl
+        import urllib.request
+        state_url = info["console"].replace("/console/", "/api/state")
+        state = json.loads(urllib.request.urlopen(state_url, context=ssl.create_default_context(
+            cafile=info["ca_file"]), timeout=30).read())
+        assert {n["node_id"] for n in state["nodes"]} >= {"control", "n1"}, state["nodes"]
         cli.ok(cli.sms_cmd(d, "stream", "create", "orders", "--partitions", "2"))
         cli.ok(cli.sms_cmd(d, "put", "orders", "one", "two", "three", "--key", "k1"))
         cli.ok(cli.sms_cmd(d, "put", "orders", "four", "--key", "k2"))
