@@ -23,7 +23,8 @@ from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from sms import limits, seqno
-from sms.metadata import parse_chain_id
+from sms.leases import SHARD_END, Lease
+from sms.metadata import ConsumerRecord, consumer_path, parse_chain_id
 from sms.types import partition_id
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class NodeCollector:
     leader every chain."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, node_id: str, roles: tuple[str, ...], data_dir: str,
-                 storage=None, ingestion=None, view=None, is_leader=lambda: False):
+                 storage=None, ingestion=None, view=None, is_leader=lambda: False, groups=None):
         self.loop = loop
         self.node_id = node_id
         self.roles = roles
@@ -45,6 +46,7 @@ class NodeCollector:
         self.ingestion = ingestion
         self.view = view
         self.is_leader = is_leader
+        self.groups = groups          # control/groups.py: consumer groups' and SPS stages' leases
 
     def describe(self):
         """Nothing ahead of a scrape (else registering would call collect() on the event
@@ -69,6 +71,8 @@ class NodeCollector:
         out = []
         if self.storage is not None:
             out += self._storage()
+            if self.groups is not None and self.view is not None:
+                out += await self._consumer_lag()
         if self.ingestion is not None:
             out += self._ingestion()
         if self.view is not None and self.is_leader():
@@ -127,6 +131,57 @@ class NodeCollector:
         total = GaugeMetricFamily("sms_disk_bytes", "Size of the data directory's file system")
         total.add_metric([], disk.total)
         return [epoch, records, behind, behind_ms, connected, chains, frames, failed, used, size, free, total]
+
+    async def _consumer_lag(self) -> list:
+        """How far each consumer group (SPS stages are groups too) and registered consumer
+        is behind, per partition this node heads: from the partition's commit point here
+        and the checkpoints in the metadata store."""
+        labels = ["stream", "partition", "consumer", "kind"]
+        lag = GaugeMetricFamily("sms_consumer_lag_records", "Committed records a consumer group, SPS stage or "
+                                "registered consumer has not checkpointed (on the partition's head)", labels=labels)
+        lag_ms = GaugeMetricFamily("sms_consumer_lag_ms", "Age of the newest committed record past a consumer's "
+                                   "checkpoint, by the SNs' times (on the partition's head)", labels=labels)
+        heads: dict[str, dict[int, dict]] = {}
+        for s in self.storage.status():
+            if s["role"] == "head" and s["committed_sn"]:
+                stream, ordinal = parse_chain_id(s["chain_id"])
+                heads.setdefault(stream, {})[ordinal] = s
+        for stream, parts in heads.items():
+            try:
+                names = await self.groups.list(stream)
+                checkpoints = []
+                for group in names:
+                    leases, _members = await self.groups.state(stream, group)
+                    for _key, value, version in leases:
+                        try:
+                            lease = Lease.from_bytes(value, version)
+                        except (ValueError, KeyError, TypeError):
+                            continue
+                        checkpoints.append((group, "group", lease.ordinal, lease.checkpoint))
+                sv = await self.view.stream(stream)
+                for name in sv.consumers:
+                    if name in names:
+                        continue                       # (a group registers as a consumer too: counted above)
+                    entry = await self.view.store.get(consumer_path(stream, name))
+                    done_at = dict(ConsumerRecord.from_bytes(entry.value).checkpoints) if entry is not None else {}
+                    for ordinal in parts:      # (no checkpoint of a partition yet: all of it is unread)
+                        sn = done_at.get(ordinal)
+                        done = "TRIM_HORIZON" if sn is None else SHARD_END if sn == ConsumerRecord.SHARD_END_SN \
+                            else str(sn)
+                        checkpoints.append((name, "consumer", ordinal, done))
+            except Exception:                  # noqa: BLE001 (deleted meanwhile, or the store slow: next scrape)
+                log.debug("metrics: consumer lag of %s not read", stream, exc_info=True)
+                continue
+            for name, kind, ordinal, done in checkpoints:
+                s = parts.get(ordinal)
+                if s is None:
+                    continue
+                behind = _behind(done, ordinal, s["committed_sn"], s["first_sn"])
+                if behind is not None:
+                    values = [stream, partition_id(ordinal), name, kind]
+                    lag.add_metric(values, behind[0])
+                    lag_ms.add_metric(values, behind[1])
+        return [lag, lag_ms]
 
     def _ingestion(self) -> list:
         labels = ["stream", "partition"]
@@ -217,3 +272,22 @@ def stop_metrics(server, collector: NodeCollector) -> None:
     server.shutdown()
     server.server_close()
     REGISTRY.unregister(collector)
+
+
+def _behind(checkpoint: str, ordinal: int, committed: int, first: int) -> tuple[int, int] | None:
+    """(records, ms) between a checkpoint and the partition's commit point; None when the
+    checkpoint does not say (LATEST before a first read, a time)."""
+    top = seqno.counter_of(committed)
+    if checkpoint == SHARD_END:
+        return 0, 0
+    if checkpoint.isdigit():
+        done = int(checkpoint)
+        if done and seqno.ordinal_of(done) == ordinal:
+            n = max(0, top - seqno.counter_of(done))
+            return n, (max(0, seqno.timestamp_ms_of(committed) - seqno.timestamp_ms_of(done)) if n else 0)
+        checkpoint = "TRIM_HORIZON"           # (0, or a parent's SN: nothing of this partition read yet)
+    if checkpoint == "TRIM_HORIZON":
+        start = seqno.counter_of(first) if first else 1
+        n = max(0, top - start + 1)
+        return n, (max(0, seqno.timestamp_ms_of(committed) - seqno.timestamp_ms_of(first)) if n and first else 0)
+    return None

@@ -219,7 +219,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         await storage.start()
 
     collector = NodeCollector(loop, node_id, roles, data_dir, storage=storage, ingestion=ingestion, view=view,
-                              is_leader=lambda: control.admin is not None)
+                              is_leader=lambda: control.admin is not None, groups=control.groups)
     # the web console (node/console.py), read-only, on the metrics port of a control node
     console = (Console(loop, node_id, view, control.groups, is_leader=lambda: control.admin is not None)
                if "control" in roles else None)

@@ -169,3 +169,70 @@ def test_metrics_listen_chooses_the_address(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_counters_move_under_load(cluster, worked):
+    """Scraped while a producer writes: the head's counters rise between two scrapes."""
+    import threading
+
+    stop = threading.Event()
+
+    def load() -> None:
+        with sms.Client(cluster.address, **cluster.client_options()) as client:
+            i = 0
+            while not stop.is_set():
+                client.put_records(STREAM, [(f"load-{i}-{j}", b"x" * 20) for j in range(50)])
+                i += 1
+
+    writer = threading.Thread(target=load, daemon=True)
+    writer.start()
+    try:
+        def written() -> float:
+            return sum(total(s, "sms_put_records_total", stream=STREAM) for s in scrapes(cluster).values())
+        first = written()
+        from tests.conftest import wait_until
+        wait_until(lambda: written() >= first + 500, 60, "sms_put_records_total rising under load")
+        commits = sum(total(s, "sms_storage_commit_seconds_count") for s in scrapes(cluster).values())
+        wait_until(lambda: sum(total(s, "sms_storage_commit_seconds_count") for s in scrapes(cluster).values())
+                   > commits, 60, "LMDB commits counted under load")
+    finally:
+        stop.set()
+        writer.join(timeout=60)
+
+
+def test_consumer_lag_on_each_head(cluster):
+    """A registered consumer's lag per partition, on the partition's head: every record,
+    then what is left after a checkpoint mid-partition, then none."""
+    from tests.conftest import wait_until
+
+    stream = "lagging"
+    with sms.Client(cluster.address, **cluster.client_options()) as client:
+        client.create_stream(stream, partitions=1, replication_factor=2)
+        client.put_records(stream, [(f"k{i}", b"v") for i in range(100)])
+        client.register_consumer(stream, "audit")
+        records = list(client.read_stream(stream))
+
+        def lag() -> list[tuple[dict, float]]:
+            return [(labels, v) for s in scrapes(cluster).values() for labels, v in s.get("sms_consumer_lag_records", [])
+                    if labels["stream"] == stream]
+        wait_until(lambda: [v for _l, v in lag()] == [100], 30, f"a lag of 100 on the head: {lag()}")
+        (labels, _v), = lag()
+        assert labels == {"stream": stream, "partition": "p0000", "consumer": "audit", "kind": "consumer"}
+        client.checkpoint_consumer(stream, "audit", {0: records[59].sn})
+        wait_until(lambda: [v for _l, v in lag()] == [40], 30, f"a lag of 40 after the checkpoint: {lag()}")
+        client.checkpoint_consumer(stream, "audit", {0: records[-1].sn})
+        wait_until(lambda: [v for _l, v in lag()] == [0], 30, f"no lag: {lag()}")
+
+        # a consumer group: its lease's checkpoint, once it has read everything
+        with client.consumer(stream, "billing") as consumer:
+            got = 0
+            for batch in consumer:
+                got += len(batch.records)
+                if got >= 100:
+                    break
+
+        def group_lag() -> list[float]:
+            return [v for labels, v in lag() if labels["kind"] == "group" and labels["consumer"] == "billing"]
+        wait_until(lambda: group_lag() == [0], 30, f"the group's lag 0 once it checkpointed: {lag()}")
+        client.put_records(stream, [(f"more{i}", b"v") for i in range(7)])
+        wait_until(lambda: group_lag() == [7], 30, f"the group's lag 7 after 7 more records: {lag()}")
