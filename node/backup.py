@@ -36,6 +36,8 @@ from sms import errors, limits
 EXPORT_FORMAT = 1
 STREAM_FILE = "stream.json"
 EXPORT_PAGE_RECORDS = 10_000          # records per read while exporting
+EXPORT_EMPTY_WAIT_MS = 500            # an empty page is read again, waiting so long for records
+EXPORT_CLOSED_WAIT_S = 60.0           # a closed partition must be read to its end within this
 IMPORT_BATCH_RECORDS = limits.PUT_RECORDS_COUNT_MAX
 
 
@@ -90,8 +92,13 @@ async def export_stream(client, stream: str, directory: str, progress=None) -> d
         n = 0
         with pq.ParquetWriter(path, schema, compression="zstd") as writer:
             iterator = await client.get_iterator(stream, p.ordinal, "TRIM_HORIZON")
+            closed = p.state.value == "CLOSED"
+            deadline = time.monotonic() + EXPORT_CLOSED_WAIT_S
+            empty = 0
             while iterator is not None:
-                page = await client.get_next_record_batch(iterator, max_records=EXPORT_PAGE_RECORDS)
+                # (an empty page waits a little: a lagging replica may have answered it)
+                page = await client.get_next_record_batch(iterator, max_records=EXPORT_PAGE_RECORDS,
+                                                          wait_ms=EXPORT_EMPTY_WAIT_MS if empty else 0)
                 batches = page.batch.to_arrow_batches(timestamp_unit="ms") if len(page.batch) else []
                 if batches:
                     writer.write_table(pa.Table.from_batches(batches, schema=schema))
@@ -99,9 +106,16 @@ async def export_stream(client, stream: str, directory: str, progress=None) -> d
                     total += len(page.batch)
                     if progress is not None:
                         progress(total)
+                    empty = 0
+                else:
+                    empty += 1
                 iterator = page.next_iterator
-                if not len(page.batch) and page.millis_behind_latest == 0:
-                    break                     # (an open partition, caught up)
+                if iterator is not None and empty:
+                    if not closed and empty >= 2:
+                        break                 # (an open partition, caught up twice in a row)
+                    if closed and time.monotonic() > deadline:
+                        raise errors.Unavailable(f"{stream} {p.partition_id} is closed but its end was not "
+                                                 f"reached within {EXPORT_CLOSED_WAIT_S:g} s; export again")
         counts[p.ordinal] = n
     doc = {"format": EXPORT_FORMAT, "exported_at_ms": int(time.time() * 1000), "stream": info.name,
            "settings": {"replication_factor": info.replication_factor, "persistence": info.persistence.value,
@@ -144,7 +158,9 @@ async def import_stream(client, directory: str, stream: str, progress=None) -> d
                                retention_hours=settings["retention_hours"],
                                dedup_window_s=settings["dedup_window_s"], min_in_sync=settings["min_in_sync"])
     written = 0
-    producer_id = f"import:{doc['stream']}:{doc['exported_at_ms']}"[:limits.PRODUCER_ID_BYTES_MAX]
+    # (a fresh producer id per import: a stream deleted and imported again must not meet the
+    # de-dup sessions of the first import, which would answer its records as duplicates)
+    producer_id = f"import:{os.urandom(8).hex()}:{doc['stream']}"[:limits.PRODUCER_ID_BYTES_MAX]
     async with client.producer(stream, producer_id) as producer:
         for p in doc["partitions"]:          # (parents before children: written in that order)
             path = os.path.join(directory, f"{p['partition_id']}.parquet")

@@ -141,10 +141,16 @@ def cmd_up(args) -> int:
     if args.config:             # (checked here, then every node reads it: node/config.py)
         from node import config
         try:
-            config.load(args.config)
+            values = config.load(args.config)
         except config.ConfigError as e:
             raise SystemExit(f"error: {e}") from None
+        own = [k for k in ("node.listen", "node.cluster_listen", "node.metrics_listen")
+               if values[k].source == os.path.abspath(args.config) or values[k].source == args.config]
+        if own:                     # (one address for every node: all but one would fail to bind)
+            raise SystemExit(f"error: {args.config}: {', '.join(own)} is a node's own address; `sms up` chooses "
+                             "each node's (leave it out of a file for sms up)")
         os.environ[config.ENV_CONFIG] = os.path.abspath(args.config)
+        config.apply(values)        # (the launcher's own: timeouts.node_stop_s)
     cluster = LocalCluster(args.data_dir, nodes=args.nodes, port=args.port, metastore=args.metastore,
                            controls=args.controls, tls=not args.insecure, ca_dir=args.ca_dir, host=host)
     stop = threading.Event()
@@ -160,7 +166,8 @@ def cmd_up(args) -> int:
             raise
         raise _port_busy_exit(f"{host}:{args.port}") from None      # taken since the check above
     print(f"address: {cluster.address}", flush=True)
-    print(f"console: {cluster.console_url} (read-only; the browser must trust the cluster CA)", flush=True)
+    key = "?token=<the token in cluster.json>" if cluster.tls else ""      # (never the token itself on stdout)
+    print(f"console: {cluster.console_url}{key} (read-only; the browser must trust the cluster CA)", flush=True)
     if cluster.tls:
         print(f"tls: CA {cluster.ca_file}; admin token in {os.path.join(cluster.data_dir, 'cluster.json')} "
               f"(the sms command and sms.Client.from_cluster_file use both)", flush=True)

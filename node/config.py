@@ -34,6 +34,7 @@ The TOML file:
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass
@@ -92,7 +93,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a call waits so long for the metadata store, then answers Unavailable (default: the session TTL)",
             "METADATA_READ_WAIT_S", 0.5, 300.0),
     Setting("timeouts.repartition_s", float, limits.REPARTITION_WAIT_S,
-            "a repartition returns, or times out, within this", "REPARTITION_WAIT_S", 5.0, 3600.0),
+            "a repartition returns, or times out, within this, on the control node (a client waits "
+            "REPARTITION_WAIT_S + its own timeout)", "REPARTITION_WAIT_S", 5.0, 3600.0),
     Setting("timeouts.node_stop_s", float, limits.NODE_STOP_TIMEOUT_S,
             "a stopping node is killed after this", "NODE_STOP_TIMEOUT_S", 1.0, 600.0),
     Setting("ingestion.pending_records_max", int, limits.INGEST_PENDING_RECORDS_MAX,
@@ -110,7 +112,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log.file", str, "", "a file to log to, rotated (default: standard error)"),
     Setting("log.file_bytes_max", int, limits.LOG_FILE_BYTES_MAX, "a log file is rotated at this size",
             "LOG_FILE_BYTES_MAX", 64 * 1024, 100 * GiB),
-    Setting("log.file_backups", int, limits.LOG_FILE_BACKUPS, "old log files kept", "LOG_FILE_BACKUPS", 0, 1000),
+    Setting("log.file_backups", int, limits.LOG_FILE_BACKUPS, "old log files kept (at least 1: with none, "
+            "Python's rotation never rotates)", "LOG_FILE_BACKUPS", 1, 1000),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 _LOG_ENV = {"log.level": logs.ENV_LEVEL, "log.format": logs.ENV_FORMAT, "log.file": logs.ENV_FILE}
@@ -135,6 +138,8 @@ def _check(setting: Setting, raw: Any, source: str) -> Any:
         raw = float(raw)
     if not isinstance(raw, kind) or isinstance(raw, bool):
         raise ConfigError(f"{where}: expected {kind.__name__}")
+    if kind is float and not math.isfinite(raw):
+        raise ConfigError(f"{where}: expected a finite number")
     if kind is str:
         raw = raw.strip()
         if setting.choices:

@@ -159,6 +159,8 @@ class LocalCluster:
         cmd = [sys.executable, "-m", "node", "serve", "--node-id", node_id, "--roles", node.roles,
                "--metastore", self.metastore, "--data-dir", os.path.join(self.data_dir, node_id),
                "--listen", listen, "--ready-file", ready] + self._tls_args(node)
+        if node.roles == "control" and node.metrics_address:
+            cmd += ["--metrics-listen", node.metrics_address]     # (the console's address survives a restart)
         # a node added to a running `sms up` (`sms node add`) lives as long as that launcher
         cmd += ["--exit-with-pid", str(self.launcher_pid)] if self.launcher_pid else ["--exit-with-parent"]
         if self.expose_sessions:
@@ -281,6 +283,9 @@ class LocalCluster:
         _, logfile = self._paths(node_id)
         how = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         died = f"node {node_id} (pid {node.pid}) {how}"
+        if code == 0:                   # (stopped on purpose, e.g. SIGTERM after a drain: it stays down)
+            self._held_down.add(node_id)
+            return f"node {node_id} (pid {node.pid}) stopped cleanly; it stays down until `sms up` starts again"
         window = f"in the last {limits.NODE_RESTART_WINDOW_S:g} s"
         if len(recent) >= limits.NODE_RESTARTS_MAX:
             self._given_up.add(node_id)
@@ -289,7 +294,7 @@ class LocalCluster:
         recent.append(now)
         try:
             self.spawn(node_id)
-        except OSError as e:            # (its log directory or certificate unwritable, say)
+        except Exception as e:          # noqa: BLE001 (its log directory or certificate unwritable, say)
             self._given_up.add(node_id)
             return f"{died}; it stays down: it could not be started again: {e}"
         self._starting[node_id] = now
@@ -345,7 +350,7 @@ class LocalCluster:
             try:
                 node.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0f s of SIGTERM; its stacks go to its log, then SIGKILL",
+                log.warning("%s did not stop within %.0f s of SIGTERM; its stacks go to its NODE.out, then SIGKILL",
                             node.node_id, limits.NODE_STOP_TIMEOUT_S)
                 node.proc.send_signal(signal.SIGUSR2)      # every thread's stack to the log (faulthandler)
                 node.proc.send_signal(signal.SIGUSR1)      # every asyncio task's stack to the log

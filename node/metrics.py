@@ -18,18 +18,24 @@ import logging
 import os
 import shutil
 import socket
+import time
 
-from prometheus_client import REGISTRY, Counter
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from sms import limits, seqno
+from sms.metrics import REGISTRY
 from sms.leases import SHARD_END, Lease
 from sms.metadata import ConsumerRecord, consumer_path, parse_chain_id
 from sms.types import partition_id
 
 log = logging.getLogger(__name__)
 
-SCRAPE_ERRORS = Counter("sms_scrape_errors", "Scrapes whose node state could not be read in time")
+SCRAPE_ERRORS = Counter("sms_scrape_errors", "Scrapes whose node state could not be read in time",
+                        registry=REGISTRY)
+# the process's own (CPU, memory, open files, GC), as prometheus_client's default registry has them
+for _standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REGISTRY.register(_standard)
 
 
 class NodeCollector:
@@ -47,6 +53,7 @@ class NodeCollector:
         self.view = view
         self.is_leader = is_leader
         self.groups = groups          # control/groups.py: consumer groups' and SPS stages' leases
+        self._lag: tuple[float, list] | None = None     # (when, the consumer lag families)
 
     def describe(self):
         """Nothing ahead of a scrape (else registering would call collect() on the event
@@ -58,10 +65,11 @@ class NodeCollector:
                                  labels=["node", "roles"])
         info.add_metric([self.node_id, ",".join(self.roles)], 1)
         yield info
+        future = asyncio.run_coroutine_threadsafe(self._snapshot(), self.loop)
         try:
-            snap = asyncio.run_coroutine_threadsafe(self._snapshot(), self.loop).result(
-                timeout=limits.METRICS_SCRAPE_TIMEOUT_S)
+            snap = future.result(timeout=limits.METRICS_SCRAPE_TIMEOUT_S)
         except Exception:                    # noqa: BLE001 (a scrape never fails the node)
+            future.cancel()                  # (not left running on the loop)
             SCRAPE_ERRORS.inc()
             log.warning("metrics: the node's state could not be read for a scrape", exc_info=True)
             return
@@ -72,7 +80,11 @@ class NodeCollector:
         if self.storage is not None:
             out += self._storage()
             if self.groups is not None and self.view is not None:
-                out += await self._consumer_lag()
+                # (metadata reads: at most every METRICS_LAG_REFRESH_S, scrapes between reuse them)
+                now = time.monotonic()
+                if self._lag is None or now - self._lag[0] >= limits.METRICS_LAG_REFRESH_S:
+                    self._lag = (now, await self._consumer_lag())
+                out += self._lag[1]
         if self.ingestion is not None:
             out += self._ingestion()
         if self.view is not None and self.is_leader():
@@ -252,15 +264,33 @@ def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", ke
         return [b"not found: this node serves /metrics\n"]
 
     host, _, port = listen.rpartition(":")
+    bare = host.strip("[]")                   # ([::1]:9401: an IPv6 host)
     REGISTRY.register(collector)
     try:
         class Server(ThreadingWSGIServer):
-            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        server = make_server(host, int(port), dispatch, Server, handler_class=_SilentHandler)
+            """Each request on a thread of its own, its TLS handshake included (not in the
+            accepting thread, where one silent client would stop every other), within
+            METRICS_REQUEST_TIMEOUT_S."""
+            address_family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+
+            def get_request(self):
+                sock, address = super().get_request()
+                sock.settimeout(limits.METRICS_REQUEST_TIMEOUT_S)
+                return sock, address
+
+            def finish_request(self, request, client_address):
+                if isinstance(request, ssl.SSLSocket):
+                    request.do_handshake()
+                super().finish_request(request, client_address)
+
+            def handle_error(self, request, client_address):
+                log.debug("metrics: a request from %s failed", client_address, exc_info=True)
+
+        server = make_server(bare, int(port), dispatch, Server, handler_class=_SilentHandler)
         if cert_file and key_file:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(cert_file, key_file)
-            server.socket = context.wrap_socket(server.socket, server_side=True)
+            server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     except (OSError, ValueError, ssl.SSLError) as e:
         REGISTRY.unregister(collector)
         raise SystemExit(f"sms serve: cannot serve metrics on {listen}: {e}") from None

@@ -221,7 +221,9 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     collector = NodeCollector(loop, node_id, roles, data_dir, storage=storage, ingestion=ingestion, view=view,
                               is_leader=lambda: control.admin is not None, groups=control.groups)
     # the web console (node/console.py), read-only, on the metrics port of a control node
-    console = (Console(loop, node_id, view, control.groups, is_leader=lambda: control.admin is not None)
+    # (on a secure cluster, /api/state wants a cluster admin's key, as the gRPC API would)
+    console = (Console(loop, node_id, view, control.groups, is_leader=lambda: control.admin is not None,
+                       keys=keys if tls is not None else None)
                if "control" in roles else None)
     metrics_server, metrics_address = serve_metrics(metrics_listen or f"{host}:0", collector,
                                                     *(tls_files if tls is not None else ("", "")), app=console)
@@ -264,8 +266,14 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
 
     async def register_again() -> None:
         await health.unregistered()
-        for path, value in registrations:
-            await register(path, value)
+        while True:               # (until it holds: a node that is not registered serves no chain)
+            try:
+                for path, value in registrations:
+                    await register(path, value)
+                break
+            except (MetaStoreError, SystemExit) as e:
+                log.error("registering again after the session expired failed (%s); retrying", e)
+                await asyncio.sleep(limits.METASTORE_SESSION_TTL_S)
         _write_session_file(session_file, store)
         await health.serving()
 
@@ -331,6 +339,8 @@ def run(args) -> int:
             dataformat.open_dir(os.path.join(args.data_dir, "storage"))
         except dataformat.DataFormatError as e:
             raise SystemExit(f"sms serve: {e.name}: {e}") from None
+        except OSError as e:
+            raise SystemExit(f"sms serve: the data directory {args.data_dir}: {e}") from None
     # SIGUSR2 writes every thread's stack to the log, SIGUSR1 every asyncio task's (serve()):
     # what a launcher sends a node that did not stop in time, so its log says where it hung
     faulthandler.register(signal.SIGUSR2, all_threads=True)

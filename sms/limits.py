@@ -82,6 +82,8 @@ SERVER_GC_THRESHOLDS = (50_000, 20, 100)       # gc.set_threshold of servers (no
 LOG_FILE_BYTES_MAX = 50 * 1024 * 1024          # a node's log file (SMS_LOG_FILE; `sms up`) is rotated at this size
 LOG_FILE_BACKUPS = 5                            # ... keeping so many old files (NODE.log.1 the newest)
 METRICS_SCRAPE_TIMEOUT_S = 5.0                  # a metrics scrape reads the node's state within this (node/metrics.py)
+METRICS_REQUEST_TIMEOUT_S = 10.0                # one HTTP(S) request to a node's metrics port (its TLS handshake too)
+METRICS_LAG_REFRESH_S = 10.0                    # consumer lag (metadata reads) is computed at most this often per node
 
 # --- metadata store ------------------------------------------------------------------
 METASTORE_VALUE_BYTES_MAX = 1024 * 1024

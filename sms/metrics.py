@@ -11,40 +11,45 @@ gRPC method (`PutRecords`); `error` an error's name from sms/errors.py.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+# A registry of the node's own, not prometheus_client's default one: importing the client
+# library (sms/rpc.py imports this module) must not add server metrics to an application's
+# /metrics. node/metrics.py serves this registry, with the process collectors.
+REGISTRY = CollectorRegistry(auto_describe=True)
 
 # (seconds: from a millisecond to the longest a call may wait, GET_RECORDS_WAIT_MS_MAX)
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_RECORD_BUCKETS = (1, 10, 50, 100, 500, 1_000, 5_000, 10_000, 50_000)
 
 RPC_SECONDS = Histogram("sms_rpc_seconds", "Time a node took to answer a gRPC call, by method",
-                        ["method"], buckets=LATENCY_BUCKETS_S)
+                        ["method"], buckets=LATENCY_BUCKETS_S, registry=REGISTRY)
 RPC_ERRORS = Counter("sms_rpc_errors", "gRPC calls answered with an error, by method and error name",
-                     ["method", "error"])
+                     ["method", "error"], registry=REGISTRY)
 
 PUT_RECORDS = Counter("sms_put_records", "Records written and acknowledged (not duplicates), per partition",
-                      ["stream", "partition"])
+                      ["stream", "partition"], registry=REGISTRY)
 PUT_BYTES = Counter("sms_put_bytes", "Bytes of record data (and keys) written and acknowledged, per partition",
-                    ["stream", "partition"])
-PUT_DUPLICATES = Counter("sms_put_duplicates", "Records answered as duplicates by de-duplication", ["stream"])
+                    ["stream", "partition"], registry=REGISTRY)
+PUT_DUPLICATES = Counter("sms_put_duplicates", "Records answered as duplicates by de-duplication", ["stream"], registry=REGISTRY)
 PUT_RECORD_ERRORS = Counter("sms_put_record_errors",
                             "Records of a PutRecords call that failed on their own (throttled, partition closed...)",
-                            ["stream", "error"])
+                            ["stream", "error"], registry=REGISTRY)
 PUT_BATCH_RECORDS = Histogram("sms_put_batch_records", "Records per PutRecords call", ["stream"],
-                              buckets=BATCH_RECORD_BUCKETS)
+                              buckets=BATCH_RECORD_BUCKETS, registry=REGISTRY)
 COMMIT_SECONDS = Histogram("sms_commit_seconds",
                            "PutRecords from arrival to every record's outcome: replicated to the tail and "
-                           "acknowledged", ["stream"], buckets=LATENCY_BUCKETS_S)
+                           "acknowledged", ["stream"], buckets=LATENCY_BUCKETS_S, registry=REGISTRY)
 
-READ_RECORDS = Counter("sms_read_records", "Records returned to readers, per partition", ["stream", "partition"])
+READ_RECORDS = Counter("sms_read_records", "Records returned to readers, per partition", ["stream", "partition"], registry=REGISTRY)
 READ_BYTES = Counter("sms_read_bytes", "Bytes of stored batches read for readers, per partition",
-                     ["stream", "partition"])
+                     ["stream", "partition"], registry=REGISTRY)
 
 STORAGE_COMMIT_SECONDS = Histogram("sms_storage_commit_seconds",
                                    "One LMDB write transaction of a group of batches, its fsync included (not "
-                                   "for persistence disk_async)", ["persistence"], buckets=LATENCY_BUCKETS_S)
+                                   "for persistence disk_async)", ["persistence"], buckets=LATENCY_BUCKETS_S, registry=REGISTRY)
 STORAGE_COMMIT_BATCHES = Histogram("sms_storage_commit_batches", "Stored batches per LMDB write transaction",
-                                   ["persistence"], buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+                                   ["persistence"], buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=REGISTRY)
 
 CHAIN_CHANGES = Counter("sms_chain_changes", "Chain membership changes made by the chain manager, by action",
-                        ["action"])
+                        ["action"], registry=REGISTRY)

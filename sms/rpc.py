@@ -47,6 +47,9 @@ CHANNEL_OPTIONS = [
 ]
 
 SERVER_OPTIONS = [
+    # one server per port: with gRPC's default SO_REUSEPORT a second node (a second `sms
+    # up`) could bind a port in use and share its connections
+    ("grpc.so_reuseport", 0),
     ("grpc.max_send_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
     ("grpc.max_receive_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),

@@ -60,12 +60,13 @@ def test_up_with_a_config_file_and_a_backup_restored(tmp_path):
         with open(data / "cluster.json") as f:
             info = json.load(f)
         assert info["console"].startswith("https://") and info["console"].endswith("/console/")
-        assert started.lines.get(timeout=30) == f"console: {info['console']} (read-only; the browser must trust " \
-                                                "the cluster CA)"
+        assert started.lines.get(timeout=30) == f"console: {info['console']}?token=<the token in cluster.json> " \
+                                                "(read-only; the browser must trust the cluster CA)"
         import ssl
         import urllib.request
         state_url = info["console"].replace("/console/", "/api/state")
-        state = json.loads(urllib.request.urlopen(state_url, context=ssl.create_default_context(
+        state = json.loads(urllib.request.urlopen(urllib.request.Request(
+            state_url, headers={"Authorization": f"Bearer {info['token']}"}), context=ssl.create_default_context(
             cafile=info["ca_file"]), timeout=30).read())
         assert {n["node_id"] for n in state["nodes"]} >= {"control", "n1"}, state["nodes"]
         cli.ok(cli.sms_cmd(d, "stream", "create", "orders", "--partitions", "2"))

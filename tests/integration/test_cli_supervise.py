@@ -160,7 +160,7 @@ def test_a_node_that_keeps_dying_stays_down_after_the_limit(stand_ins):
 
 
 def test_restarts_outside_the_window_do_not_count(stand_ins):
-    cluster = stand_ins(control="exec sleep 60", n1="exit 0")
+    cluster = stand_ins(control="exec sleep 60", n1="exit 3")
     now = [1000.0]
     cluster.clock = lambda: now[0]
     counts = []
@@ -169,6 +169,14 @@ def test_restarts_outside_the_window_do_not_count(stand_ins):
         (line,) = _supervise_until(cluster, 1, EXIT_TIMEOUT_S)
         counts.append(re.search(r"restarting \((\d) of 3", line).group(1))
     assert counts == ["1", "1", "2", "1", "2", "3"]
+
+
+def test_a_node_that_stopped_cleanly_stays_down(stand_ins):
+    """Exit code 0 (a SIGTERM after `sms node drain`, say) is a stop, not a death."""
+    cluster = stand_ins(control="exec sleep 60", n1="exit 0")
+    (line,) = _supervise_until(cluster, 1, EXIT_TIMEOUT_S)
+    assert line.startswith("node n1 ") and line.endswith("stopped cleanly; it stays down until `sms up` starts again")
+    assert cluster.supervise() == []
 
 
 def test_nodes_stopped_on_purpose_stay_down(stand_ins):

@@ -64,7 +64,8 @@ def console_url(cluster, path: str = "/") -> str:
 def fetch(cluster, path: str, method: str = "GET"):
     """(status, headers, body) of one request, over HTTPS with the cluster CA."""
     context = ssl.create_default_context(cafile=cluster.ca_file)
-    request = urllib.request.Request(console_url(cluster, path), method=method)
+    request = urllib.request.Request(console_url(cluster, path), method=method,
+                                     headers={"Authorization": f"Bearer {cluster.admin_token}"})
     try:
         with urllib.request.urlopen(request, context=context, timeout=HTTP_TIMEOUT_S) as answer:
             return answer.status, answer.headers, answer.read()
@@ -126,8 +127,9 @@ def test_a_standby_serves_it_marked_as_standby(tmp_path):
 
         def get(node_id: str, path: str):
             url = f"https://{two.procs[node_id].metrics_address}{path}"
+            request = urllib.request.Request(url, headers={"Authorization": f"Bearer {two.admin_token}"})
             try:
-                with urllib.request.urlopen(url, context=context, timeout=HTTP_TIMEOUT_S) as answer:
+                with urllib.request.urlopen(request, context=context, timeout=HTTP_TIMEOUT_S) as answer:
                     return answer.status, answer.read()
             except urllib.error.HTTPError as e:
                 return e.code, e.read()
@@ -181,7 +183,7 @@ def browser(cluster):
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
         driver.set_page_load_timeout(PAGE_LOAD_TIMEOUT_S)
-        driver.get(console_url(cluster, "/"))
+        driver.get(console_url(cluster, f"/console/?token={cluster.admin_token}"))
         yield driver
     finally:
         driver.quit()
@@ -294,3 +296,22 @@ def test_state_wants_an_admin_key_when_keys_are_given():
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+def test_a_secure_cluster_wants_an_admin_key_for_the_state(cluster):
+    """The page itself is public; the state is not: no key, or a key that is not a cluster
+    admin's, is refused with 401, as the gRPC API would refuse it."""
+    context = ssl.create_default_context(cafile=cluster.ca_file)
+    url = console_url(cluster, "/api/state")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(url, context=context, timeout=HTTP_TIMEOUT_S)
+    assert e.value.code == 401 and b"cluster admin's key" in e.value.read()
+    import sms
+    with sms.Client(cluster.address, **cluster.client_options()) as client:
+        _info, reader = client.create_key("consumer", name="console-reader")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"{url}?token={reader}", context=context, timeout=HTTP_TIMEOUT_S)
+    assert e.value.code == 401
+    with urllib.request.urlopen(f"{url}?token={cluster.admin_token}", context=context,
+                                timeout=HTTP_TIMEOUT_S) as answer:
+        assert answer.status == 200 and json.loads(answer.read())["nodes"]

@@ -236,3 +236,14 @@ def test_consumer_lag_on_each_head(cluster):
         wait_until(lambda: group_lag() == [0], 30, f"the group's lag 0 once it checkpointed: {lag()}")
         client.put_records(stream, [(f"more{i}", b"v") for i in range(7)])
         wait_until(lambda: group_lag() == [7], 30, f"the group's lag 7 after 7 more records: {lag()}")
+
+
+def test_a_silent_client_does_not_stop_the_others(cluster):
+    """A connection that never starts its TLS handshake holds only its own thread: scrapes
+    go on meanwhile."""
+    import socket
+
+    node = cluster.procs["n1"]
+    host, port = node.metrics_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=SCRAPE_TIMEOUT_S) as _silent:
+        assert scrape(f"https://{node.metrics_address}/metrics", cluster.ca_file)["sms_node_info"]
