@@ -152,6 +152,7 @@ class Console:
             except (SmsError, MetaStoreError):          # deleted meanwhile
                 continue
             streams.append(await self._stream(info))
+            await asyncio.sleep(0)          # (the node's other work runs between streams)
             for p in info.partitions:
                 pid = partition_id(p.ordinal)
                 for m in p.chain + p.learners:
@@ -159,6 +160,10 @@ class Console:
                                                  "epoch": p.chain_epoch, "state": p.state.value})
                 changes += [{"stream": name, "partition": pid, **c} for c in p.history]
         changes.sort(key=lambda c: (c["at_ms"], c["epoch"]), reverse=True)
+        changes_of: dict[str, list] = defaultdict(list)       # (one pass, newest first)
+        for c in changes:
+            if len(changes_of[c["node"]]) < CONSOLE_NODE_CHANGES_MAX:
+                changes_of[c["node"]].append(c)
         node_list = []
         for node_id in sorted(set(nodes) | set(chains_of)):
             n = nodes.get(node_id)
@@ -167,7 +172,7 @@ class Console:
                 "address": n.address if n else "", "roles": list(n.roles) if n else [],
                 "metrics_address": n.metrics_address if n else "", "started_ms": n.started_ms if n else 0,
                 "chains": chains_of.get(node_id, []),
-                "changes": [c for c in changes if c["node"] == node_id][:CONSOLE_NODE_CHANGES_MAX]})
+                "changes": changes_of.get(node_id, [])})
         return {"node": {"node_id": self.node_id, "leader": bool(self.is_leader()),
                          "leader_address": await self.view.control_address()},
                 "generated_ms": int(time.time() * 1000),
