@@ -164,7 +164,11 @@ def test_up_is_secure_by_default_and_keys_have_roles(up_factory):
     with open(path) as f:
         cluster = json.load(f)
     assert cluster["ca_file"] == os.path.join(d, "tls", "ca", "ca.pem") and cluster["token"].startswith("sms_")
-    assert any(line.startswith("tls: CA ") for line in up.output + [up.lines.get(timeout=UP_READY_TIMEOUT_S)])
+    after = [up.lines.get(timeout=UP_READY_TIMEOUT_S) for _ in range(2)]      # (the console's line, then TLS's)
+    assert any(line.startswith("tls: CA ") for line in up.output + after), after
+    # the console's address, and how to give it the key, never the token itself
+    assert any(line.startswith("console: https://") and "?token=<the token in cluster.json>" in line
+               and cluster["token"] not in line for line in after), after
     ok(sms_cmd(d, "stream", "create", "s", "--partitions", "1"))
     key = json.loads(ok(sms_cmd(d, "key", "create", "--role", "consumer", "--stream", "s", "--name", "r", "--json")))
     assert key["role"] == "consumer" and key["streams"] == ["s"] and key["token"].startswith("sms_")

@@ -46,4 +46,5 @@ def test_a_bad_log_setting_stops_a_node_with_one_line(tmp_path):
                            "--listen", "127.0.0.1:0"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=START_TIMEOUT_S)
     assert proc.returncode != 0
-    assert proc.stderr.strip() == "sms serve: $SMS_LOG_FORMAT is 'xml'; expected one of text, json", proc.stderr
+    assert proc.stderr.strip() == "sms serve: log.format = 'xml' (from $SMS_LOG_FORMAT): expected one of text, json", \
+        proc.stderr
