@@ -61,21 +61,24 @@ class Up:
         self.lines.put(None)
 
     def wait_for_address(self) -> str:
-        deadline = time.monotonic() + UP_READY_TIMEOUT_S
+        return ADDRESS_LINE.match(self.wait_for_line(ADDRESS_LINE.pattern, UP_READY_TIMEOUT_S)).group(1)
+
+    def wait_for_line(self, pattern: str, timeout_s: float) -> str:
+        """The first line `sms up` prints (stdout or stderr) from now on that matches."""
+        deadline = time.monotonic() + timeout_s
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AssertionError(f"`sms up` printed no address in {UP_READY_TIMEOUT_S}s: {self.output}")
+                raise AssertionError(f"`sms up` printed no line matching {pattern!r} in {timeout_s}s: {self.output}")
             try:
                 line = self.lines.get(timeout=remaining)
             except queue.Empty:
                 continue
             if line is None:
-                raise AssertionError(f"`sms up` exited with {self.proc.wait()} before its address: {self.output}")
+                raise AssertionError(f"`sms up` exited with {self.proc.wait()}: {self.output}")
             self.output.append(line)
-            match = ADDRESS_LINE.match(line)
-            if match:
-                return match.group(1)
+            if re.search(pattern, line):
+                return line
 
     def rest_of_output(self) -> list[str]:
         self.reader.join(timeout=UP_STOP_TIMEOUT_S)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
 import time
@@ -20,7 +19,7 @@ from node.launcher import LocalCluster
 from sms import limits
 from tests.conftest import wait_until
 from tests.integration import test_cli
-from tests.integration.test_cli import Up, assert_stops_cleanly, ok, sms_cmd
+from tests.integration.test_cli import assert_stops_cleanly, ok, sms_cmd
 
 pytestmark = pytest.mark.integration
 
@@ -35,24 +34,6 @@ def _cluster_pids(data_dir: str) -> dict[str, int]:
         return {n["node_id"]: n["pid"] for n in json.load(f)["nodes"]}
 
 
-def _wait_for_line(up: Up, pattern: str, timeout_s: float) -> str:
-    """The first line `sms up` prints (stdout or stderr) from now on that matches."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError(f"`sms up` printed no line matching {pattern!r} in {timeout_s}s: {up.output}")
-        try:
-            line = up.lines.get(timeout=remaining)
-        except queue.Empty:
-            continue
-        if line is None:
-            raise AssertionError(f"`sms up` exited with {up.proc.wait()}: {up.output}")
-        up.output.append(line)
-        if re.search(pattern, line):
-            return line
-
-
 def test_up_restarts_a_killed_node(up_factory):
     up = up_factory(nodes=2)
     d = up.data_dir
@@ -62,7 +43,7 @@ def test_up_restarts_a_killed_node(up_factory):
     old_pid = _cluster_pids(d)["n1"]
 
     os.kill(old_pid, signal.SIGKILL)
-    line = _wait_for_line(up, r"^node n1 ", RESTART_TIMEOUT_S)
+    line = up.wait_for_line(r"^node n1 ", RESTART_TIMEOUT_S)
     assert line == (f"node n1 (pid {old_pid}) killed by SIGKILL; restarting (1 of {limits.NODE_RESTARTS_MAX} "
                     f"in the last {limits.NODE_RESTART_WINDOW_S:g} s)"), line
     new_pid = wait_until(lambda: (pid := _cluster_pids(d)["n1"]) != old_pid and pid,
