@@ -58,21 +58,9 @@ def _partition_doc(p, exported: int) -> dict[str, Any]:
 
 
 def lineage_order(partitions) -> list:
-    """Partitions with every parent before its children."""
-    by_ordinal = {p.ordinal: p for p in partitions}
-    out, done = [], set()
-
-    def visit(p) -> None:
-        if p.ordinal in done:
-            return
-        done.add(p.ordinal)
-        for parent in p.parents:
-            if parent in by_ordinal:
-                visit(by_ordinal[parent])
-        out.append(p)
-    for p in sorted(partitions, key=lambda p: p.ordinal):
-        visit(p)
-    return out
+    """Partitions with every parent before its children: by ordinal, as a repartition
+    gives its children ordinals after every existing one (the map's next_ordinal)."""
+    return sorted(partitions, key=lambda p: p.ordinal)
 
 
 async def export_stream(client, stream: str, directory: str, progress=None) -> dict[str, Any]:

@@ -413,7 +413,7 @@ class Worker:
                     steps.remove(s)
                     await self._lost_or_failed(s.owned, outcome)
         t3 = time.monotonic()
-        if work:
+        if work and log.isEnabledFor(logging.DEBUG):
             log.debug("%s: stage %s: micro-batch of %d records from %d partitions: apply %.3f s, settle %.3f s, "
                       "fence %.3f s", self.worker_id, self.stage.name, sum(len(s.batch) for s in work), len(work),
                       t1 - t0, t2 - t1, t3 - t2)

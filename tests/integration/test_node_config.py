@@ -9,10 +9,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
+from tests.conftest import wait_until
 from tests.integration.test_metrics import scrape
 
 pytestmark = pytest.mark.integration
@@ -35,6 +35,17 @@ def serve(tmp_path, env: dict, *extra: str) -> subprocess.Popen:
                             text=True)
 
 
+def ready(proc: subprocess.Popen, tmp_path) -> dict:
+    """What the started node wrote to its ready file, once it has."""
+    path = tmp_path / "ready.json"
+
+    def written():
+        assert proc.poll() is None, f"the node exited with {proc.returncode}: {proc.stderr.read()}"
+        return path.exists()
+    wait_until(written, START_TIMEOUT_S, "the node's ready file")
+    return json.loads(path.read_text())
+
+
 def test_a_config_file_and_the_environment_are_in_force(tmp_path):
     port = free_port()
     log_file = tmp_path / "n1.log"
@@ -52,13 +63,7 @@ file = "{log_file}"
 """)
     proc = serve(tmp_path, {"SMS_CONFIG": str(conf), "SMS_TIMEOUTS_APPEND_S": "12"})
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        ready = tmp_path / "ready.json"
-        while not ready.exists():
-            assert proc.poll() is None, f"the node exited with {proc.returncode}: {proc.stderr.read()}"
-            assert time.monotonic() < deadline, "the node did not start"
-            time.sleep(0.05)
-        assert json.loads(ready.read_text())["metrics_address"] == f"127.0.0.1:{port}"
+        assert ready(proc, tmp_path)["metrics_address"] == f"127.0.0.1:{port}"
         samples = scrape(f"http://127.0.0.1:{port}/metrics")
         assert {labels["persistence"]: v for labels, v in samples["sms_lmdb_map_bytes"]} == \
                {"disk": 134217728, "disk_async": 134217728}
@@ -79,3 +84,16 @@ def test_a_bad_value_stops_the_node_with_one_line(tmp_path):
     _out, err = proc.communicate(timeout=START_TIMEOUT_S)
     assert proc.returncode != 0
     assert err.strip() == (f"sms serve: storage.size_cap_bytes = 10 (from {conf}): expected 67108864..1099511627776"), err
+
+
+def test_metrics_listen_chooses_the_address(tmp_path):
+    """`sms serve --metrics-listen HOST:PORT`: the node serves /metrics there, and says so
+    in its ready file (and so its registration)."""
+    port = free_port()
+    proc = serve(tmp_path, {}, "--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{port}")
+    try:
+        assert ready(proc, tmp_path)["metrics_address"] == f"127.0.0.1:{port}"
+        assert scrape(f"http://127.0.0.1:{port}/metrics")["sms_node_info"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
