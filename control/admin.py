@@ -19,11 +19,15 @@ import time
 
 import grpc
 
+from archive import cleanup
+from archive.fragment import check_codec
+from archive.store import check_url
 from control import phases, placement, quotas, repartition
 from metastore import reads
 from metastore import BadVersionError, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set
 from metastore.view import ClusterView
 from sms import errors, limits, metadata, rpc, seqno
+from sms.aiotools import background
 from sms.errors import (InvalidArgument, InvalidSequenceNumber, InvalidStreamConfig, LimitExceeded, NodeNotFound,
                         NotEnoughNodes,
                         RepartitionInProgress, StreamAlreadyExists, StreamNotFound, Timeout, Unavailable)
@@ -71,7 +75,7 @@ def validate_partition_limits(wanted: dict[str, int]) -> dict[str, int]:
 
 def validate_create(name: str, partitions: int, replication_factor: int, persistence: str,
                     ingestion_policy: str, retention_hours: int, dedup_window_s: int = 0,
-                    min_in_sync: int = 0) -> StreamConfig:
+                    min_in_sync: int = 0, retention_s: int = 0, archive: dict | None = None) -> StreamConfig:
     """The config of a new stream; a 0 (an unset proto field) takes the default."""
     metadata.validate_stream_name(name)
     if not 1 <= partitions <= limits.STREAM_PARTITIONS_MAX:
@@ -100,10 +104,57 @@ def validate_create(name: str, partitions: int, replication_factor: int, persist
     if not 1 <= in_sync <= replication_factor:
         raise InvalidStreamConfig(f"min_in_sync {min_in_sync}; expected 1..{replication_factor} (at most the "
                                   f"replication factor: a chain never has more members)")
-    return StreamConfig(name=name, partitions=partitions, replication_factor=replication_factor,
-                        persistence=persistence_v, ingestion_policy=policy, retention_hours=retention,
-                        created_ms=int(time.time() * 1000), status=StreamStatus.CREATING,
-                        dedup_window_ms=window_ms, min_in_sync=in_sync)
+    if retention_s and not limits.RETENTION_S_MIN <= retention_s <= limits.RETENTION_HOURS_MAX * 3600:
+        raise InvalidStreamConfig(f"retention {retention_s} s; expected {limits.RETENTION_S_MIN}.."
+                                  f"{limits.RETENTION_HOURS_MAX * 3600}")
+    config = StreamConfig(name=name, partitions=partitions, replication_factor=replication_factor,
+                          persistence=persistence_v, ingestion_policy=policy,
+                          retention_hours=max(1, retention_s // 3600) if retention_s else retention,
+                          retention_s=retention_s, created_ms=int(time.time() * 1000), status=StreamStatus.CREATING,
+                          dedup_window_ms=window_ms, min_in_sync=in_sync)
+    if archive and archive.get("archive"):
+        config = dataclasses.replace(config, **validate_archive(config, **archive))
+    elif archive and any(v is not None for v in archive.values()):
+        raise InvalidStreamConfig("archive_after_s, local_retention_s and compression need an archive (--archive URL)")
+    return config
+
+
+def validate_archive(current: StreamConfig, archive: str | None = None, archive_after_s: int | None = None,
+                     local_retention_s: int | None = None, compression: str | None = None) -> dict:
+    """The archive settings of a stream being made or changed (None: unchanged), checked
+    against each other and its retention; the changes to apply."""
+    changes: dict = {}
+    if archive is not None and archive != current.archive:
+        if current.archive:
+            raise InvalidStreamConfig(f"stream {current.name!r} archives to {current.archive}; an archive cannot be "
+                                      "moved or removed (its fragments and index stay where they are)")
+        changes["archive"] = check_url(archive)
+    for key, value in (("archive_after_s", archive_after_s), ("local_retention_s", local_retention_s)):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limits.RETENTION_HOURS_MAX * 3600:
+                raise InvalidStreamConfig(f"{key} {value!r}; expected 1..{limits.RETENTION_HOURS_MAX * 3600} s")
+            changes[key] = value
+    if compression is not None:
+        changes["compression"] = check_codec(compression)
+    new = dataclasses.replace(current, **changes)
+    if not new.archive:
+        if any(k in changes for k in ("archive_after_s", "local_retention_s")):
+            raise InvalidStreamConfig("archive_after_s and local_retention_s need an archive (--archive URL)")
+        return changes
+    if not new.archive_after_s:
+        changes["archive_after_s"] = min(limits.ARCHIVE_AFTER_S_DEFAULT, new.retention_ms // 1000)
+    if not new.local_retention_s:
+        changes["local_retention_s"] = max(changes.get("archive_after_s", new.archive_after_s),
+                                           min(limits.LOCAL_RETENTION_S_DEFAULT, new.retention_ms // 1000))
+    new = dataclasses.replace(current, **changes)
+    if new.local_retention_s < new.archive_after_s:
+        raise InvalidStreamConfig(f"local retention {new.local_retention_s} s is shorter than archive_after_s "
+                                  f"{new.archive_after_s} s: records would leave the replicas before the archive "
+                                  "takes them")
+    if new.archive_after_s * 1000 > new.retention_ms:
+        raise InvalidStreamConfig(f"archive_after_s {new.archive_after_s} s is longer than the retention "
+                                  f"({new.retention_ms // 1000} s): nothing would ever be archived")
+    return changes
 
 
 async def record_consumer(store: MetaStore, stream: str, consumer: str, checkpoints: dict[int, int],
@@ -268,6 +319,8 @@ class StreamAdmin:
                             pass
             await self.store.delete(metadata.stream_path(name), recursive=True)
             self.view.invalidate()
+            if config.archive:
+                background(cleanup.drop_stream(config))
 
 
 
@@ -360,7 +413,8 @@ class StreamAdmin:
 
     async def update_stream(self, name: str, retention_hours: int = 0, retention_s: int = 0,
                             protect_unread: bool | None = None, auto_split_records_per_s: int = -1,
-                            auto_split_period_s: int = 0, partition_limits: dict[str, int] | None = None) -> None:
+                            auto_split_period_s: int = 0, partition_limits: dict[str, int] | None = None,
+                            archive: dict | None = None) -> None:
         changes: dict = validate_partition_limits(partition_limits or {})
         if retention_hours:
             if not limits.RETENTION_HOURS_MIN <= retention_hours <= limits.RETENTION_HOURS_MAX:
@@ -386,8 +440,13 @@ class StreamAdmin:
         tenant = metadata.tenant_of(name)
         caps = await quotas.tenant_config(self.store, tenant)
         given = bool(retention_hours or retention_s)
-        await self._change_config(name, lambda c: quotas.within_retention(dataclasses.replace(c, **changes), caps,
-                                                                          tenant, given))
+
+        def change(c: StreamConfig) -> StreamConfig:
+            new = dataclasses.replace(c, **changes)
+            if archive or new.archive:
+                new = dataclasses.replace(new, **validate_archive(new, **(archive or {})))
+            return quotas.within_retention(new, caps, tenant, given)
+        await self._change_config(name, change)
 
     async def _change_config(self, name: str, change) -> None:
         for _ in range(limits.CLIENT_REDIRECT_RETRIES_MAX):

@@ -48,6 +48,7 @@ from dataclasses import replace
 
 import grpc
 
+from archive import cleanup
 from control import phases, quotas
 from control.phases import (Action, Commit, DAY_MS, Facts, Fail, Finish, HeadReport, Kind, Phase, ProbeHeads,
                             ReadChains, ReadNodes, RepartitionRequest, RepartitionState, Seal, Wait,
@@ -55,7 +56,7 @@ from control.phases import (Action, Commit, DAY_MS, Facts, Fail, Finish, HeadRep
 from metastore import reads
 from metastore import BadVersionError, Check, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set
 from sms import limits, metadata, retention, rpc, seqno
-from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
+from sms.aiotools import background, cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation, SmsError
 from sms.metadata import ChainConfig, ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionMap
@@ -340,6 +341,8 @@ class Repartitioner:
         self.dropped += len(gone)
         log.warning("stream %s: dropped closed partitions %s (retention left no record in them)", config.name,
                     ", ".join(f"p{o:04d}" for o in gone))
+        if config.archive:
+            background(cleanup.drop_partitions(self.store, config, gone))
         return gone
 
     # --- automatic splitting ------------------------------------------------------------------

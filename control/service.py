@@ -155,10 +155,12 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     @rpc_errors
     async def CreateStream(self, request, context):
         admin = self._admin()
+        archive = {"archive": request.archive or None, "archive_after_s": request.archive_after_s or None,
+                   "local_retention_s": request.local_retention_s or None, "compression": request.compression or None}
         config = validate_create(request.name, request.partitions, request.replication_factor,
                                  request.persistence, request.ingestion_policy, request.retention_hours,
-                                 request.dedup_window_s, request.min_in_sync)
-        await admin.create_stream(config, retention_given=bool(request.retention_hours))
+                                 request.dedup_window_s, request.min_in_sync, request.retention_s, archive)
+        await admin.create_stream(config, retention_given=bool(request.retention_hours or request.retention_s))
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 
     @rpc_errors
@@ -198,7 +200,13 @@ class ControlService(sms_pb2_grpc.ControlServicer):
                                   request.auto_split_records_per_s, request.auto_split_period_s,
                                   partition_limits={"write_records_per_s": request.write_records_per_s,
                                           "write_bytes_per_s": request.write_bytes_per_s,
-                                          "read_bytes_per_s": request.read_bytes_per_s})
+                                          "read_bytes_per_s": request.read_bytes_per_s},
+                                  archive={"archive": request.archive or None,
+                                           "archive_after_s": None if request.archive_after_s < 0
+                                           else request.archive_after_s,
+                                           "local_retention_s": None if request.local_retention_s < 0
+                                           else request.local_retention_s,
+                                           "compression": request.compression or None})
         self.view.invalidate()
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 

@@ -134,7 +134,10 @@ class ClusterView:
                           write_records_per_s=c.write_records_per_s, write_bytes_per_s=c.write_bytes_per_s,
                           read_bytes_per_s=c.read_bytes_per_s,
                           auto_split_period_s=c.auto_split_period_s, repartition=c.repartition,
-                          consumers=tuple(view.consumers), min_in_sync=c.min_in_sync)
+                          consumers=tuple(view.consumers), min_in_sync=c.min_in_sync,
+                          archive=c.archive, archive_after_s=c.archive_after_s,
+                          local_retention_s=c.local_retention_ms // 1000 if c.archive else 0,
+                          compression=c.compression)
 
 
 async def bounded(read, what: str):

@@ -331,6 +331,11 @@ def cmd_status(args) -> int:
         for r in n.get("replicas", []):
             lines.append(f"    {r['chain_id']:<28} {r['role']:<9} epoch {r['epoch']:<3} records {r['records']:<9} "
                          f"committed {r['committed_sn']}")
+            if r.get("archive"):
+                a = r["archive"]
+                behind = f", {a['lag_ms'] / 1000:.1f} s behind" if a["lag_ms"] else ""
+                lines.append(f"      archived to {a['archived_sn']} (verified to {a['verified_sn']}){behind}"
+                             + (f"; FAILING: {a['error']}" if a["error"] else ""))
         for link in n.get("links", []):
             arrow = "->" if link["direction"] == "out" else "<-"
             lines.append(f"    link {arrow} {link['peer'] or '?':<20} chains {link['chains']:<6} frames {link['frames']:<9} "
@@ -410,6 +415,22 @@ def cmd_node(args) -> int:
 
 # --- streams ---------------------------------------------------------------------------
 
+def _archive_arguments(p: argparse.ArgumentParser, create: bool) -> None:
+    """The archive tier's options of `stream create` and `stream update` (None: not given)."""
+    p.add_argument("--archive", metavar="URL",
+                   help="keep old records in a fragment store: file:///path (a directory, such as a shared "
+                        "mount) or s3://bucket/prefix (boto3; endpoint and credentials from its environment)"
+                        + ("" if create else "; only for a stream without one"))
+    p.add_argument("--archive-after-s", type=int, metavar="S",
+                   help="records older than this go to the archive"
+                        + (f" (default {limits.ARCHIVE_AFTER_S_DEFAULT})" if create else ""))
+    p.add_argument("--local-retention-s", type=int, metavar="S",
+                   help="replicas keep records this long once archived (at least --archive-after-s"
+                        + (f"; default {limits.LOCAL_RETENTION_S_DEFAULT})" if create else ")"))
+    p.add_argument("--compression", choices=["zstd", "none"],
+                   help="of the archive's fragments" + (" (default zstd)" if create else ""))
+
+
 def _describe(info) -> dict:
     return {
         "name": info.name, "status": info.status.value, "replication_factor": info.replication_factor,
@@ -430,7 +451,10 @@ def _describe(info) -> dict:
         "auto_split_records_per_s": info.auto_split_records_per_s, "repartition": info.repartition,
         "consumers": list(info.consumers),
         "limits_per_partition": {"write_records_per_s": info.write_records_per_s,
-                                 "write_bytes_per_s": info.write_bytes_per_s, "read_bytes_per_s": info.read_bytes_per_s}}
+                                 "write_bytes_per_s": info.write_bytes_per_s, "read_bytes_per_s": info.read_bytes_per_s},
+        "archive": ({"store": info.archive, "archive_after_s": info.archive_after_s,
+                     "local_retention_s": info.local_retention_s, "compression": info.compression}
+                    if info.archive else None)}
 
 
 def _describe_text(d: dict) -> str:
@@ -438,6 +462,10 @@ def _describe_text(d: dict) -> str:
              f"{d['replication_factor']} (min in-sync {d.get('min_in_sync', 1)}), {d['persistence']}, "
              f"{d['ingestion_policy']}, "
              f"retention {d['retention_hours']} h, map version {d['map_version']}"]
+    if d.get("archive"):
+        a = d["archive"]
+        lines.append(f"  archive {a['store']} ({a['compression']}): records older than {a['archive_after_s']} s, "
+                     f"kept locally {a['local_retention_s']} s, in the archive for the retention")
     set_limits = {k: v for k, v in (d.get("limits_per_partition") or {}).items() if v}
     if set_limits:
         lines.append("  limits per partition: " + ", ".join(f"{k.replace('_per_s', '')} {v:,}/s"
@@ -473,8 +501,11 @@ def cmd_stream(args) -> int:
         if args.stream_cmd == "create":
             info = client.create_stream(args.name, args.partitions, args.replication_factor,
                                         persistence=args.persistence, ingestion_policy=args.ingestion_policy,
-                                        retention_hours=args.retention_hours,
-                                        dedup_window_s=args.dedup_window_s, min_in_sync=args.min_in_sync)
+                                        retention_hours=args.retention_hours, retention_s=args.retention_s,
+                                        dedup_window_s=args.dedup_window_s, min_in_sync=args.min_in_sync,
+                                        archive=args.archive or "", archive_after_s=args.archive_after_s or 0,
+                                        local_retention_s=args.local_retention_s or 0,
+                                        compression=args.compression or "")
             d = _describe(info)
             _emit(args, d, _describe_text(d))
         elif args.stream_cmd == "describe":
@@ -504,7 +535,9 @@ def cmd_stream(args) -> int:
                                         auto_split_period_s=args.auto_split_period_s,
                                         write_records_per_s=args.write_records_per_s,
                                         write_bytes_per_s=args.write_bytes_per_s,
-                                        read_bytes_per_s=args.read_bytes_per_s)
+                                        read_bytes_per_s=args.read_bytes_per_s, archive=args.archive,
+                                        archive_after_s=args.archive_after_s,
+                                        local_retention_s=args.local_retention_s, compression=args.compression)
             d = _describe(info)
             _emit(args, d, _describe_text(d))
         elif args.stream_cmd in ("export", "import"):
@@ -1003,6 +1036,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--min-in-sync", type=int, default=1, metavar="N",
                    help="refuse new records (NotEnoughReplicas, retried) while a partition's chain has fewer "
                         "than N members (1..replication factor; default 1)")
+    c.add_argument("--retention-s", type=int, default=0, help="how long records are kept, seconds (overrides "
+                   "--retention-hours); with an archive, how long the archive keeps them")
+    _archive_arguments(c, create=True)
     for name, text in (("describe", "a stream's partitions, hash ranges, chains and lineage"),
                        ("delete", "delete a stream and its records")):
         s = ssub.add_parser(name, parents=[common], help=text)
@@ -1027,6 +1063,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--write-records-per-s", type=int, help="write limit per partition, records/s (0: none)")
     u.add_argument("--write-bytes-per-s", type=int, help="write limit per partition, bytes/s (0: none)")
     u.add_argument("--read-bytes-per-s", type=int, help="read limit per partition, bytes/s (0: none)")
+    _archive_arguments(u, create=False)
     ex = ssub.add_parser("export", parents=[common],
                          help="write a stream's records and lineage to a directory of Parquet files (a backup)")
     ex.add_argument("name", help="the stream's name")

@@ -30,6 +30,9 @@ The TOML file:
 
     [log]
     format = "json"
+
+    [archive]
+    flush_s = 60.0
 """
 
 from __future__ import annotations
@@ -102,6 +105,22 @@ SETTINGS: tuple[Setting, ...] = (
             limits.PUT_RECORDS_COUNT_MAX, 10_000_000),
     Setting("retention.check_interval_s", float, limits.RETENTION_CHECK_INTERVAL_S,
             "nodes apply retention this often", "RETENTION_CHECK_INTERVAL_S", 0.1, 3600.0),
+    Setting("archive.check_interval_s", float, limits.ARCHIVE_CHECK_INTERVAL_S,
+            "a storage node archives (and verifies, and expires) this often", "ARCHIVE_CHECK_INTERVAL_S", 0.1, 3600.0),
+    Setting("archive.flush_s", float, limits.ARCHIVE_FLUSH_S,
+            "a run of batches shorter than a fragment is archived once it waited this long past archive_after_s",
+            "ARCHIVE_FLUSH_S", 0.0, 86400.0),
+    Setting("archive.fragment_bytes_target", int, limits.ARCHIVE_FRAGMENT_RAW_BYTES_TARGET,
+            "a fragment holds batches up to about this (before compression)", "ARCHIVE_FRAGMENT_RAW_BYTES_TARGET",
+            64 * 1024, limits.ARCHIVE_FRAGMENT_RAW_BYTES_MAX),
+    Setting("archive.verify_ahead_s", float, limits.ARCHIVE_VERIFY_AHEAD_S,
+            "fragments are read back and checked this long before local copies of their records may go",
+            "ARCHIVE_VERIFY_AHEAD_S", 0.0, 86400.0),
+    Setting("archive.zstd_level", int, limits.ARCHIVE_ZSTD_LEVEL, "zstd's level for fragments (1 fast .. 19 small)",
+            "ARCHIVE_ZSTD_LEVEL", 1, 19),
+    Setting("archive.cache_bytes_max", int, limits.ARCHIVE_CACHE_BYTES_MAX,
+            "decoded fragments a node keeps for readers of the archive", "ARCHIVE_CACHE_BYTES_MAX",
+            16 * 1024 * 1024, 64 * GiB),
     Setting("metrics.scrape_timeout_s", float, limits.METRICS_SCRAPE_TIMEOUT_S,
             "a metrics scrape reads the node's state within this", "METRICS_SCRAPE_TIMEOUT_S", 0.1, 60.0),
     Setting("node.listen", str, "", "the client port, HOST:PORT (--listen wins)"),

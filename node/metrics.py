@@ -114,6 +114,24 @@ class NodeCollector:
             behind.add_metric([stream, pid, role], max(0, lag))
             age = seqno.timestamp_ms_of(last) - seqno.timestamp_ms_of(committed) if lag > 0 else 0
             behind_ms.add_metric([stream, pid, role], max(0, age))
+        archive_lag = GaugeMetricFamily("sms_archive_lag_ms",
+                                        "How long the oldest committed record not archived is past the stream's "
+                                        "archive_after_s (on the partition's tail; 0: archiving keeps up)",
+                                        labels=["stream", "partition"])
+        archive_failing = GaugeMetricFamily("sms_archive_failing",
+                                            "1 while the partition's last archive step failed (retried with backoff)",
+                                            labels=["stream", "partition"])
+        local_first = GaugeMetricFamily("sms_replica_local_first_timestamp_ms",
+                                        "Time (by its SN) of the oldest record a replica stores locally",
+                                        labels=["stream", "partition"])
+        for cid, part in list(node.archiver.parts.items()):
+            stream, ordinal = parse_chain_id(cid)
+            archive_lag.add_metric([stream, partition_id(ordinal)], part.lag_ms)
+            archive_failing.add_metric([stream, partition_id(ordinal)], 1 if part.error else 0)
+        for cid, replica in list(node.replicas.items()):
+            if replica.log.first_sn:
+                stream, ordinal = parse_chain_id(cid)
+                local_first.add_metric([stream, partition_id(ordinal)], seqno.timestamp_ms_of(replica.log.first_sn))
         connected = GaugeMetricFamily("sms_peer_link_connected", "A replication stream to (out) or from (in) a "
                                       "peer node is connected", labels=["peer", "direction"])
         chains = GaugeMetricFamily("sms_peer_link_chains", "Chain links a replication stream carries",
@@ -142,7 +160,8 @@ class NodeCollector:
         free.add_metric([], disk.free)
         total = GaugeMetricFamily("sms_disk_bytes", "Size of the data directory's file system")
         total.add_metric([], disk.total)
-        return [epoch, records, behind, behind_ms, connected, chains, frames, failed, used, size, free, total]
+        return [epoch, records, behind, behind_ms, archive_lag, archive_failing, local_first, connected, chains,
+                frames, failed, used, size, free, total]
 
     async def _consumer_lag(self) -> list:
         """How far each consumer group (SPS stages are groups too) and registered consumer

@@ -13,6 +13,7 @@ import asyncio
 import time
 from typing import NamedTuple
 
+from archive.reader import ArchiveReader
 from metastore.tenants import TenantShares, wait_out
 from metastore.view import ClusterView
 from sms import limits, metrics, seqno
@@ -67,8 +68,10 @@ class _Page(NamedTuple):
 
 
 class RetrievalService(sms_pb2_grpc.RetrievalServicer):
-    def __init__(self, replicas: ReplicaReads, view: ClusterView, tokens: TokenCodec):
+    def __init__(self, replicas: ReplicaReads, view: ClusterView, tokens: TokenCodec,
+                 archive: ArchiveReader | None = None):
         self.replicas = replicas       # this process's storage role (sms/ports.py)
+        self.archive = archive if archive is not None else ArchiveReader(view.store)
         self.view = view
         self.tokens = tokens
         self._read_buckets: dict[str, TokenBucket] = {}     # chain id -> its read limit's bucket
@@ -156,7 +159,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             entry = await self._entry(pos.stream, pos.ordinal)     # it may have closed meanwhile
             ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
         committed = replica.committed_sn if ending is None else min(replica.committed_sn, ending)
-        slices = replica.read(position, committed, max_records, limits.GET_RECORDS_BYTES_MAX)
+        slices = await self._read(pos.stream, pos.ordinal, replica, position, committed, max_records)
         if position > pos.position_sn and not skip_trimmed:
             if slices:
                 _check_nothing_trimmed(pos, slices[0].sn_at(slices[0].start))
@@ -180,6 +183,27 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             # a closed partition read to its end: no next position; the children go on
             return _Page(pb_slices, None, 0, [partition_id(c) for c in entry.children])
         return _Page(pb_slices, Position(pos.stream, pos.ordinal, next_position), max(0, behind_ms), [])
+
+    async def _read(self, stream: str, ordinal: int, replica, position: int, upto: int, max_records: int):
+        """Committed records from `position` to `upto`: from this node's replica, or below
+        what it still stores, from the stream's archive (archive/reader.py)."""
+        config = (await self.view.stream(stream)).config
+        if config.archive:
+            first = replica.local_first_sn
+            if first and position < first:
+                slices = await self.archive.read(config, ordinal, position, min(upto, first - 1), max_records,
+                                                 limits.GET_RECORDS_BYTES_MAX)
+                if slices:
+                    return slices
+        slices = replica.read(position, upto, max_records, limits.GET_RECORDS_BYTES_MAX)
+        if config.archive and slices and slices[0].sn_at(slices[0].start) > position:
+            first = replica.local_first_sn            # trimmed here since it was looked at?
+            if position < first:
+                archived = await self.archive.read(config, ordinal, position, min(upto, first - 1), max_records,
+                                                   limits.GET_RECORDS_BYTES_MAX)
+                if archived:
+                    return archived
+        return slices
 
     @rpc_errors
     async def GetNextRecords(self, request, context):
@@ -225,7 +249,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         replica = await self._replica(request.stream, seqno.ordinal_of(sn))
         buckets = await self._within_read_limits(Position(request.stream, seqno.ordinal_of(sn), sn))
         if replica.trimmed_before <= sn <= replica.committed_sn:
-            slices = replica.read(sn, sn, 1, limits.GET_RECORDS_BYTES_MAX)
+            slices = await self._read(request.stream, seqno.ordinal_of(sn), replica, sn, sn, 1)
             if slices and slices[0].sn_at(slices[0].start) == sn:
                 s = slices[0]
                 _charge(buckets, slices[:1])

@@ -226,7 +226,9 @@ class Client:
                             persistence: str = "disk", ingestion_policy: str = "at_least_once_no_dup",
                             retention_hours: int = 0,
                             dedup_window_s: int = limits.DEDUP_WINDOW_MS_DEFAULT // 1000,
-                            min_in_sync: int = 1) -> StreamInfo:
+                            min_in_sync: int = 1, retention_s: int = 0, archive: str = "",
+                            archive_after_s: int = 0, local_retention_s: int = 0,
+                            compression: str = "") -> StreamInfo:
         """Create a stream and wait until it is ACTIVE; returns its map.
 
         Args:
@@ -253,7 +255,9 @@ class Client:
         req = sms_pb2.CreateStreamRequest(name=name, partitions=partitions, replication_factor=replication_factor,
                                           persistence=persistence, ingestion_policy=ingestion_policy,
                                           retention_hours=retention_hours, dedup_window_s=dedup_window_s,
-                                          min_in_sync=min_in_sync)
+                                          min_in_sync=min_in_sync, retention_s=retention_s, archive=archive,
+                                          archive_after_s=archive_after_s, local_retention_s=local_retention_s,
+                                          compression=compression)
         pb = await self._admin_call("CreateStream", req, timeout_s=60.0)
         info = convert.stream_from_pb(pb)
         self._streams[name] = info
@@ -398,9 +402,13 @@ class Client:
     async def update_stream(self, name: str, *, retention_hours: int | None = None, retention_s: int | None = None,
                             protect_unread: bool | None = None, auto_split_records_per_s: int | None = None,
                             auto_split_period_s: int | None = None, write_records_per_s: int | None = None,
-                            write_bytes_per_s: int | None = None, read_bytes_per_s: int | None = None) -> StreamInfo:
-        """Change retention, unread-record protection, automatic splitting or the
-        per-partition limits while it runs. A limit of 0 removes it: writes over
+                            write_bytes_per_s: int | None = None, read_bytes_per_s: int | None = None,
+                            archive: str | None = None, archive_after_s: int | None = None,
+                            local_retention_s: int | None = None, compression: str | None = None) -> StreamInfo:
+        """Change retention, unread-record protection, automatic splitting, the
+        per-partition limits or the archive tier while it runs (an archive may be added
+        to a stream that has none; it cannot be moved or removed: see `create_stream`
+        for the archive's settings). A limit of 0 removes it: writes over
         `write_records_per_s` or `write_bytes_per_s` get `Throttled` (retriable, with the
         wait in its message; producers back off by themselves); reads over
         `read_bytes_per_s` are slowed down. None leaves a setting as it is. Returns the
@@ -415,7 +423,10 @@ class Client:
             auto_split_period_s=auto_split_period_s or 0,
             write_records_per_s=-1 if write_records_per_s is None else write_records_per_s,
             write_bytes_per_s=-1 if write_bytes_per_s is None else write_bytes_per_s,
-            read_bytes_per_s=-1 if read_bytes_per_s is None else read_bytes_per_s)
+            read_bytes_per_s=-1 if read_bytes_per_s is None else read_bytes_per_s,
+            archive=archive or "", archive_after_s=-1 if archive_after_s is None else archive_after_s,
+            local_retention_s=-1 if local_retention_s is None else local_retention_s,
+            compression=compression or "")
         info = convert.stream_from_pb(await self._admin_call("UpdateStream", req))
         self._streams[name] = info
         return info
@@ -986,7 +997,12 @@ class Client:
         pb = await self._call(address, sms_pb2_grpc.ControlStub, "NodeStatus", sms_pb2.NodeStatusRequest())
         return {"node_id": pb.node_id, "pid": pb.pid, "roles": list(pb.roles),
                 "replicas": [{"chain_id": r.chain_id, "epoch": r.epoch, "role": r.role, "last_sn": r.last_sn,
-                              "committed_sn": r.committed_sn, "batches": r.batches, "records": r.records}
+                              "committed_sn": r.committed_sn, "batches": r.batches, "records": r.records,
+                              "first_sn": r.first_sn,
+                              # the tail of a stream with an archive: how far it archived
+                              **({"archive": {"archived_sn": r.archived_sn, "verified_sn": r.verified_sn,
+                                              "lag_ms": r.archive_lag_ms, "error": r.archive_error}}
+                                 if r.archived_sn else {})}
                              for r in pb.replicas],
                 "storage_write_failures": pb.storage_write_failures,
                 "storage_last_error": pb.storage_last_error, "storage_last_error_ms": pb.storage_last_error_ms,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -53,3 +54,19 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
         return True
     except TimeoutError:
         return event.is_set()
+
+
+_BACKGROUND: set[asyncio.Task[Any]] = set()
+
+
+def background(coroutine: Coroutine[Any, Any, Any]) -> None:
+    """Run `coroutine` on the running loop without waiting for it; a strong reference is
+    kept until it ends (the loop keeps only weak ones), and its failure is logged."""
+    task = asyncio.get_running_loop().create_task(coroutine)
+    _BACKGROUND.add(task)
+
+    def done(t: asyncio.Task[Any]) -> None:
+        _BACKGROUND.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.warning("a background task failed", exc_info=t.exception())
+    task.add_done_callback(done)

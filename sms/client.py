@@ -76,7 +76,8 @@ class Client:
     def create_stream(self, name: str, partitions: int = 1, replication_factor: int = 1,
                       **kwargs: Any) -> StreamInfo:
         """Create a stream and wait until it is ACTIVE; returns its map. `kwargs`:
-        persistence, ingestion_policy, retention_hours, dedup_window_s, min_in_sync
+        persistence, ingestion_policy, retention_hours, retention_s, dedup_window_s,
+        min_in_sync, archive, archive_after_s, local_retention_s, compression
         (`sms.aio.Client.create_stream`).
 
         Raises:

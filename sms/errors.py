@@ -258,6 +258,19 @@ class RecordsTrimmed(SmsError):
     code = grpc.StatusCode.OUT_OF_RANGE
 
 
+class FragmentCorrupt(SmsError):
+    """A fragment of the stream's archive failed its checksum (or could not be decoded)
+    after it was read from the fragment store, and no replica holds its records any
+    more: they cannot be read. While a replica still holds them, the archiver rewrites
+    the fragment from it and readers never see this (docs/operations.md, "The archive")."""
+    code = grpc.StatusCode.DATA_LOSS
+
+
+class FragmentMissing(FragmentCorrupt):
+    """A fragment the archive's index names is absent from the fragment store (deleted
+    outside SMS, or a store restored from an older copy)."""
+
+
 class LimitExceeded(SmsError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -285,6 +298,13 @@ class Unavailable(SmsError):
     code = grpc.StatusCode.UNAVAILABLE
     retriable = True
     refresh_map = True
+
+
+class ArchiveUnavailable(Unavailable):
+    """The stream's fragment store could not be reached, refused a write or is full.
+    Reads of archived records are retriable; local data is kept until the archive
+    takes it, so writes go on while local space allows."""
+    refresh_map = False
 
 
 class NotEnoughReplicas(SmsError):

@@ -283,3 +283,39 @@ NODE_RESTARTS_MAX = 5                          # `sms up` restarts a node that d
 NODE_RESTART_WINDOW_S = 300.0                  # ... within this window; past that it stays down (logged once)
 NODE_SUPERVISE_POLL_S = 0.5                    # `sms up` looks for nodes that exited this often
 assert NODE_SUPERVISE_POLL_S < NODE_START_TIMEOUT_S < NODE_RESTART_WINDOW_S
+
+# --- the archive tier (archive/; issue 18) ---
+ARCHIVE_URL_CHARS_MAX = 1024                   # a stream's archive url (file:///path or s3://bucket/prefix)
+ARCHIVE_NAME_CHARS_MAX = 512                   # an object's name in a fragment store (relative path)
+ARCHIVE_S3_KEY_BYTES_MAX = 1024                # S3's own bound on a key: the url's prefix + "/" + a name
+ARCHIVE_S3_DELETE_BATCH_MAX = 1000             # keys in one S3 DeleteObjects call (S3's own bound)
+ARCHIVE_STORE_CONNECT_TIMEOUT_S = 5.0          # an S3 store's client connects within this ...
+ARCHIVE_STORE_READ_TIMEOUT_S = 30.0            # ... and waits this long for bytes of an answer
+ARCHIVE_STORE_RETRY_ATTEMPTS = 3               # retries (after the first try) of one S3 call, boto3's standard mode
+ARCHIVE_STORE_PUT_ATTEMPTS = 3                 # a file store's put retries a directory pruned under it so often
+assert ARCHIVE_NAME_CHARS_MAX < ARCHIVE_S3_KEY_BYTES_MAX
+# writing (storage/archiver.py): a partition's chain tail archives its old batches
+ARCHIVE_AFTER_S_DEFAULT = 3600                 # committed records older than this go to the archive (archive_after_s)
+LOCAL_RETENTION_S_DEFAULT = 24 * 3600          # replicas keep records so long, once archived (local_retention_s)
+ARCHIVE_CHECK_INTERVAL_S = 1.0                 # an archiver pass over the partitions this node is the tail of
+ARCHIVE_FLUSH_S = 60.0                         # a run shorter than a fragment is written once it waited this long
+ARCHIVE_FRAGMENT_RAW_BYTES_TARGET = 8 << 20    # a fragment holds batches up to about this (before compression)
+ARCHIVE_FRAGMENT_RAW_BYTES_MAX = 64 << 20      # a fragment read claiming more than twice this is corrupt
+ARCHIVE_FRAGMENT_BATCHES_MAX = 4096            # batches in one fragment
+ARCHIVE_FRAGMENTS_PER_PASS = 8                 # fragments one partition writes in one pass
+ARCHIVE_WRITE_THREADS = 2                      # threads encoding and putting fragments, per node
+ARCHIVE_ZSTD_LEVEL = 3                         # zstd's level for fragments (its default: fast, ~3x on JSON)
+ARCHIVE_VERIFY_AHEAD_S = 10.0                   # fragments are read back this long before local copies may go
+ARCHIVE_VERIFY_PER_PASS = 8                    # fragments one partition verifies in one pass
+ARCHIVE_EXPIRE_PER_PASS = 100                  # fragments (and orphan files) one partition deletes in one pass
+ARCHIVE_ORPHAN_SCAN_S = 600.0                  # a partition's store listing is scanned for orphans this often
+ARCHIVE_RETRY_S_MAX = 30.0                     # a failed archive step is retried with backoff up to this
+# reading (archive/reader.py): retrieval below the local trim point
+ARCHIVE_READ_THREADS = 4                       # threads fetching and decoding fragments, per node
+ARCHIVE_CACHE_BYTES_MAX = 128 << 20            # decoded fragments a node keeps for readers (least recent out)
+ARCHIVE_PREFETCH_FRAGMENTS = 2                 # a read of fragment k fetches the next ones meanwhile
+ARCHIVE_PREFETCH_TASKS_MAX = 16                # prefetches in flight per node
+ARCHIVE_INDEX_REFRESH_S = 0.5                  # a partition's fragment list is read again at most this often
+ARCHIVE_INDEXES_MAX = 10_000                   # partitions whose fragment lists a node keeps
+assert ARCHIVE_FRAGMENT_RAW_BYTES_TARGET <= ARCHIVE_FRAGMENT_RAW_BYTES_MAX
+assert ARCHIVE_CACHE_BYTES_MAX >= (ARCHIVE_PREFETCH_FRAGMENTS + 2) * 2 * ARCHIVE_FRAGMENT_RAW_BYTES_TARGET

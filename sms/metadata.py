@@ -9,6 +9,8 @@ node writes its own registration. Values are JSON.
     /streams/<name>              StreamConfig
     /streams/<name>/map          PartitionMap (its store version is the map version)
     /streams/<name>/consumers/<c> ConsumerRecord: checkpoints that protect unread records
+    /streams/<name>/archive/<ordinal>        ArchiveState of a partition (archive/index.py)
+    /streams/<name>/archive/<ordinal>/<frag> one archived fragment, named by its SN range
     /chains/<stream>:<ordinal>   ChainConfig {epoch, members head..tail, sealed}
 """
 
@@ -151,6 +153,11 @@ def consumer_path(name: str, consumer: str) -> str:
     return f"{STREAMS}/{name}/consumers/{consumer}"
 
 
+def archive_path(name: str, ordinal: int) -> str:
+    """A partition's archive state (archive/index.py); its children are its fragments."""
+    return f"{STREAMS}/{name}/archive/{ordinal}"
+
+
 def chain_id(stream: str, ordinal: int) -> str:
     return f"{stream}:{ordinal}"
 
@@ -194,10 +201,25 @@ class StreamConfig:
     read_bytes_per_s: int = 0
     unread_hold_max_s: int = 0            # > 0: protect_unread keeps records at most so long (its
                                           # tenant's retention cap, control/quotas.py)
+    # the archive tier (archive/; docs/operations.md "The archive"): committed batches older
+    # than archive_after_s go to fragments in the store at `archive`; local copies are deleted
+    # after local_retention_s, once archived; retention (retention_s/hours) is then the archive's
+    archive: str = ""                     # "": no archive; file:///path or s3://bucket/prefix
+    archive_after_s: int = 0
+    local_retention_s: int = 0
+    compression: str = "zstd"             # of fragments: "zstd" or "none"
 
     @property
     def retention_ms(self) -> int:
         return (self.retention_s or self.retention_hours * 3600) * 1000
+
+    @property
+    def local_retention_ms(self) -> int:
+        """How long replicas keep records locally: the retention, or with an archive, the
+        local tier's (never less than archive_after_s: nothing leaves before it is archived)."""
+        if not self.archive:
+            return self.retention_ms
+        return min(self.retention_ms, max(self.local_retention_s, self.archive_after_s) * 1000)
 
     def to_bytes(self) -> bytes:
         d = asdict(self)

@@ -53,3 +53,33 @@ STORAGE_COMMIT_BATCHES = Histogram("sms_storage_commit_batches", "Stored batches
 
 CHAIN_CHANGES = Counter("sms_chain_changes", "Chain membership changes made by the chain manager, by action",
                         ["action"], registry=REGISTRY)
+
+# the archive tier (archive/): written by a partition's archiver (its chain's tail), read
+# by retrieval below the local trim point
+ARCHIVE_FRAGMENTS = Counter("sms_archive_fragments", "Fragments written to a stream's archive and indexed",
+                            ["stream"], registry=REGISTRY)
+ARCHIVE_WRITE_RECORDS = Counter("sms_archive_write_records", "Records written to a stream's archive",
+                                ["stream"], registry=REGISTRY)
+ARCHIVE_WRITE_BYTES = Counter("sms_archive_write_bytes",
+                              "Bytes of fragments written to a stream's archive (after compression)",
+                              ["stream"], registry=REGISTRY)
+ARCHIVE_RAW_BYTES = Counter("sms_archive_raw_bytes", "Bytes of batches archived (before compression)",
+                            ["stream"], registry=REGISTRY)
+ARCHIVE_ERRORS = Counter("sms_archive_errors",
+                         "Failed archive steps (write, verify, expire) by error name; each is retried",
+                         ["stream", "step", "error"], registry=REGISTRY)
+ARCHIVE_REPAIRS = Counter("sms_archive_repairs",
+                          "Fragments found corrupt or missing by verification and rewritten from local data",
+                          ["stream"], registry=REGISTRY)
+ARCHIVE_EXPIRED = Counter("sms_archive_expired_fragments", "Fragments deleted by the archive's retention",
+                          ["stream"], registry=REGISTRY)
+ARCHIVE_READ_RECORDS = Counter("sms_archive_read_records", "Records returned to readers from the archive",
+                               ["stream"], registry=REGISTRY)
+ARCHIVE_READ_BYTES = Counter("sms_archive_read_bytes", "Bytes of archived batches returned to readers",
+                             ["stream"], registry=REGISTRY)
+ARCHIVE_FETCH_SECONDS = Histogram("sms_archive_fetch_seconds",
+                                  "Fetching, decompressing and verifying one fragment for readers",
+                                  buckets=LATENCY_BUCKETS_S, registry=REGISTRY)
+ARCHIVE_CACHE = Counter("sms_archive_cache",
+                        "Fragment lookups of readers: hit (cached), shared (being fetched), miss (fetched)",
+                        ["result"], registry=REGISTRY)

@@ -185,6 +185,10 @@ class StreamInfo:
     write_records_per_s: int = 0                # per-partition limits; 0: none
     write_bytes_per_s: int = 0
     read_bytes_per_s: int = 0
+    archive: str = ""                           # the archive tier's store ("": none)
+    archive_after_s: int = 0                    # records older go to the archive
+    local_retention_s: int = 0                  # replicas keep records so long, once archived
+    compression: str = "zstd"                   # of archive fragments
 
     def lineage(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
         """ordinal -> (parents, children) of every partition the map still holds."""

@@ -26,6 +26,8 @@ from sms.errors import InvariantViolation, WrongOwner
 from sms.metadata import ChainConfig, ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionMap
 from sms.proto import sms_pb2, sms_pb2_grpc
+from archive.index import ArchiveState
+from storage.archiver import Archiver
 from storage.head import HeadSession
 from storage.log import LogStore
 from storage.peerlink import IncomingLinks, PeerLink
@@ -69,6 +71,8 @@ class StorageNode:
         self.incoming_links: dict[int, IncomingLinks] = {}  # the streams from predecessors, being served
         self._decoded = DecodedReads(store)   # retention's metadata reads, decoded once per value
         self.suspects_reported = 0
+        self.archiver = Archiver(self)
+        self._archive_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         await self.logs.start()
@@ -77,6 +81,7 @@ class StorageNode:
         await self.sync()
         self._task = asyncio.get_running_loop().create_task(self._sync_loop(), name="chain-sync")
         self._retention_task = asyncio.get_running_loop().create_task(self._retention_loop(), name="retention")
+        self._archive_task = asyncio.get_running_loop().create_task(self.archiver.run(), name="archive")
 
     async def close(self) -> None:
         for cancel in self._cancel_watches:
@@ -85,6 +90,8 @@ class StorageNode:
             self._configs.close()
         await cancel_and_wait(self._task)
         await cancel_and_wait(self._retention_task)
+        await cancel_and_wait(self._archive_task)
+        self.archiver.close()
         for task in list(self._reports):
             await cancel_and_wait(task)
         # every replica at once: one by one, each waiting for its links' tasks to end, a
@@ -201,6 +208,9 @@ class StorageNode:
         got = await self._decoded.get(path, decode)
         return got[0] if got is not None else None
 
+    async def _read_decoded_stream(self, stream: str) -> StreamConfig | None:
+        return await self._read_decoded(metadata.stream_path(stream), StreamConfig.from_bytes)
+
     async def _stream_retention_facts(self, stream: str):
         config = await self._read_decoded(metadata.stream_path(stream), StreamConfig.from_bytes)
         pmap = await self._read_decoded(metadata.map_path(stream), PartitionMap.from_bytes)
@@ -233,7 +243,17 @@ class StorageNode:
             point = retention.trim_point(config, pmap, replica.config.ordinal, consumers, now_ms)
             point = min(point, replica.committed_sn + 1)     # never what is not committed
             replica.trimmed_before = max(replica.trimmed_before, point)    # readers never see below
-            delete = min(point, retention.dedup_floor(config, now_ms))
+            delete = point
+            if config.archive:
+                # two tiers: past local retention, what the archive holds (verified) goes from
+                # here, consumers or not -- readers get it from the archive; what it does not
+                # hold yet stays, however old, unless retention has passed it
+                state = await self._read_decoded(metadata.archive_path(stream, replica.config.ordinal),
+                                                 ArchiveState.from_bytes)
+                local_cut = seqno.lower_bound_for_time(max(0, now_ms - config.local_retention_ms))
+                verified = state.verified_sn if state is not None else 0
+                delete = max(point, min(local_cut, verified + 1, replica.committed_sn + 1))
+            delete = min(delete, retention.dedup_floor(config, now_ms))
             for chain_link in list(replica.links.values()):
                 # nor the batch a successor or learner ends with: its next hello verifies it
                 delete = min(delete, chain_link.acked_sn)
@@ -366,6 +386,13 @@ class StorageService(sms_pb2_grpc.StorageServicer):
         (storage/peerlink.py IncomingLinks)."""
         await IncomingLinks(self.node, self.node.incoming_links).serve(context)
 
+    def _archive_status(self, chain_id: str) -> dict:
+        part = self.node.archiver.status(chain_id)
+        if part is None:
+            return {}
+        return {"archived_sn": str(part.archived_sn), "verified_sn": str(part.verified_sn),
+                "archive_lag_ms": part.lag_ms, "archive_error": part.error}
+
     async def NodeStatus(self, request, context):
         failures, last = self.node.logs.write_failures()
         return sms_pb2.NodeStatusResponse(
@@ -377,7 +404,8 @@ class StorageService(sms_pb2_grpc.StorageServicer):
                                             batches=s["batches"], records=s["records"],
                                             verified=s["verified"], gated_learners=s["gated"],
                                             sealed=s["sealed"], first_sn=str(s["first_sn"]),
-                                            trimmed_before=str(s["trimmed_before"]), frozen=s["frozen"])
+                                            trimmed_before=str(s["trimmed_before"]), frozen=s["frozen"],
+                                            **self._archive_status(s["chain_id"]))
                       for s in self.node.status(request.chain_ids)],
             peer_links=self.node.link_status())
 
@@ -400,6 +428,11 @@ class CommittedReplica:
     @property
     def trimmed_before(self) -> int:
         return self.replica.trimmed_before
+
+    @property
+    def local_first_sn(self) -> int:
+        """The first SN stored here (0: none): records below it are in the archive, if any."""
+        return self.replica.log.first_sn
 
     async def wait_committed(self, sn: int, timeout_s: float) -> bool:
         return await self.replica.wait_committed(sn, timeout_s)

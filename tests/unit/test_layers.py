@@ -13,14 +13,15 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-OURS = {"sms", "metastore", "storage", "ingestion", "retrieval", "control", "sps", "spark_sps", "node"}
+OURS = {"sms", "metastore", "archive", "storage", "ingestion", "retrieval", "control", "sps", "spark_sps", "node"}
 ALLOWED = {
     "sms": {"sms"},
     "metastore": {"sms", "metastore"},
-    "storage": {"sms", "metastore", "storage"},
+    "archive": {"sms", "metastore", "archive"},       # a library of the roles that keep or read the archive
+    "storage": {"sms", "metastore", "archive", "storage"},
     "ingestion": {"sms", "metastore", "ingestion"},
-    "retrieval": {"sms", "metastore", "retrieval"},
-    "control": {"sms", "metastore", "control"},
+    "retrieval": {"sms", "metastore", "archive", "retrieval"},
+    "control": {"sms", "metastore", "archive", "control"},
     "sps": {"sms", "metastore", "sps"},
     "spark_sps": {"sms", "sps", "spark_sps"},
     "node": OURS,

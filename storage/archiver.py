@@ -1,0 +1,292 @@
+"""The archiver of a storage node: old committed batches of the partitions whose chain
+tail is this node go to their stream's archive (archive/), are verified there before
+any replica deletes its local copy, and leave the archive with its retention.
+
+One pass every ARCHIVE_CHECK_INTERVAL_S, over every replica this node is the tail of
+(the tail holds only committed batches, and a chain has one tail; a chain change names
+another, and the index's versioned commit keeps an old tail that has not seen it yet
+from indexing the same records twice: archive/index.py). For each such partition of a
+stream with an archive:
+
+1. **Write.** The batches after the state's `archived_sn`, committed and older than
+   `archive_after_s`, in runs of up to ARCHIVE_FRAGMENT_RAW_BYTES_TARGET: a full run is
+   written at once; a shorter one once its oldest record has waited ARCHIVE_FLUSH_S
+   more, so a quiet partition is archived too, in fewer, larger fragments. Each run is
+   encoded (archive/fragment.py), put in the store, then indexed.
+2. **Verify.** Fragments whose records are due to leave the replicas (past local
+   retention) are read back from the store and checked; `verified_sn` moves past them.
+   A fragment that is corrupt or missing is written again from this node's copy first.
+   Replicas delete local batches only up to `verified_sn` (StorageNode.apply_retention).
+3. **Expire.** Fragments wholly below the partition's trim point (retention, trims,
+   unread-record protection: sms/retention.py) are deleted, file then index entry; so
+   are files no index entry names (orphans of a killed or out-raced writer).
+
+A step that fails (the store unreachable or full, a metadata hiccup) is retried with
+backoff, up to ARCHIVE_RETRY_S_MAX; local data stays meanwhile, and the archive lag
+(`lag_ms`, in NodeStatus, `sms status` and the metrics) shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from archive import fragment, index
+from archive.fragment import FragmentRef
+from archive.store import open_store
+from metastore import BadVersionError, NodeExistsError, NoNodeError
+from sms import errors, limits, metrics, retention, seqno, wire
+from sms.aiotools import raise_if_cancelling
+from sms.errors import InvariantViolation
+from sms.metadata import StreamConfig
+
+from storage.replica import Replica, ReplicaState
+
+if TYPE_CHECKING:
+    from storage.service import StorageNode
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PartitionArchive:
+    """What this node knows of one partition's archiving, for status and backoff."""
+    archived_sn: int = 0
+    verified_sn: int = 0
+    failures: int = 0
+    retry_at: float = 0.0
+    error: str = ""
+    next_orphan_scan: float = 0.0
+    lag_ms: int = 0          # how far the oldest committed record not archived is past archive_after_s
+
+
+class Archiver:
+    def __init__(self, node: "StorageNode"):
+        self.node = node
+        self.meta = node.meta
+        self.parts: dict[str, PartitionArchive] = {}
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=limits.ARCHIVE_WRITE_THREADS,
+                                                              thread_name_prefix="archive-write")
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.pass_once()
+            except InvariantViolation:
+                raise
+            except Exception:
+                raise_if_cancelling()
+                log.exception("archive pass failed")
+            await asyncio.sleep(limits.ARCHIVE_CHECK_INTERVAL_S)
+
+    async def pass_once(self) -> None:
+        now = time.monotonic()
+        held = set()
+        for cid, replica in list(self.node.replicas.items()):
+            if replica.state is not ReplicaState.ACTIVE or replica.config.tail != self.node.node_id:
+                continue
+            config = await self.node._read_decoded_stream(replica.config.stream)
+            if config is None or not config.archive:
+                continue
+            held.add(cid)
+            part = self.parts.setdefault(cid, PartitionArchive())
+            if now < part.retry_at:
+                continue
+            step = "write"
+            try:
+                await self._write(replica, config, part)
+                step = "verify"
+                await self._verify(replica, config, part)
+                step = "expire"
+                await self._expire(replica, config, part)
+            except (errors.SmsError, BadVersionError, NodeExistsError, NoNodeError, OSError) as e:
+                raise_if_cancelling()
+                name = e.name if isinstance(e, errors.SmsError) else type(e).__name__
+                metrics.ARCHIVE_ERRORS.labels(config.name, step, name).inc()
+                part.failures += 1
+                part.retry_at = time.monotonic() + min(limits.ARCHIVE_RETRY_S_MAX,
+                                                       limits.ARCHIVE_CHECK_INTERVAL_S * 2 ** min(part.failures, 16))
+                text = f"{step}: {name}: {getattr(e, 'message', '') or e}"
+                if text != part.error:
+                    log.warning("%s: archiving: %s (retried)", cid, text)
+                part.error = text
+            else:
+                if part.error:
+                    log.info("%s: archiving goes on", cid)
+                part.failures, part.error = 0, ""
+        for cid in [c for c in self.parts if c not in held]:
+            del self.parts[cid]
+
+    # --- 1. write ---------------------------------------------------------------------
+
+    async def _write(self, replica: Replica, config: StreamConfig, part: PartitionArchive) -> None:
+        stream, ordinal = config.name, replica.config.ordinal
+        store = open_store(config.archive)
+        prefix = fragment.partition_prefix(stream, config.created_ms, ordinal)
+        for _ in range(limits.ARCHIVE_FRAGMENTS_PER_PASS):
+            now_ms = int(time.time() * 1000)
+            known = await index.read_state(self.meta, stream, ordinal)
+            archived = known[0].archived_sn if known else 0
+            part.archived_sn = archived
+            part.verified_sn = known[0].verified_sn if known else 0
+            eligible_ms = now_ms - config.archive_after_s * 1000
+            limit_sn = min(replica.committed_sn, seqno.lower_bound_for_time(max(0, eligible_ms)) - 1)
+            run, size = self._run(replica, archived, limit_sn)
+            oldest = next((b for b in self.node.logs.read_batches_from(replica.log, archived + 1, 1)), None)
+            part.lag_ms = 0
+            if oldest is not None:
+                first = wire.read_header(oldest).first_sn
+                if first <= replica.committed_sn:
+                    part.lag_ms = max(0, eligible_ms - seqno.timestamp_ms_of(first))
+            if not run:
+                return
+            full = size >= limits.ARCHIVE_FRAGMENT_RAW_BYTES_TARGET or len(run) >= limits.ARCHIVE_FRAGMENT_BATCHES_MAX
+            waited = eligible_ms - seqno.timestamp_ms_of(wire.read_header(run[0]).first_sn)
+            if not full and waited < int(limits.ARCHIVE_FLUSH_S * 1000):
+                return
+            first_sn = wire.read_header(run[0]).first_sn
+            if first_sn <= archived:
+                log.error("%s: the batch after archived SN %d starts at %d: not archived here", replica.chain_id,
+                          archived, first_sn)
+                return
+            if archived and first_sn != archived + seqno.COUNTER_UNIT:
+                log.warning("%s: records %d..%d were deleted before they were archived", replica.chain_id,
+                            archived + seqno.COUNTER_UNIT, first_sn - seqno.COUNTER_UNIT)
+            encoded = await self._call(fragment.encode, run, config.compression)
+            await self._call(store.put, prefix + encoded.ref.name, encoded.data)
+            details = {"records": encoded.records, "batches": encoded.batches, "bytes": len(encoded.data),
+                       "raw_bytes": encoded.raw_bytes, "node": self.node.node_id, "written_ms": now_ms}
+            try:
+                await index.add_fragment(self.meta, stream, ordinal, encoded.ref, details, known, self.node.node_id,
+                                         now_ms)
+            except (BadVersionError, NodeExistsError):
+                # another writer indexed these records first (a tail change): this file, unless
+                # it has the same name as theirs, is an orphan that retention deletes
+                log.info("%s: another node archived from SN %d first", replica.chain_id, first_sn)
+                continue
+            part.archived_sn = encoded.ref.last_sn
+            metrics.ARCHIVE_FRAGMENTS.labels(stream).inc()
+            metrics.ARCHIVE_WRITE_RECORDS.labels(stream).inc(encoded.records)
+            metrics.ARCHIVE_WRITE_BYTES.labels(stream).inc(len(encoded.data))
+            metrics.ARCHIVE_RAW_BYTES.labels(stream).inc(encoded.raw_bytes)
+
+    def _run(self, replica: Replica, archived: int, limit_sn: int) -> tuple[list[bytes], int]:
+        """The batches after `archived` that end at or before limit_sn, up to a fragment's size."""
+        run: list[bytes] = []
+        size = 0
+        if limit_sn <= archived:
+            return run, size
+        for batch in self.node.logs.read_batches_from(replica.log, archived + 1, limits.ARCHIVE_FRAGMENT_BATCHES_MAX):
+            header = wire.read_header(batch)
+            if header.last_sn <= archived:
+                continue
+            if header.last_sn > limit_sn:
+                break
+            run.append(batch)
+            size += len(batch)
+            if size >= limits.ARCHIVE_FRAGMENT_RAW_BYTES_TARGET:
+                break
+        return run, size
+
+    # --- 2. verify ----------------------------------------------------------------------
+
+    async def _verify(self, replica: Replica, config: StreamConfig, part: PartitionArchive) -> None:
+        stream, ordinal = config.name, replica.config.ordinal
+        known = await index.read_state(self.meta, stream, ordinal)
+        if known is None or known[0].verified_sn >= known[0].archived_sn:
+            return
+        now_ms = int(time.time() * 1000)
+        # verified a little ahead of when replicas may delete, so deletion never waits for it
+        due = seqno.lower_bound_for_time(max(0, now_ms - config.local_retention_ms
+                                             + int(limits.ARCHIVE_VERIFY_AHEAD_S * 1000)))
+        refs = [r for r in await index.fragments(self.meta, stream, ordinal)
+                if r.last_sn > known[0].verified_sn and r.first_sn < due]
+        if not refs:
+            return
+        store = open_store(config.archive)
+        prefix = fragment.partition_prefix(stream, config.created_ms, ordinal)
+        verified = known[0].verified_sn
+        for ref in refs[:limits.ARCHIVE_VERIFY_PER_PASS]:
+            try:
+                await self._call(_check, store, prefix + ref.name, ref)
+            except errors.FragmentCorrupt as e:    # (FragmentMissing too)
+                await self._repair(replica, config, ref, prefix, e)
+            verified = ref.last_sn
+        await index.set_verified(self.meta, stream, ordinal, known, verified)
+        part.verified_sn = verified
+
+    async def _repair(self, replica: Replica, config: StreamConfig, ref: FragmentRef, prefix: str,
+                      problem: errors.FragmentCorrupt) -> None:
+        """Write a bad fragment again from this node's copy of its batches."""
+        batches = []
+        for batch in self.node.logs.read_batches_from(replica.log, ref.first_sn, limits.ARCHIVE_FRAGMENT_BATCHES_MAX * 2):
+            header = wire.read_header(batch)
+            if header.first_sn > ref.last_sn:
+                break
+            batches.append(batch)
+        if not batches or wire.read_header(batches[0]).first_sn != ref.first_sn:
+            raise errors.FragmentCorrupt(f"{problem.message}; this node no longer holds its records to write it "
+                                         f"again", fragment=ref.name)
+        codec = "zstd" if ref.codec == 1 else "none"
+        encoded = await self._call(fragment.encode, batches, codec)
+        if encoded.ref != ref:
+            raise errors.FragmentCorrupt(f"{problem.message}; this node's copy of its records differs from what "
+                                         f"was archived", fragment=ref.name)
+        await self._call(open_store(config.archive).put, prefix + ref.name, encoded.data)
+        metrics.ARCHIVE_REPAIRS.labels(config.name).inc()
+        log.warning("%s: %s; written again from this node's copy", replica.chain_id, problem.message)
+
+    # --- 3. expire -----------------------------------------------------------------------
+
+    async def _expire(self, replica: Replica, config: StreamConfig, part: PartitionArchive) -> None:
+        stream, ordinal = config.name, replica.config.ordinal
+        facts = await self.node._stream_retention_facts(stream)
+        if facts is None:
+            return
+        _config, pmap, consumers = facts
+        point = retention.trim_point(config, pmap, ordinal, consumers, int(time.time() * 1000))
+        point = min(point, replica.committed_sn + 1)
+        refs = await index.fragments(self.meta, stream, ordinal) if part.archived_sn else []
+        store = open_store(config.archive)
+        prefix = fragment.partition_prefix(stream, config.created_ms, ordinal)
+        gone = [r for r in refs if r.last_sn < point][:limits.ARCHIVE_EXPIRE_PER_PASS]
+        for ref in gone:
+            await self._call(store.delete, prefix + ref.name)
+        if gone:
+            await index.forget(self.meta, stream, ordinal, gone)
+            metrics.ARCHIVE_EXPIRED.labels(stream).inc(len(gone))
+            log.info("%s: the archive's retention deleted %d fragments below %d", replica.chain_id, len(gone), point)
+        now = time.monotonic()
+        if now >= part.next_orphan_scan:
+            part.next_orphan_scan = now + limits.ARCHIVE_ORPHAN_SCAN_S
+            indexed = {r.name for r in refs}
+            names = await self._call(store.list, prefix)
+            orphans = []
+            for name in names:
+                ref = FragmentRef.parse(name[len(prefix):])
+                # a file no index entry names, within what is archived: its writer lost
+                # (or was killed before) the commit, and never will index it
+                if ref is not None and ref.name not in indexed and ref.last_sn <= part.archived_sn:
+                    orphans.append(name)
+            for name in orphans[:limits.ARCHIVE_EXPIRE_PER_PASS]:
+                await self._call(store.delete, name)
+            if orphans:
+                log.info("%s: deleted %d orphan fragment files", replica.chain_id, len(orphans))
+
+    def status(self, chain_id: str) -> PartitionArchive | None:
+        return self.parts.get(chain_id)
+
+
+def _check(store, key: str, ref: FragmentRef) -> None:
+    """(a write thread) Read a fragment back and verify it; FragmentCorrupt/Missing if bad."""
+    fragment.decode(ref, store.get(key))
