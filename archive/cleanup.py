@@ -15,7 +15,7 @@ import asyncio
 import logging
 
 from archive import fragment
-from archive.store import open_store
+from sms.objectstore import open_store
 from metastore import MetaStore, NoNodeError
 from sms import metadata
 from sms.metadata import StreamConfig

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from archive import fragment, index
 from archive.fragment import Decoded, FragmentRef
-from archive.store import open_store
+from sms.objectstore import open_store
 from metastore import MetaStore
 from sms import limits, metrics, seqno, wire
 from sms.errors import FragmentMissing

@@ -6,7 +6,9 @@
   ack latency at 10/50/80 % of the measured max, end-to-end latency), the same ingest at
   replication 1, single `put_record` latency on the idle cluster, every baseline with
   small record counts, and the failover / repartition / growth benches in their smallest
-  variants; under 3 minutes on a 2-core machine;
+  variants, and the other extras (idle cost, TLS, throttling, consumer groups, the archive
+  tier of issue 18: bench/archive.py) at their quick presets; under 3 minutes on a 2-core
+  machine;
 - full: the same with the big record counts, plus the ingest sweeps one factor at a time
   around the reference point (record size, replication, persistence, dedup, partitions,
   producers), the catch-up read of 1M records and the full extra benches;
@@ -70,7 +72,8 @@ MODES: dict[str, dict] = {
                    "idle_cost": {"steps": [40], "idle_s": 1.0, "settle_s": 1.0, "load_records": 4_000},
                    "tls_cost": {"preset": "smoke"},
                    "throttle": {"preset": "smoke"},
-                   "consumer_group": {"preset": "smoke"}},
+                   "consumer_group": {"preset": "smoke"},
+                   "archive": {"preset": "smoke"}},
     },
     "quick": {
         "reference_records": 1_000_000,       # also the catch-up read: the issue's 1M records
@@ -96,7 +99,8 @@ MODES: dict[str, dict] = {
                    "idle_cost": {"steps": [40, 400], "idle_s": 3.0, "settle_s": 2.0, "load_records": 20_000},
                    "tls_cost": {"preset": "quick"},
                    "throttle": {"preset": "quick"},
-                   "consumer_group": {"preset": "quick"}},
+                   "consumer_group": {"preset": "quick"},
+                   "archive": {"preset": "quick"}},
     },
     "full": {
         "reference_records": 1_000_000,
@@ -124,7 +128,8 @@ MODES: dict[str, dict] = {
                                  "load_records": 40_000},
                    "tls_cost": {"preset": "full"},
                    "throttle": {"preset": "full"},
-                   "consumer_group": {"preset": "full"}},
+                   "consumer_group": {"preset": "full"},
+                   "archive": {"preset": "full"}},
     },
 }
 
@@ -434,6 +439,9 @@ def extras(run: Run, cfg: dict, workdir: str) -> dict:
         elif name == "consumer_group":
             from bench import consumer_group
             out[name] = run.call("extra consumer_group", consumer_group.run_preset, params["preset"])
+        elif name == "archive":
+            from bench import archive
+            out[name] = run.call("extra archive", archive.run_preset, params["preset"])
     return out
 
 
@@ -552,8 +560,9 @@ def _cpu_target(ingest) -> dict:
                          detail=f"{_cpu_text(c)} over {c['records']:,} records acknowledged")
 
 
-def targets(sms: dict | None, base: dict) -> list[dict]:
-    """Issue 13's table: each target met, missed or n/a, with its ratio."""
+def targets(sms: dict | None, base: dict, extra: dict | None = None) -> list[dict]:
+    """Issue 13's table: each target met, missed or n/a, with its ratio; then the extras'
+    (issue 18's archive: a catch-up read from the archive against one from local storage)."""
     ref = _get(sms, "reference") or {}
     ingest = _get(ref, "ingest")
     raw, nats = base.get("raw_lmdb"), base.get("nats_js")
@@ -570,7 +579,14 @@ def targets(sms: dict | None, base: dict) -> list[dict]:
         _catch_up_target(ref, columns=True),
         _p99_target(ref, nats),
         _cpu_target(ingest),
+        *_archive_targets(extra),
     ]
+
+
+def _archive_targets(extra: dict | None) -> list[dict]:
+    from bench import archive
+    arch = _get(extra, "archive")
+    return archive.targets(arch if arch is not None else {"skipped": "not run in this mode"})
 
 
 def _sms_problems(sms: dict) -> list[str]:
@@ -635,6 +651,7 @@ def problems(result: dict) -> list[str]:
             got = (cg.get(key) or {}).get("records")
             if got != cg["records_put"]:
                 out.append(f"consumer_group {key}: read {got} records of {cg['records_put']}")
+    out += [f"archive: {text}" for text in _get(result, "extras", "archive", "problems") or []]
     rb = _get(result, "baselines", "redis_streams", "redis_benchmark")
     if isinstance(rb, dict) and (rb.get("error") or rb.get("stream_length_matches") is False):
         out.append(f"redis-benchmark: {rb.get('error') or ''} stream length {rb.get('stream_length')} "
@@ -679,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     try:
-        result["targets"] = targets(result.get("sms"), result.get("baselines", {}))
+        result["targets"] = targets(result.get("sms"), result.get("baselines", {}), result.get("extras"))
     except Exception as e:
         result["targets"] = [run.failed("targets", e)]
     try:

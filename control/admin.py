@@ -21,7 +21,7 @@ import grpc
 
 from archive import cleanup
 from archive.fragment import check_codec
-from archive.store import check_url
+from sms.objectstore import check_url
 from control import phases, placement, quotas, repartition
 from metastore import reads
 from metastore import BadVersionError, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set

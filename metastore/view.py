@@ -137,7 +137,8 @@ class ClusterView:
                           consumers=tuple(view.consumers), min_in_sync=c.min_in_sync,
                           archive=c.archive, archive_after_s=c.archive_after_s,
                           local_retention_s=c.local_retention_ms // 1000 if c.archive else 0,
-                          compression=c.compression)
+                          compression=c.compression,
+                          payload_prefix=f"{c.name}/{c.created_ms}/payloads/" if c.archive else "")
 
 
 async def bounded(read, what: str):

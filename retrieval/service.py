@@ -160,10 +160,12 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
         committed = replica.committed_sn if ending is None else min(replica.committed_sn, ending)
         slices = await self._read(pos.stream, pos.ordinal, replica, position, committed, max_records)
-        if position > pos.position_sn and not skip_trimmed:
-            if slices:
-                _check_nothing_trimmed(pos, slices[0].sn_at(slices[0].start))
-            elif committed and seqno.ordinal_of(committed) == pos.ordinal:
+        if slices and not skip_trimmed and not include_trimmed:
+            # (also when this replica's trim point is behind: the archive's retention may
+            # already have deleted what lay between)
+            _check_nothing_trimmed(pos, slices[0].sn_at(slices[0].start))
+        elif position > pos.position_sn and not skip_trimmed:
+            if committed and seqno.ordinal_of(committed) == pos.ordinal:
                 # nothing left to read: the last record committed tells whether any was due
                 _check_nothing_trimmed(pos, committed + seqno.COUNTER_UNIT)
         if slices:

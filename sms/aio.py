@@ -16,14 +16,15 @@ import json
 import random
 import secrets
 import time
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
-from sms import wire, convert, errors, limits, metadata, rpc, security, seqno
+from sms import wire, convert, errors, limits, metadata, payloads, rpc, security, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
-from sms.records import encode_put
+from sms.payloads import PayloadRef
+from sms.records import encode_put, needs_reference, record_fields
 from sms.tokens import peek
 from sms.batch import RecordBatch
 from sms.consumer import GroupConsumer, GroupLeases
@@ -96,7 +97,8 @@ class Client:
     and Throttled (a tenant or stream limit)."""
 
     def __init__(self, address: str, *, timeout_s: float = limits.RPC_TIMEOUT_S, ca_file: str | None = None,
-                 cert_file: str | None = None, key_file: str | None = None, token: str | None = None) -> None:
+                 cert_file: str | None = None, key_file: str | None = None, token: str | None = None,
+                 payloads: str = "inline") -> None:
         """A client of the nodes at `address`; no call is made until the first method.
 
         Args:
@@ -105,9 +107,17 @@ class Client:
             ca_file, cert_file, key_file: TLS files (see the class docstring); None reads
                 $SMS_CA_FILE, $SMS_CERT_FILE, $SMS_KEY_FILE.
             token: a key's token (None: $SMS_TOKEN), sent over TLS only.
+            payloads: what reads give for a record stored by reference (a payload over
+                RECORD_DATA_BYTES_MAX): "inline", the payload in `Record.data` (up to
+                PAYLOAD_INLINE_READ_BYTES_MAX; a larger one stays a reference), or
+                "reference", its reference; `Record.payload` names it either way and
+                `open_payload` streams it (docs/api.md, "Payloads by reference").
 
         Raises:
-            InvalidArgument: a TLS file that cannot be read."""
+            InvalidArgument: a TLS file that cannot be read, or another `payloads`."""
+        if payloads not in ("inline", "reference"):
+            raise errors.InvalidArgument(f"payloads {payloads!r}; expected inline or reference")
+        self.payloads = payloads
         self.address = address
         self.timeout_s = timeout_s
         self.tls = security.TlsConfig.resolve(ca_file, cert_file, key_file)
@@ -619,7 +629,16 @@ class Client:
             RequestTooLarge (count or bytes), InvalidArgument (a record of another
             shape), InvalidPartitionKey, InvalidHashKey, RecordTooLarge,
             InvalidRecordHeader, StreamNotFound."""
-        encoded = _encode_puts(records)
+        uploads: list[tuple[int, PayloadRef]] = []
+        try:
+            encoded = _encode_puts(records)
+        except (errors.RecordTooLarge, errors.InvalidArgument):
+            # (only then: a put of ordinary records pays nothing for this)
+            records = list(records) if not isinstance(records, (list, tuple)) else records
+            if not any(needs_reference(r) for r in records):
+                raise
+            records, uploads = await self.upload_payloads(stream, records)
+            encoded = _encode_puts(records)
         if not 1 <= len(encoded) <= limits.PUT_RECORDS_COUNT_MAX:
             raise errors.RequestTooLarge(f"{len(encoded)} records; expected 1..{limits.PUT_RECORDS_COUNT_MAX}")
         total = sum(len(e) - wire.ENTRY.size for e, _ in encoded)
@@ -657,7 +676,73 @@ class Client:
             todo = retry
             await asyncio.sleep(_REDIRECT_BACKOFF_S * (attempt + 1))
             info = await self.get_stream_info(stream)
-        return PutRecordsResult(tuple(cast(list[PutRecordResult], results)))   # (every index is set by now)
+        done = PutRecordsResult(tuple(cast(list[PutRecordResult], results)))   # (every index is set by now)
+        for i, ref in uploads:
+            error = errors.registry().get(done.records[i].error_name)
+            if error is not None and not error.retriable:      # (surely not stored: its upload goes)
+                await asyncio.to_thread(payloads.discard, ref)
+        return done
+
+    async def upload_payloads(self, stream: str, records: Sequence[RecordInput]
+                            ) -> tuple[list[RecordInput], list[tuple[int, PayloadRef]]]:
+        """`records` with each payload over the inline limit (or given as a binary file)
+        uploaded to the stream's archive store and replaced by its reference (a record
+        with the header `sms-payload`: sms/payloads.py), and which records those were.
+        `put_records` and the producers call it for such records.
+
+        Raises:
+            RecordTooLarge (no archive, or over PAYLOAD_BYTES_MAX), ArchiveUnavailable,
+            Timeout (an upload slower than half PAYLOAD_GRACE_S), StreamNotFound."""
+        info = await self.get_stream_info(stream, refresh=stream not in self._streams)
+        out: list[RecordInput] = []
+        uploads: list[tuple[int, PayloadRef]] = []
+        for i, r in enumerate(records):
+            if not needs_reference(r):
+                out.append(r)
+                continue
+            key, data, hash_key, headers = record_fields(r)
+            if not info.archive:
+                size = "a file" if payloads.is_file(data) else f"{len(data)} bytes"
+                raise errors.RecordTooLarge(f"record {i}: {size} of data; at most {limits.RECORD_DATA_BYTES_MAX} "
+                                            f"inline, and stream {stream!r} has no archive to keep larger payloads "
+                                            "by reference (create_stream(..., archive=URL))")
+            ref = await asyncio.to_thread(payloads.upload, info.archive, info.payload_prefix, data)
+            uploads.append((i, ref))
+            reference = ref.to_bytes()
+            out.append((key, reference, hash_key, {**(headers or {}), payloads.HEADER: reference}))
+        return out, uploads
+
+    async def _with_payloads(self, stream: str, records: list[Record]) -> list[Record]:
+        """`records` with each payload stored by reference read back into `data` (this
+        client's `payloads="inline"`, up to PAYLOAD_INLINE_READ_BYTES_MAX)."""
+        if self.payloads != "inline" or not records:
+            return records
+        info = self._streams.get(stream) or await self.get_stream_info(stream, refresh=False)
+        if not info.archive:
+            return records
+        out = records
+        for j, r in enumerate(records):
+            if r.meta and b"sms-payload" in r.meta:
+                ref = r.payload
+                if ref is not None and ref.size <= limits.PAYLOAD_INLINE_READ_BYTES_MAX:
+                    if out is records:
+                        out = list(records)
+                    out[j] = r._replace(data=await asyncio.to_thread(payloads.read_all, ref))
+        return out
+
+    def open_payload(self, record: Record | PayloadRef, offset: int = 0) -> payloads.PayloadReader:
+        """A record's payload stored by reference, as a binary file object read chunk by
+        chunk (at most two chunks in memory, checksums verified), from `offset` -- where
+        a reader that stopped goes on. Its reads block: call them from a thread in async
+        code.
+
+        Raises:
+            InvalidArgument (a record without a payload by reference, or an offset past
+            its end); its reads raise FragmentCorrupt, FragmentMissing, ArchiveUnavailable."""
+        ref = record if isinstance(record, PayloadRef) else record.payload
+        if ref is None:
+            raise errors.InvalidArgument("the record carries its data inline, not a payload by reference")
+        return payloads.open_payload(ref, offset)
 
     async def _put_group(self, stream: str, address: str, indexes: list[int],
                          encoded: list[tuple[bytes, int]]) -> list[tuple[int, PutRecordResult]]:
@@ -764,8 +849,10 @@ class Client:
             try:
                 async for event in call:
                     failures = 0
-                    yield _page(pos.ordinal, event.slices, event.continuation, event.millis_behind_latest,
-                                event.child_partitions)
+                    page = _page(pos.ordinal, event.slices, event.continuation, event.millis_behind_latest,
+                                 event.child_partitions)
+                    records = await self._with_payloads(pos.stream, page.records)
+                    yield page if records is page.records else dataclasses.replace(page, records=records)
                     if not event.continuation:
                         return
                     iterator = event.continuation
@@ -821,7 +908,9 @@ class Client:
             InvalidIterator, ExpiredIterator, RecordsTrimmed, StreamNotFound,
             PartitionNotFound, InvalidArgument."""
         pos, resp = await self._get_next(iterator, max_records, wait_ms, skip_trimmed)
-        return _page(pos.ordinal, resp.slices, resp.next_iterator, resp.millis_behind_latest, resp.child_partitions)
+        page = _page(pos.ordinal, resp.slices, resp.next_iterator, resp.millis_behind_latest, resp.child_partitions)
+        records = await self._with_payloads(pos.stream, page.records)
+        return page if records is page.records else dataclasses.replace(page, records=records)
 
     async def get_next_record_batch(self, iterator: str, max_records: int = 1000,
                                     wait_ms: int = 0, *, skip_trimmed: bool = False) -> GetRecordBatchResult:
@@ -988,7 +1077,8 @@ class Client:
         sn = seqno.parse(sequence_number)
         resp = await self._read_call(stream, seqno.ordinal_of(sn), "GetRecord",
                                      sms_pb2.GetRecordRequest(stream=stream, sequence_number=str(sn)))
-        return convert.records_from_slice(resp.slice.batch, resp.slice.start, resp.slice.end, seqno.ordinal_of(sn))[0]
+        record = convert.records_from_slice(resp.slice.batch, resp.slice.start, resp.slice.end, seqno.ordinal_of(sn))[0]
+        return (await self._with_payloads(stream, [record]))[0]
 
     async def node_status(self, address: str) -> dict[str, Any]:
         """Replicas held by the storage node at `address` (operators; `sms status`): its

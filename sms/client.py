@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sms import aio, security
 from sms.consumer import SyncGroupConsumer
+from sms.payloads import PayloadReader, PayloadRef
 from sms.types import (ClusterInfo, GetRecordBatchResult, GetRecordsResult, Headers, IteratorType, NodeLoad,
                        PartitionInfo, PutRecordResult, PutRecordsResult, Record, RecordInput, StreamInfo)
 
@@ -165,6 +166,14 @@ class Client:
             InvalidArgument, StreamNotFound, and the record's own error after retries."""
         return self._run(self._aio.put_record(stream, data, partition_key, explicit_hash_key=explicit_hash_key,
                                               headers=headers))
+
+    def open_payload(self, record: Record | PayloadRef, offset: int = 0) -> PayloadReader:
+        """A record's payload stored by reference as a binary file object, read chunk by
+        chunk from `offset` (`sms.aio.Client.open_payload`).
+
+        Raises:
+            InvalidArgument; its reads raise FragmentCorrupt, FragmentMissing, ArchiveUnavailable."""
+        return self._aio.open_payload(record, offset)
 
     def put_records(self, stream: str, records: Iterable[RecordInput]) -> PutRecordsResult:
         """Store 1..500 records: (partition_key, data[, explicit_hash_key[, headers]])

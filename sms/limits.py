@@ -319,3 +319,11 @@ ARCHIVE_INDEX_REFRESH_S = 0.5                  # a partition's fragment list is 
 ARCHIVE_INDEXES_MAX = 10_000                   # partitions whose fragment lists a node keeps
 assert ARCHIVE_FRAGMENT_RAW_BYTES_TARGET <= ARCHIVE_FRAGMENT_RAW_BYTES_MAX
 assert ARCHIVE_CACHE_BYTES_MAX >= (ARCHIVE_PREFETCH_FRAGMENTS + 2) * 2 * ARCHIVE_FRAGMENT_RAW_BYTES_TARGET
+# payloads by reference (sms/payloads.py): records over RECORD_DATA_BYTES_MAX, kept in the archive store
+PAYLOAD_CHUNK_BYTES = 4 << 20                  # a payload is uploaded and read in chunks of this
+PAYLOAD_BYTES_MAX = 5 << 30                    # the largest payload a record may carry by reference
+PAYLOAD_GRACE_S = 3600.0                       # an upload never claimed for a record is deleted after this
+PAYLOAD_INLINE_READ_BYTES_MAX = 64 << 20       # readers get payloads up to this in Record.data; larger ones
+                                               # stay references (Record.payload; open_payload streams them)
+PAYLOAD_GC_INTERVAL_S = 60.0                   # a stream's archiver looks for payloads to delete this often
+assert RECORD_DATA_BYTES_MAX < PAYLOAD_CHUNK_BYTES <= PAYLOAD_INLINE_READ_BYTES_MAX <= PAYLOAD_BYTES_MAX

@@ -83,3 +83,5 @@ ARCHIVE_FETCH_SECONDS = Histogram("sms_archive_fetch_seconds",
 ARCHIVE_CACHE = Counter("sms_archive_cache",
                         "Fragment lookups of readers: hit (cached), shared (being fetched), miss (fetched)",
                         ["result"], registry=REGISTRY)
+PAYLOADS_DELETED = Counter("sms_payloads_deleted", "Payload uploads deleted: past retention, or never claimed by a "
+                           "record within PAYLOAD_GRACE_S", ["stream"], registry=REGISTRY)

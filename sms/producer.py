@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from sms import wire, errors, limits
 from sms.accumulator import HWM_NONE, SESSION_META_BYTES, Accumulator, Outcome, ProducerResult, PutRequest, Session
-from sms.records import PreparedRecord, prepare_record, prepare_records
+from sms.records import PreparedRecord, needs_reference, prepare_record, prepare_records, record_fields
 from sms.limits import (
     PRODUCER_DEDUP_WINDOW_MARGIN_S,
     PRODUCER_DELIVERY_TIMEOUT_S,
@@ -43,6 +43,7 @@ from sms.limits import (
     PRODUCER_SESSION_WINDOW_MAX,
 )
 from sms.proto import sms_pb2
+from sms.payloads import PayloadRef
 from sms.types import Headers, RecordInput, StreamInfo
 
 if TYPE_CHECKING:
@@ -80,6 +81,9 @@ class Transport(Protocol):
 
     async def send_put_records(self, address: str,
                                request: sms_pb2.PutRecordsRequest) -> sms_pb2.PutRecordsResponse: ...
+
+    async def upload_payloads(self, stream: str, records: Sequence[RecordInput]
+                              ) -> tuple[list[RecordInput], list[tuple[int, PayloadRef]]]: ...
 
 
 class ProducerState(enum.Enum):
@@ -312,7 +316,15 @@ class Producer:
             InvalidDedupKey, DedupKeyTooLarge, InvalidArgument, StreamNotFound (the first
             map), ProducerClosed, InternalError (the sender failed)."""
         self._check_running()
-        prepared = prepare_record(partition_key, data, explicit_hash_key, headers)
+        try:
+            prepared = prepare_record(partition_key, data, explicit_hash_key, headers)
+        except (errors.RecordTooLarge, errors.InvalidArgument):
+            if not needs_reference((partition_key, data)):
+                raise
+            # over the inline limit, or a file: uploaded, then sent as its reference (sms/payloads.py)
+            converted, _uploads = await self._client.upload_payloads(
+                self.stream, [(partition_key, data, explicit_hash_key, headers)])
+            prepared = prepare_record(*record_fields(converted[0]))
         extra = prepared.extra
         dedup = _dedup_key_bytes(dedup_key)
         if dedup is not None:
@@ -335,7 +347,14 @@ class Producer:
             InvalidHashKey, RecordTooLarge, InvalidRecordHeader, StreamNotFound,
             ProducerClosed, InternalError."""
         self._check_running()
-        return await self._queue_batch(prepare_records(records))
+        try:
+            return await self._queue_batch(prepare_records(records))
+        except (errors.RecordTooLarge, errors.InvalidArgument):
+            records = list(records) if not isinstance(records, (list, tuple)) else records
+            if not any(needs_reference(r) for r in records):
+                raise
+            converted, _uploads = await self._client.upload_payloads(self.stream, records)
+            return await self._queue_batch(prepare_records(converted))
 
     async def send_pinned(self, records: Sequence[tuple[PreparedRecord, int, int]]
                           ) -> asyncio.Future[list[RecordOutcome]]:

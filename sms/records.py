@@ -61,6 +61,23 @@ def prepare(r: object) -> PreparedRecord:
     return prepare_record(*_fields(r))
 
 
+def record_fields(r: object) -> tuple[Any, Any, Any, Any]:
+    """(partition_key, data, explicit_hash_key, headers) of a record in any accepted shape."""
+    return _fields(r)
+
+
+def needs_reference(r: object) -> bool:
+    """Whether a record's data goes by reference (sms/payloads.py): over the inline
+    limit, or a binary file object."""
+    try:
+        data = _fields(r)[1]
+    except errors.SmsError:
+        return False
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return len(data) > limits.RECORD_DATA_BYTES_MAX
+    return callable(getattr(data, "read", None))
+
+
 def encode_put(r: object) -> tuple[bytes, int]:
     """(PutRecords entry, hash key) of one record in any accepted shape: the fallback of
     `wire.encode_puts`."""

@@ -18,6 +18,7 @@ from sms.errors import PartitionNotFound
 
 if TYPE_CHECKING:
     from sms.batch import RecordBatch
+    from sms.payloads import PayloadRef
 
 # A record's headers as a writer gives them: name -> value (str values are sent as UTF-8).
 Headers: TypeAlias = Mapping[str, bytes | str]
@@ -87,6 +88,18 @@ class Record(NamedTuple):
     @property
     def arrival_time_ms(self) -> int:
         return seqno.timestamp_ms_of(self.sn)
+
+    @property
+    def payload(self) -> "PayloadRef | None":
+        """Where the record's payload is, when it was stored by reference (a record over
+        RECORD_DATA_BYTES_MAX: docs/api.md "Payloads by reference"); None for any other.
+        `Client.open_payload(record)` streams it."""
+        if not self.meta or b"sms-payload" not in self.meta:
+            return None
+        from sms import payloads
+        if payloads.HEADER not in self.headers:
+            return None
+        return payloads.PayloadRef.from_bytes(self.headers[payloads.HEADER])
 
     @property
     def headers(self) -> dict[str, bytes]:
@@ -189,6 +202,7 @@ class StreamInfo:
     archive_after_s: int = 0                    # records older go to the archive
     local_retention_s: int = 0                  # replicas keep records so long, once archived
     compression: str = "zstd"                   # of archive fragments
+    payload_prefix: str = ""                    # payloads by reference go under this in the archive store
 
     def lineage(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
         """ordinal -> (parents, children) of every partition the map still holds."""

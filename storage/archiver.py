@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING
 
 from archive import fragment, index
 from archive.fragment import FragmentRef
-from archive.store import open_store
+from sms.objectstore import open_store
 from metastore import BadVersionError, NodeExistsError, NoNodeError
-from sms import errors, limits, metrics, retention, seqno, wire
+from sms import errors, limits, metrics, payloads, retention, seqno, wire
 from sms.aiotools import raise_if_cancelling
 from sms.errors import InvariantViolation
 from sms.metadata import StreamConfig
@@ -69,6 +69,7 @@ class Archiver:
         self.node = node
         self.meta = node.meta
         self.parts: dict[str, PartitionArchive] = {}
+        self._payload_gc_at: dict[str, float] = {}      # stream -> when its payloads are looked at next
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=limits.ARCHIVE_WRITE_THREADS,
                                                               thread_name_prefix="archive-write")
 
@@ -109,8 +110,12 @@ class Archiver:
                 await self._verify(replica, config, part)
                 step = "expire"
                 await self._expire(replica, config, part)
-            except (errors.SmsError, BadVersionError, NodeExistsError, NoNodeError, OSError) as e:
+            except InvariantViolation:
+                raise
+            except Exception as e:    # (each partition on its own: one's failure never stops the others')
                 raise_if_cancelling()
+                if not isinstance(e, (errors.SmsError, BadVersionError, NodeExistsError, NoNodeError, OSError)):
+                    log.exception("%s: archiving: %s failed unexpectedly", cid, step)
                 name = e.name if isinstance(e, errors.SmsError) else type(e).__name__
                 metrics.ARCHIVE_ERRORS.labels(config.name, step, name).inc()
                 part.failures += 1
@@ -126,6 +131,42 @@ class Archiver:
                 part.failures, part.error = 0, ""
         for cid in [c for c in self.parts if c not in held]:
             del self.parts[cid]
+        await self._payloads_pass(held)
+
+    # --- 4. payloads by reference (sms/payloads.py) ------------------------------------
+
+    async def _payloads_pass(self, held: set[str]) -> None:
+        """For each stream whose first open partition's tail is this node (one node per
+        stream), at most every PAYLOAD_GC_INTERVAL_S: delete the uploads never claimed
+        PAYLOAD_GRACE_S after they started, and claimed ones older than the stream's
+        oldest record (the lowest trim point of its partitions) by the grace period."""
+        now = time.monotonic()
+        streams = {self.node.replicas[cid].config.stream for cid in held if cid in self.node.replicas}
+        for stream in streams:
+            if now < self._payload_gc_at.get(stream, 0.0):
+                continue
+            facts = await self.node._stream_retention_facts(stream)
+            if facts is None:
+                continue
+            config, pmap, consumers = facts
+            first = min((e.ordinal for e in pmap.open_entries()), default=None)
+            if first is None or f"{stream}:{first}" not in held:
+                continue
+            self._payload_gc_at[stream] = now + limits.PAYLOAD_GC_INTERVAL_S
+            now_ms = int(time.time() * 1000)
+            oldest_ms = min(seqno.timestamp_ms_of(retention.trim_point(config, pmap, e.ordinal, consumers, now_ms))
+                            for e in pmap.entries)
+            try:
+                gone = await self._call(_collect_payloads, config.archive, f"{config.name}/{config.created_ms}/payloads/",
+                                        now_ms, oldest_ms)
+            except Exception as e:
+                raise_if_cancelling()
+                metrics.ARCHIVE_ERRORS.labels(stream, "payloads", getattr(e, "name", type(e).__name__)).inc()
+                log.warning("%s: collecting payloads failed: %s", stream, e)
+                continue
+            if gone:
+                metrics.PAYLOADS_DELETED.labels(stream).inc(gone)
+                log.info("%s: deleted %d payload uploads (past retention, or never claimed)", stream, gone)
 
     # --- 1. write ---------------------------------------------------------------------
 
@@ -159,9 +200,9 @@ class Archiver:
                 log.error("%s: the batch after archived SN %d starts at %d: not archived here", replica.chain_id,
                           archived, first_sn)
                 return
-            if archived and first_sn != archived + seqno.COUNTER_UNIT:
-                log.warning("%s: records %d..%d were deleted before they were archived", replica.chain_id,
-                            archived + seqno.COUNTER_UNIT, first_sn - seqno.COUNTER_UNIT)
+            if archived and seqno.counter_of(first_sn) != seqno.counter_of(archived) + 1:
+                log.warning("%s: %d records after SN %d were deleted before they were archived", replica.chain_id,
+                            seqno.counter_of(first_sn) - seqno.counter_of(archived) - 1, archived)
             encoded = await self._call(fragment.encode, run, config.compression)
             await self._call(store.put, prefix + encoded.ref.name, encoded.data)
             details = {"records": encoded.records, "batches": encoded.batches, "bytes": len(encoded.data),
@@ -290,3 +331,26 @@ class Archiver:
 def _check(store, key: str, ref: FragmentRef) -> None:
     """(a write thread) Read a fragment back and verify it; FragmentCorrupt/Missing if bad."""
     fragment.decode(ref, store.get(key))
+
+
+def _collect_payloads(url: str, prefix: str, now_ms: int, oldest_ms: int) -> int:
+    """(a write thread) Delete the uploads under `prefix` that no record needs: never
+    claimed within the grace period, or started before the stream's oldest record by
+    more than it. Returns how many."""
+    store = open_store(url)
+    grace_ms = int(limits.PAYLOAD_GRACE_S * 1000)
+    uploads: dict[str, set[str]] = {}
+    for name in store.list(prefix):
+        upload, _sep, leaf = name[len(prefix):].rpartition("/")      # "<hour>/<start ms>-<random>", leaf
+        uploads.setdefault(upload, set()).add(leaf)
+    gone = 0
+    for upload, leaves in uploads.items():
+        try:
+            started_ms = int(upload.rpartition("/")[2].split("-")[0])
+        except ValueError:
+            continue             # (not ours)
+        unclaimed = payloads.CLAIMED not in leaves and started_ms < now_ms - grace_ms
+        if unclaimed or started_ms < oldest_ms - grace_ms:
+            store.delete_prefix(f"{prefix}{upload}/")
+            gone += 1
+    return gone

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from archive.store import FileStore, FragmentStore, S3Store, check_url, open_store
+from sms.objectstore import FileStore, FragmentStore, S3Store, check_url, open_store
 from sms import limits
 from sms.errors import ArchiveUnavailable, FragmentMissing, InvalidArgument, InvalidStreamConfig
 from tests.conftest import wait_until
