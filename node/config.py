@@ -105,6 +105,9 @@ SETTINGS: tuple[Setting, ...] = (
             limits.PUT_RECORDS_COUNT_MAX, 10_000_000),
     Setting("retention.check_interval_s", float, limits.RETENTION_CHECK_INTERVAL_S,
             "nodes apply retention this often", "RETENTION_CHECK_INTERVAL_S", 0.1, 3600.0),
+    Setting("replication.compression", str, limits.REPLICATION_COMPRESSION,
+            "compress the replication streams this node opens to its successors: none or gzip (gRPC's; "
+            "worth it between sites, not on a LAN)", "REPLICATION_COMPRESSION", choices=("none", "gzip")),
     Setting("archive.check_interval_s", float, limits.ARCHIVE_CHECK_INTERVAL_S,
             "a storage node archives (and verifies, and expires) this often", "ARCHIVE_CHECK_INTERVAL_S", 0.1, 3600.0),
     Setting("archive.flush_s", float, limits.ARCHIVE_FLUSH_S,

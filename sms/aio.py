@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import json
 import random
 import secrets
@@ -69,6 +70,7 @@ def _descendants_and(by: Mapping[int, PartitionInfo], ordinals: set[int]) -> set
 
 
 TENANT_LIMITS = metadata.TenantConfig.LIMITS
+_log = logging.getLogger(__name__)
 
 
 def _tenant_dict(pb: sms_pb2.TenantInfo) -> dict[str, Any]:
@@ -724,6 +726,12 @@ class Client:
         for j, r in enumerate(records):
             if r.meta and b"sms-payload" in r.meta:
                 ref = r.payload
+                if ref is not None and (ref.store != info.archive or not ref.key.startswith(info.payload_prefix)):
+                    # a reference outside the stream's own store (a forged record) is never
+                    # followed: the record stays as it was stored
+                    _log.warning("record %s of %s names a payload outside the stream's archive (%s %s): not read",
+                                 r.sn, stream, ref.store[:80], ref.key[:80])
+                    continue
                 if ref is not None and ref.size <= limits.PAYLOAD_INLINE_READ_BYTES_MAX:
                     if out is records:
                         out = list(records)

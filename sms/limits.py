@@ -327,3 +327,5 @@ PAYLOAD_INLINE_READ_BYTES_MAX = 64 << 20       # readers get payloads up to this
                                                # stay references (Record.payload; open_payload streams them)
 PAYLOAD_GC_INTERVAL_S = 60.0                   # a stream's archiver looks for payloads to delete this often
 assert RECORD_DATA_BYTES_MAX < PAYLOAD_CHUNK_BYTES <= PAYLOAD_INLINE_READ_BYTES_MAX <= PAYLOAD_BYTES_MAX
+# replication traffic (storage/peerlink.py): "none", or "gzip" (gRPC's own message compression)
+REPLICATION_COMPRESSION = "none"

@@ -314,7 +314,8 @@ class PeerLink:
             return False
         self._stream += 1
         self.streams += 1
-        self._call = sms_pb2_grpc.StorageStub(self.channel_fn(address)).ReplicateLinks()
+        compression = grpc.Compression.Gzip if limits.REPLICATION_COMPRESSION == "gzip" else None
+        self._call = sms_pb2_grpc.StorageStub(self.channel_fn(address)).ReplicateLinks(compression=compression)
         self._reader = asyncio.get_running_loop().create_task(self._read(self._call, self._stream),
                                                               name=f"peer-link-acks-{self.peer_id}")
         return True

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import pytest
 
 import sms
-from sms import errors, seqno
+from sms import convert, errors, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from tests.conftest import client_channel, stream_name, wait_until
 
@@ -327,3 +327,24 @@ def test_spark_reads_archived_records(archived, cluster):
         session.stop()
     assert sorted((int(r.sequence_number), bytes(r.data)) for r in rows) == sorted(
         (a.sn, a.data) for acked in by.values() for a in acked)
+
+
+def test_replication_traffic_compressed_with_gzip(make_cluster, monkeypatch):
+    """replication.compression = gzip: chains replicate (gRPC's message compression) and
+    every replica serves what was acknowledged."""
+    monkeypatch.setenv("SMS_REPLICATION_COMPRESSION", "gzip")
+    local = make_cluster(nodes=3)
+    with sms.Client(local.address) as client:
+        stream = stream_name("gzip-replication")
+        client.create_stream(stream, partitions=1, replication_factor=3, ingestion_policy=NO_DEDUP)
+        acked = put_rounds(client, stream, 5, 200)
+        for address in node_addresses(client):      # each node's own replica
+            with client_channel(address) as channel:
+                stub = sms_pb2_grpc.RetrievalStub(channel)
+                it = stub.GetIterator(sms_pb2.GetIteratorRequest(stream=stream, partition_id="p0000",
+                                                                 iterator_type="TRIM_HORIZON"), timeout=5).iterator
+                resp = stub.GetNextRecords(sms_pb2.GetNextRecordsRequest(iterator=it, max_records=10_000), timeout=5)
+            got = [r for s in resp.slices for r in convert.records_from_slice(s.batch, s.start, s.end, 0)]
+            assert [(r.sn, r.data) for r in got] == [(a.sn, a.data) for a in acked]
+    logs = os.path.join(local.data_dir, "logs")
+    assert all("replication.compression='gzip'" in open(os.path.join(logs, f"n{i}.log")).read() for i in (1, 2, 3))
