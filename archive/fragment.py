@@ -45,7 +45,7 @@ _NAME = re.compile(r"([0-9a-f]{32})-([0-9a-f]{32})-([0-9a-f]{16})\.(raw|zst)")
 
 
 def check_codec(codec: object) -> str:
-    if codec not in CODECS:
+    if not isinstance(codec, str) or codec not in CODECS:
         raise InvalidStreamConfig(f"compression {str(codec)[:32]!r}; expected one of {', '.join(CODECS)}")
     return str(codec)
 
@@ -147,6 +147,9 @@ def decode(ref: FragmentRef, data: bytes) -> Decoded:
     if code == 1:
         import zstandard
         try:
+            # (a frame that states its size is allocated at that size, whatever max_output_size says)
+            if zstandard.frame_content_size(body) not in (raw_len, -1):
+                raise corrupt("its zstd frame's size does not match its header")
             raw = zstandard.ZstdDecompressor().decompress(body, max_output_size=raw_len)
         except zstandard.ZstdError as e:
             raise corrupt(f"zstd: {e}") from None
@@ -172,4 +175,8 @@ def decode(ref: FragmentRef, data: bytes) -> Decoded:
         raise corrupt(str(e)) from None
     if len(batches) != count or pos != len(raw):
         raise corrupt("its batch count does not match its header")
+    if sum(wire.read_header(b).count for b in batches) != records:
+        raise corrupt("its record count does not match its header")
+    if not batches or firsts[0] != ref.first_sn or wire.read_header(batches[-1]).last_sn != ref.last_sn:
+        raise corrupt("its batches do not span the SNs its name says")
     return Decoded(ref, batches, firsts, records, len(raw))

@@ -95,6 +95,8 @@ def _pieces(source: bytes | bytearray | memoryview | BinaryIO, chunk_bytes: int)
         piece = source.read(chunk_bytes)
         if not piece:
             return
+        if not isinstance(piece, (bytes, bytearray)):
+            raise InvalidArgument(f"a payload file gave {type(piece).__name__}; open it in binary mode")
         while len(piece) < chunk_bytes:         # (a pipe or socket may answer short)
             more = source.read(chunk_bytes - len(piece))
             if not more:
@@ -172,6 +174,7 @@ class PayloadReader(io.RawIOBase):
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="payload")
         self._whole = xxhash.xxh3_64() if offset == 0 else None     # checked when read start to end
         self._hashed = 0
+        self._bad: FragmentCorrupt | None = None
 
     def readable(self) -> bool:
         return True
@@ -218,8 +221,10 @@ class PayloadReader(io.RawIOBase):
             self._whole.update(piece)
             self._hashed += n
             if self._hashed == self.ref.size and self._whole.intdigest() != self.ref.checksum:
-                raise FragmentCorrupt(f"payload {self.ref.key}: its checksum does not match",
-                                      fragment=self.ref.key)
+                self._bad = FragmentCorrupt(f"payload {self.ref.key}: its checksum does not match",
+                                            fragment=self.ref.key)
+        if self._bad is not None:           # (and every read after: the end is never delivered)
+            raise self._bad
         self._pos += n
         return n
 

@@ -9,6 +9,7 @@ predicate against a deadline: no test sleeps and hopes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -154,6 +155,26 @@ def read_stream(client, stream: str) -> dict[int, list[Record]]:
 def assert_all_alive(cluster: LocalCluster) -> None:
     exited = cluster.exited()
     assert not exited, f"cluster processes exited unexpectedly: {exited} (logs in {cluster.data_dir}/logs)"
+
+
+@contextlib.contextmanager
+def env_cluster(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str], name: str,
+                nodes: int = CLUSTER_NODES) -> Iterator[LocalCluster]:
+    """A cluster whose nodes see `env` (node settings as SMS_<SECTION>_<KEY>), set in this
+    process for as long as the cluster runs (a node restarted by a test sees it too)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    local = LocalCluster(str(tmp_path_factory.mktemp(name)), nodes=nodes, port=0)
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")

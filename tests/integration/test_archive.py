@@ -25,7 +25,7 @@ import pytest
 import sms
 from sms import convert, errors, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
-from tests.conftest import client_channel, stream_name, wait_until
+from tests.conftest import client_channel, env_cluster, stream_name, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -34,28 +34,9 @@ ENV = {"SMS_ARCHIVE_FLUSH_S": "0", "SMS_ARCHIVE_CHECK_INTERVAL_S": "0.2", "SMS_R
 
 
 @pytest.fixture(scope="module")
-def archive_env():
-    old = {k: os.environ.get(k) for k in ENV}
-    os.environ.update(ENV)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@pytest.fixture(scope="module")
-def cluster(archive_env, tmp_path_factory):
-    from node.launcher import LocalCluster
-    local = LocalCluster(str(tmp_path_factory.mktemp("archive-cluster")), nodes=3, port=0)
-    local.start()
-    try:
+def cluster(tmp_path_factory):
+    with env_cluster(tmp_path_factory, ENV, "archive-cluster") as local:
         yield local
-    finally:
-        local.stop()
 
 
 @pytest.fixture(scope="module")

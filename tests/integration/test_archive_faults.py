@@ -34,7 +34,7 @@ from archive import fragment
 from archive.fragment import FragmentRef
 from sms import errors, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
-from tests.conftest import client_channel, stream_name, wait_until
+from tests.conftest import client_channel, env_cluster, stream_name, wait_until
 
 pytestmark = [pytest.mark.integration]
 
@@ -48,28 +48,9 @@ TMPFS_BYTES = 512 * 1024
 
 
 @pytest.fixture(scope="module")
-def archive_env():
-    old = {k: os.environ.get(k) for k in ENV}
-    os.environ.update(ENV)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@pytest.fixture(scope="module")
-def cluster(archive_env, tmp_path_factory):
-    from node.launcher import LocalCluster
-    local = LocalCluster(str(tmp_path_factory.mktemp("archive-faults")), nodes=3, port=0)
-    local.start()
-    try:
+def cluster(tmp_path_factory):
+    with env_cluster(tmp_path_factory, ENV, "archive-faults") as local:
         yield local
-    finally:
-        local.stop()
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ import pytest
 
 import sms
 from sms import errors, limits
-from tests.conftest import stream_name, wait_until
+from tests.conftest import env_cluster, stream_name, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -38,20 +38,8 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from node.launcher import LocalCluster
-    old = {k: os.environ.get(k) for k in ENV}
-    os.environ.update(ENV)
-    local = LocalCluster(str(tmp_path_factory.mktemp("payload-cluster")), nodes=3, port=0)
-    try:
-        local.start()
+    with env_cluster(tmp_path_factory, ENV, "payload-cluster") as local:
         yield local
-    finally:
-        local.stop()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
