@@ -1,6 +1,6 @@
 """Fragment files: a run of whole committed batches of one partition, as one object.
 
-The archiver (archive/archiver.py) writes a partition's old batches to its stream's
+The archiver (storage/archiver.py) writes a partition's old batches to its stream's
 fragment store in runs, each run one fragment; readers (archive/reader.py) serve
 records below the local trim point from them. As in Gazette, a fragment's name says
 what it holds -- its SN range, the checksum of its contents and how they are

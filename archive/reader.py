@@ -29,7 +29,7 @@ from archive.fragment import Decoded, FragmentRef
 from sms.objectstore import open_store
 from metastore import MetaStore
 from sms import limits, metrics, seqno, wire
-from sms.errors import FragmentMissing
+from sms.errors import ArchiveUnavailable, FragmentMissing
 from sms.metadata import StreamConfig
 
 
@@ -58,7 +58,7 @@ class ArchiveReader:
         self._indexes: dict[tuple[str, int], _Index] = {}
         self._cache: OrderedDict[str, Decoded] = OrderedDict()
         self._cache_bytes = 0
-        self._loading: dict[str, asyncio.Future[Decoded]] = {}
+        self._loading: dict[str, asyncio.Task[Decoded]] = {}
         self._prefetching: set[asyncio.Task[None]] = set()
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=limits.ARCHIVE_READ_THREADS,
                                                               thread_name_prefix="archive-read")
@@ -68,12 +68,12 @@ class ArchiveReader:
             task.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    async def _refs(self, stream: str, ordinal: int, from_sn: int) -> list[FragmentRef]:
+    async def _refs(self, stream: str, ordinal: int, from_sn: int, fresh: bool = False) -> list[FragmentRef]:
         key = (stream, ordinal)
         ix = self._indexes.get(key)
         now = time.monotonic()
         stale = ix is None or not ix.lasts or ix.lasts[-1] < from_sn
-        if stale and (ix is None or now - ix.loaded_at >= limits.ARCHIVE_INDEX_REFRESH_S):
+        if stale and (fresh or ix is None or now - ix.loaded_at >= limits.ARCHIVE_INDEX_REFRESH_S):
             refs = await index.fragments(self.meta, stream, ordinal)
             if len(self._indexes) >= limits.ARCHIVE_INDEXES_MAX:
                 self._indexes.clear()
@@ -96,19 +96,23 @@ class ArchiveReader:
             metrics.ARCHIVE_CACHE.labels("shared").inc()
             return await asyncio.shield(pending)
         metrics.ARCHIVE_CACHE.labels("miss").inc()
+        # the fetch is a task of its own: a reader cancelled while it runs (its deadline)
+        # never fails the others waiting for the same fragment
+        task = asyncio.get_running_loop().create_task(self._load(config, key, ref))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())    # (retrieved: no warning)
+        self._loading[key] = task
+        return await asyncio.shield(task)
+
+    async def _load(self, config: StreamConfig, key: str, ref: FragmentRef) -> Decoded:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Decoded] = loop.create_future()
-        self._loading[key] = future
         try:
-            decoded = await loop.run_in_executor(self.executor, _fetch, config.archive, key, ref)
-        except BaseException as e:
-            if not future.done():
-                future.set_exception(e)
-                future.exception()          # retrieved: no "never retrieved" warning
-            raise
+            decoded = await asyncio.wait_for(loop.run_in_executor(self.executor, _fetch, config.archive, key, ref),
+                                             limits.ARCHIVE_STORE_CALL_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise ArchiveUnavailable(f"the archive store did not answer within "
+                                     f"{limits.ARCHIVE_STORE_CALL_TIMEOUT_S:.0f} s") from None
         finally:
             self._loading.pop(key, None)
-        future.set_result(decoded)
         self._cache[key] = decoded
         self._cache_bytes += decoded.size
         while self._cache_bytes > limits.ARCHIVE_CACHE_BYTES_MAX and len(self._cache) > 1:
@@ -134,7 +138,7 @@ class ArchiveReader:
             pass
 
     async def read(self, config: StreamConfig, ordinal: int, from_sn: int, upto_sn: int, max_records: int,
-                   max_bytes: int) -> list[ArchiveSlice]:
+                   max_bytes: int, fresh: bool = False) -> list[ArchiveSlice]:
         """Archived batches holding records with from_sn <= SN <= upto_sn, as a local read
         gives them; [] when the archive holds none there. FragmentCorrupt or
         FragmentMissing for a fragment that cannot be read; ArchiveUnavailable (retriable)
@@ -142,15 +146,15 @@ class ArchiveReader:
         if upto_sn < from_sn:
             return []
         try:
-            return await self._read(config, ordinal, from_sn, upto_sn, max_records, max_bytes)
+            return await self._read(config, ordinal, from_sn, upto_sn, max_records, max_bytes, fresh)
         except FragmentMissing:
             # the archive's retention may have deleted it since this node read the index
             self.forget(config.name, ordinal)
             return await self._read(config, ordinal, from_sn, upto_sn, max_records, max_bytes)
 
     async def _read(self, config: StreamConfig, ordinal: int, from_sn: int, upto_sn: int, max_records: int,
-                    max_bytes: int) -> list[ArchiveSlice]:
-        refs = await self._refs(config.name, ordinal, from_sn)
+                    max_bytes: int, fresh: bool = False) -> list[ArchiveSlice]:
+        refs = await self._refs(config.name, ordinal, from_sn, fresh)
         ix = self._indexes.get((config.name, ordinal))
         i = bisect.bisect_left(ix.lasts, from_sn) if ix is not None else len(refs)
         out: list[ArchiveSlice] = []

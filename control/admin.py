@@ -128,6 +128,9 @@ def validate_archive(current: StreamConfig, archive: str | None = None, archive_
         if current.archive:
             raise InvalidStreamConfig(f"stream {current.name!r} archives to {current.archive}; an archive cannot be "
                                       "moved or removed (its fragments and index stay where they are)")
+        if current.name.rpartition(metadata.TENANT_SEP)[2] in (".", ".."):
+            raise InvalidStreamConfig(f"stream {current.name!r} cannot have an archive: its name is not a path "
+                                      "segment a store accepts")
         changes["archive"] = check_url(archive)
     for key, value in (("archive_after_s", archive_after_s), ("local_retention_s", local_retention_s)):
         if value is not None:
@@ -138,8 +141,9 @@ def validate_archive(current: StreamConfig, archive: str | None = None, archive_
         changes["compression"] = check_codec(compression)
     new = dataclasses.replace(current, **changes)
     if not new.archive:
-        if any(k in changes for k in ("archive_after_s", "local_retention_s")):
-            raise InvalidStreamConfig("archive_after_s and local_retention_s need an archive (--archive URL)")
+        if any(k in changes for k in ("archive_after_s", "local_retention_s", "compression")):
+            raise InvalidStreamConfig("archive_after_s, local_retention_s and compression need an archive "
+                                      "(--archive URL)")
         return changes
     if not new.archive_after_s:
         changes["archive_after_s"] = min(limits.ARCHIVE_AFTER_S_DEFAULT, new.retention_ms // 1000)
@@ -441,10 +445,12 @@ class StreamAdmin:
         caps = await quotas.tenant_config(self.store, tenant)
         given = bool(retention_hours or retention_s)
 
+        given_archive = {k: v for k, v in (archive or {}).items() if v is not None}
+
         def change(c: StreamConfig) -> StreamConfig:
             new = dataclasses.replace(c, **changes)
-            if archive or new.archive:
-                new = dataclasses.replace(new, **validate_archive(new, **(archive or {})))
+            if given_archive or new.archive:
+                new = dataclasses.replace(new, **validate_archive(new, **given_archive))
             return quotas.within_retention(new, caps, tenant, given)
         await self._change_config(name, change)
 

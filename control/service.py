@@ -202,9 +202,10 @@ class ControlService(sms_pb2_grpc.ControlServicer):
                                           "write_bytes_per_s": request.write_bytes_per_s,
                                           "read_bytes_per_s": request.read_bytes_per_s},
                                   archive={"archive": request.archive or None,
-                                           "archive_after_s": None if request.archive_after_s < 0
+                                           # (<= 0: unchanged; a client that predates these fields sends 0)
+                                           "archive_after_s": None if request.archive_after_s <= 0
                                            else request.archive_after_s,
-                                           "local_retention_s": None if request.local_retention_s < 0
+                                           "local_retention_s": None if request.local_retention_s <= 0
                                            else request.local_retention_s,
                                            "compression": request.compression or None})
         self.view.invalidate()

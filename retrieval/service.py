@@ -198,11 +198,14 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
                 if slices:
                     return slices
         slices = replica.read(position, upto, max_records, limits.GET_RECORDS_BYTES_MAX)
-        if config.archive and slices and slices[0].sn_at(slices[0].start) > position:
-            first = replica.local_first_sn            # trimmed here since it was looked at?
-            if position < first:
-                archived = await self.archive.read(config, ordinal, position, min(upto, first - 1), max_records,
-                                                   limits.GET_RECORDS_BYTES_MAX)
+        if config.archive and slices:
+            first_read = slices[0].sn_at(slices[0].start)
+            expected = expected_counter(Position(stream, ordinal, position))
+            if expected is not None and seqno.counter_of(first_read) > expected:
+                # records the reader expected next are not here (gone since `first` was looked
+                # at): what the archive holds of them comes first, from its index as it is now
+                archived = await self.archive.read(config, ordinal, position, first_read - 1, max_records,
+                                                   limits.GET_RECORDS_BYTES_MAX, fresh=True)
                 if archived:
                     return archived
         return slices

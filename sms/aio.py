@@ -428,6 +428,10 @@ class Client:
 
         Raises:
             StreamNotFound, InvalidStreamConfig, TenantLimitExceeded."""
+        for key, value in (("archive_after_s", archive_after_s), ("local_retention_s", local_retention_s)):
+            # (on the wire 0 means "unchanged", for clients that predate these settings)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise errors.InvalidStreamConfig(f"{key} {value!r}; expected at least 1 s")
         req = sms_pb2.UpdateStreamRequest(
             name=name, retention_hours=retention_hours or 0, retention_s=retention_s or 0,
             protect_unread="" if protect_unread is None else ("true" if protect_unread else "false"),
@@ -632,15 +636,23 @@ class Client:
             shape), InvalidPartitionKey, InvalidHashKey, RecordTooLarge,
             InvalidRecordHeader, StreamNotFound."""
         uploads: list[tuple[int, PayloadRef]] = []
+        if not isinstance(records, (list, tuple)):
+            records = list(records)        # (read twice when some go by reference)
         try:
             encoded = _encode_puts(records)
         except (errors.RecordTooLarge, errors.InvalidArgument):
             # (only then: a put of ordinary records pays nothing for this)
-            records = list(records) if not isinstance(records, (list, tuple)) else records
             if not any(needs_reference(r) for r in records):
                 raise
+            if not 1 <= len(records) <= limits.PUT_RECORDS_COUNT_MAX:
+                raise errors.RequestTooLarge(f"{len(records)} records; expected 1..{limits.PUT_RECORDS_COUNT_MAX}")
             records, uploads = await self.upload_payloads(stream, records)
-            encoded = _encode_puts(records)
+            try:
+                encoded = _encode_puts(records)
+            except BaseException:
+                for _i, ref in uploads:
+                    await asyncio.to_thread(payloads.discard, ref)
+                raise
         if not 1 <= len(encoded) <= limits.PUT_RECORDS_COUNT_MAX:
             raise errors.RequestTooLarge(f"{len(encoded)} records; expected 1..{limits.PUT_RECORDS_COUNT_MAX}")
         total = sum(len(e) - wire.ENTRY.size for e, _ in encoded)
@@ -714,42 +726,66 @@ class Client:
             out.append((key, reference, hash_key, {**(headers or {}), payloads.HEADER: reference}))
         return out, uploads
 
-    async def _with_payloads(self, stream: str, records: list[Record]) -> list[Record]:
+    async def _with_payloads(self, stream: str, records: list[Record]) -> tuple[list[Record], int | None]:
         """`records` with each payload stored by reference read back into `data` (this
-        client's `payloads="inline"`, up to PAYLOAD_INLINE_READ_BYTES_MAX)."""
+        client's `payloads="inline"`, each up to PAYLOAD_INLINE_READ_BYTES_MAX), and the SN
+        of the first record left out when the page's payloads passed
+        PAYLOAD_INLINE_PAGE_BYTES_MAX (None: none was). A reference header that does not
+        parse, or that names anything but the stream's own store, is left as stored."""
         if self.payloads != "inline" or not records:
-            return records
+            return records, None
         info = self._streams.get(stream) or await self.get_stream_info(stream, refresh=False)
         if not info.archive:
-            return records
+            return records, None
         out = records
+        inlined = 0
         for j, r in enumerate(records):
-            if r.meta and b"sms-payload" in r.meta:
+            if not (r.meta and b"sms-payload" in r.meta):
+                continue
+            try:
                 ref = r.payload
-                if ref is not None and (ref.store != info.archive or not ref.key.startswith(info.payload_prefix)):
-                    # a reference outside the stream's own store (a forged record) is never
-                    # followed: the record stays as it was stored
-                    _log.warning("record %s of %s names a payload outside the stream's archive (%s %s): not read",
-                                 r.sn, stream, ref.store[:80], ref.key[:80])
-                    continue
-                if ref is not None and ref.size <= limits.PAYLOAD_INLINE_READ_BYTES_MAX:
-                    if out is records:
-                        out = list(records)
-                    out[j] = r._replace(data=await asyncio.to_thread(payloads.read_all, ref))
-        return out
+            except errors.InvalidArgument:
+                ref = None            # (a header of that name that is not a reference: an ordinary record)
+            if ref is None:
+                continue
+            if ref.store != info.archive or not ref.key.startswith(info.payload_prefix):
+                # a reference outside the stream's own store (a forged record) is never followed
+                _log.warning("record %s of %s names a payload outside the stream's archive (%s %s): not read",
+                             r.sn, stream, ref.store[:80], ref.key[:80])
+                continue
+            if ref.size > limits.PAYLOAD_INLINE_READ_BYTES_MAX:
+                continue
+            if inlined and inlined + ref.size > limits.PAYLOAD_INLINE_PAGE_BYTES_MAX:
+                return out[:j], r.sn          # (the rest next page: memory stays bounded)
+            inlined += ref.size
+            if out is records:
+                out = list(records)
+            out[j] = r._replace(data=await asyncio.to_thread(payloads.read_all, ref))
+        return out, None
 
-    def open_payload(self, record: Record | PayloadRef, offset: int = 0) -> payloads.PayloadReader:
+    def open_payload(self, record: Record | PayloadRef, offset: int = 0, *,
+                     stream: str | None = None) -> payloads.PayloadReader:
         """A record's payload stored by reference, as a binary file object read chunk by
         chunk (at most two chunks in memory, checksums verified), from `offset` -- where
         a reader that stopped goes on. Its reads block: call them from a thread in async
         code.
 
+        `stream`: the stream the record was read from, to check that the reference names
+        that stream's own archive (pass it when writers are not trusted: a forged record
+        could name any store the reader can reach).
+
         Raises:
-            InvalidArgument (a record without a payload by reference, or an offset past
-            its end); its reads raise FragmentCorrupt, FragmentMissing, ArchiveUnavailable."""
+            InvalidArgument (a record without a payload by reference, an offset past its
+            end, or one outside `stream`'s archive); its reads raise FragmentCorrupt,
+            FragmentMissing, ArchiveUnavailable."""
         ref = record if isinstance(record, PayloadRef) else record.payload
         if ref is None:
             raise errors.InvalidArgument("the record carries its data inline, not a payload by reference")
+        if stream is not None:
+            info = self._streams.get(stream)
+            if info is None or ref.store != info.archive or not ref.key.startswith(info.payload_prefix):
+                raise errors.InvalidArgument(f"the payload ({ref.store[:80]} {ref.key[:80]}) is not in stream "
+                                             f"{stream!r}'s archive (or the stream was not read by this client)")
         return payloads.open_payload(ref, offset)
 
     async def _put_group(self, stream: str, address: str, indexes: list[int],
@@ -859,7 +895,14 @@ class Client:
                     failures = 0
                     page = _page(pos.ordinal, event.slices, event.continuation, event.millis_behind_latest,
                                  event.child_partitions)
-                    records = await self._with_payloads(pos.stream, page.records)
+                    records, cut = await self._with_payloads(pos.stream, page.records)
+                    while cut is not None:       # (a page over the inline budget: in parts)
+                        yield dataclasses.replace(page, records=records, child_partitions=(),
+                                                  next_iterator=await self.get_iterator(
+                                                      pos.stream, pos.ordinal, IteratorType.AT_SEQUENCE_NUMBER,
+                                                      sequence_number=cut))
+                        rest = [r for r in page.records if r.sn >= cut]
+                        records, cut = await self._with_payloads(pos.stream, rest)
                     yield page if records is page.records else dataclasses.replace(page, records=records)
                     if not event.continuation:
                         return
@@ -917,7 +960,10 @@ class Client:
             PartitionNotFound, InvalidArgument."""
         pos, resp = await self._get_next(iterator, max_records, wait_ms, skip_trimmed)
         page = _page(pos.ordinal, resp.slices, resp.next_iterator, resp.millis_behind_latest, resp.child_partitions)
-        records = await self._with_payloads(pos.stream, page.records)
+        records, cut = await self._with_payloads(pos.stream, page.records)
+        if cut is not None:       # the next page starts at the first record left out
+            return dataclasses.replace(page, records=records, child_partitions=(), next_iterator=await self.get_iterator(
+                pos.stream, pos.ordinal, IteratorType.AT_SEQUENCE_NUMBER, sequence_number=cut))
         return page if records is page.records else dataclasses.replace(page, records=records)
 
     async def get_next_record_batch(self, iterator: str, max_records: int = 1000,
@@ -1086,7 +1132,7 @@ class Client:
         resp = await self._read_call(stream, seqno.ordinal_of(sn), "GetRecord",
                                      sms_pb2.GetRecordRequest(stream=stream, sequence_number=str(sn)))
         record = convert.records_from_slice(resp.slice.batch, resp.slice.start, resp.slice.end, seqno.ordinal_of(sn))[0]
-        return (await self._with_payloads(stream, [record]))[0]
+        return (await self._with_payloads(stream, [record]))[0][0]
 
     async def node_status(self, address: str) -> dict[str, Any]:
         """Replicas held by the storage node at `address` (operators; `sms status`): its

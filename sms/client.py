@@ -167,13 +167,14 @@ class Client:
         return self._run(self._aio.put_record(stream, data, partition_key, explicit_hash_key=explicit_hash_key,
                                               headers=headers))
 
-    def open_payload(self, record: Record | PayloadRef, offset: int = 0) -> PayloadReader:
+    def open_payload(self, record: Record | PayloadRef, offset: int = 0, *,
+                     stream: str | None = None) -> PayloadReader:
         """A record's payload stored by reference as a binary file object, read chunk by
-        chunk from `offset` (`sms.aio.Client.open_payload`).
+        chunk from `offset`; `stream`: check it is that stream's (`sms.aio.Client.open_payload`).
 
         Raises:
             InvalidArgument; its reads raise FragmentCorrupt, FragmentMissing, ArchiveUnavailable."""
-        return self._aio.open_payload(record, offset)
+        return self._aio.open_payload(record, offset, stream=stream)
 
     def put_records(self, stream: str, records: Iterable[RecordInput]) -> PutRecordsResult:
         """Store 1..500 records: (partition_key, data[, explicit_hash_key[, headers]])

@@ -304,11 +304,12 @@ ARCHIVE_FRAGMENT_RAW_BYTES_MAX = 64 << 20      # a fragment read claiming more t
 ARCHIVE_FRAGMENT_BATCHES_MAX = 4096            # batches in one fragment
 ARCHIVE_FRAGMENTS_PER_PASS = 8                 # fragments one partition writes in one pass
 ARCHIVE_WRITE_THREADS = 2                      # threads encoding and putting fragments, per node
-ARCHIVE_ZSTD_LEVEL = 3                         # zstd's level for fragments (its default: fast, ~3x on JSON)
+ARCHIVE_ZSTD_LEVEL = 3                         # zstd's level for fragments (its default: fast; 5.6x on JSON clicks)
 ARCHIVE_VERIFY_AHEAD_S = 10.0                   # fragments are read back this long before local copies may go
 ARCHIVE_VERIFY_PER_PASS = 8                    # fragments one partition verifies in one pass
 ARCHIVE_EXPIRE_PER_PASS = 100                  # fragments (and orphan files) one partition deletes in one pass
 ARCHIVE_ORPHAN_SCAN_S = 600.0                  # a partition's store listing is scanned for orphans this often
+ARCHIVE_STORE_CALL_TIMEOUT_S = 120.0           # one store call (a fragment put, get, list) of the archiver
 ARCHIVE_RETRY_S_MAX = 30.0                     # a failed archive step is retried with backoff up to this
 # reading (archive/reader.py): retrieval below the local trim point
 ARCHIVE_READ_THREADS = 4                       # threads fetching and decoding fragments, per node
@@ -325,7 +326,9 @@ PAYLOAD_BYTES_MAX = 5 << 30                    # the largest payload a record ma
 PAYLOAD_GRACE_S = 3600.0                       # an upload never claimed for a record is deleted after this
 PAYLOAD_INLINE_READ_BYTES_MAX = 64 << 20       # readers get payloads up to this in Record.data; larger ones
                                                # stay references (Record.payload; open_payload streams them)
+PAYLOAD_INLINE_PAGE_BYTES_MAX = 256 << 20      # payloads read into one page's records at most; the rest next page
 PAYLOAD_GC_INTERVAL_S = 60.0                   # a stream's archiver looks for payloads to delete this often
-assert RECORD_DATA_BYTES_MAX < PAYLOAD_CHUNK_BYTES <= PAYLOAD_INLINE_READ_BYTES_MAX <= PAYLOAD_BYTES_MAX
+assert RECORD_DATA_BYTES_MAX < PAYLOAD_CHUNK_BYTES <= PAYLOAD_INLINE_READ_BYTES_MAX <= PAYLOAD_INLINE_PAGE_BYTES_MAX
+assert PAYLOAD_INLINE_READ_BYTES_MAX <= PAYLOAD_BYTES_MAX
 # replication traffic (storage/peerlink.py): "none", or "gzip" (gRPC's own message compression)
 REPLICATION_COMPRESSION = "none"

@@ -255,7 +255,7 @@ class S3Store(FragmentStore):
             import botocore.config
             import botocore.exceptions
         except ImportError:
-            raise InvalidStreamConfig("s3:// archives need boto3: pip install 'sms[s3]'") from None
+            raise InvalidStreamConfig("s3:// archives need boto3: pip install 'sms-sps[s3]'") from None
         self.bucket, _, self.prefix = self.url[len("s3://"):].partition("/")
         self._errors = (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
         config = botocore.config.Config(

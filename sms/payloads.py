@@ -41,7 +41,7 @@ from typing import Any, BinaryIO
 import xxhash
 
 from sms import limits
-from sms.errors import FragmentCorrupt, InvalidArgument, RecordTooLarge, Timeout
+from sms.errors import FragmentCorrupt, InvalidArgument, LimitExceeded, RecordTooLarge
 from sms.objectstore import open_store
 
 HEADER = "sms-payload"           # a reference record's header (its value: b"1")
@@ -107,7 +107,7 @@ def _pieces(source: bytes | bytearray | memoryview | BinaryIO, chunk_bytes: int)
 
 def upload(store_url: str, prefix: str, source: bytes | bytearray | memoryview | BinaryIO) -> PayloadRef:
     """(blocking) Upload a payload in chunks and claim it; its reference. RecordTooLarge
-    past PAYLOAD_BYTES_MAX, Timeout when it took longer than half PAYLOAD_GRACE_S (its
+    past PAYLOAD_BYTES_MAX, LimitExceeded when it took longer than half PAYLOAD_GRACE_S (its
     chunks would be collected as abandoned), ArchiveUnavailable when the store fails; on
     any failure what was uploaded is deleted (best effort)."""
     store = open_store(store_url)
@@ -128,8 +128,9 @@ def upload(store_url: str, prefix: str, source: bytes | bytearray | memoryview |
             count += 1
         ref = PayloadRef(store_url, key, size, chunk_bytes, count, whole.intdigest())
         if time.time() * 1000 - start_ms > limits.PAYLOAD_GRACE_S * 500:
-            raise Timeout(f"uploading the payload took more than half of PAYLOAD_GRACE_S "
-                          f"({limits.PAYLOAD_GRACE_S} s); it was deleted, upload it again")
+            raise LimitExceeded(f"uploading the payload took more than half of PAYLOAD_GRACE_S "
+                                f"({limits.PAYLOAD_GRACE_S} s): it was deleted; upload it from a faster "
+                                "link, or raise archive.payload_grace_s on the nodes and PAYLOAD_GRACE_S here")
         store.put(key + CLAIMED, ref.to_bytes())
         return ref
     except BaseException:
@@ -188,7 +189,10 @@ class PayloadReader(io.RawIOBase):
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.ref.size}[whence]
         self._pos = min(max(0, base + offset), self.ref.size)
-        self._whole = None          # (a jump: the whole-payload check no longer applies)
+        if self._pos == 0 and self._bad is None:     # (back to the start: checked again from there)
+            self._whole, self._hashed = xxhash.xxh3_64(), 0
+        elif self._pos != self._hashed:
+            self._whole = None      # (a jump: the whole-payload check no longer applies)
         return self._pos
 
     def _load(self, index: int) -> None:

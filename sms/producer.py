@@ -347,10 +347,11 @@ class Producer:
             InvalidHashKey, RecordTooLarge, InvalidRecordHeader, StreamNotFound,
             ProducerClosed, InternalError."""
         self._check_running()
+        if not isinstance(records, (list, tuple)):
+            records = list(records)        # (read twice when some go by reference)
         try:
             return await self._queue_batch(prepare_records(records))
         except (errors.RecordTooLarge, errors.InvalidArgument):
-            records = list(records) if not isinstance(records, (list, tuple)) else records
             if not any(needs_reference(r) for r in records):
                 raise
             converted, _uploads = await self._client.upload_payloads(self.stream, records)

@@ -62,6 +62,12 @@ class PartitionArchive:
     error: str = ""
     next_orphan_scan: float = 0.0
     lag_ms: int = 0          # how far the oldest committed record not archived is past archive_after_s
+    # the partition's fragment list as of the state at `index_version` (the index is listed
+    # again only when the state moved under another writer: a pass reads one entry, not a
+    # listing of every fragment)
+    index: list[FragmentRef] | None = None
+    index_version: int = -1
+    trim_point: int = 0      # the partition's trim point at the last expire step
 
 
 class Archiver:
@@ -77,7 +83,15 @@ class Archiver:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def _call(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        """`fn(*args)` on a write thread, within ARCHIVE_STORE_CALL_TIMEOUT_S (a store that
+        hangs is ArchiveUnavailable: the thread stays blocked, the loop goes on)."""
+        future = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        try:
+            return await asyncio.wait_for(future, limits.ARCHIVE_STORE_CALL_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise_if_cancelling()
+            raise errors.ArchiveUnavailable(f"the archive store did not answer within "
+                                            f"{limits.ARCHIVE_STORE_CALL_TIMEOUT_S:.0f} s") from None
 
     async def run(self) -> None:
         while True:
@@ -103,28 +117,28 @@ class Archiver:
             part = self.parts.setdefault(cid, PartitionArchive())
             if now < part.retry_at:
                 continue
-            step = "write"
-            try:
-                await self._write(replica, config, part)
-                step = "verify"
-                await self._verify(replica, config, part)
-                step = "expire"
-                await self._expire(replica, config, part)
-            except InvariantViolation:
-                raise
-            except Exception as e:    # (each partition on its own: one's failure never stops the others')
-                raise_if_cancelling()
-                if not isinstance(e, (errors.SmsError, BadVersionError, NodeExistsError, NoNodeError, OSError)):
-                    log.exception("%s: archiving: %s failed unexpectedly", cid, step)
-                name = e.name if isinstance(e, errors.SmsError) else type(e).__name__
-                metrics.ARCHIVE_ERRORS.labels(config.name, step, name).inc()
+            failed = ""
+            # each step on its own: one that fails (a fragment that cannot be verified) never
+            # keeps the others from running (retention still expires it)
+            for step, run_step in (("expire", self._expire), ("write", self._write), ("verify", self._verify)):
+                try:
+                    await run_step(replica, config, part)
+                except InvariantViolation:
+                    raise
+                except Exception as e:    # (each partition and step on its own)
+                    raise_if_cancelling()
+                    if not isinstance(e, (errors.SmsError, BadVersionError, NodeExistsError, NoNodeError, OSError)):
+                        log.exception("%s: archiving: %s failed unexpectedly", cid, step)
+                    name = e.name if isinstance(e, errors.SmsError) else type(e).__name__
+                    metrics.ARCHIVE_ERRORS.labels(config.name, step, name).inc()
+                    failed = failed or f"{step}: {name}: {getattr(e, 'message', '') or e}"
+            if failed:
                 part.failures += 1
                 part.retry_at = time.monotonic() + min(limits.ARCHIVE_RETRY_S_MAX,
                                                        limits.ARCHIVE_CHECK_INTERVAL_S * 2 ** min(part.failures, 16))
-                text = f"{step}: {name}: {getattr(e, 'message', '') or e}"
-                if text != part.error:
-                    log.warning("%s: archiving: %s (retried)", cid, text)
-                part.error = text
+                if failed != part.error:
+                    log.warning("%s: archiving: %s (retried)", cid, failed)
+                part.error = failed
             else:
                 if part.error:
                     log.info("%s: archiving goes on", cid)
@@ -168,6 +182,13 @@ class Archiver:
                 metrics.PAYLOADS_DELETED.labels(stream).inc(gone)
                 log.info("%s: deleted %d payload uploads (past retention, or never claimed)", stream, gone)
 
+    async def _fragments(self, stream: str, ordinal: int, part: PartitionArchive, version: int) -> list[FragmentRef]:
+        """The partition's indexed fragments (oldest first) at state `version`."""
+        if part.index is None or part.index_version != version:
+            part.index = await index.fragments(self.meta, stream, ordinal)
+            part.index_version = version
+        return part.index
+
     # --- 1. write ---------------------------------------------------------------------
 
     async def _write(self, replica: Replica, config: StreamConfig, part: PartitionArchive) -> None:
@@ -183,12 +204,14 @@ class Archiver:
             eligible_ms = now_ms - config.archive_after_s * 1000
             limit_sn = min(replica.committed_sn, seqno.lower_bound_for_time(max(0, eligible_ms)) - 1)
             run, size = self._run(replica, archived, limit_sn)
-            oldest = next((b for b in self.node.logs.read_batches_from(replica.log, archived + 1, 1)), None)
             part.lag_ms = 0
-            if oldest is not None:
-                first = wire.read_header(oldest).first_sn
-                if first <= replica.committed_sn:
-                    part.lag_ms = max(0, eligible_ms - seqno.timestamp_ms_of(first))
+            for batch in self.node.logs.read_batches_from(replica.log, archived + 1, 2):
+                header = wire.read_header(batch)
+                if header.last_sn <= archived:
+                    continue                      # (the batch that holds `archived` itself)
+                if header.first_sn <= replica.committed_sn:
+                    part.lag_ms = max(0, eligible_ms - seqno.timestamp_ms_of(header.first_sn))
+                break
             if not run:
                 return
             full = size >= limits.ARCHIVE_FRAGMENT_RAW_BYTES_TARGET or len(run) >= limits.ARCHIVE_FRAGMENT_BATCHES_MAX
@@ -216,6 +239,9 @@ class Archiver:
                 log.info("%s: another node archived from SN %d first", replica.chain_id, first_sn)
                 continue
             part.archived_sn = encoded.ref.last_sn
+            if part.index is not None and known is not None and part.index_version == known[1]:
+                part.index.append(encoded.ref)          # (the commit moved the state by one version)
+                part.index_version = known[1] + 1
             metrics.ARCHIVE_FRAGMENTS.labels(stream).inc()
             metrics.ARCHIVE_WRITE_RECORDS.labels(stream).inc(encoded.records)
             metrics.ARCHIVE_WRITE_BYTES.labels(stream).inc(len(encoded.data))
@@ -227,7 +253,10 @@ class Archiver:
         size = 0
         if limit_sn <= archived:
             return run, size
-        for batch in self.node.logs.read_batches_from(replica.log, archived + 1, limits.ARCHIVE_FRAGMENT_BATCHES_MAX):
+        # (one batch at a time, up to the fragment's size: never thousands copied to use a few)
+        for batch in self.node.logs.iter_batches_from(replica.log, archived + 1):
+            if len(run) >= limits.ARCHIVE_FRAGMENT_BATCHES_MAX:
+                break
             header = wire.read_header(batch)
             if header.last_sn <= archived:
                 continue
@@ -250,13 +279,14 @@ class Archiver:
         # verified a little ahead of when replicas may delete, so deletion never waits for it
         due = seqno.lower_bound_for_time(max(0, now_ms - config.local_retention_ms
                                              + int(limits.ARCHIVE_VERIFY_AHEAD_S * 1000)))
-        refs = [r for r in await index.fragments(self.meta, stream, ordinal)
-                if r.last_sn > known[0].verified_sn and r.first_sn < due]
-        if not refs:
+        floor = part.trim_point         # (below it a fragment is expired, not verified)
+        refs = [r for r in await self._fragments(stream, ordinal, part, known[1])
+                if r.last_sn > known[0].verified_sn and r.first_sn < due and r.last_sn >= floor]
+        if not refs and floor - 1 <= known[0].verified_sn:
             return
         store = open_store(config.archive)
         prefix = fragment.partition_prefix(stream, config.created_ms, ordinal)
-        verified = known[0].verified_sn
+        verified = max(known[0].verified_sn, min(floor - 1, known[0].archived_sn))
         for ref in refs[:limits.ARCHIVE_VERIFY_PER_PASS]:
             try:
                 await self._call(_check, store, prefix + ref.name, ref)
@@ -265,14 +295,16 @@ class Archiver:
             verified = ref.last_sn
         await index.set_verified(self.meta, stream, ordinal, known, verified)
         part.verified_sn = verified
+        if part.index_version == known[1]:
+            part.index_version = known[1] + 1
 
     async def _repair(self, replica: Replica, config: StreamConfig, ref: FragmentRef, prefix: str,
                       problem: errors.FragmentCorrupt) -> None:
         """Write a bad fragment again from this node's copy of its batches."""
         batches = []
-        for batch in self.node.logs.read_batches_from(replica.log, ref.first_sn, limits.ARCHIVE_FRAGMENT_BATCHES_MAX * 2):
+        for batch in self.node.logs.iter_batches_from(replica.log, ref.first_sn):
             header = wire.read_header(batch)
-            if header.first_sn > ref.last_sn:
+            if header.first_sn > ref.last_sn or len(batches) > limits.ARCHIVE_FRAGMENT_BATCHES_MAX:
                 break
             batches.append(batch)
         if not batches or wire.read_header(batches[0]).first_sn != ref.first_sn:
@@ -297,20 +329,29 @@ class Archiver:
         _config, pmap, consumers = facts
         point = retention.trim_point(config, pmap, ordinal, consumers, int(time.time() * 1000))
         point = min(point, replica.committed_sn + 1)
-        refs = await index.fragments(self.meta, stream, ordinal) if part.archived_sn else []
+        part.trim_point = point
+        known = await index.read_state(self.meta, stream, ordinal) if part.archived_sn else None
+        refs = await self._fragments(stream, ordinal, part, known[1]) if known is not None else []
         store = open_store(config.archive)
         prefix = fragment.partition_prefix(stream, config.created_ms, ordinal)
         gone = [r for r in refs if r.last_sn < point][:limits.ARCHIVE_EXPIRE_PER_PASS]
-        for ref in gone:
-            await self._call(store.delete, prefix + ref.name)
         if gone:
+            # the index entries first: a reader never meets an indexed fragment whose file is
+            # gone (a file left by a failure here is an orphan the scan below deletes)
             await index.forget(self.meta, stream, ordinal, gone)
+            for ref in gone:
+                await self._call(store.delete, prefix + ref.name)
+            names = {r.name for r in gone}
+            refs = [r for r in refs if r.name not in names]
+            if part.index is not None:
+                part.index = [r for r in part.index if r.name not in names]
             metrics.ARCHIVE_EXPIRED.labels(stream).inc(len(gone))
             log.info("%s: the archive's retention deleted %d fragments below %d", replica.chain_id, len(gone), point)
         now = time.monotonic()
         if now >= part.next_orphan_scan:
             part.next_orphan_scan = now + limits.ARCHIVE_ORPHAN_SCAN_S
-            indexed = {r.name for r in refs}
+            # (read afresh, never from the cache: a file wrongly taken for an orphan is lost data)
+            indexed = {r.name for r in await index.fragments(self.meta, stream, ordinal)}
             names = await self._call(store.list, prefix)
             orphans = []
             for name in names:
@@ -338,7 +379,8 @@ def _collect_payloads(url: str, prefix: str, now_ms: int, oldest_ms: int) -> int
     claimed within the grace period, or started before the stream's oldest record by
     more than it. Returns how many."""
     store = open_store(url)
-    grace_ms = int(limits.PAYLOAD_GRACE_S * 1000)
+    # (the start time in an upload's name is its producer's clock: a margin for skew)
+    grace_ms = int(limits.PAYLOAD_GRACE_S * 1000) + limits.DEDUP_CLOCK_SKEW_MS_MAX
     uploads: dict[str, set[str]] = {}
     for name in store.list(prefix):
         upload, _sep, leaf = name[len(prefix):].rpartition("/")      # "<hour>/<start ms>-<random>", leaf

@@ -71,6 +71,7 @@ class PartitionLog:
         self.prefix = _LOCAL_ID.pack(local_id)
         self.last_sn = 0
         self.first_sn = 0          # first stored SN (0: empty)
+        self.trim_floor = 0        # a trim deletes below this: readers take what is below as gone
         self.committed_sn = 0
         self.stored_committed_sn = 0
         self.batches = 0
@@ -424,6 +425,9 @@ class LogStore:
         successor's log is verified against). Returns the records deleted; none on a
         fenced store."""
         deleted_records = 0
+        # set before the delete commits: a reader of a stream with an archive reads what is
+        # below from the archive, never a log whose first batches are going
+        plog.trim_floor = max(plog.trim_floor, before_sn)
         while True:
             if plog.memory is None and self.failed:
                 return deleted_records
@@ -557,6 +561,11 @@ class LogStore:
                 yield cur.value()
                 if not cur.next():
                     return
+
+    def iter_batches_from(self, plog: PartitionLog, from_sn: int):
+        """Stored batches in SN order from the one that holds from_sn, one at a time, in
+        one read transaction (consume it on the loop, without awaiting in between)."""
+        return self._batches_from(plog, from_sn)
 
     def read_batches_from(self, plog: PartitionLog, from_sn: int, count: int) -> list[bytes]:
         """Up to `count` stored batches, starting with the one that holds from_sn."""

@@ -431,8 +431,10 @@ class CommittedReplica:
 
     @property
     def local_first_sn(self) -> int:
-        """The first SN stored here (0: none): records below it are in the archive, if any."""
-        return self.replica.log.first_sn
+        """The first SN stored here (0: none), or where a trim under way deletes up to:
+        records below it are in the archive, if any."""
+        log = self.replica.log
+        return max(log.first_sn, log.trim_floor) if log.first_sn else 0
 
     async def wait_committed(self, sn: int, timeout_s: float) -> bool:
         return await self.replica.wait_committed(sn, timeout_s)

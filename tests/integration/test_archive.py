@@ -329,3 +329,33 @@ def test_replication_traffic_compressed_with_gzip(make_cluster, monkeypatch):
             assert [(r.sn, r.data) for r in got] == [(a.sn, a.data) for a in acked]
     logs = os.path.join(local.data_dir, "logs")
     assert all("replication.compression='gzip'" in open(os.path.join(logs, f"n{i}.log")).read() for i in (1, 2, 3))
+
+
+def test_unread_records_stay_in_the_archive_after_they_leave_the_replicas(cluster, store_dir):
+    """protect_unread covers both tiers: past local retention, unread records leave the
+    replicas (the archive holds them); a trim past them deletes nothing of the archive
+    until the consumer has read them."""
+    with sms.Client(cluster.address) as client:
+        stream = stream_name("archive-unread")
+        client.create_stream(stream, partitions=1, replication_factor=2, ingestion_policy=NO_DEDUP,
+                             archive=f"file://{store_dir}", archive_after_s=1, local_retention_s=2, retention_s=3600)
+        client.update_stream(stream, protect_unread=True)
+        client.register_consumer(stream, "slow")
+        acked = put_rounds(client, stream, 4, 10)
+        tail = put_rounds(client, stream, 1, 5, "tail")
+        wait_dropped_locally(client, stream, {0: tail[0].sn})           # gone from the replicas, unread
+        root = os.path.join(store_dir, stream)
+
+        def fragments() -> int:
+            return sum(len(files) for _r, _d, files in os.walk(root))
+        held = fragments()
+        assert held
+        client.trim_stream(stream, before_time_ms=seqno.timestamp_ms_of(tail[0].sn))
+        got = drain(client, client.get_iterator(stream, 0, "TRIM_HORIZON"))     # still all there
+        assert [r.sn for r in got] == [a.sn for a in acked + tail]
+        client.checkpoint_consumer(stream, "slow", {0: acked[-1].sn})
+        wait_until(lambda: fragments() == 0 or all(
+            int(f.split("-")[1], 16) >= tail[0].sn for _r, _d, fs in os.walk(root) for f in fs), 30,
+            "the archive's fragments below the trim point deleted once the consumer read them")
+        wait_until(lambda: [r.sn for r in drain(client, client.get_iterator(stream, 0, "TRIM_HORIZON"))]
+                   == [a.sn for a in tail], 30, "readers to start after what the consumer read")

@@ -1,4 +1,4 @@
-"""Fragment stores (archive/store.py): one set of behaviour tests run against the file
+"""Fragment stores (sms/objectstore.py): one set of behaviour tests run against the file
 store and against an S3 store talking to moto's server (a real separate process on
 loopback), plus each backend's own failures: a root that is a file, a full filesystem
 (a real 1 MiB tmpfs), an endpoint that refuses connections, a missing bucket.

@@ -21,7 +21,7 @@ import pytest
 import xxhash
 
 from sms import limits, payloads, records
-from sms.errors import FragmentCorrupt, FragmentMissing, InvalidArgument, RecordTooLarge, Timeout
+from sms.errors import FragmentCorrupt, FragmentMissing, InvalidArgument, LimitExceeded, RecordTooLarge
 from sms.objectstore import open_store
 from sms.payloads import PayloadReader, PayloadRef, discard, read_all, upload
 
@@ -175,7 +175,7 @@ def test_upload_over_the_limit_is_refused_and_leaves_nothing(url, tmp_path, monk
 
 def test_upload_that_took_too_long_is_refused_and_leaves_nothing(url, monkeypatch):
     monkeypatch.setattr(limits, "PAYLOAD_GRACE_S", -1.0)       # (any upload is "too long")
-    with pytest.raises(Timeout):
+    with pytest.raises(LimitExceeded):
         upload(url, PREFIX, payload(2 * CHUNK + 1))
     assert stored(url) == []
 
@@ -298,9 +298,14 @@ def test_a_replaced_chunk_fails_the_whole_payload_check_at_the_end(url):
     # reader gets the replaced chunk's data, checked per chunk)
     with PayloadReader(ref, CHUNK) as reader:
         assert reader.read(CHUNK) == other
-    with PayloadReader(ref) as reader:
+    with PayloadReader(ref) as reader:        # a seek back to the start checks again from there
         reader.seek(0)
-        assert reader.read() == data[:CHUNK] + other + data[2 * CHUNK:]
+        with pytest.raises(FragmentCorrupt):
+            reader.read()
+    with PayloadReader(ref) as reader:        # a jump elsewhere does not
+        reader.seek(5)
+        reader.seek(0, io.SEEK_CUR)
+        assert reader.read() == (data[:CHUNK] + other + data[2 * CHUNK:])[5:]
 
 
 def test_a_replaced_last_chunk_fails_the_whole_payload_check(url):
