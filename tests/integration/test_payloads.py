@@ -220,3 +220,48 @@ def test_retention_deletes_payloads_with_their_records(client, store_dir):
     assert upload_files(store_dir, name)
     wait_until(lambda: not upload_files(store_dir, name), 60,
                "the payload deleted once its record left the stream (retention + grace)")
+
+
+def test_a_header_named_like_a_reference_never_blocks_readers(client, stream):
+    """A record whose `sms-payload` header is not a reference (any writer may set headers)
+    reads back as it was stored; the records around it read on."""
+    first = client.put_record(stream, b"before", "h")
+    odd = client.put_record(stream, b"not a reference", "h", headers={"sms-payload": b"not json"})
+    last = client.put_record(stream, b"after", "h")
+    got = client.get_next_records(client.get_iterator(stream, first.partition_ordinal, "TRIM_HORIZON")).records
+    assert [(r.sn, r.data) for r in got] == [(first.sn, b"before"), (odd.sn, b"not a reference"), (last.sn, b"after")]
+
+
+def test_records_from_a_generator_with_big_ones_are_all_stored(client, stream):
+    big = pattern(2 * MiB, 7)
+    result = client.put_records(stream, ((k, d) for k, d in [("g", b"small"), ("g", big), ("g", b"tail")]))
+    assert result.failed_record_count == 0 and len(result.records) == 3
+    got = client.get_next_records(client.get_iterator(stream, result.records[0].partition_ordinal,
+                                                      "TRIM_HORIZON")).records
+    assert [r.data for r in got] == [b"small", big, b"tail"]
+
+
+def test_a_page_of_payloads_is_cut_at_the_inline_budget(client, stream, monkeypatch):
+    monkeypatch.setattr(limits, "PAYLOAD_INLINE_PAGE_BYTES_MAX", 5 * MiB)     # (this process: the reader's)
+    datas = [pattern(2 * MiB + i, 20 + i) for i in range(5)]
+    result = client.put_records(stream, [("budget", d) for d in datas])
+    it = client.get_iterator(stream, result.records[0].partition_ordinal, "TRIM_HORIZON")
+    pages = []
+    while it:
+        page = client.get_next_records(it, max_records=100)
+        if not page.records:
+            break
+        pages.append([r.data for r in page.records])
+        it = page.next_iterator
+    assert [len(p) for p in pages] == [2, 2, 1]                 # 2 x 2 MiB fit in 5 MiB, a third does not
+    assert [d for p in pages for d in p] == datas
+
+
+def test_an_update_from_a_client_without_the_archive_fields_works(client, stream):
+    from sms.proto import sms_pb2
+    before = client.get_stream_info(stream)
+    client._run(client._aio._admin_call("UpdateStream", sms_pb2.UpdateStreamRequest(name=stream, retention_s=5400)))
+    after = client.get_stream_info(stream)
+    assert after.retention_s == 5400 and after.archive == before.archive
+    assert after.archive_after_s == before.archive_after_s
+    assert after.local_retention_s == min(before.local_retention_s, 5400)      # (never past the retention)
