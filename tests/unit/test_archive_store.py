@@ -241,7 +241,7 @@ def test_open_store_from_threads(tmp_path: Path) -> None:
 
 def test_s3_without_boto3(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "boto3", None)          # makes `import boto3` fail
-    with pytest.raises(InvalidStreamConfig, match=r"pip install 'sms\[s3\]'"):
+    with pytest.raises(InvalidStreamConfig, match=r"pip install 'sms-sps\[s3\]'"):
         S3Store("s3://bucket/x")
 
 
