@@ -744,8 +744,8 @@ class Client:
                 continue
             try:
                 ref = r.payload
-            except errors.InvalidArgument:
-                ref = None            # (a header of that name that is not a reference: an ordinary record)
+            except Exception:         # (a header of that name that is not a reference: an ordinary record)
+                ref = None
             if ref is None:
                 continue
             if ref.store != info.archive or not ref.key.startswith(info.payload_prefix):

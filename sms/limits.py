@@ -309,6 +309,7 @@ ARCHIVE_VERIFY_AHEAD_S = 10.0                   # fragments are read back this l
 ARCHIVE_VERIFY_PER_PASS = 8                    # fragments one partition verifies in one pass
 ARCHIVE_EXPIRE_PER_PASS = 100                  # fragments (and orphan files) one partition deletes in one pass
 ARCHIVE_ORPHAN_SCAN_S = 600.0                  # a partition's store listing is scanned for orphans this often
+ARCHIVE_CONFIG_REFRESH_S = 5.0                 # the archiver reads a stream's settings again at most this often
 ARCHIVE_STORE_CALL_TIMEOUT_S = 120.0           # one store call (a fragment put, get, list) of the archiver
 ARCHIVE_RETRY_S_MAX = 30.0                     # a failed archive step is retried with backoff up to this
 # reading (archive/reader.py): retrieval below the local trim point

@@ -66,12 +66,14 @@ class PayloadRef:
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "PayloadRef":
+        if len(raw) > limits.RECORD_HEADERS_BYTES_MAX:
+            raise InvalidArgument(f"not a payload reference ({len(raw)} bytes)")
         try:
             d = json.loads(raw)
             ref = cls(store=str(d["store"]), key=str(d["key"]), size=int(d["size"]),
                       chunk_bytes=int(d["chunk_bytes"]), chunks=int(d["chunks"]), checksum=int(d["checksum"], 16))
-        except (ValueError, KeyError, TypeError) as e:
-            raise InvalidArgument(f"not a payload reference ({e})") from None
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as e:
+            raise InvalidArgument(f"not a payload reference ({type(e).__name__})") from None
         if ref.size < 0 or ref.chunk_bytes <= 0 or ref.chunks != -(-ref.size // ref.chunk_bytes) \
                 or not ref.key.endswith("/"):
             raise InvalidArgument("not a payload reference (its sizes do not agree)")

@@ -76,11 +76,24 @@ class Archiver:
         self.meta = node.meta
         self.parts: dict[str, PartitionArchive] = {}
         self._payload_gc_at: dict[str, float] = {}      # stream -> when its payloads are looked at next
+        self._configs: dict[str, tuple[float, StreamConfig | None]] = {}   # stream -> (read again after, config)
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=limits.ARCHIVE_WRITE_THREADS,
                                                               thread_name_prefix="archive-write")
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _config(self, stream: str, now: float) -> StreamConfig | None:
+        """The stream's config, read at most every ARCHIVE_CONFIG_REFRESH_S: a node with
+        thousands of replicas of streams without an archive makes no metadata read a pass
+        for each (an archive set on a stream is seen within that time)."""
+        cached = self._configs.get(stream)
+        if cached is None or now >= cached[0]:
+            if len(self._configs) >= limits.ARCHIVE_INDEXES_MAX:
+                self._configs.clear()
+            cached = self._configs[stream] = (now + limits.ARCHIVE_CONFIG_REFRESH_S,
+                                              await self.node._read_decoded_stream(stream))
+        return cached[1]
 
     async def _call(self, fn, *args):
         """`fn(*args)` on a write thread, within ARCHIVE_STORE_CALL_TIMEOUT_S (a store that
@@ -102,7 +115,9 @@ class Archiver:
             except Exception:
                 raise_if_cancelling()
                 log.exception("archive pass failed")
-            await asyncio.sleep(limits.ARCHIVE_CHECK_INTERVAL_S)
+            # (as retention's passes: with many replicas, less often, so the cost stays flat)
+            await asyncio.sleep(max(limits.ARCHIVE_CHECK_INTERVAL_S,
+                                    len(self.node.replicas) / limits.RETENTION_REPLICAS_PER_S))
 
     async def pass_once(self) -> None:
         now = time.monotonic()
@@ -110,7 +125,7 @@ class Archiver:
         for cid, replica in list(self.node.replicas.items()):
             if replica.state is not ReplicaState.ACTIVE or replica.config.tail != self.node.node_id:
                 continue
-            config = await self.node._read_decoded_stream(replica.config.stream)
+            config = await self._config(replica.config.stream, now)
             if config is None or not config.archive:
                 continue
             held.add(cid)
@@ -127,6 +142,7 @@ class Archiver:
                     raise
                 except Exception as e:    # (each partition and step on its own)
                     raise_if_cancelling()
+                    part.index = None     # (listed again: another writer may have changed it)
                     if not isinstance(e, (errors.SmsError, BadVersionError, NodeExistsError, NoNodeError, OSError)):
                         log.exception("%s: archiving: %s failed unexpectedly", cid, step)
                     name = e.name if isinstance(e, errors.SmsError) else type(e).__name__
@@ -279,15 +295,21 @@ class Archiver:
         # verified a little ahead of when replicas may delete, so deletion never waits for it
         due = seqno.lower_bound_for_time(max(0, now_ms - config.local_retention_ms
                                              + int(limits.ARCHIVE_VERIFY_AHEAD_S * 1000)))
-        floor = part.trim_point         # (below it a fragment is expired, not verified)
-        refs = [r for r in await self._fragments(stream, ordinal, part, known[1])
-                if r.last_sn > known[0].verified_sn and r.first_sn < due and r.last_sn >= floor]
-        if not refs and floor - 1 <= known[0].verified_sn:
+        indexed = await self._fragments(stream, ordinal, part, known[1])
+        # below the oldest fragment indexed, nothing is left to verify (expired, or never
+        # archived); fragments retention is about to expire are not verified either
+        gone_below = min(indexed[0].first_sn - 1, known[0].archived_sn) if indexed else known[0].archived_sn
+        refs = [r for r in indexed
+                if r.last_sn > known[0].verified_sn and r.first_sn < due and r.last_sn >= part.trim_point]
+        if not refs and gone_below <= known[0].verified_sn:
             return
         store = open_store(config.archive)
         prefix = fragment.partition_prefix(stream, config.created_ms, ordinal)
-        verified = max(known[0].verified_sn, min(floor - 1, known[0].archived_sn))
+        verified = max(known[0].verified_sn, gone_below)
         for ref in refs[:limits.ARCHIVE_VERIFY_PER_PASS]:
+            if indexed and ref is not indexed[0] and verified < ref.first_sn - 1 and \
+                    any(r.last_sn > verified and r.last_sn < ref.first_sn for r in indexed):
+                break                    # (one not verified lies before it: verified_sn stays below)
             try:
                 await self._call(_check, store, prefix + ref.name, ref)
             except errors.FragmentCorrupt as e:    # (FragmentMissing too)
@@ -330,8 +352,11 @@ class Archiver:
         point = retention.trim_point(config, pmap, ordinal, consumers, int(time.time() * 1000))
         point = min(point, replica.committed_sn + 1)
         part.trim_point = point
-        known = await index.read_state(self.meta, stream, ordinal) if part.archived_sn else None
-        refs = await self._fragments(stream, ordinal, part, known[1]) if known is not None else []
+        known = await index.read_state(self.meta, stream, ordinal)
+        if known is None:
+            return                       # (nothing archived yet: nothing to expire, no orphan to tell)
+        part.archived_sn = max(part.archived_sn, known[0].archived_sn)
+        refs = await self._fragments(stream, ordinal, part, known[1])
         store = open_store(config.archive)
         prefix = fragment.partition_prefix(stream, config.created_ms, ordinal)
         gone = [r for r in refs if r.last_sn < point][:limits.ARCHIVE_EXPIRE_PER_PASS]
@@ -339,12 +364,12 @@ class Archiver:
             # the index entries first: a reader never meets an indexed fragment whose file is
             # gone (a file left by a failure here is an orphan the scan below deletes)
             await index.forget(self.meta, stream, ordinal, gone)
-            for ref in gone:
-                await self._call(store.delete, prefix + ref.name)
             names = {r.name for r in gone}
             refs = [r for r in refs if r.name not in names]
             if part.index is not None:
                 part.index = [r for r in part.index if r.name not in names]
+            for ref in gone:
+                await self._call(store.delete, prefix + ref.name)
             metrics.ARCHIVE_EXPIRED.labels(stream).inc(len(gone))
             log.info("%s: the archive's retention deleted %d fragments below %d", replica.chain_id, len(gone), point)
         now = time.monotonic()

@@ -430,6 +430,11 @@ class CommittedReplica:
         return self.replica.trimmed_before
 
     @property
+    def stored_first_sn(self) -> int:
+        """The first SN stored here (0: none)."""
+        return self.replica.log.first_sn
+
+    @property
     def local_first_sn(self) -> int:
         """The first SN stored here (0: none), or where a trim under way deletes up to:
         records below it are in the archive, if any."""
