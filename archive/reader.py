@@ -64,7 +64,7 @@ class ArchiveReader:
                                                               thread_name_prefix="archive-read")
 
     def close(self) -> None:
-        for task in self._prefetching:
+        for task in [*self._prefetching, *self._loading.values()]:
             task.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
 

@@ -166,7 +166,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         task = loop.create_task(coroutine)
         background.add(task)
         task.add_done_callback(background.discard)
-    storage = ingestion = election = None
+    storage = ingestion = election = retrieval = None
     if "storage" in roles:
         storage = StorageNode(node_id, data_dir, store, incarnation=started_ms)
         storage_service = StorageService(storage, roles, os.getpid())
@@ -308,6 +308,8 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         await ingestion.close()
     if storage is not None:
         await storage.close()
+    if retrieval is not None:
+        retrieval.archive.close()
     view.close()
     await store.close()
 

@@ -17,8 +17,8 @@ from archive.reader import ArchiveReader
 from metastore.tenants import TenantShares, wait_out
 from metastore.view import ClusterView
 from sms import limits, metrics, seqno
-from sms.errors import (InvalidArgument, InvalidIteratorType, InvalidSequenceNumber, PartitionNotFound, RecordNotFound,
-                        RecordsTrimmed)
+from sms.errors import (ArchiveUnavailable, InvalidArgument, InvalidIteratorType, InvalidSequenceNumber,
+                        PartitionNotFound, RecordNotFound, RecordsTrimmed)
 from sms.metadata import chain_id, tenant_of
 from sms.ports import ReplicaReads
 from sms.ratelimit import TokenBucket
@@ -193,8 +193,16 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         if config.archive:
             first = replica.local_first_sn
             if first and position < first:
-                slices = await self.archive.read(config, ordinal, position, min(upto, first - 1), max_records,
-                                                 limits.GET_RECORDS_BYTES_MAX)
+                try:
+                    slices = await self.archive.read(config, ordinal, position, min(upto, first - 1), max_records,
+                                                     limits.GET_RECORDS_BYTES_MAX)
+                    if not slices:     # (an index read a moment ago may lack what was just verified)
+                        slices = await self.archive.read(config, ordinal, position, min(upto, first - 1),
+                                                         max_records, limits.GET_RECORDS_BYTES_MAX, fresh=True)
+                except ArchiveUnavailable:
+                    if position < replica.stored_first_sn:
+                        raise
+                    slices = []      # (the records are still here, a trim under way: read them here)
                 if slices:
                     return slices
         slices = replica.read(position, upto, max_records, limits.GET_RECORDS_BYTES_MAX)
