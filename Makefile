@@ -1,5 +1,5 @@
 # The two commands of the README, and a few more.
-.PHONY: demo up test test-fast bench bench-full proto clean
+.PHONY: demo up test test-full test-fast bench bench-full proto clean
 
 demo:            ## start a local 3-node cluster, put and read records, check, stop
 	@scripts/bootstrap.sh
@@ -12,11 +12,16 @@ up:              ## run a local cluster in the foreground (Ctrl-C stops it)
 test:            ## install test dependencies (pip with PySpark, Debian's zookeeper and a JRE) and run the whole suite
 	@scripts/system-deps.sh
 	@scripts/bootstrap.sh test,spark
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -m "not sweep"
 	@echo "== again on the pure-Python wire codec (SMS_PURE_PYTHON=1): unit tests and two integration modules"
 	SMS_PURE_PYTHON=1 .venv/bin/python -m pytest -q tests/unit tests/integration/test_headers.py tests/integration/test_dedup.py
 	@echo "== the install without a compiler"
 	scripts/check-no-compiler.sh
+
+test-full:       ## the whole suite, every fault-trial sweep included (about 10 minutes more)
+	@scripts/system-deps.sh
+	@scripts/bootstrap.sh test,spark
+	.venv/bin/python -m pytest -q
 
 test-fast:       ## the suite without tests marked slow
 	@scripts/system-deps.sh

@@ -16,8 +16,9 @@ import logging
 
 from archive import fragment
 from sms.objectstore import open_store
-from metastore import MetaStore, NoNodeError
+from metastore import MetaStore, MetaStoreError, NoNodeError
 from sms import metadata
+from sms.errors import SmsError
 from sms.metadata import StreamConfig
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ async def drop_partitions(meta: MetaStore, config: StreamConfig, ordinals: list[
             await meta.delete(metadata.archive_path(config.name, ordinal), recursive=True)
         except NoNodeError:
             pass
-        except Exception as e:       # (logged; the files stay, unread)
+        except (SmsError, MetaStoreError) as e:       # (logged; the files stay, unread)
             log.warning("%s p%04d: deleting its archive under %s failed: %s", config.name, ordinal, prefix, e)
         else:
             log.info("%s p%04d: its archive (%d files) deleted with the partition", config.name, ordinal, count)
@@ -42,7 +43,7 @@ async def drop_stream(config: StreamConfig) -> None:
     prefix = f"{config.name}/{config.created_ms}/"
     try:
         count = await asyncio.to_thread(open_store(config.archive).delete_prefix, prefix)
-    except Exception as e:
+    except SmsError as e:
         log.warning("stream %s: deleting its archive under %s%s failed: %s", config.name, config.archive, prefix, e)
     else:
         log.info("stream %s: its archive (%d files) deleted", config.name, count)

@@ -29,7 +29,7 @@ from archive.fragment import Decoded, FragmentRef
 from sms.objectstore import open_store
 from metastore import MetaStore
 from sms import limits, metrics, seqno, wire
-from sms.errors import ArchiveUnavailable, FragmentMissing
+from sms.errors import ArchiveUnavailable, FragmentMissing, SmsError
 from sms.metadata import StreamConfig
 
 
@@ -134,7 +134,7 @@ class ArchiveReader:
     async def _prefetch_one(self, config: StreamConfig, ordinal: int, ref: FragmentRef) -> None:
         try:
             await self.fragment(config, ordinal, ref)
-        except Exception:       # (the read that needs it fetches again and sees the error)
+        except SmsError:        # (the read that needs it fetches again and sees the error)
             pass
 
     async def read(self, config: StreamConfig, ordinal: int, from_sn: int, upto_sn: int, max_records: int,

@@ -744,7 +744,7 @@ class Client:
                 continue
             try:
                 ref = r.payload
-            except Exception:         # (a header of that name that is not a reference: an ordinary record)
+            except errors.InvalidArgument:   # (a header of that name that is not a reference: an ordinary record)
                 ref = None
             if ref is None:
                 continue

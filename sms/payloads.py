@@ -41,7 +41,7 @@ from typing import Any, BinaryIO
 import xxhash
 
 from sms import limits
-from sms.errors import FragmentCorrupt, InvalidArgument, LimitExceeded, RecordTooLarge
+from sms.errors import FragmentCorrupt, InvalidArgument, LimitExceeded, RecordTooLarge, SmsError
 from sms.objectstore import open_store
 
 HEADER = "sms-payload"           # a reference record's header (its value: b"1")
@@ -138,7 +138,7 @@ def upload(store_url: str, prefix: str, source: bytes | bytearray | memoryview |
     except BaseException:
         try:
             store.delete_prefix(key)
-        except Exception:    # (the archiver collects it after the grace period)
+        except SmsError:     # (the store failed too: the archiver collects it after the grace period)
             pass
         raise
 
@@ -147,7 +147,7 @@ def discard(ref: PayloadRef) -> None:
     """(blocking) Delete an upload whose record was never stored (best effort)."""
     try:
         open_store(ref.store).delete_prefix(ref.key)
-    except Exception:
+    except SmsError:         # (the archiver collects it with its records' retention)
         pass
 
 

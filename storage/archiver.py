@@ -189,7 +189,7 @@ class Archiver:
             try:
                 gone = await self._call(_collect_payloads, config.archive, f"{config.name}/{config.created_ms}/payloads/",
                                         now_ms, oldest_ms)
-            except Exception as e:
+            except (errors.SmsError, OSError) as e:
                 raise_if_cancelling()
                 metrics.ARCHIVE_ERRORS.labels(stream, "payloads", getattr(e, "name", type(e).__name__)).inc()
                 log.warning("%s: collecting payloads failed: %s", stream, e)

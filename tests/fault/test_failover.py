@@ -14,11 +14,12 @@ from tests.zkserver import skip_reason, zk_available
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CASES = [(kind, backend) for backend in trials.BACKENDS for kind in trials.KINDS
+CASES = [pytest.param(kind, backend, id=f"{backend}-{kind}", marks=trials.case_marks(kind, backend))
+         for backend in trials.BACKENDS for kind in trials.KINDS
          if not (kind in trials.ZK_ONLY and backend != "zk")]
 
 
-@pytest.mark.parametrize("kind,backend", CASES, ids=[f"{b}-{k}" for k, b in CASES])
+@pytest.mark.parametrize("kind,backend", CASES)
 def test_fault_trial(kind, backend, tmp_path):
     if backend == "zk" and not zk_available():
         pytest.skip(skip_reason())

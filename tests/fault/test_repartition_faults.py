@@ -55,7 +55,7 @@ class RepartitionCallFailed(AssertionError):
     """The repartition call raised although the request it made was carried out."""
 
 
-CASES = [pytest.param(kind, backend, id=f"{backend}-{kind}")
+CASES = [pytest.param(kind, backend, id=f"{backend}-{kind}", marks=trials.case_marks(kind, backend))
          for backend in trials.BACKENDS for kind in trials.REPARTITION_KINDS
          if not (kind in trials.ZK_ONLY and backend != "zk")]
 

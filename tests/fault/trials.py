@@ -67,6 +67,8 @@ import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+import pytest
+
 import sms
 from sms import errors, limits
 from sms.hashing import HASH_SPACE
@@ -82,6 +84,14 @@ REPARTITION_KINDS = ("split_kill_head", "split_kill_control", "split_pause_head"
                      "merge_kill_head", "scale_kill_control")
 ALL_KINDS = KINDS + REPARTITION_KINDS
 ZK_ONLY = frozenset({"expire_session", "split_expire_control"})
+# `make test` runs every kind on ZooKeeper (the production backend) and these on the embedded
+# store; the rest of the embedded matrix is a sweep (`make test-full`), to keep CI in budget
+EMBEDDED_IN_CI = frozenset({"kill_head", "pause", "split_kill_head"})
+
+
+def case_marks(kind: str, backend: str) -> tuple:
+    """pytest marks of one trial of the matrix: `sweep` for those `make test` leaves out."""
+    return (pytest.mark.sweep,) if backend == "embedded" and kind not in EMBEDDED_IN_CI else ()
 BACKENDS = ("embedded", "zk")
 
 STORAGE_NODES = 4
