@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from control import quotas
 from metastore import BadVersionError, Create, MetaStore, MetaStoreError, NodeExistsError, NoNodeError
-from sms import limits, metadata, tokens
+from sms import limits, metadata, rpc, tokens
 from sms.aiotools import raise_if_cancelling
 from sms.errors import (FailedPrecondition, InvalidArgument, InvalidIterator, KeyNotFound, PermissionDenied, SmsError,
                         TenantNotFound, Unauthenticated, Unavailable)
@@ -88,19 +88,23 @@ STREAM_FIELDS = {
     "/sms.v1.Retrieval/GetIterator": "stream", "/sms.v1.Retrieval/GetRecord": "stream",
     "/sms.v1.Control/GroupState": "stream", "/sms.v1.Control/GroupWrite": "stream",
     "/sms.v1.Control/ListGroups": "stream", "/sms.v1.Control/ResetGroup": "stream",
-    "/sms.v1.Control/DeleteGroup": "stream",
+    "/sms.v1.Control/DeleteGroup": "stream", "/sms.v1.Control/InitProducer": "stream",
 }
 ITERATOR_CALLS = ("/sms.v1.Retrieval/GetNextRecords", "/sms.v1.Retrieval/Subscribe")
 DESCRIPTION_CALLS = ("/sms.v1.Control/CreateStream", "/sms.v1.Control/DescribeStream",
                      "/sms.v1.Control/UpdateStream", "/sms.v1.Control/RepartitionStream")
 LIST_STREAMS = "/sms.v1.Control/ListStreams"
+PUT_RECORDS = "/sms.v1.Ingestion/PutRecords"       # its answer names each failed record's error
 
 
 def scope_request(principal: "Principal", method: str, request):
     """Put the call in the caller's tenant: the stream it names becomes the stored name
     (a name with the separator is refused), an iterator of another tenant's stream is
-    refused as invalid, and the answer's names are shown without the prefix. Returns the
-    function to apply to a unary answer, or None."""
+    refused as invalid, and the answer's names are shown without the prefix, as are its
+    error messages (sms/rpc.py for_caller). Returns the function to apply to a unary
+    answer, or None."""
+    if principal.tenant != DEFAULT_TENANT:
+        rpc.CALLER_PREFIX.set(qualify(principal.tenant, ""))
     field = STREAM_FIELDS.get(method)
     if field is not None:
         name = getattr(request, field)
@@ -118,6 +122,12 @@ def scope_request(principal: "Principal", method: str, request):
             answer.name = unqualify(answer.name)
             return answer
         return shown
+    if method == PUT_RECORDS:
+        def shown_errors(answer):
+            for error in answer.errors:
+                error.message = rpc.for_caller(error.message)
+            return answer
+        return shown_errors
     if method == LIST_STREAMS:
         return lambda answer: type(answer)(names=[unqualify(n) for n in answer.names
                                                   if tenant_of(n) == principal.tenant
@@ -131,7 +141,8 @@ RIGHTS: dict[str, str] = {
     "/sms.v1.Control/UpdateStream": ADMIN, "/sms.v1.Control/RepartitionStream": ADMIN,
     "/sms.v1.Control/TrimStream": ADMIN,
     "/sms.v1.Control/CreateKey": ADMIN, "/sms.v1.Control/ListKeys": ADMIN, "/sms.v1.Control/RevokeKey": ADMIN,
-    "/sms.v1.Control/ListNodes": CLUSTER, "/sms.v1.Control/DrainNode": CLUSTER, "/sms.v1.Control/NodeStatus": CLUSTER,
+    "/sms.v1.Control/ListNodes": CLUSTER, "/sms.v1.Control/DrainNode": CLUSTER,
+    "/sms.v1.Control/RemoveNode": CLUSTER, "/sms.v1.Control/NodeStatus": CLUSTER,
     "/sms.v1.Control/CreateTenant": CLUSTER, "/sms.v1.Control/ListTenants": CLUSTER,
     "/sms.v1.Control/DeleteTenant": CLUSTER, "/sms.v1.Control/UpdateTenant": CLUSTER,
     "/sms.v1.Control/RevokeCertificate": CLUSTER, "/sms.v1.Control/ListRevokedCertificates": CLUSTER,
@@ -141,7 +152,7 @@ RIGHTS: dict[str, str] = {
     "/sms.v1.Control/UpdateConsumer": READ, "/sms.v1.Retrieval/GetIterator": READ,
     "/sms.v1.Control/GroupState": READ, "/sms.v1.Control/GroupWrite": READ, "/sms.v1.Control/ListGroups": DESCRIBE,
     "/sms.v1.Retrieval/GetNextRecords": READ, "/sms.v1.Retrieval/Subscribe": READ, "/sms.v1.Retrieval/GetRecord": READ,
-    "/sms.v1.Ingestion/PutRecords": WRITE,
+    "/sms.v1.Ingestion/PutRecords": WRITE, "/sms.v1.Control/InitProducer": WRITE,
 }
 
 

@@ -5,13 +5,17 @@ one address; only a process with the control role accepts CreateStream/DeleteStr
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from control import auth, repartition, revocation
 from control.phases import Kind
 from control.admin import StreamAdmin, validate_create
 from control.groups import Groups
+from metastore import producers
 from metastore.view import ClusterView, bounded
-from sms import convert, metadata, seqno
-from sms.errors import FailedPrecondition, InvalidArgument, InvalidSplitPoint, Unavailable
+from sms import convert, limits, metadata, seqno
+from sms.errors import FailedPrecondition, InvalidArgument, InvalidProducerId, InvalidSplitPoint, Unavailable
 from sms.metadata import ConsumerRecord
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors
@@ -124,6 +128,22 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         await self.groups.delete(request.stream, request.group)
         return sms_pb2.Empty()
 
+    # --- producer epochs (metastore/producers.py): any node answers ---------------------------
+    @rpc_errors
+    async def InitProducer(self, request, context):
+        if not 0 < len(request.producer_id) <= limits.PRODUCER_ID_BYTES_MAX:
+            raise InvalidProducerId(f"producer id of {len(request.producer_id)} bytes; "
+                                    f"expected 1..{limits.PRODUCER_ID_BYTES_MAX}")
+        metadata.validate_stream_name(request.stream)
+        epoch, previous = await bounded(
+            producers.open_epoch(self.view.store, request.stream, request.producer_id, int(time.time() * 1000)),
+            f"InitProducer of {request.stream[:64]!r}")
+        if previous:
+            # every ingestion node's verdict that let the earlier epoch in runs out meanwhile
+            # (ingestion/fencing.py): from the answer on, no earlier instance writes
+            await asyncio.sleep(limits.PRODUCER_EPOCH_VERDICT_S)
+        return sms_pb2.InitProducerResponse(epoch=epoch)
+
     @rpc_errors
     async def UpdateTenant(self, request, context):
         wanted = {f: getattr(request, f) for f in metadata.TenantConfig.LIMITS
@@ -224,6 +244,10 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     @rpc_errors
     async def DrainNode(self, request, context):
         return convert.node_loads_to_pb(await self._admin().drain_node(request.node_id, request.undo))
+
+    @rpc_errors
+    async def RemoveNode(self, request, context):
+        return convert.node_loads_to_pb(await self._admin().remove_node(request.node_id))
 
     @rpc_errors
     async def UpdateConsumer(self, request, context):

@@ -23,7 +23,7 @@ from ingestion import dedup
 from ingestion.writer import PartitionWriter
 from sms import limits, rpc, seqno, wire
 from sms.aiotools import cancel_and_wait, raise_if_cancelling
-from sms.errors import SmsError, Throttled, Unavailable
+from sms.errors import InvalidSssn, SmsError, Throttled, Unavailable
 from sms.metadata import ChainConfig, StreamConfig
 from sms.ratelimit import PartitionLimits
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -206,9 +206,13 @@ class PartitionIngest:
             it = page.next_iterator
 
     # --- submissions ---------------------------------------------------------------------
-    def submit(self, subs: list[Submission], now_ms: int) -> tuple["Results", set[int]]:
+    def submit(self, subs: list[Submission], now_ms: int, *, sn_known: bool = False) -> tuple["Results", set[int]]:
         """The outcomes of the submissions (`Results`: one future for all of them) and
-        the SSSNs reported missing. The records to write leave as one writer chunk."""
+        the SSSNs reported missing. The records to write leave as one writer chunk.
+        `sn_known`: a duplicate is answered only with the SN of the record it duplicates
+        (a producer with an epoch never resends at or below its HWM, so a table that no
+        longer knows the SN answers InvalidSssn); writers that pin SSSNs across restarts
+        replay below the HWM, and are told "stored" without the SN."""
         results = Results(len(subs))
         if self.writer.queued_records + len(subs) > limits.INGEST_PENDING_RECORDS_MAX:
             error = Throttled(f"{self.chain.chain_id}: {self.writer.queued_records} records already queued")
@@ -244,7 +248,12 @@ class PartitionIngest:
                 if decision.kind is dedup.DecisionKind.WRITE:
                     writes.append((results, k, subs[k], True))
                 elif decision.kind is dedup.DecisionKind.DUPLICATE:
-                    results.set(k, Outcome(decision.sn or 0, duplicate=True))
+                    if decision.sn is None and sn_known:
+                        results.set(k, InvalidSssn(
+                            f"{self.chain.chain_id}: SSSN {subs[k].sssn} is at or below the HWM this session "
+                            "sent before; a producer never resends what it acknowledged"))
+                    else:
+                        results.set(k, Outcome(decision.sn or 0, duplicate=True))
                 else:
                     self.tickets[decision.ticket] = (results, k, subs[k])
             i = j

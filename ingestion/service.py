@@ -17,6 +17,7 @@ import time
 
 from metastore.tenants import TenantShares
 from metastore.view import ClusterView, bounded
+from ingestion.fencing import ProducerEpochs, session_producer_id
 from ingestion.partition import Outcome, PartitionIngest, Results, Submission
 from ingestion.writer import PartitionWriter
 from sms import wire, limits, metrics, seqno
@@ -41,11 +42,14 @@ log = logging.getLogger(__name__)
 # (tests/netfault/trials.py head_isolated_from_zk).
 
 
-def parse_put_entries(count: int, blob: bytes, producer_id: bytes) -> list[tuple[int, Submission]]:
-    """(hash key, submission) per record, or a named error for the whole request."""
-    return [(e.hash_key, Submission(e.key, e.data, producer_id, e.sssn, e.submit_ms, e.dedup_key, -1,
+def parse_put_entries(count: int, blob: bytes, producer_id: bytes, epoch: int = 0) -> list[tuple[int, Submission]]:
+    """(hash key, submission) per record, or a named error for the whole request. The
+    submissions of a producer with an epoch are in that epoch's sessions."""
+    entries = wire.parse_put(count, blob, producer_id)
+    session_id = session_producer_id(producer_id, epoch)
+    return [(e.hash_key, Submission(e.key, e.data, session_id, e.sssn, e.submit_ms, e.dedup_key, -1,
                                     e.session_ordinal, e.headers, e.signature))
-            for e in wire.parse_put(count, blob, producer_id)]
+            for e in entries]
 
 
 class IngestionService(sms_pb2_grpc.IngestionServicer):
@@ -55,6 +59,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         self.local_head = local_head      # this process's storage role's heads (sms/ports.py), or None
         self.partitions: dict[str, PartitionIngest] = {}
         self.tenants = TenantShares(view)
+        self.epochs = ProducerEpochs(view.store)
         self._pruner: asyncio.Task | None = None
         self._closing: set[asyncio.Task] = set()
 
@@ -63,6 +68,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
 
     async def close(self) -> None:
         await cancel_and_wait(self._pruner)
+        await self.epochs.close()
         for part in list(self.partitions.values()):
             await part.close()
         self.partitions.clear()
@@ -103,13 +109,21 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         task.add_done_callback(self._closing.discard)
 
     @staticmethod
-    def _within_limits(part: PartitionIngest, config, records: int, size: int) -> None:
-        """Take the records from the partition's write limits, or refuse them all with
-        Throttled and how long to wait (none of them is stored)."""
+    def _within_limits(part: PartitionIngest, config, indexes: list[int], records, outcomes: list) -> list[int]:
+        """The records of `indexes` (in request order) that fit the partition's write limits
+        now, taken from them; each of the rest is answered Throttled with how long to wait
+        (not stored), and the producer resends it."""
         now = time.monotonic()
         part.limits = PartitionLimits.kept(part.limits, config.write_records_per_s, config.write_bytes_per_s,
                                            limits.PARTITION_LIMIT_BURST_S, now)
-        part.limits.take_or_throttle(records, size, now, part.chain.chain_id)
+        sizes = [len(records[i][1].data) + len(records[i][1].key) for i in indexes] if config.write_bytes_per_s \
+            else [0] * len(indexes)
+        admitted, wait_s = part.limits.admit(sizes, now)
+        if admitted < len(indexes):
+            error = part.limits.throttled(wait_s, part.chain.chain_id)
+            for i in indexes[admitted:]:
+                outcomes[i] = error
+        return indexes[:admitted]
 
     def _partition(self, chain: ChainConfig, view) -> PartitionIngest:
         """The partition's ingest state, made at first use. No await in here: two
@@ -169,8 +183,12 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         view = await self._stream_view(request.stream)
         if view.config.status is not StreamStatus.ACTIVE:
             raise Unavailable(f"stream {request.stream!r} is {view.config.status.value}")
-        records = parse_put_entries(request.count, request.entries, request.producer_id)
-        await self.tenants.take_write(tenant_of(request.stream), len(records), len(request.entries))
+        epoch = request.producer_epoch
+        if epoch and not request.producer_id:
+            raise InvalidArgument("producer_epoch without a producer_id")
+        records = parse_put_entries(request.count, request.entries, request.producer_id, epoch)
+        if epoch:
+            await self.epochs.admit(request.stream, request.producer_id, epoch)
         if request.session_ordinals:
             if not request.producer_id or len(request.session_ordinals) != wire.ORDINAL.size * len(records):
                 raise InvalidArgument(f"session_ordinals of {len(request.session_ordinals)} bytes; expected 4 per "
@@ -178,15 +196,20 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             for (_h, sub), session_ordinal in zip(records, wire.decode_ordinals(request.session_ordinals)):
                 if sub.session_ordinal is None:
                     sub.session_ordinal = session_ordinal
+        # the tenant's share here takes a prefix of the request; the rest is answered Throttled
+        tenant_admitted, tenant_throttled = await self.tenants.admit_write(tenant_of(request.stream), records)
         by_partition: dict[int, list[int]] = {}
-        sizes: dict[int, int] = {}              # bytes per partition, when a byte limit applies
+        sizes: dict[int, int] = {}              # bytes per partition (metrics)
         limited = view.config.write_records_per_s or view.config.write_bytes_per_s
-        by_bytes = bool(view.config.write_bytes_per_s)
         ordinals = [0] * len(records)
         unrouted: set[int] = set()
         outcomes: list[Outcome | SmsError | None] = [None] * len(records)
         entries = {e.ordinal: e for e in view.map.entries}
-        for i, (hash_key, sub) in enumerate(records):
+        for i in range(tenant_admitted, len(records)):
+            outcomes[i] = tenant_throttled
+            unrouted.add(i)
+        for i in range(tenant_admitted):
+            hash_key, sub = records[i]
             entry = view.map.open_for_hash(hash_key)
             if sub.session_ordinal is not None:
                 # a record of the producer's session with a partition since split or merged
@@ -227,11 +250,17 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                     raise WrongOwner(f"partition {ordinal} of {request.stream} is owned by {chain.head}")
                 part = self._partition(chain, view)
                 if limited:
-                    self._within_limits(part, view.config, len(indexes), sizes.get(ordinal, 0) if by_bytes else 0)
+                    indexes = self._within_limits(part, view.config, indexes, records, outcomes)
+                    if not indexes:
+                        continue
                 if not part.ready.is_set():
                     if not await wait_event(part.ready, limits.APPEND_TIMEOUT_S):
                         raise Unavailable(f"{chain.chain_id}: de-duplication table still rebuilding")
-                results, missing = part.submit([records[i][1] for i in indexes], int(time.time() * 1000))
+                if epoch and not self.epochs.still_current(request.stream, request.producer_id, epoch):
+                    # (its verdict ran out during the awaits above: checked again on the retry)
+                    raise Unavailable(f"{chain.chain_id}: the producer's epoch is being checked again; retry")
+                results, missing = part.submit([records[i][1] for i in indexes], int(time.time() * 1000),
+                                               sn_known=bool(epoch))
                 submitted.append((indexes, results))
                 if missing:
                     missing_out.append(sms_pb2.MissingSssns(ordinal=ordinal, sssns=sorted(missing)))

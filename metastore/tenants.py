@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from metastore import MetaStoreError
 from metastore.view import ClusterView
@@ -53,17 +55,24 @@ class TenantShares:
     async def _nodes(self, role: str) -> int:
         return max(1, sum(1 for n in (await self.view.nodes()).values() if role in n.roles))
 
-    async def take_write(self, tenant: str, records: int, size: int) -> None:
-        """Throttled when the tenant is over its write share here."""
+    async def admit_write(self, tenant: str, records: Sequence[tuple[int, Any]]) -> tuple[int, Throttled | None]:
+        """How many of a request's records (a prefix; each `(hash key, submission)` with
+        `key` and `data`) the tenant's write share here admits, and the error of the rest
+        (None when all are admitted)."""
         now = time.monotonic()
         config = await self.config(tenant, now)
         if not (config.write_records_per_s or config.write_bytes_per_s):
-            return
+            return len(records), None
         nodes = await self._nodes("ingestion")
         share = self._writes[tenant] = PartitionLimits.kept(
             self._writes.get(tenant), -(-config.write_records_per_s // nodes), -(-config.write_bytes_per_s // nodes),
             limits.PARTITION_LIMIT_BURST_S, now)
-        share.take_or_throttle(records, size, now, f"tenant {tenant} (its share on each of {nodes} nodes)")
+        sizes = [len(sub.key) + len(sub.data) for _h, sub in records] if config.write_bytes_per_s \
+            else [0] * len(records)
+        admitted, wait_s = share.admit(sizes, now)
+        if admitted == len(records):
+            return admitted, None
+        return admitted, share.throttled(wait_s, f"tenant {tenant} (its share on each of {nodes} nodes)")
 
     async def read_share(self, tenant: str) -> TokenBucket | None:
         """This node's bucket of the tenant's read limit in bytes/s (None: it has none).

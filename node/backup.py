@@ -146,10 +146,9 @@ async def import_stream(client, directory: str, stream: str, progress=None) -> d
                                retention_hours=settings["retention_hours"],
                                dedup_window_s=settings["dedup_window_s"], min_in_sync=settings["min_in_sync"])
     written = 0
-    # (a fresh producer id per import: a stream deleted and imported again must not meet the
-    # de-dup sessions of the first import, which would answer its records as duplicates)
-    producer_id = f"import:{os.urandom(8).hex()}:{doc['stream']}"[:limits.PRODUCER_ID_BYTES_MAX]
-    async with client.producer(stream, producer_id) as producer:
+    # (a fresh, random producer id per import: a stream deleted and imported again must not
+    # meet the de-dup sessions of the first import, which would answer its records as duplicates)
+    async with client.producer(stream) as producer:
         for p in doc["partitions"]:          # (parents before children: written in that order)
             path = os.path.join(directory, f"{p['partition_id']}.parquet")
             if not os.path.exists(path):

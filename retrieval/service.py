@@ -10,28 +10,54 @@ and the client picks another member of the chain.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import NamedTuple
 
 from archive.reader import ArchiveReader
 from metastore.tenants import TenantShares, wait_out
 from metastore.view import ClusterView
-from sms import limits, metrics, seqno
+from sms import limits, metrics, seqno, wire
 from sms.errors import (ArchiveUnavailable, InvalidArgument, InvalidIteratorType, InvalidSequenceNumber,
                         PartitionNotFound, RecordNotFound, RecordsTrimmed)
 from sms.metadata import chain_id, tenant_of
 from sms.ports import ReplicaReads
-from sms.ratelimit import TokenBucket
+from sms.ratelimit import TokenBucket, budget
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.rpc import rpc_errors, rpc_stream_errors
 from sms.types import IteratorType, PartitionState, parse_partition_id, partition_id
 from sms.tokens import Position, TokenCodec
 
 
+def _slice_bytes(s) -> float:
+    """The bytes a slice charges to read limits: its share of its stored batch."""
+    return len(s.batch) * (s.end - s.start) / wire.read_header(s.batch).count
+
+
+def cut_to_budget(slices: list, budget: float) -> list:
+    """The slices cut to `budget` bytes (each record counted at its batch's average size),
+    at least one record: a page never runs a read limit into debt by more than that."""
+    out, used = [], 0.0
+    for s in slices:
+        size = _slice_bytes(s)
+        if used + size <= budget:
+            out.append(s)
+            used += size
+            continue
+        per_record = size / (s.end - s.start)
+        room = int((budget - used) // per_record) if budget > used else 0
+        if room == 0 and not out:
+            room = 1
+        if room:
+            out.append(dataclasses.replace(s, end=s.start + room))
+        break
+    return out
+
+
 def _charge(buckets: list[TokenBucket], slices) -> None:
-    """Charge a read's bytes (whole stored batches: what the node read) to its limits."""
+    """Charge what a page served to its limits."""
     if buckets and slices:
-        size, now = sum(len(s.batch) for s in slices), time.monotonic()
+        size, now = sum(_slice_bytes(s) for s in slices), time.monotonic()
         for bucket in buckets:
             bucket.charge(size, now)
 
@@ -87,8 +113,9 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
     async def _within_read_limits(self, pos: Position) -> list[TokenBucket]:
         """The buckets of the partition's read limit and of its tenant's share here (none,
         one or both), once each is out of debt: a read over a limit waits here, up to
-        READ_THROTTLE_WAIT_S_MAX, and is refused with Throttled beyond that. Each read's
-        bytes are charged to them after it (`_charge`)."""
+        READ_THROTTLE_WAIT_S_MAX, and is refused with Throttled beyond that. A page is cut
+        to what they hold then (`cut_to_budget`, at least one record), and what it served
+        is charged to them after it (`_charge`), so the debt is at most one record."""
         held: list[tuple[TokenBucket, str]] = []
         rate = (await self.view.stream(pos.stream)).config.read_bytes_per_s
         key = chain_id(pos.stream, pos.ordinal)
@@ -159,7 +186,11 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             entry = await self._entry(pos.stream, pos.ordinal)     # it may have closed meanwhile
             ending = entry.ending_sn if entry.state is PartitionState.CLOSED else None
         committed = replica.committed_sn if ending is None else min(replica.committed_sn, ending)
-        slices = await self._read(pos.stream, pos.ordinal, replica, position, committed, max_records)
+        budget_bytes = budget(buckets, time.monotonic())
+        slices = await self._read(pos.stream, pos.ordinal, replica, position, committed, max_records,
+                                  int(min(limits.GET_RECORDS_BYTES_MAX, max(1.0, budget_bytes))))
+        if buckets:
+            slices = cut_to_budget(slices, budget_bytes)
         if slices and not skip_trimmed and not include_trimmed:
             # (also when this replica's trim point is behind: the archive's retention may
             # already have deleted what lay between)
@@ -186,7 +217,8 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             return _Page(pb_slices, None, 0, [partition_id(c) for c in entry.children])
         return _Page(pb_slices, Position(pos.stream, pos.ordinal, next_position), max(0, behind_ms), [])
 
-    async def _read(self, stream: str, ordinal: int, replica, position: int, upto: int, max_records: int):
+    async def _read(self, stream: str, ordinal: int, replica, position: int, upto: int, max_records: int,
+                    max_bytes: int = limits.GET_RECORDS_BYTES_MAX):
         """Committed records from `position` to `upto`: from this node's replica, or below
         what it still stores, from the stream's archive (archive/reader.py)."""
         config = (await self.view.stream(stream)).config
@@ -195,17 +227,17 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             if first and position < first:
                 try:
                     slices = await self.archive.read(config, ordinal, position, min(upto, first - 1), max_records,
-                                                     limits.GET_RECORDS_BYTES_MAX)
+                                                     max_bytes)
                     if not slices:     # (an index read a moment ago may lack what was just verified)
                         slices = await self.archive.read(config, ordinal, position, min(upto, first - 1),
-                                                         max_records, limits.GET_RECORDS_BYTES_MAX, fresh=True)
+                                                         max_records, max_bytes, fresh=True)
                 except ArchiveUnavailable:
                     if position < replica.stored_first_sn:
                         raise
                     slices = []      # (the records are still here, a trim under way: read them here)
                 if slices:
                     return slices
-        slices = replica.read(position, upto, max_records, limits.GET_RECORDS_BYTES_MAX)
+        slices = replica.read(position, upto, max_records, max_bytes)
         if config.archive and slices:
             first_read = slices[0].sn_at(slices[0].start)
             expected = expected_counter(Position(stream, ordinal, position))
@@ -213,7 +245,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
                 # records the reader expected next are not here (gone since `first` was looked
                 # at): what the archive holds of them comes first, from its index as it is now
                 archived = await self.archive.read(config, ordinal, position, first_read - 1, max_records,
-                                                   limits.GET_RECORDS_BYTES_MAX, fresh=True)
+                                                   max_bytes, fresh=True)
                 if archived:
                     return archived
         return slices

@@ -146,6 +146,8 @@ class Accumulator:
                  delivery_timeout_s: float, clock_ms: Callable[[], int]) -> None:
         self.stream = stream
         self.producer_id = producer_id
+        self.producer_epoch = 0          # the epoch this producer opened with (0: none; sms/producer.py)
+        self.fenced: errors.ProducerFenced | None = None   # an owner refused our epoch: send nothing more
         self.linger_s = linger_s
         self.max_pending_per_partition = max_pending_per_partition
         self.max_pending_bytes = max_pending_bytes
@@ -366,6 +368,13 @@ class Accumulator:
         to poll again (records lingering, backoffs, deadlines) unless an answer, a new
         record or a new map comes sooner."""
         wake_s = float("inf")
+        fenced = self.fenced
+        if fenced is not None:
+            # a newer instance of this producer opened: nothing queued is sent any more;
+            # records in flight settle with their answers
+            for session in self.sessions.values():
+                self._fail_queue(session, lambda: errors.ProducerFenced(fenced.message))
+            return [], wake_s
         ready: dict[str, list[Session]] = {}
         due: set[str] = set()
         owner_load: dict[str, tuple[int, int]] = {}
@@ -528,7 +537,8 @@ class Accumulator:
         self.inflight[owner] = len(items)
         self.totals["requests"] += 1
         message = sms_pb2.PutRecordsRequest(stream=self.stream, count=len(items), entries=b"".join(entries),
-                                            producer_id=self.producer_id, hwm=hwms,
+                                            producer_id=self.producer_id, producer_epoch=self.producer_epoch,
+                                            hwm=hwms,
                                             session_ordinals=wire.encode_session_ordinals(
                                                 [r.ordinal for r in items]))
         return PutRequest(owner, message, items)
@@ -584,6 +594,8 @@ class Accumulator:
                 answered[record.ordinal] = (sent + 1, again)
             self._requeue(answered, refresh=error.refresh_map, now_s=now_s)
             return
+        if isinstance(error, errors.ProducerFenced):
+            self.fenced = self.fenced or error
         for record in items:
             session = self.sessions[record.ordinal]
             session.inflight -= 1
@@ -619,6 +631,8 @@ class Accumulator:
                     if isinstance(error, errors.Throttled):
                         throttled.add(ordinal)
                     continue
+                if isinstance(error, errors.ProducerFenced):
+                    self.fenced = self.fenced or error
                 settle(sessions[ordinal], record, error=error)
                 continue
             settle(sessions[ordinal], record, ProducerResult(sns[j] or None, ordinals[j], record.sssn,

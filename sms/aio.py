@@ -480,6 +480,16 @@ class Client:
         return convert.node_loads_from_pb(await self._admin_call(
             "DrainNode", sms_pb2.DrainNodeRequest(node_id=node_id, undo=undo)))
 
+    async def remove_node(self, node_id: str) -> list[NodeLoad]:
+        """Forget a storage node for good, once it is drained and stopped: its draining mark
+        and every other entry the cluster keeps of it go, so `list_nodes` no longer shows it.
+        Returns the other nodes' loads, as `list_nodes`.
+
+        Raises:
+            NodeNotFound, NodeLive (it runs: stop it first), NodeNotDrained (it holds replicas)."""
+        return convert.node_loads_from_pb(await self._admin_call(
+            "RemoveNode", sms_pb2.RemoveNodeRequest(node_id=node_id)))
+
     # --- consumer groups (sms/consumer.py) ------------------------------------------------
     def consumer(self, stream: str, group: str, **options: Any) -> GroupConsumer:
         """A member of the consumer group `group` of `stream`: `async with` it and iterate
@@ -585,6 +595,17 @@ class Client:
         pb = await self._discovery_call("ListStreams", sms_pb2.Empty())
         return list(pb.names)
 
+    async def init_producer(self, stream: str, producer_id: bytes) -> int:
+        """A new epoch for the named producer `producer_id` of `stream` (docs/dedup.md,
+        "Producer epochs"): writes of its earlier epochs are refused with ProducerFenced
+        from the answer on. Any node answers. The producers call it when they open.
+
+        Raises:
+            StreamNotFound, StreamNotActive, InvalidProducerId, PermissionDenied."""
+        answer = await self._discovery_call("InitProducer", sms_pb2.InitProducerRequest(
+            stream=stream, producer_id=producer_id))
+        return int(answer.epoch)
+
     async def get_stream_info(self, name: str, *, refresh: bool = True) -> StreamInfo:
         """The stream's map: status, settings and partitions with their chains.
         `refresh=False` answers from this client's cache when it holds the stream.
@@ -624,7 +645,8 @@ class Client:
     async def put_records(self, stream: str, records: Iterable[RecordInput]) -> PutRecordsResult:
         """Store 1..500 records; one result per record, in order. A failed record does
         not fail the others (its result names the error); routing errors are retried
-        transparently.
+        transparently. Over a write limit, the records that fit are stored and the rest
+        answered `Throttled` (with a retry hint), for the caller to resend.
 
         Args:
             stream: the stream.
@@ -681,7 +703,10 @@ class Client:
             for answers in outcomes:
                 for i, result in answers:
                     err = errors.registry().get(result.error_name)
-                    if result.ok or err is None or not err.retriable or attempt == limits.CLIENT_REDIRECT_RETRIES_MAX:
+                    # (Throttled is the caller's to retry, as Kinesis's per-record
+                    # ProvisionedThroughputExceededException: the limit admitted what fitted)
+                    if result.ok or err is None or not err.retriable or issubclass(err, errors.Throttled) \
+                            or attempt == limits.CLIENT_REDIRECT_RETRIES_MAX:
                         results[i] = result
                     else:
                         retry.append(i)

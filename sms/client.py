@@ -156,6 +156,15 @@ class Client:
         Raises StreamNotFound."""
         return self._run(self._aio.get_stream_info(name, refresh=refresh))
 
+    def init_producer(self, stream: str, producer_id: str | bytes) -> int:
+        """A new epoch for the named producer of `stream` (`sms.aio.Client.init_producer`);
+        the producers call it themselves when they open.
+
+        Raises:
+            StreamNotFound, StreamNotActive, InvalidProducerId, PermissionDenied."""
+        from sms.producer import producer_id_bytes
+        return self._run(self._aio.init_producer(stream, producer_id_bytes(producer_id)))
+
     def put_record(self, stream: str, data: bytes, partition_key: str, *,
                    explicit_hash_key: int | str | None = None,
                    headers: Headers | None = None) -> PutRecordResult:
@@ -300,6 +309,13 @@ class Client:
         Raises:
             NodeNotFound, NotEnoughNodes."""
         return self._run(self._aio.drain_node(node_id, undo=undo))
+
+    def remove_node(self, node_id: str) -> list[NodeLoad]:
+        """Forget a drained, stopped storage node (see `sms.aio.Client.remove_node`).
+
+        Raises:
+            NodeNotFound, NodeLive, NodeNotDrained."""
+        return self._run(self._aio.remove_node(node_id))
 
     def consumer(self, stream: str, group: str, **options: Any) -> SyncGroupConsumer:
         """A member of the consumer group `group` of `stream` (sms/consumer.py): `with` it

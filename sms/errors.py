@@ -189,12 +189,26 @@ class NotEnoughNodes(FailedPrecondition):
     """A replication factor above the number of live storage nodes."""
 
 
+class NodeLive(FailedPrecondition):
+    """`remove_node` of a node that is running (registered): stop it first."""
+
+
+class NodeNotDrained(FailedPrecondition):
+    """`remove_node` of a node that still holds replicas: drain it first."""
+
+
 class StreamNotActive(FailedPrecondition):
     retriable = True
 
 
 class ProducerClosed(FailedPrecondition):
     """send() after close() began, or a record still un-settled when the producer stopped."""
+
+
+class ProducerFenced(FailedPrecondition):
+    """A write of a producer epoch older than the id's current one: another instance of
+    the producer opened since (ingestion/fencing.py). Never stored; not retriable: this
+    instance must stop (or open a new producer, which takes a new epoch)."""
 
 
 # de-duplication (ingestion/dedup.py; docs/dedup.md)

@@ -119,7 +119,8 @@ DEDUP_WINDOW_MS_MAX = 24 * 60 * 60 * 1000
 DEDUP_CLOCK_SKEW_MS_MAX = 5_000                # submit_ms may run ahead of our clock so far
 DEDUP_KEY_BYTES_MAX = 128
 PRODUCER_ID_BYTES_MAX = 64
-SESSION_KEY_BYTES_MAX = PRODUCER_ID_BYTES_MAX + 4    # producer id + the session's partition ordinal
+PRODUCER_EPOCH_SUFFIX_BYTES = 9                # a session of an epoch is named: the id, NUL, the epoch (8 bytes)
+SESSION_KEY_BYTES_MAX = PRODUCER_ID_BYTES_MAX + PRODUCER_EPOCH_SUFFIX_BYTES + 4   # + the session's partition ordinal
 DEDUP_SIGNATURE_BYTES_MAX = 32                 # computed by the ingestion node
 SSSN_MAX = (1 << 64) - 1                       # SSSNs travel as 8 bytes
 DEDUP_SESSIONS_PER_PARTITION_MAX = 1024        # producer sessions one table tracks
@@ -150,6 +151,13 @@ PRODUCER_DEDUP_WINDOW_MARGIN_S = 10.0               # last resend this long befo
 PRODUCER_SESSION_WINDOW_MAX = DEDUP_ENTRIES_PER_SESSION_MAX   # SSSNs sent above
                                                     # the HWM; never more than the owner's table holds per session
 PRODUCER_ID_RANDOM_BYTES = 16
+PRODUCER_OWNER_CHECK_S = 0.15                       # a request unanswered so long looks for a new owner
+                                                    # of its records, and again every so long
+PRODUCER_EPOCH_MAX = (1 << 63) - 1                  # epochs travel as 8 bytes
+PRODUCER_EPOCH_VERDICT_S = 1.0                      # an ingestion node trusts an epoch it checked so long; so
+                                                    # InitProducer of an id opened before answers after this
+PRODUCER_EPOCHS_CACHED_MAX = 100_000                # (stream, producer id) epochs one ingestion node remembers
+METASTORE_CAS_ATTEMPTS_MAX = 16                     # read-check-write rounds of one conditional update
 
 assert PARTITION_KEY_CHARS_MIN <= PARTITION_KEY_CHARS_MAX
 assert RECORD_DATA_BYTES_MAX <= PUT_RECORDS_BYTES_MAX <= BATCH_BYTES_MAX
@@ -177,6 +185,8 @@ HANDOFF_TIMEOUT_MS = 5_000                     # a head handoff not ready in thi
 HANDOFF_POLL_S = 0.05                          # the chain manager looks so often while a head handoff waits
 REBALANCE_SETTLE_MS = 10_000                   # a chain changed more recently is not moved for balance
 DORMANT_LOG_KEEP_S = 120.0                     # a removed replica's log is kept so long for a rejoin
+CHAIN_RESTORE_WAIT_MS = 10_000                 # every member of a chain failed (a whole-cluster restart): the
+                                               # members back wait so long for the others, then go on without them
 DORMANT_CHECK_INTERVAL_S = 10.0                # a node looks for logs to drop so often when no config changes
 # failure detection faster than the metadata session (control/detector.py): a node whose link
 # to a peer breaks probes the peer's port; a refused connection (nothing listens: the process
@@ -192,6 +202,20 @@ SUSPECT_PROBE_ATTEMPTS = 6                     # probes of one suspicion, until 
 SUSPECT_PROBE_RETRY_S = 0.1                    # process's connections can end before its listening socket
 SUSPECT_REPORT_INTERVAL_S = 1.0                # and reports it (refused) at most this often
 SUSPECTS_MAX = 1_000                           # reports the chain manager looks at per round
+# link liveness (storage/link.py): a successor owes an answer (to a hello, or an ack of batches in
+# flight) within LINK_ACK_TIMEOUT_S, and each end of a replication stream hears from the other at
+# least that often (the predecessor pings every LINK_KEEPALIVE_INTERVAL_S, the successor answers);
+# else the link is reported unresponsive and the chain manager takes one end out of the chain
+LINK_ACK_TIMEOUT_S = 0.4
+LINK_KEEPALIVE_INTERVAL_S = 0.1
+LINK_STALE_RETRY_S = 0.05                      # a hello refused for its epoch (a node has yet to apply a new
+                                               # chain config: a failover under way) is tried again after this
+LINK_RECOVERY_GRACE_S = 0.15                   # both ends of a reported link answer the manager: it asks the
+LINK_RECOVERY_POLL_S = 0.04                    # reporter (so often, so long) whether it heard the peer since
+LINK_PROBE_TIMEOUT_S = 0.25                    # the chain manager's NodeStatus probe of a reported link's ends
+LINK_REMOVAL_INTERVAL_S = 30.0                 # a node a link report took out of a chain stays out of it so
+                                               # long, and that link removes nobody else from the chain meanwhile
+assert 2 * LINK_KEEPALIVE_INTERVAL_S < LINK_ACK_TIMEOUT_S
 DISK_FAILED_REPORT_ATTEMPTS = 50               # a node whose disk failed tries so often to say so
 CONTROL_ELECTION_RETRY_S = 0.2                 # a standby control node retries the leader entry
 CLIENT_LEADER_WAIT_S = 4 * METASTORE_SESSION_TTL_S   # admin calls wait so long for a new control leader
@@ -206,6 +230,8 @@ CONSUMER_FAILOVER_S_MIN = 1.0
 CONSUMER_BATCHES_QUEUED_MAX = 8                # batches read ahead per consumer, over its partitions
 CONSUMER_RELEASE_WAIT_S = 5.0                  # a stopping member releases its leases within this
 CONSUMER_STALE_FRACTION = 0.8                  # a lease not renewed for this part of failover_s: stop reading it
+CONSUMER_CATCHUP_ROUND_S = 0.2                 # a member below its share looks for released leases so often
+                                               # (for at most failover_s; else every failover_s / 3)
 GROUP_MEMBER_STALE_S = 3600.0                  # a member entry not written for so long (wall clock) is removed
 CLI_GROUP_READ_IDLE_S = 1.5                    # `sms read --group` without --follow stops after so long idle
 SPS_FAILOVER_S_DEFAULT = 10.0                  # a lease not renewed for so long is taken
@@ -282,6 +308,7 @@ CLI_CONNECT_TIMEOUT_S = 1.0                    # a client command first connects
 NODE_RESTARTS_MAX = 5                          # `sms up` restarts a node that died at most this often ...
 NODE_RESTART_WINDOW_S = 300.0                  # ... within this window; past that it stays down (logged once)
 NODE_SUPERVISE_POLL_S = 0.5                    # `sms up` looks for nodes that exited this often
+UP_WATCH_INTERVAL_S = 2.0                      # `sms up` looks at drains and chains short of replicas this often
 assert NODE_SUPERVISE_POLL_S < NODE_START_TIMEOUT_S < NODE_RESTART_WINDOW_S
 
 # --- the archive tier (archive/; issue 18) ---

@@ -11,6 +11,7 @@ node writes its own registration. Values are JSON.
     /streams/<name>/consumers/<c> ConsumerRecord: checkpoints that protect unread records
     /streams/<name>/archive/<ordinal>        ArchiveState of a partition (archive/index.py)
     /streams/<name>/archive/<ordinal>/<frag> one archived fragment, named by its SN range
+    /streams/<name>/producers/<id hex>       ProducerEpoch of a named producer (metastore/producers.py)
     /chains/<stream>:<ordinal>   ChainConfig {epoch, members head..tail, sealed}
 """
 
@@ -151,6 +152,15 @@ def consumers_path(name: str) -> str:
 
 def consumer_path(name: str, consumer: str) -> str:
     return f"{STREAMS}/{name}/consumers/{consumer}"
+
+
+def producers_path(name: str) -> str:
+    return f"{STREAMS}/{name}/producers"
+
+
+def producer_path(name: str, producer_id: bytes) -> str:
+    """A named producer's epoch entry (metastore/producers.py): its id in hex."""
+    return f"{STREAMS}/{name}/producers/{producer_id.hex()}"
 
 
 def archive_path(name: str, ordinal: int) -> str:

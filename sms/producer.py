@@ -44,7 +44,7 @@ from sms.limits import (
 )
 from sms.proto import sms_pb2
 from sms.payloads import PayloadRef
-from sms.types import Headers, RecordInput, StreamInfo
+from sms.types import Headers, PartitionState, RecordInput, StreamInfo
 
 if TYPE_CHECKING:
     from sms import client as sync_client
@@ -79,6 +79,8 @@ class Transport(Protocol):
 
     async def get_stream_info(self, name: str, *, refresh: bool = True) -> StreamInfo: ...
 
+    async def init_producer(self, stream: str, producer_id: bytes) -> int: ...
+
     async def send_put_records(self, address: str,
                                request: sms_pb2.PutRecordsRequest) -> sms_pb2.PutRecordsResponse: ...
 
@@ -89,13 +91,16 @@ class Transport(Protocol):
 class ProducerState(enum.Enum):
     RUNNING = "RUNNING"    # send() accepted
     CLOSING = "CLOSING"    # close() is flushing: send() refused, pending records still delivered
+    FENCED = "FENCED"      # another instance of this producer id opened: every record not
+                           # stored fails with ProducerFenced, send() raises it
     BROKEN = "BROKEN"      # the sender task failed (a bug): every pending record failed with it
     CLOSED = "CLOSED"      # the sender is stopped
 
 
 _TRANSITIONS: dict[ProducerState, frozenset[ProducerState]] = {
-    ProducerState.RUNNING: frozenset({ProducerState.CLOSING, ProducerState.BROKEN}),
-    ProducerState.CLOSING: frozenset({ProducerState.CLOSED, ProducerState.BROKEN}),
+    ProducerState.RUNNING: frozenset({ProducerState.CLOSING, ProducerState.FENCED, ProducerState.BROKEN}),
+    ProducerState.CLOSING: frozenset({ProducerState.CLOSED, ProducerState.FENCED, ProducerState.BROKEN}),
+    ProducerState.FENCED: frozenset({ProducerState.CLOSED, ProducerState.BROKEN}),
     ProducerState.BROKEN: frozenset({ProducerState.CLOSED}),
     ProducerState.CLOSED: frozenset(),
 }
@@ -221,8 +226,12 @@ class Producer:
                  retry_backoff_ms: float = PRODUCER_RETRY_BACKOFF_MS,
                  retry_backoff_max_ms: float = PRODUCER_RETRY_BACKOFF_MS_CAP,
                  delivery_timeout_s: float = PRODUCER_DELIVERY_TIMEOUT_S,
+                 epochs: bool = True,
                  clock_ms: Callable[[], int] = _wall_clock_ms) -> None:
-        """A producer of `stream`; it sends nothing until the first record.
+        """A producer of `stream`; it sends nothing until the first record. With a
+        `producer_id` it opens then: it takes a new epoch of that id from the cluster
+        (docs/dedup.md, "Producer epochs"), so it never collides with an earlier
+        instance of itself, and fences that instance off.
 
         Args:
             client: the transport (an `sms.aio.Client`).
@@ -235,12 +244,17 @@ class Producer:
             retry_backoff_ms, retry_backoff_max_ms: the first and the longest wait
                 before a resend.
             delivery_timeout_s: a record not stored by then fails with Timeout.
+            epochs: with a `producer_id`, open a new epoch of it (True). False: keep the
+                id's one session across restarts, for writers that derive their SSSNs
+                from their input so that a replay is de-duplicated (SPS stage outputs,
+                the Spark sink: `send_pinned`); such a producer is never fenced.
             clock_ms: the wall clock records are stamped with (tests inject one).
 
         Raises:
             InvalidProducerId, InvalidArgument (an option out of range)."""
         self.producer_id: bytes = producer_id_bytes(producer_id)
         self.stream = stream
+        self._wants_epoch = producer_id is not None and epochs
         self._acc = Accumulator(
             stream, self.producer_id,
             linger_s=_in_range("linger_ms", linger_ms, 0, PRODUCER_LINGER_MS_MAX) / 1000,
@@ -273,8 +287,13 @@ class Producer:
 
     @property
     def state(self) -> ProducerState:
-        """RUNNING, CLOSING, BROKEN or CLOSED."""
+        """RUNNING, CLOSING, FENCED, BROKEN or CLOSED."""
         return self._state
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this producer opened with (0: none yet, or a producer without epochs)."""
+        return self._acc.producer_epoch
 
     @property
     def linger_s(self) -> float:
@@ -416,11 +435,11 @@ class Producer:
         try:
             if self._state is ProducerState.RUNNING:
                 self._transition(ProducerState.CLOSING)
-            if self._state is ProducerState.CLOSING and flush:
+            if self._state in (ProducerState.CLOSING, ProducerState.FENCED) and flush:
                 try:
-                    await self.flush()
-                except errors.InternalError:
-                    pass                           # broken while flushing: its records are failed already
+                    await self.flush()             # (fenced: the records in flight settle by their answers)
+                except (errors.InternalError, errors.ProducerFenced):
+                    pass                           # broken or fenced while flushing: its records are failed already
             await self._stop_sender()
             self._acc.fail_all(lambda: ProducerClosed(f"producer of {self.stream!r} closed before the record "
                                                       f"was settled"))
@@ -449,6 +468,8 @@ class Producer:
     def _raise_if_broken(self) -> None:
         if self._broken is not None:
             raise errors.InternalError(f"producer of {self.stream!r} failed: {self._broken!r}") from self._broken
+        if self._acc.fenced is not None:
+            raise errors.ProducerFenced(self._acc.fenced.message)
 
     # --- queueing ---------------------------------------------------------------------
     async def _queue_batch(self, prepared: Sequence[tuple[bytes, bytes, int, bytes]],
@@ -510,6 +531,8 @@ class Producer:
         if self._map_lock is None:
             self._map_lock = asyncio.Lock()
         async with self._map_lock:
+            if self._wants_epoch and not self._acc.producer_epoch:
+                self._acc.producer_epoch = await self._client.init_producer(self.stream, self.producer_id)
             if self._acc.info is None:
                 self._acc.set_map(await self._client.get_stream_info(self.stream, refresh=False))
         return cast(StreamInfo, self._acc.info)      # (set just now, or before)
@@ -580,18 +603,62 @@ class Producer:
                     pass
 
     async def _deliver(self, request: PutRequest) -> None:
-        """One PutRecords to one owner, and what its answer means for each record."""
+        """One PutRecords to one owner, and what its answer means for each record. A call
+        unanswered for PRODUCER_OWNER_CHECK_S looks at the stream map again, every so
+        often: once the owner of its records moved (a paused or cut-off head was taken out
+        of its chain), the call is given up and its records go to the new owner under the
+        same SSSNs (the old owner, fenced by the new epoch, can no longer commit them; the
+        new one recognises any it had), instead of waiting out PUT_TIMEOUT_S."""
         loop = asyncio.get_running_loop()
         try:
+            call = loop.create_task(self._client.send_put_records(request.owner, request.message))
             try:
-                response = await self._client.send_put_records(request.owner, request.message)
-            except errors.SmsError as e:
-                self._acc.on_call_failed(request, e, loop.time())
+                while not (await asyncio.wait({call}, timeout=limits.PRODUCER_OWNER_CHECK_S))[0]:
+                    if await self._owner_moved(request):
+                        call.cancel()
+                        await asyncio.wait({call})
+                        break
+            finally:
+                if not call.done():          # (this task was cancelled: the producer stops)
+                    call.cancel()
+            if call.cancelled():
+                self._acc.on_call_failed(request, errors.Unavailable(
+                    f"the owner of these records moved from {request.owner}; resent to the new one"), loop.time())
+            elif (error := call.exception()) is not None:
+                if not isinstance(error, errors.SmsError):
+                    raise error
+                self._acc.on_call_failed(request, error, loop.time())
             else:
-                self._acc.on_answer(request, response, loop.time())
+                self._acc.on_answer(request, call.result(), loop.time())
+            if self._acc.fenced is not None and self._state in (ProducerState.RUNNING, ProducerState.CLOSING):
+                log.warning("producer %r of %r was fenced: %s", self.producer_id, self.stream,
+                            self._acc.fenced.message)
+                self._transition(ProducerState.FENCED)
         finally:
             self._progress.fire()
             self._wake()
+
+
+    async def _owner_moved(self, request: PutRequest) -> bool:
+        """Whether a fresh stream map names another owner for a partition of `request`'s
+        records (the map is taken into use)."""
+        try:
+            info = await self._client.get_stream_info(self.stream)
+        except errors.SmsError:
+            return False
+        self._acc.set_map(info)
+        self._progress.fire()
+        for ordinal in {r.ordinal for r in request.records}:
+            try:
+                partition = info.partition(ordinal)
+            except LookupError:
+                continue
+            if partition.state is not PartitionState.OPEN:
+                continue       # (a closed partition's records go to its children: its head answers first)
+            owner = partition.ingestion_owner
+            if owner is not None and owner.address and owner.address != request.owner:
+                return True
+        return False
 
 
 class SyncProducer:

@@ -1,19 +1,35 @@
 """Token buckets for the per-partition limits (issue 15 item 5; the patent's per-partition
 throughput limits, as Kinesis's per-shard ones).
 
-A bucket holds up to `rate * burst_s` tokens and gains `rate` per second. `take(n)`
-takes n tokens at once or none: it answers 0.0 when they were taken, else how many
-seconds until they would be there (the retry hint of `Throttled`). A batch larger than
-the whole bucket is let through once the bucket is full, so a limit never blocks a
-batch for good. `charge(n)` takes after the fact and may go into debt (a read whose
-size is known only once it is done): the next `take` waits the debt off.
+A bucket holds up to `rate * burst_s` tokens and gains `rate` per second. Limits never
+run into debt by more than one record:
+
+- writes: `PartitionLimits.admit(sizes)` takes the records of a request that fit now, a
+  prefix in request order, and says how long until the next one would; the caller fails
+  the rest with `Throttled` per record (as Kinesis answers
+  ProvisionedThroughputExceededException per record). A record larger than a whole bucket
+  passes alone once that bucket is full, so a limit never blocks a record for good.
+- reads: `budget(buckets)` is the bytes a page may hold now; the reader cuts its page
+  there (`cut_to_budget`, at least one record) and `charge`s what it served.
+
+`take(n)` (all or nothing, a batch larger than the bucket once it is full) remains for
+callers that need it.
 
 Pure and clock-injected (`now` in seconds): the unit tests drive it without sleeping.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
+from collections.abc import Sequence
+
 from sms.errors import Throttled
+
+
+def budget(buckets: Sequence["TokenBucket"], now: float) -> float:
+    """The bytes a read may serve now under all of `buckets` (<= 0: one record only)."""
+    return min(b.available(now) for b in buckets) if buckets else float("inf")
 
 
 class TokenBucket:
@@ -40,6 +56,11 @@ class TokenBucket:
             self.tokens -= n
             return 0.0
         return (need - self.tokens) / self.rate
+
+    def available(self, now: float) -> float:
+        """The tokens there now (negative while in debt)."""
+        self._fill(now)
+        return self.tokens
 
     def charge(self, n: float, now: float) -> None:
         """Take n tokens after the fact, into debt if need be."""
@@ -72,13 +93,44 @@ class PartitionLimits:
             return held
         return cls(records_per_s, bytes_per_s, burst_s, now)
 
-    def take_or_throttle(self, records: int, size: int, now: float, what: str) -> None:
-        """Take both, or raise Throttled naming `what` and how long to wait."""
-        wait = self.take(records, size, now)
-        if wait:
-            ms = max(1, round(wait * 1000))
-            raise Throttled(f"{what}: over its write limit ({self.records_per_s or '-'} records/s, "
-                            f"{self.bytes_per_s or '-'} bytes/s); retry in {ms} ms", retry_after_ms=ms)
+    def admit(self, sizes: Sequence[int], now: float) -> tuple[int, float]:
+        """How many of the records of these sizes (key + data bytes) fit now, a prefix in
+        order, taken from both buckets; and, when not all fit, the seconds until the next
+        would (0.0 when all fit). A record larger than the byte bucket passes alone once
+        that bucket is full."""
+        n = len(sizes)
+        records, byte_bucket = self._records, self._bytes
+        if records is not None:
+            n = min(n, max(0, int(records.available(now))))
+        total = 0
+        if byte_bucket is not None and n:
+            room = byte_bucket.available(now)
+            prefix = list(itertools.accumulate(sizes[:n]))
+            fits = bisect.bisect_right(prefix, room)
+            if fits == 0 and room >= byte_bucket.capacity:
+                fits = 1                               # bigger than the whole bucket: alone, once it is full
+            n = fits
+            total = prefix[n - 1] if n else 0
+        if n:
+            if records is not None:
+                records.tokens -= n
+            if byte_bucket is not None:
+                byte_bucket.tokens -= total
+        if n == len(sizes):
+            return n, 0.0
+        wait = 0.0
+        if records is not None:
+            wait = max(wait, (1 - records.available(now)) / records.rate)
+        if byte_bucket is not None:
+            need = min(sizes[n], byte_bucket.capacity)
+            wait = max(wait, (need - byte_bucket.available(now)) / byte_bucket.rate)
+        return n, max(wait, 0.0)
+
+    def throttled(self, wait_s: float, what: str) -> Throttled:
+        """The error of the records `admit` left out: `what` is over its limit; retry in."""
+        ms = max(1, round(wait_s * 1000))
+        return Throttled(f"{what}: over its write limit ({self.records_per_s or '-'} records/s, "
+                         f"{self.bytes_per_s or '-'} bytes/s); retry in {ms} ms", retry_after_ms=ms)
 
     def take(self, records: int, size: int, now: float) -> float:
         """Both or neither: 0.0 when taken, else the seconds to wait."""

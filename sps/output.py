@@ -72,7 +72,8 @@ class OutputWriter:
         if producer is None:
             producer = self.producers[stream] = Producer(
                 self.client, stream, self.producer_id, linger_ms=0,
-                delivery_timeout_s=limits.SPS_OUTPUT_RETRY_DEADLINE_S)
+                delivery_timeout_s=limits.SPS_OUTPUT_RETRY_DEADLINE_S,
+                epochs=False)           # (SSSNs come from the input: a replay must meet the same session)
         info = await producer.stream_map()
         governing = info.partitions_at(at_ms)
         pinned = []

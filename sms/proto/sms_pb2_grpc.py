@@ -90,6 +90,11 @@ class ControlStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.DrainNodeRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.ListNodesResponse.FromString,
                 _registered_method=True)
+        self.RemoveNode = channel.unary_unary(
+                '/sms.v1.Control/RemoveNode',
+                request_serializer=sms_dot_proto_dot_sms__pb2.RemoveNodeRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.ListNodesResponse.FromString,
+                _registered_method=True)
         self.NodeStatus = channel.unary_unary(
                 '/sms.v1.Control/NodeStatus',
                 request_serializer=sms_dot_proto_dot_sms__pb2.NodeStatusRequest.SerializeToString,
@@ -165,6 +170,11 @@ class ControlStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.GroupRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
                 _registered_method=True)
+        self.InitProducer = channel.unary_unary(
+                '/sms.v1.Control/InitProducer',
+                request_serializer=sms_dot_proto_dot_sms__pb2.InitProducerRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.InitProducerResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -237,6 +247,13 @@ class ControlServicer:
 
     def DrainNode(self, request, context):
         """empty a node before removing it (its replicas move to the others), or stop doing so
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveNode(self, request, context):
+        """forget a stopped node that holds no replica (its draining mark and other entries)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -340,6 +357,14 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InitProducer(self, request, context):
+        """a new epoch for a named producer of a stream (ingestion/fencing.py): writes of its
+        earlier epochs are refused with ProducerFenced from the answer on; any node answers
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -396,6 +421,11 @@ def add_ControlServicer_to_server(servicer, server):
             'DrainNode': grpc.unary_unary_rpc_method_handler(
                     servicer.DrainNode,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.DrainNodeRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'RemoveNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveNode,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.RemoveNodeRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.ListNodesResponse.SerializeToString,
             ),
             'NodeStatus': grpc.unary_unary_rpc_method_handler(
@@ -472,6 +502,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.DeleteGroup,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.GroupRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            ),
+            'InitProducer': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitProducer,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.InitProducerRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.InitProducerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -771,6 +806,33 @@ class Control:
             target,
             '/sms.v1.Control/DrainNode',
             sms_dot_proto_dot_sms__pb2.DrainNodeRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/RemoveNode',
+            sms_dot_proto_dot_sms__pb2.RemoveNodeRequest.SerializeToString,
             sms_dot_proto_dot_sms__pb2.ListNodesResponse.FromString,
             options,
             channel_credentials,
@@ -1177,6 +1239,33 @@ class Control:
             '/sms.v1.Control/DeleteGroup',
             sms_dot_proto_dot_sms__pb2.GroupRequest.SerializeToString,
             sms_dot_proto_dot_sms__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitProducer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/InitProducer',
+            sms_dot_proto_dot_sms__pb2.InitProducerRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.InitProducerResponse.FromString,
             options,
             channel_credentials,
             insecure,

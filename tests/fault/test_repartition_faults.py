@@ -177,7 +177,8 @@ def test_producer_keeps_key_order_when_a_parent_had_unsent_records():
         client = sms.aio.Client("fake:0")
         client._call = owners.call
         client.get_stream_info = owners.get_stream_info
-        producer = Producer(client, "s", b"producer-1", linger_ms=0, retry_backoff_ms=1, retry_backoff_max_ms=4)
+        producer = Producer(client, "s", b"producer-1", linger_ms=0, retry_backoff_ms=1, retry_backoff_max_ms=4,
+                                epochs=False)     # (the fake owners serve no InitProducer)
         key, other = _key_in(0, HALF), _key_in(HALF, hashing.HASH_SPACE)
         try:
             r1 = await producer.send(b"r1", key)

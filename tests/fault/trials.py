@@ -19,6 +19,9 @@ Kinds:
                                         lock: see _pause)
   expire_session                        expire a head's ZooKeeper session (zk backend only)
   restart                               kill -9 a head and restart it on its data
+  kill_producer                         kill -9 a producer process (tests/fault/producer_proc.py) and
+                                        start it again with the same producer id while the others
+                                        run; its log counts every record it was told was acked
 
 Repartition kinds (REPARTITION_KINDS): the trial asks for a split, merge or scale of the
 stream while the load runs, and injects the fault during the switch -- once a parent is
@@ -59,6 +62,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -76,17 +80,20 @@ from node.launcher import LocalCluster
 from sms.types import PartitionState, StreamInfo
 from tests.conftest import wait_until as _wait
 from tests.fault.history import CheckResult, History, ReadRecord, check, format_table
+from tests.fault import producer_proc
 from tests.fault.workload import Workload, read_back, read_lineage
 
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 KINDS = ("kill_head", "kill_middle", "kill_tail", "kill_ingestion", "kill_control", "pause", "expire_session",
-         "restart")
+         "restart", "kill_producer")
 REPARTITION_KINDS = ("split_kill_head", "split_kill_control", "split_pause_head", "split_expire_control",
                      "merge_kill_head", "scale_kill_control")
 ALL_KINDS = KINDS + REPARTITION_KINDS
 ZK_ONLY = frozenset({"expire_session", "split_expire_control"})
 # `make test` runs every kind on ZooKeeper (the production backend) and these on the embedded
 # store; the rest of the embedded matrix is a sweep (`make test-full`), to keep CI in budget
-EMBEDDED_IN_CI = frozenset({"kill_head", "pause", "split_kill_head"})
+EMBEDDED_IN_CI = frozenset({"kill_head", "pause", "split_kill_head", "kill_producer"})
 
 
 def case_marks(kind: str, backend: str) -> tuple:
@@ -105,6 +112,8 @@ WARMUP_ACKS = 600             # acked before the fault
 AFTER_ACKS = 600              # acked after it, on top
 ACK_TIMEOUT_S = 45.0
 HEAL_TIMEOUT_S = 60.0         # the replication factor is back within this
+PROCESS_ACKS = 150            # kill_producer: acks of the producer process before the kill, and after its restart
+PROCESS_RATE_PER_S = 300.0
 STOP_TIMEOUT_S = 45.0
 
 # repartition trials
@@ -281,6 +290,8 @@ def _run(kind: str, backend: str, cluster: LocalCluster, zk) -> Trial:
         if kind == "kill_ingestion":
             owners = Counter(p.ingestion_owner.node_id for p in info.partitions)
             victim = owners.most_common(1)[0][0]
+        if kind == "kill_producer":
+            return _run_kill_producer(backend, cluster, client, stream, addresses)
         affected = [p.ordinal for p in info.partitions if victim in [m.node_id for m in p.chain]]
         heads = [p.ordinal for p in info.partitions if p.chain[0].node_id == victim]
         with Workload(addresses, stream, producers=PRODUCERS, keys=KEYS, consumers=1, rate_per_s=RATE_PER_S,
@@ -323,6 +334,90 @@ def _run(kind: str, backend: str, cluster: LocalCluster, zk) -> Trial:
         final = read_back(client, stream, history=load.history)
     result = check(load.history, final)
     return Trial(kind, backend, result, victim, healed_s, notes)
+
+
+# --- the producer-restart trial ----------------------------------------------------------------
+class _ProducerProcess:
+    """The producer process of `kill_producer` (tests/fault/producer_proc.py): one log file
+    per incarnation, each start with the same producer id."""
+
+    def __init__(self, address: str, stream: str, directory: str):
+        self.address, self.stream, self.directory = address, stream, directory
+        self.producer_id = f"restarted-{uuid.uuid4().hex[:8]}"
+        self.proc: subprocess.Popen | None = None
+        self.incarnation = 0
+
+    def log(self, incarnation: int) -> str:
+        return os.path.join(self.directory, f"producer-proc-{incarnation}.log")
+
+    def start(self) -> None:
+        self.incarnation += 1
+        with open(self.log(self.incarnation) + ".err", "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.fault.producer_proc", "--address", self.address, "--stream",
+                 self.stream, "--producer-id", self.producer_id, "--name", "px", "--incarnation",
+                 str(self.incarnation), "--log", self.log(self.incarnation), "--rate", str(PROCESS_RATE_PER_S)],
+                cwd=_REPO_ROOT, stdout=subprocess.DEVNULL, stderr=err)
+
+    def wait_acks(self, n: int) -> None:
+        def enough() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                with open(self.log(self.incarnation) + ".err") as err:
+                    raise AssertionError(f"the producer process exited with {self.proc.returncode}: "
+                                         f"{err.read()[-2000:]}")
+            return producer_proc.count_acks(self.log(self.incarnation)) >= n
+        _wait(enough, ACK_TIMEOUT_S, f"{n} acks of producer process #{self.incarnation}")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        """SIGTERM: it stops sending, flushes and exits."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def load(self, history: History) -> str:
+        """Every incarnation's log into the history; a note of what each was told."""
+        notes = []
+        for i in range(1, self.incarnation + 1):
+            acks, unsettled = producer_proc.load_log(self.log(i), history, self.stream, f"px#{i}")
+            notes.append(f"#{i}: {acks} acked, {unsettled} in flight at its end")
+        return "producer process " + "; ".join(notes)
+
+
+def _run_kill_producer(backend: str, cluster: LocalCluster, client: sms.Client, stream: str,
+                       addresses: list[str]) -> Trial:
+    """kill_producer: the process writes beside the workload's producers; it is killed with
+    SIGKILL and started again under the same producer id (a new epoch); both incarnations'
+    acks must be in the read-back, once, at their SNs."""
+    directory = os.path.join(cluster.data_dir, "producer-proc")
+    os.makedirs(directory, exist_ok=True)
+    proc = _ProducerProcess(cluster.address, stream, directory)
+    proc.start()
+    try:
+        with Workload(addresses, stream, producers=PRODUCERS, keys=KEYS, consumers=1, rate_per_s=RATE_PER_S,
+                      name="kprd") as load:
+            load.wait_acks(WARMUP_ACKS, ACK_TIMEOUT_S)
+            proc.wait_acks(PROCESS_ACKS)
+            load.mark_fault("kill_producer")
+            proc.kill()
+            proc.start()                        # the same id: a new epoch
+            proc.wait_acks(PROCESS_ACKS)
+            load.wait_acks(load.acked_count() + AFTER_ACKS // 2, ACK_TIMEOUT_S)
+            proc.stop()
+            load.stop(STOP_TIMEOUT_S)
+        notes = proc.load(load.history)
+        final = read_back(client, stream, history=load.history)
+    finally:
+        proc.stop()
+    return Trial("kill_producer", backend, check(load.history, final), "producer process", 0.0, notes)
 
 
 # --- repartition trials ------------------------------------------------------------------------

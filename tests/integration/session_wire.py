@@ -117,11 +117,12 @@ class Channels:
 
 
 def send_entries(channels: Channels, address: str, stream: str, producer_id: bytes, entries: Sequence[bytes],
-                 hwm: Mapping[int, int] | None = None, timeout_s: float = limits.PUT_TIMEOUT_S) -> Answer:
-    """One PutRecords of already-encoded entries to `address`; a whole-request error
-    (gRPC status) is raised as its named SmsError."""
+                 hwm: Mapping[int, int] | None = None, timeout_s: float = limits.PUT_TIMEOUT_S,
+                 epoch: int = 0) -> Answer:
+    """One PutRecords of already-encoded entries to `address` (of the producer's `epoch`,
+    0: none); a whole-request error (gRPC status) is raised as its named SmsError."""
     request = sms_pb2.PutRecordsRequest(stream=stream, count=len(entries), entries=b"".join(entries),
-                                        producer_id=producer_id, hwm=dict(hwm or {}))
+                                        producer_id=producer_id, hwm=dict(hwm or {}), producer_epoch=epoch)
     try:
         resp = channels.stub(address).PutRecords(request, timeout=timeout_s)
     except grpc.RpcError as e:
@@ -144,10 +145,12 @@ def send_entries(channels: Channels, address: str, stream: str, producer_id: byt
 class RawSession:
     """One producer (id) writing to one stream, every session field chosen by the test."""
 
-    def __init__(self, client, stream: str, producer_id: bytes, *, channels: Channels | None = None):
+    def __init__(self, client, stream: str, producer_id: bytes, *, channels: Channels | None = None,
+                 epoch: int = 0):
         self.client = client                   # sms.Client (sync): stream info only
         self.stream = stream
         self.producer_id = producer_id
+        self.epoch = epoch                     # the producer's epoch on every request (0: none)
         self._own_channels = channels is None
         self.channels = channels or Channels()
         self.info: StreamInfo = client.get_stream_info(stream)
@@ -189,7 +192,7 @@ class RawSession:
         missing: dict[int, tuple[int, ...]] = {}
         for owner, indexes in groups.items():
             answer = send_entries(self.channels, owner, self.stream, self.producer_id,
-                                  [encode(records[i]) for i in indexes], hwm, timeout_s)
+                                  [encode(records[i]) for i in indexes], hwm, timeout_s, self.epoch)
             for i, ack in zip(indexes, answer.acks):
                 acks[i] = ack
             for ordinal, sssns in answer.missing.items():

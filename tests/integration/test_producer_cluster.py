@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import pytest
 
+from ingestion.fencing import split_session_producer_id
 from sms import wire
 from tests.conftest import read_stream, stream_name, wait_until
 
@@ -27,7 +28,8 @@ def stored_by_session(client, stream: str) -> dict[tuple[bytes, int], list[tuple
     for ordinal in sorted(records):
         for r in records[ordinal]:
             meta = wire.decode_meta(r.meta)
-            out[(meta[wire.TAG_PRODUCER_ID], ordinal)].append((int.from_bytes(meta[wire.TAG_SSSN], "big"), r.sn))
+            producer_id, _epoch = split_session_producer_id(meta[wire.TAG_PRODUCER_ID])
+            out[(producer_id, ordinal)].append((int.from_bytes(meta[wire.TAG_SSSN], "big"), r.sn))
     return out
 
 

@@ -130,3 +130,36 @@ def test_a_read_limit_slows_a_reader_and_loses_nothing(client, unique_stream):
     assert len(got) == 400 and len({r.sequence_number for r in got}) == 400
     # the limiter's arithmetic: 400 KB (plus headers) at 100 KB/s after a 100 KB burst
     assert took >= (400_000 - 100_000 - 50 * 1100) / 100_000
+
+
+def test_a_batch_over_the_write_limit_is_cut_not_taken_into_debt(client, unique_stream):
+    """50 records/s and put_records of 200: the records that fit are stored, the rest are
+    answered Throttled per record, with the wait until the next token as the hint (before:
+    all 200 taken at once, and the next call throttled for about 3 s)."""
+    client.create_stream(unique_stream, partitions=1, replication_factor=2)
+    client.update_stream(unique_stream, write_records_per_s=50)
+    _in_force(client, unique_stream, write_records_per_s=50)
+    out = client.put_records(unique_stream, [(f"k{i}", b"v") for i in range(200)])
+    admitted = [i for i, r in enumerate(out.records) if r.ok]
+    refused = [r for r in out.records if not r.ok]
+    assert 50 <= len(admitted) < 100 and admitted == list(range(len(admitted))), admitted   # the prefix that fit
+    assert out.failed_record_count == len(refused) and {r.error_name for r in refused} == {"Throttled"}
+    hints_ms = {int(r.error_message.rsplit("retry in ", 1)[1].split()[0]) for r in refused}
+    assert max(hints_ms) <= 1000 // 50 + 1, hints_ms          # the next token, not a debt of seconds
+    assert len(read_stream(client, unique_stream)[0]) == len(admitted)
+
+
+def test_a_read_page_is_cut_to_the_read_limit(client, unique_stream):
+    """2,000 bytes/s and a partition of one 400-record batch: a page holds what the limit
+    allows (at least one record), and the next page is not refused (before: the first
+    page took the whole batch, ran 20 s into debt, and the next read got Throttled)."""
+    client.create_stream(unique_stream, partitions=1, replication_factor=1)
+    assert client.put_records(unique_stream, [(f"k{i}", b"y" * 100) for i in range(400)]).failed_record_count == 0
+    client.update_stream(unique_stream, read_bytes_per_s=2_000)
+    _in_force(client, unique_stream, read_bytes_per_s=2_000)
+    it = client.get_iterator(unique_stream, 0, "TRIM_HORIZON")
+    first = client.get_next_records(it, max_records=1000)
+    assert 1 <= len(first.records) <= 2_000 // 100, len(first.records)
+    second = client.get_next_records(first.next_iterator, max_records=1000)   # waits one record off, at most
+    assert 1 <= len(second.records) <= 2_000 // 100
+    assert second.records[0].sequence_number > first.records[-1].sequence_number

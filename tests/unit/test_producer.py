@@ -29,6 +29,7 @@ import sms.aio
 import sms.client
 import sms.accumulator as accumulator_module
 import sms.producer as producer_module
+from ingestion.fencing import session_producer_id
 from ingestion.dedup import (DedupKeyTooLarge, DedupTable, DecisionKind, InvalidDedupKey, InvalidProducerId,
                              SessionConflict, StaleSubmission, TableFull)
 from sms import wire, errors, hashing, limits, seqno
@@ -96,11 +97,19 @@ class FakeCluster:
         self.refreshes = 0
         self.refresh_failures = 0
         self.crash_with: BaseException | None = None
+        self.epochs: dict[bytes, int] = {}         # producer id -> its current epoch (InitProducer)
 
     def attach(self, client: sms.aio.Client) -> sms.aio.Client:
         client.send_put_records = self.call
         client.get_stream_info = self.get_stream_info
+        client.init_producer = self.init_producer
         return client
+
+    async def init_producer(self, stream: str, producer_id: bytes) -> int:
+        if stream != STREAM:
+            raise errors.StreamNotFound(f"stream {stream!r} not found")
+        self.epochs[producer_id] = self.epochs.get(producer_id, 0) + 1
+        return self.epochs[producer_id]
 
     def producer(self, producer_id=b"p-1", **kwargs) -> Producer:
         return Producer(self.attach(sms.aio.Client("fake:0")), STREAM, producer_id, **{**FAST, **kwargs})
@@ -159,9 +168,11 @@ class FakeCluster:
         """Answer a PutRecords as an ingestion owner would, checking what the producer sent."""
         self.requests.append(request)
         pid = request.producer_id
+        session = session_producer_id(pid, request.producer_epoch)     # the table's name of the session
+        fenced = request.producer_epoch and request.producer_epoch < self.epochs.get(pid, 0)
         now_ms = int(time.time() * 1000)
         entries = list(wire.iter_entries(request.entries, request.count))
-        self.check_request(pid, request, entries)
+        self.check_request(session, request, entries)
         sns, ordinals, errs, duplicates = [], [], [], []
         missing: dict[int, list[int]] = defaultdict(list)
         for j, e in enumerate(entries):
@@ -175,7 +186,9 @@ class FakeCluster:
             ordinals.append(ordinal)
             self.received.append(Received(address, pid, ordinal, sssn, submit_ms, hwm, meta))
             sn, error = 0, None
-            if ordinal in self.closed:
+            if fenced:
+                error = errors.ProducerFenced(f"epoch {request.producer_epoch} < {self.epochs[pid]}")
+            elif ordinal in self.closed:
                 error = errors.PartitionClosed(f"p{ordinal} is closed")
             elif self.owner[ordinal] != address:
                 error = errors.WrongOwner(f"p{ordinal} is owned by {self.owner[ordinal]}")
@@ -187,7 +200,7 @@ class FakeCluster:
             else:
                 table = self.tables[ordinal]
                 try:
-                    decision = table.submit(pid, sssn, hwm, submit_ms, hashing.signature(e.key + e.data),
+                    decision = table.submit(session, sssn, hwm, submit_ms, hashing.signature(e.key + e.data),
                                             meta.get(wire.TAG_DEDUP_KEY), now_ms)
                 except errors.SmsError as exc:
                     error = exc
@@ -195,14 +208,14 @@ class FakeCluster:
                     missing[ordinal].extend(decision.missing)
                     if decision.kind is DecisionKind.WRITE and (ordinal, sssn) in self.fail_writes:
                         self.fail_writes.discard((ordinal, sssn))
-                        assert table.failed(pid, sssn) == []
+                        assert table.failed(session, sssn) == []
                         error = errors.Unavailable(f"p{ordinal} sssn {sssn}: write failed")
                     elif decision.kind is DecisionKind.WRITE:
                         self.counter[ordinal] += 1
                         sn = seqno.make(now_ms, self.counter[ordinal], ordinal)
                         self.stored[ordinal].append((pid, sssn, e.data))
                         self.sns[(pid, ordinal, sssn)] = sn
-                        assert table.committed(pid, sssn, sn) == []
+                        assert table.committed(session, sssn, sn) == []
                     elif decision.kind is DecisionKind.DUPLICATE:
                         duplicates.append(j)
                         sn = decision.sn or 0
@@ -245,7 +258,7 @@ class FakeCluster:
         for j, e in enumerate(wire.iter_entries(request.entries, request.count)):
             if j not in retriable:
                 ordinal = int.from_bytes(response.ordinals[4 * j:4 * j + 4], "little")
-                self.told[(request.producer_id, ordinal)].add(
+                self.told[(session_producer_id(request.producer_id, request.producer_epoch), ordinal)].add(
                     int.from_bytes(wire.decode_meta(e.meta)[wire.TAG_SSSN], "big"))
 
     def stored_sssns(self, ordinal: int, pid: bytes = b"p-1") -> list[int]:
@@ -304,6 +317,68 @@ def test_sssns_count_from_zero_per_partition_in_send_order():
             assert all(f.result().partition_ordinal == p and not f.result().duplicate for o, _, f in sent if o == p)
         assert_stored_once_in_order(cluster, sent)
         assert cluster.violations == []
+    run(scenario)
+
+
+# --- epochs: a named producer opens a new epoch; an older one is fenced -------------------------
+
+def test_a_restarted_named_producer_stores_what_it_sends():
+    """The README's pattern: 5 acked, closed, a new instance of the same id sends 3 more,
+    once one by one and once as futures at once: all stored (before epochs: duplicates
+    with sn=None, or SessionConflict)."""
+    async def scenario():
+        cluster = FakeCluster(partitions=1)
+        async with cluster.producer(producer_id="checkout-1") as first:
+            for i in range(5):
+                await first.put(f"a{i}".encode(), "k")
+        async with cluster.producer(producer_id="checkout-1") as second:
+            results = [await second.put(f"b{i}".encode(), "k") for i in range(3)]
+        async with cluster.producer(producer_id="checkout-1") as third:
+            futures = [await third.send(f"c{i}".encode(), "k") for i in range(5)]
+            results += [await f for f in futures]
+        assert (first.epoch, second.epoch, third.epoch) == (1, 2, 3)
+        assert {r.producer_epoch for r in cluster.requests} == {1, 2, 3}
+        assert all(not r.duplicate and r.sn for r in results)
+        assert [d for _p, _s, d in cluster.stored[0]] == [f"a{i}".encode() for i in range(5)] + \
+            [f"b{i}".encode() for i in range(3)] + [f"c{i}".encode() for i in range(5)]
+        assert cluster.violations == []
+    run(scenario)
+
+
+def test_an_older_instance_is_fenced_and_says_so():
+    """A zombie's records fail with ProducerFenced, never silently; it refuses new records
+    and flush() raises; the successor's records are stored."""
+    async def scenario():
+        cluster = FakeCluster(partitions=2)
+        zombie = cluster.producer(producer_id="checkout-1")
+        await zombie.put(b"before", keys_of(0, 2)[0])
+        async with cluster.producer(producer_id="checkout-1") as successor:
+            await successor.put(b"successor", keys_of(0, 2)[0])
+            late = [await zombie.send(f"late{i}".encode(), keys_of(i % 2, 2)[0]) for i in range(4)]
+            outcomes = await asyncio.gather(*late, return_exceptions=True)
+            assert all(isinstance(o, errors.ProducerFenced) for o in outcomes), outcomes
+            assert zombie.state is ProducerState.FENCED
+            with pytest.raises(errors.ProducerFenced):
+                await zombie.send(b"more", keys_of(0, 2)[0])
+            with pytest.raises(errors.ProducerFenced):
+                await zombie.flush()
+            await zombie.close()
+            assert zombie.state is ProducerState.CLOSED
+        stored = [d for p in range(2) for _pid, _s, d in cluster.stored[p]]
+        assert sorted(stored) == [b"before", b"successor"]
+    run(scenario)
+
+
+def test_producers_without_epochs_keep_one_session():
+    """Random ids, and epochs=False (writers that pin SSSNs), take no epoch."""
+    async def scenario():
+        cluster = FakeCluster(partitions=1)
+        async with cluster.producer(producer_id=None) as anonymous:
+            await anonymous.put(b"x", "k")
+        async with cluster.producer(producer_id="stage-out", epochs=False) as pinned:
+            await pinned.put(b"y", "k")
+        assert anonymous.epoch == 0 and pinned.epoch == 0 and cluster.epochs == {}
+        assert {r.producer_epoch for r in cluster.requests} == {0}
     run(scenario)
 
 
@@ -531,6 +606,35 @@ def test_wrong_owner_refreshes_the_map_and_resends_to_the_new_owner():
         assert arrivals[:2] == [(NODE_A, 0), (NODE_A, 1)] and arrivals[-1] == (NODE_B, 1)
         assert set(arrivals[2:-1]) <= {(NODE_A, 1)}               # the old map, while refreshes failed
         assert cluster.stored_sssns(1) == [0, 1]
+    run(scenario)
+
+
+def test_a_call_held_by_an_owner_that_moved_is_given_up_and_resent_to_the_new_owner():
+    """A paused head holds the call (it never answers); once the map names another owner,
+    the producer gives the call up and resends the same SSSNs there, well before
+    PUT_TIMEOUT_S."""
+    async def scenario():
+        cluster = FakeCluster(partitions=1, owners=(NODE_A,))
+        held = asyncio.Event()
+        async with cluster.producer() as producer:
+            await producer.put(b"first", "k")
+            call = cluster.call
+
+            async def paused_a(address, request):
+                if address == NODE_A:
+                    held.set()
+                    await asyncio.Event().wait()          # never answers
+                return await call(address, request)
+            producer._client.send_put_records = paused_a
+            future = await producer.send(b"second", "k")
+            await held.wait()
+            cluster.owner[0] = NODE_B                      # the chain manager moved the head
+            started = time.monotonic()
+            result = await asyncio.wait_for(future, 5)
+            assert time.monotonic() - started < 2 * limits.PRODUCER_OWNER_CHECK_S + 1
+        assert result.sssn == 1 and not result.duplicate
+        assert [(r.address, r.sssn) for r in cluster.received][-1] == (NODE_B, 1)
+        assert cluster.stored_sssns(0) == [0, 1]
     run(scenario)
 
 
