@@ -11,7 +11,14 @@ which incarnation, each chain's config, how far each learner has copied -- and a
    successor from the successor's last SN. Removal keeps the prefix invariant, because
    each remaining node's successor held a prefix of what it holds.
 2. If every member is gone, nothing is removed (there is no other copy); members that
-   come back are taken back as they are ("restored"), in their old order.
+   come back are taken back as they are ("restored"), in their old order. A whole-cluster
+   restart brings them back one after another, so the chain waits for the others until
+   CHAIN_RESTORE_WAIT_MS after the first one back started (by its incarnation, the
+   node's clock: a clock off by more than that restores at once). Restoring the first
+   alone would leave the others to copy the chain again, or to no place at all when no
+   node can take them. The members not back by then are left out, each "removed" in the
+   history; one back later joins as a learner (rule 5) like any node, and its log, if
+   a prefix of the tail's, is kept and completed.
 3. A learner whose node is gone is dropped.
 4. A learner that has verified its log against the tail and copied to within
    LEARNER_PROMOTE_LAG_RECORDS of it joins as the new tail (new epoch).
@@ -41,6 +48,14 @@ which incarnation, each chain's config, how far each learner has copied -- and a
    calls it off.
 
 Learner changes do not change the epoch: learners are outside the commit path.
+
+An *incarnation* is a node process's registration started_ms. A config pins each member
+and learner to the incarnation that joined, so a restarted process (a new incarnation)
+does not act on the old one's place until a rule takes it back: as a restored member
+(rule 2), or as a learner (rule 5) once rule 1 removed it.
+
+`under_replicated` says which chains are short of their factor, as `sms status`, `sms up`,
+the console and the metrics (`sms_under_replicated_partitions`) count them.
 """
 
 from __future__ import annotations
@@ -69,6 +84,27 @@ def failed_members(config: ChainConfig, live: dict[str, int], down: dict[str, st
         elif incarnation is not None and live[node] != incarnation:
             out[node] = "node restarted as a new process"
     return out
+
+
+RESTORED = "every member had failed; its log is the only copy"
+
+
+def restore_waits(config: ChainConfig, live: dict[str, int], now_ms: int) -> bool:
+    """Rule 2's wait: every member failed, some are back but not all, and the first one
+    back started less than CHAIN_RESTORE_WAIT_MS ago (its incarnation is its clock's: one
+    further off than that, ahead or behind, does not wait)."""
+    back = [live[m] for m in config.members if m in live]
+    if not back or len(back) == len(config.members):
+        return False
+    return abs(now_ms - min(back)) < limits.CHAIN_RESTORE_WAIT_MS
+
+
+def under_replicated(members, replication_factor: int, registered=None) -> bool:
+    """A chain short of its replication factor: fewer members than the factor, counting
+    only members on `registered` nodes when given (learners still copying do not count).
+    `sms status`, `sms up`, the console and the metrics all count this way."""
+    held = [m for m in members if registered is None or m in registered]
+    return len(held) < replication_factor
 
 
 def _change(config: ChainConfig, epoch: int, now_ms: int, action: str, node: str, reason: str) -> ChainConfig:
@@ -108,12 +144,16 @@ def plan(config: ChainConfig, live: dict[str, int], replication_factor: int, loa
                 new = _change(new, epoch, now_ms, "removed", m, failed[m])
         else:
             back = tuple(m for m in config.members if m in live)
-            if not back:
-                return None      # no copy anywhere: wait for a member to come back
+            if not back or restore_waits(config, live, now_ms):
+                return None      # no copy anywhere, or the others may be back in a moment: wait
             new = replace(new, epoch=epoch, members=back, handoff="")
             for m in back:
-                new = _change(new, epoch, now_ms, "restored", m,
-                              "every member had failed; its log is the only copy")
+                new = _change(new, epoch, now_ms, "restored", m, RESTORED)
+            for m in config.members:
+                if m not in back:
+                    new = _change(new, epoch, now_ms, "removed", m,
+                                  f"not back within {limits.CHAIN_RESTORE_WAIT_MS / 1000:g} s of the other members "
+                                  f"after every member had failed: {failed[m]}; it may rejoin as a learner")
         keep = tuple(n for n in new.members if n in live)
         new = replace(new, learners=tuple(n for n in new.learners if n not in failed),
                       incarnations=_incarnations(new, live, keep + tuple(n for n in new.learners if n not in failed)))

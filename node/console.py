@@ -1,6 +1,7 @@
 """The web console of a control node: a read-only page of what the cluster holds -- nodes
 with their chains, roles, epochs and chain changes; streams with their partitions drawn as
-the lineage DAG; consumer groups and SPS stages with their leases -- updated live.
+the lineage DAG; the partitions short of replicas (control/chains.py `under_replicated`);
+consumer groups and SPS stages with their leases -- updated live.
 
 A WSGI application that node/metrics.py's HTTP(S) server hands every path but /metrics
 (so the console has the metrics port's TLS: HTTPS with the node's certificate on a secure
@@ -28,7 +29,7 @@ import urllib.parse
 from collections import defaultdict
 from collections.abc import Callable
 
-from control import auth
+from control import auth, chains
 from metastore import MetaStoreError
 from sms import metadata, seqno
 from sms.errors import SmsError
@@ -151,7 +152,7 @@ class Console:
                 info = await self.view.describe_stream(name)
             except (SmsError, MetaStoreError):          # deleted meanwhile
                 continue
-            streams.append(await self._stream(info))
+            streams.append(await self._stream(info, nodes))
             await asyncio.sleep(0)          # (the node's other work runs between streams)
             for p in info.partitions:
                 pid = partition_id(p.ordinal)
@@ -173,14 +174,19 @@ class Console:
                 "metrics_address": n.metrics_address if n else "", "started_ms": n.started_ms if n else 0,
                 "chains": chains_of.get(node_id, []),
                 "changes": changes_of.get(node_id, [])})
+        short = [{"stream": s["name"], "partition": p["partition"], "live_members": p["live_members"],
+                  "replication_factor": s["replication_factor"]}
+                 for s in streams for p in s["partitions"] if p["under_replicated"]]
         return {"node": {"node_id": self.node_id, "leader": bool(self.is_leader()),
                          "leader_address": await self.view.control_address()},
                 "generated_ms": int(time.time() * 1000),
                 "nodes": node_list, "streams": streams, "changes": changes[:CONSOLE_CHANGES_MAX],
+                "under_replicated": short,
                 "streams_total": len(names), "streams_shown": min(len(names), CONSOLE_STREAMS_MAX)}
 
-    async def _stream(self, info: StreamInfo) -> dict:
+    async def _stream(self, info: StreamInfo, registered) -> dict:
         by_ordinal = {p.ordinal: p for p in info.partitions}
+        rf = info.replication_factor
         partitions = [{
             "partition": partition_id(p.ordinal), "ordinal": p.ordinal, "state": p.state.value,
             "hash_lo": str(p.hash_lo), "hash_hi": str(p.hash_hi),
@@ -189,6 +195,8 @@ class Console:
             "epoch": p.chain_epoch, "sealed": p.sealed,
             "chain": [{"node_id": m.node_id, "role": m.role} for m in p.chain],
             "learners": [m.node_id for m in p.learners],
+            "live_members": sum(1 for m in p.chain if m.node_id in registered),
+            "under_replicated": chains.under_replicated([m.node_id for m in p.chain], rf, registered),
             "valid_from_ms": p.valid_from_ms, "valid_to_ms": p.valid_to_ms,
             "ending_sn": None if p.ending_sn is None else str(p.ending_sn)} for p in info.partitions]
         groups = []
@@ -210,7 +218,7 @@ class Console:
             record = ConsumerRecord.from_bytes(entry.value)
             consumers.append({"consumer": name, "group": name in group_names,
                               "checkpoints": {partition_id(o): _sn_text(sn) for o, sn in record.checkpoints}})
-        return {"name": info.name, "status": info.status.value, "replication_factor": info.replication_factor,
+        return {"name": info.name, "status": info.status.value, "replication_factor": rf,
                 "persistence": info.persistence.value,
                 "map_version": info.map_version, "created_ms": info.created_ms,
                 "retention_s": info.retention_s, "protect_unread": info.protect_unread,

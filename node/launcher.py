@@ -11,14 +11,23 @@ NODE_STOP_TIMEOUT_S.
 being stopped here is started again (same id, data directory and, for a control node,
 client address), at most NODE_RESTARTS_MAX times within NODE_RESTART_WINDOW_S.
 Tests use `LocalCluster` directly to kill, pause and restart nodes.
+
+DIR/nodes.json records the storage nodes that belong to the cluster: every one ever
+started on DIR (by `sms up` or `sms node add`), until `forget_node` drops it (`sms node
+remove`). `sms up` on an existing DIR starts every recorded node, and `sms node add`
+gives the next id never used. `ReplicaWatch` is what `sms up` says of drains and of
+partitions short of replicas.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import fcntl
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -34,6 +43,10 @@ STORAGE_ROLES = "storage,ingestion,retrieval"
 ENV_CA_DIR = "SMS_CA_DIR"        # the CA a local cluster issues its node certificates from
 ENV_BOOTSTRAP_TOKEN = "SMS_BOOTSTRAP_TOKEN"   # the token of a new local cluster's first admin key
 STACK_DUMP_WAIT_S = 0.5          # a hung node writes its stacks to its log in this time, then is killed
+NODES_FILE = "nodes.json"        # DIR/nodes.json: the storage nodes that belong to the cluster
+_LOCK_FILE = ".nodes.lock"       # DIR/.nodes.lock: held while nodes.json or cluster.json is rewritten
+_NODE_ID = re.compile(r"^n([1-9][0-9]*)$")      # the storage node ids the launcher gives
+SHORT_NAMED_MAX = 8              # streams `sms up` names in its line about replicas
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +85,9 @@ class LocalCluster:
         self.procs: dict[str, NodeProcess] = {"control": NodeProcess("control", "control", f"{host}:{port}")}
         for i in range(2, controls + 1):
             self.procs[f"control{i}"] = NodeProcess(f"control{i}", "control", f"{host}:0")
-        for i in range(1, nodes + 1):
-            self.procs[f"n{i}"] = NodeProcess(f"n{i}", STORAGE_ROLES, f"{host}:0")
+        # a new DIR: n1..n<nodes>; an existing one: every node recorded in DIR/nodes.json too
+        for node_id in storage_node_ids(self.data_dir, nodes):
+            self.procs[node_id] = NodeProcess(node_id, STORAGE_ROLES, f"{host}:0")
         # supervision (`supervise()`): nodes stopped on purpose are held down; a restarted
         # node is starting until its ready file appears; each node's recent restart times
         self.clock = time.monotonic
@@ -153,6 +167,8 @@ class LocalCluster:
         os.makedirs(os.path.dirname(logfile), exist_ok=True)
         if os.path.exists(ready):
             os.unlink(ready)
+        if "storage" in node.roles:
+            record_node(self.data_dir, node_id)      # (from now on it belongs to the cluster)
         listen = node.listen
         if node.address and listen.endswith(":0") and node.roles == "control":
             listen = node.address   # keep the client address stable across restarts
@@ -227,20 +243,22 @@ class LocalCluster:
         """DIR/cluster.json: the address, credentials and nodes. With `keep_added`, the
         nodes that `sms node add` appended to it (started by another process) stay."""
         path = os.path.join(self.data_dir, "cluster.json")
+        removed = removed_node_ids(self.data_dir)          # (`forget_node` since this start)
         nodes = [{"node_id": n.node_id, "roles": n.roles, "pid": n.pid, "address": n.address,
-                  "metrics_address": n.metrics_address} for n in self.procs.values()]
-        if keep_added:
-            try:
-                with open(path) as f:
-                    nodes += [n for n in json.load(f)["nodes"] if n["node_id"] not in self.procs]
-            except (OSError, ValueError, KeyError):
-                pass
+                  "metrics_address": n.metrics_address} for n in self.procs.values() if n.node_id not in removed]
         info = {"address": self.address, "ca_file": self.ca_file, "token": self.admin_token,
                 "launcher_pid": os.getpid(),
                 "metastore": self.metastore,
                 "console": self.console_url,
                 "nodes": nodes}
-        _write_json(path, info)
+        with _locked(self.data_dir):          # (`sms node add` appends to it meanwhile)
+            if keep_added:
+                try:
+                    with open(path) as f:
+                        nodes += [n for n in json.load(f)["nodes"] if n["node_id"] not in self.procs]
+                except (OSError, ValueError, KeyError):
+                    pass
+            _write_json(path, info)
 
     def supervise(self, stopping: Callable[[], bool] = lambda: False) -> list[str]:
         """One round of `sms up`'s supervision (called every NODE_SUPERVISE_POLL_S): start
@@ -252,7 +270,7 @@ class LocalCluster:
         stopping, and its nodes may be exiting of the same Ctrl-C)."""
         lines: list[str] = []
         ready = False
-        for node_id, node in self.procs.items():
+        for node_id, node in list(self.procs.items()):
             if node.proc is None or node_id in self._held_down or node_id in self._given_up:
                 continue
             code = node.proc.poll()
@@ -267,6 +285,12 @@ class LocalCluster:
             if code is None or stopping():
                 continue
             self._starting.pop(node_id, None)
+            if node_id in removed_node_ids(self.data_dir):
+                del self.procs[node_id]
+                lines.append(f"node {node_id} (pid {node.pid}) exited; it was removed from the cluster "
+                             f"({NODES_FILE}), so it is not started again")
+                ready = True          # (cluster.json without it)
+                continue
             lines.append(self._restart_dead(node_id, code))
         if ready:
             self._write_cluster_json(keep_added=True)
@@ -394,29 +418,216 @@ def _tail(path: str, lines: int = 30) -> str:
 
 def add_node(data_dir: str, timeout_s: float = limits.NODE_START_TIMEOUT_S) -> NodeProcess:
     """Start one more storage node for the local cluster that `sms up` runs in `data_dir`
-    (`sms node add`): the next free id, the same metadata store, stopped with that
-    launcher. Recorded in DIR/cluster.json."""
-    path = os.path.join(os.path.abspath(data_dir), "cluster.json")
+    (`sms node add`): the next id never used (`next_node_id`), the same metadata store,
+    stopped with that launcher. Recorded in DIR/nodes.json (so every later `sms up`
+    starts it too) and in DIR/cluster.json."""
+    data_dir = os.path.abspath(data_dir)
+    path = os.path.join(data_dir, "cluster.json")
     with open(path) as f:
         info = json.load(f)
-    taken = {n["node_id"] for n in info["nodes"]} | set(os.listdir(os.path.dirname(path)))
-    ordinal = 1
-    while f"n{ordinal}" in taken:
-        ordinal += 1
-    node_id = f"n{ordinal}"
+    with _locked(data_dir):           # (two adds at once take two ids)
+        node_id = next_node_id(data_dir)
+        _update_record(data_dir, lambda nodes, removed: (nodes + [node_id], removed))
     ca_file = info.get("ca_file", "")
     cluster = LocalCluster(data_dir, nodes=0, metastore=info["metastore"], tls=bool(ca_file),
                            ca_dir=os.path.dirname(ca_file) if ca_file else None, admin_token=info.get("token") or None)
     cluster.launcher_pid = info["launcher_pid"]
     host = info["address"].rsplit(":", 1)[0]
     cluster.procs = {node_id: NodeProcess(node_id, STORAGE_ROLES, f"{host}:0")}
-    cluster.spawn(node_id)
-    cluster.wait_ready([node_id], timeout_s)
+    try:
+        cluster.spawn(node_id)
+        cluster.wait_ready([node_id], timeout_s)
+    except BaseException:
+        cluster.stop()
+        with _locked(data_dir):        # (it never served: not a node of the cluster)
+            _update_record(data_dir, lambda nodes, removed: ([n for n in nodes if n != node_id], removed))
+        raise
     node = cluster.procs[node_id]
-    info["nodes"].append({"node_id": node_id, "roles": node.roles, "pid": node.pid, "address": node.address,
-                          "metrics_address": node.metrics_address})
-    _write_json(path, info)
+    with _locked(data_dir):
+        with open(path) as f:
+            info = json.load(f)         # (as `sms up` last wrote it)
+        info["nodes"].append({"node_id": node_id, "roles": node.roles, "pid": node.pid, "address": node.address,
+                              "metrics_address": node.metrics_address})
+        _write_json(path, info)
     return node
+
+
+class ReplicaWatch:
+    """What `sms up` says of its cluster's replicas, polled every UP_WATCH_INTERVAL_S once
+    its nodes are up: each draining node (what it still holds, and when it is drained),
+    and the partitions whose chain has fewer live members than the replication factor
+    (when the cluster falls short, and when it is whole again). `lines` returns only what
+    changed since the last call."""
+
+    def __init__(self):
+        self._draining: dict[str, int] = {}      # draining node -> replicas + learners it held last
+        self._short = 0                          # partitions short of replicas at the last look
+
+    def lines(self, loads, short: dict[str, int]) -> list[str]:
+        """`loads`: `list_nodes()` (sms.types.NodeLoad); `short`: stream -> its partitions
+        short of replicas (the control leader's `sms_under_replicated_partitions`)."""
+        return self._drains(loads) + self._replicas(short)
+
+    def _drains(self, loads) -> list[str]:
+        out = []
+        now = {n.node_id: n.replicas + n.learners for n in loads if n.draining}
+        for node_id, held in now.items():
+            before = self._draining.get(node_id)
+            if before is None and held:
+                out.append(f"node {node_id} is draining: {held} replicas left to move to the other nodes; the drain "
+                           f"goes on (`sms node drain {node_id} --undo` stops it)")
+            elif before is None:
+                out.append(f"node {node_id} is draining and holds no replica: it may be stopped "
+                           f"(`sms node drain {node_id} --undo` takes it back)")
+            elif held == 0 and before:
+                out.append(f"node {node_id} is drained: it holds no replica and may be stopped")
+        for node_id in self._draining.keys() - now.keys():
+            out.append(f"node {node_id} is no longer draining")
+        self._draining = now
+        return out
+
+    def _replicas(self, short: dict[str, int]) -> list[str]:
+        total = sum(short.values())
+        before, self._short = self._short, total
+        if total and not before:
+            named = sorted(short.items())
+            more = f" and {len(named) - SHORT_NAMED_MAX} more streams" if len(named) > SHORT_NAMED_MAX else ""
+            streams = ", ".join(f"{name}: {n}" for name, n in named[:SHORT_NAMED_MAX])
+            return [f"under-replicated: {total} partition{'s' if total != 1 else ''} with fewer live members than "
+                    f"their replication factor ({streams}{more}); `sms status` shows them"]
+        if before and not total:
+            return ["replication: every partition has its replication factor again"]
+        return []
+
+
+# --- DIR/nodes.json: the storage nodes that belong to the cluster -----------------------
+#
+# {"nodes": ["n1", "n2", "n3", "n4"], "removed": ["n5"]}: every storage node started on
+# DIR, each with its data in DIR/<id>, in the order they joined; and the ids forgotten
+# (`forget_node`), which are never started again nor given to a new node. Read and
+# rewritten under DIR/.nodes.lock (flock), atomically.
+
+@contextlib.contextmanager
+def _locked(data_dir: str):
+    """DIR/.nodes.lock, held (flock: released if the process dies). Not re-entrant."""
+    os.makedirs(data_dir, exist_ok=True)
+    with open(os.path.join(data_dir, _LOCK_FILE), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _ordinal(node_id: str) -> int:
+    m = _NODE_ID.match(node_id)
+    return int(m.group(1)) if m else 0
+
+
+def _read_record(data_dir: str) -> tuple[list[str], list[str]] | None:
+    """(nodes, removed) of DIR/nodes.json; None when there is none. A DIR of an older
+    release has none: its nodes are those its cluster.json lists and the DIR/n<k>
+    directories (a node `sms node add` made, which a restart then left out)."""
+    try:
+        with open(os.path.join(data_dir, NODES_FILE)) as f:
+            d = json.load(f)
+        return [str(n) for n in d.get("nodes", [])], [str(n) for n in d.get("removed", [])]
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{os.path.join(data_dir, NODES_FILE)} cannot be read ({e}); it lists the cluster's "
+                         f"storage nodes, as {{\"nodes\": [\"n1\", ...], \"removed\": [...]}}") from None
+    try:
+        with open(os.path.join(data_dir, "cluster.json")) as f:
+            listed = [n["node_id"] for n in json.load(f)["nodes"] if "storage" in n.get("roles", "")]
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = []
+    try:
+        dirs = [n for n in os.listdir(data_dir) if _NODE_ID.match(n) and os.path.isdir(os.path.join(data_dir, n))]
+    except OSError:
+        dirs = []
+    if not listed and not dirs:
+        return None
+    return sorted(set(listed) | set(dirs), key=lambda n: (_ordinal(n), n)), []
+
+
+def _update_record(data_dir: str, change: Callable[[list[str], list[str]], tuple[list[str], list[str]]]) -> None:
+    """Rewrite DIR/nodes.json with `change(nodes, removed)` (under `_locked`)."""
+    nodes, removed = _read_record(data_dir) or ([], [])
+    new_nodes, new_removed = change(list(nodes), list(removed))
+    if (new_nodes, new_removed) != (nodes, removed) or not os.path.exists(os.path.join(data_dir, NODES_FILE)):
+        _write_private(os.path.join(data_dir, NODES_FILE),
+                       json.dumps({"nodes": new_nodes, "removed": new_removed}, indent=2) + "\n")
+
+
+def recorded_node_ids(data_dir: str) -> list[str]:
+    """The storage nodes that belong to the cluster in `data_dir`, in the order they joined."""
+    record = _read_record(os.path.abspath(data_dir))
+    return record[0] if record else []
+
+
+def removed_node_ids(data_dir: str) -> set[str]:
+    """The ids `forget_node` dropped: never started again, never given again."""
+    record = _read_record(os.path.abspath(data_dir))
+    return set(record[1]) if record else set()
+
+
+def storage_node_ids(data_dir: str, nodes: int) -> list[str]:
+    """The storage nodes `sms up --nodes N` runs on `data_dir`: n1..nN (but for removed
+    ones) and every node recorded there, in id order."""
+    record = _read_record(os.path.abspath(data_dir))
+    recorded, removed = record if record else ([], [])
+    ids = {f"n{i}" for i in range(1, nodes + 1)} - set(removed) | set(recorded)
+    return sorted(ids, key=lambda n: (_ordinal(n), n))
+
+
+def record_node(data_dir: str, node_id: str) -> None:
+    """`node_id` belongs to the cluster from now on (LocalCluster.spawn of a storage node)."""
+    data_dir = os.path.abspath(data_dir)
+    with _locked(data_dir):
+        _update_record(data_dir, lambda nodes, removed: (nodes + [node_id] if node_id not in nodes else nodes,
+                                                         removed))
+
+
+def next_node_id(data_dir: str) -> str:
+    """The lowest n<k> that no node of the cluster has, had (removed), or left a data
+    directory or a cluster.json entry under."""
+    data_dir = os.path.abspath(data_dir)
+    nodes, removed = _read_record(data_dir) or ([], [])
+    taken = set(nodes) | set(removed) | set(os.listdir(data_dir))
+    try:
+        with open(os.path.join(data_dir, "cluster.json")) as f:
+            taken |= {n["node_id"] for n in json.load(f)["nodes"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    ordinal = 1
+    while f"n{ordinal}" in taken:
+        ordinal += 1
+    return f"n{ordinal}"
+
+
+def forget_node(data_dir: str, node_id: str) -> bool:
+    """Drop `node_id` from the cluster in `data_dir` (`sms node remove`, once the node is
+    drained and stopped): no later `sms up` starts it, a running one does not restart it
+    when it exits, `sms node add` never gives its id again, and DIR/cluster.json no
+    longer lists it. Its data directory DIR/<node_id> is left as it is. Returns whether
+    it was recorded here; an id that was not is marked removed all the same (the
+    cluster may have known it from a `sms serve` started by hand: its id stays taken)."""
+    data_dir = os.path.abspath(data_dir)
+    with _locked(data_dir):
+        recorded, _removed = _read_record(data_dir) or ([], [])
+        _update_record(data_dir, lambda nodes, removed: ([n for n in nodes if n != node_id],
+                                                         removed + [node_id] if node_id not in removed else removed))
+        path = os.path.join(data_dir, "cluster.json")
+        try:
+            with open(path) as f:
+                info = json.load(f)
+            if any(n.get("node_id") == node_id for n in info["nodes"]):
+                info["nodes"] = [n for n in info["nodes"] if n.get("node_id") != node_id]
+                _write_json(path, info)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return node_id in recorded
 
 
 def _write_json(path: str, obj) -> None:

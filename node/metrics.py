@@ -23,6 +23,7 @@ import time
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from control import chains
 from sms import limits, seqno
 from sms.metrics import REGISTRY
 from sms.leases import SHARD_END, Lease
@@ -246,18 +247,25 @@ class NodeCollector:
                                      labels=labels)
         epoch = GaugeMetricFamily("sms_chain_epoch", "A partition's chain epoch (a change of members raises it)",
                                   labels=labels)
+        short = GaugeMetricFamily("sms_under_replicated_partitions",
+                                  "Partitions of a stream whose chain has fewer members on registered nodes than "
+                                  "the replication factor (the control leader; 0 when whole)", labels=["stream"])
+        registered = await self.view.nodes()
         for name in await self.view.list_streams():
             try:
                 sv = await self.view.stream(name)
             except Exception:                # noqa: BLE001 (deleted meanwhile)
                 continue
+            rf = sv.config.replication_factor
             for ordinal, chain in sv.chains.items():
                 values = [name, partition_id(ordinal)]
                 members.add_metric(values, len(chain.members))
-                wanted.add_metric(values, sv.config.replication_factor)
+                wanted.add_metric(values, rf)
                 learners.add_metric(values, len(chain.learners))
                 epoch.add_metric(values, chain.epoch)
-        return [members, wanted, learners, epoch]
+            short.add_metric([name], sum(1 for chain in sv.chains.values()
+                                         if chains.under_replicated(chain.members, rf, registered)))
+        return [members, wanted, learners, epoch, short]
 
 
 def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", key_file: str = "", app=None):

@@ -2,7 +2,8 @@
 // library, nothing from the network; every value goes in as text (textContent), never
 // as markup. Elements carry data-* attributes that the tests find (tests/integration/
 // test_console.py): data-node, data-stream, data-partition + data-state, data-edge,
-// data-group, data-lease + data-owner, data-consumer.
+// data-group, data-lease + data-owner, data-consumer, data-under-replicated (the count, on
+// #replication and on each stream's card; "1" on a partition short of replicas).
 "use strict";
 
 const POLL_INTERVAL_MS = 1000;
@@ -152,11 +153,14 @@ function drawLineage(stream, index) {
   }
   for (const p of parts) {
     const {x, y, w} = boxes.get(p.partition);
-    const g = svg("g", {class: "partition " + p.state.toLowerCase(), "data-partition": p.partition,
-                        "data-state": p.state, "data-epoch": p.epoch});
+    const g = svg("g", {class: "partition " + p.state.toLowerCase() + (p.under_replicated ? " short" : ""),
+                        "data-partition": p.partition, "data-state": p.state, "data-epoch": p.epoch,
+                        "data-under-replicated": p.under_replicated ? "1" : "0"});
     const chain = p.chain.map(m => m.node_id).join(" → ") + (p.learners.length ? ` (+${p.learners.join(", ")})` : "");
     g.append(svg("title", {}, `${stream.name}/${p.partition} ${p.state}${p.sealed && p.state === "OPEN" ? " sealed" : ""}\n` +
                                `hash [${p.hash_lo}, ${p.hash_hi})\nchain epoch ${p.epoch}: ${chain}` +
+                               (p.under_replicated ? `\nunder-replicated: ${p.live_members} of ` +
+                                                     `${stream.replication_factor} members live` : "") +
                                (p.parents.length ? `\nparents ${p.parents.join(", ")}` : "") +
                                (p.children.length ? `\nchildren ${p.children.join(", ")}` : "")));
     g.append(svg("rect", {x, y, width: w, height: BOX_HEIGHT, rx: 5}));
@@ -201,18 +205,35 @@ function drawConsumers(stream) {
 
 function drawStreams(state) {
   if (!state.streams.length) return el("p", {class: "muted"}, "No streams.");
-  const cards = state.streams.map((s, i) => el("div", {class: "card", "data-stream": s.name},
-    el("h3", {}, s.name, " ", el("span", {class: "badge"}, s.status), " ",
-       el("span", {class: "muted"}, `${s.partitions.filter(p => p.state === "OPEN").length} open of ` +
-                                     `${s.partitions.length} partitions · replication ${s.replication_factor} · ` +
-                                     `${s.persistence} · map v${s.map_version}`)),
-    drawLineage(s, i),
-    el("h4", {}, "Consumer groups and SPS stages"),
-    drawGroups(s),
-    drawConsumers(s)));
+  const cards = state.streams.map((s, i) => {
+    const short = s.partitions.filter(p => p.under_replicated).length;
+    return el("div", {class: "card", "data-stream": s.name, "data-under-replicated": short},
+      el("h3", {}, s.name, " ", el("span", {class: "badge"}, s.status), " ",
+         el("span", {class: "muted"}, `${s.partitions.filter(p => p.state === "OPEN").length} open of ` +
+                                       `${s.partitions.length} partitions · replication ${s.replication_factor} · ` +
+                                       `${s.persistence} · map v${s.map_version}`),
+         short ? el("span", {class: "warn"}, ` · ${short} under-replicated`) : null),
+      drawLineage(s, i),
+      el("h4", {}, "Consumer groups and SPS stages"),
+      drawGroups(s),
+      drawConsumers(s));
+  });
   if (state.streams_total > state.streams_shown)
     cards.push(el("p", {class: "warn"}, `${state.streams_shown} of ${state.streams_total} streams shown.`));
   return el("div", {}, ...cards);
+}
+
+function drawReplication(state) {
+  const short = state.under_replicated || [];
+  const attrs = {id: "replication-state", "data-under-replicated": short.length};
+  if (!short.length) return el("p", attrs, "Every partition has its replication factor.");
+  return el("div", attrs,
+    el("p", {class: "warn"}, `${short.length} partition(s) with fewer live members than their replication factor ` +
+                             "(the chain manager restores them as nodes come back or take learners):"),
+    table(["stream/partition", {label: "live members", num: 1}, {label: "replication factor", num: 1}],
+          short.map(p => el("tr", {"data-short": `${p.stream}/${p.partition}`},
+                            el("td", {}, `${p.stream}/${p.partition}`), el("td", {class: "num"}, p.live_members),
+                            el("td", {class: "num"}, p.replication_factor)))));
 }
 
 function drawChanges(state) {
@@ -234,6 +255,7 @@ function draw(state) {
   const key = JSON.stringify({...state, generated_ms: 0});
   if (key === shown) return;
   shown = key;
+  document.getElementById("replication").replaceChildren(drawReplication(state));
   document.getElementById("nodes").replaceChildren(drawNodes(state));
   document.getElementById("streams").replaceChildren(drawStreams(state));
   document.getElementById("changes").replaceChildren(drawChanges(state));

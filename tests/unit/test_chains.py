@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control.chains import LearnerProgress, failed_members, plan
+from control.chains import LearnerProgress, failed_members, plan, under_replicated
 from sms import limits
 from sms.metadata import ChainChange, ChainConfig
 from sms.types import Persistence
@@ -225,9 +225,13 @@ def test_members_coming_back_are_restored_in_old_order_with_new_incarnations():
     assert new.epoch == 21
     assert dict(new.incarnations) == {"a": NEW_INC + 1, "c": NEW_INC}
     reason = "every member had failed; its log is the only copy"
+    left_out = ("not back within 10 s of the other members after every member had failed: "
+                f"{GONE}; it may rejoin as a learner")
     assert added_history(config, new) == [
         ChainChange(21, NOW, "restored", "a", reason),
         ChainChange(21, NOW, "restored", "c", reason),
+        ChainChange(21, NOW, "removed", "b", left_out),
+        ChainChange(21, NOW, "removed", "d", left_out),
     ]
     assert roundtrips(new)
     # the restored config is stable: the new incarnations are not failures any more
@@ -238,7 +242,8 @@ def test_only_tail_back_is_restored_alone():
     config = chain(["a", "b", "c"])
     new = run(config, {"c": NEW_INC})
     assert new.members == ("c",)
-    assert [c.action for c in added_history(config, new)] == ["restored"]
+    assert [(c.action, c.node) for c in added_history(config, new)] == [
+        ("restored", "c"), ("removed", "a"), ("removed", "b")]
 
 
 def test_every_member_restarted_keeps_members_but_raises_epoch():
@@ -257,9 +262,63 @@ def test_restore_drops_gone_learners_keeps_live_ones():
     assert new.learners == ("l1",)
     assert new.epoch == 3
     assert [(c.action, c.node, c.epoch) for c in added_history(config, new)] == [
-        ("restored", "b", 3), ("learner dropped", "l2", 3)]
+        ("restored", "b", 3), ("removed", "a", 3), ("learner dropped", "l2", 3)]
     assert dict(new.incarnations) == {"b": NEW_INC, "l1": INC}
 
+
+WAIT = limits.CHAIN_RESTORE_WAIT_MS
+
+
+def test_a_whole_cluster_restart_restores_every_member_as_they_register_one_by_one():
+    """The chain manager of a restarted cluster sees its storage nodes register one after
+    another: the first back is not restored alone (the others would have to copy the chain
+    again, or find no place when no other node can take it); every member is taken back,
+    in its old order, once all are back."""
+    config = chain(["n2", "n3", "n4"], epoch=9)
+    first = NOW - 1_500                   # the first node back started 1.5 s ago
+    draining = frozenset({"n1"})          # (a drain under way when the cluster stopped)
+    steps = [{"n1": first, "n3": first + 100},
+             {"n1": first, "n3": first + 100, "n2": first + 300},
+             {"n1": first, "n3": first + 100, "n2": first + 300, "n4": first + 900}]
+    got = [plan(config, live, 3, Counter(), {}, NOW, draining=draining) for live in steps]
+    assert got[:2] == [None, None]
+    new = got[2]
+    assert new.members == ("n2", "n3", "n4") and new.epoch == 10 and not new.learners
+    assert dict(new.incarnations) == {"n2": first + 300, "n3": first + 100, "n4": first + 900}
+    assert [(c.action, c.node) for c in added_history(config, new)] == [
+        ("restored", "n2"), ("restored", "n3"), ("restored", "n4")]
+    assert plan(new, steps[2], 3, Counter(), {}, NOW, draining=draining) is None     # whole: nothing more
+
+
+def test_members_not_back_in_time_are_left_out_and_may_rejoin_as_learners():
+    config = chain(["a", "b", "c"], epoch=4)
+    first = NOW - 2_000
+    live = {"a": first, "b": first + 50, "x": INC}
+    assert run(config, live) is None                             # c may be back in a moment
+    assert run(config, live, now=first + WAIT - 1) is None
+    new = run(config, live, now=first + WAIT)
+    assert new.members == ("a", "b") and new.epoch == 5 and new.learners == ()
+    assert entries(new, 1) == [("removed", "c", f"not back within {WAIT / 1000:g} s of the other members after "
+                                                 f"every member had failed: {GONE}; it may rejoin as a learner")]
+    # c registers later, holding nothing now: the least loaded, it is the learner
+    live = {**live, "c": first + WAIT + 500}
+    learner = run(new, live, load={"a": 3, "b": 3, "c": 2, "x": 3}, now=first + WAIT + 600)
+    assert learner.learners == ("c",) and learner.members == ("a", "b") and learner.epoch == 5
+
+
+@pytest.mark.parametrize("started", [NOW + WAIT, NOW - WAIT, NOW - 10 * WAIT])
+def test_a_restore_does_not_wait_on_a_clock_far_off_or_once_the_wait_is_over(started):
+    config = chain(["a", "b", "c"])
+    new = run(config, {"b": started})
+    assert new.members == ("b",)
+
+
+def test_under_replicated_counts_members_on_registered_nodes():
+    assert not under_replicated(("a", "b", "c"), 3)
+    assert under_replicated(("a", "b"), 3)
+    assert under_replicated(("a", "b", "c"), 3, {"a", "b"})
+    assert not under_replicated(("a", "b", "c"), 3, {"a", "b", "c", "d"})
+    assert not under_replicated(("a",), 1, {"a"})
 
 # ---------------------------------------------------------------------------------------
 # Rule 3: gone learners are dropped without an epoch change
