@@ -15,15 +15,29 @@ breaks probes the peer's port and, if the connection is refused (nothing listens
 process is gone), reports it under /suspects. The manager, watching /suspects, probes the
 suspect itself (FAILURE_PROBE_ATTEMPTS refused connects in a row) and then takes that
 incarnation of the node as failed: it is removed from its chains at once, though its
-ephemeral entry lives until its session expires. A paused process still accepts
-connections (its kernel does), and a cut-off one does not answer: neither is ever
-confirmed, so both are left to the session TTL, and a GC pause removes nobody. Removal
-of a live node would still be safe (the epoch fences it); it would only cost a copy.
+ephemeral entry lives until its session expires.
+
+Unresponsive links: a paused process still accepts connections (its kernel does), and a
+cut-off one does not answer at all, so neither refuses. Their chain links go unanswered
+instead (storage/link.py: no ack, or nothing heard, for LINK_ACK_TIMEOUT_S), and the node at
+the other end reports the link: reporter, peer, direction and chains (with each link's
+epoch). The manager probes both ends with NodeStatus (LINK_PROBE_TIMEOUT_S: an
+application-level answer, which a paused process cannot give) and takes one end out of
+each reported chain whose link is still that one in that epoch: the end that did not
+answer, else (both answer: the network between them fails) the link's successor; neither
+answering, nothing. It does so per chain, by leaving the node out of that chain's live
+nodes (`link_out`) for LINK_REMOVAL_INTERVAL_S: `chains.plan` removes it, with a new epoch
+that fences it, and restores the replication factor with a learner elsewhere (the node
+comes back to the chain no sooner). Guards against flapping: never the chain's last
+member, no more than a minority of its members (at least one) within the interval, and a
+link that took a node out of a chain removes nobody else from it within the interval.
+Removal of a live node is safe (the epoch fences it); it costs a copy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import Counter
@@ -59,6 +73,17 @@ class ChainManager:
         self._busy = True                  # learners copying, or a change last round: look again soon
         self._handing_off = False          # a head handoff waits for its member: look again sooner still
         self.rounds = 0
+        # chain id -> {node: (incarnation, why, until (monotonic), was a member)}: left out of
+        # that chain's live nodes, because a link report took it out (see the module docstring)
+        self.link_out: dict[str, dict[str, tuple[int, str, float, bool]]] = {}
+        # (chain id, the link's two nodes) -> until: that link took a node out of the chain
+        self._link_removals: dict[tuple[str, frozenset[str]], float] = {}
+        # node -> (answered, when (monotonic)): a probe's answer stands for LINK_ACK_TIMEOUT_S,
+        # so the reports of one fault from several nodes cost one probe of each end
+        self._probed: dict[str, tuple[bool, float]] = {}
+        # {reporter, peer} -> (their link works again, when): `_link_recovered`'s verdict
+        self._recovered: dict[frozenset[str], tuple[bool, float]] = {}
+        self.link_reports = 0
 
     def start(self) -> None:
         for path in (metadata.NODES, metadata.CHAINS, metadata.SUSPECTS, metadata.DRAINING, metadata.DISK_FAILED):
@@ -102,7 +127,11 @@ class ChainManager:
         except NoNodeError:
             return 0
         found = 0
+        probes: dict[str, asyncio.Task] = {}          # node -> its NodeStatus probe, once a round
         for name in names[:limits.SUSPECTS_MAX]:
+            if "~" in name:
+                await self._link_report(name, nodes, probes)
+                continue
             info = nodes.get(name)
             if info is not None and self._down_incarnation(name) != info.started_ms and await _refuses(info.internal_address):
                 self.down[name] = (info.started_ms,
@@ -115,6 +144,137 @@ class ChainManager:
             except NoNodeError:
                 pass
         return found
+
+    async def _link_report(self, name: str, nodes: dict[str, NodeInfo], probes: dict[str, asyncio.Task]) -> None:
+        """One report of unresponsive chain links (StorageNode.link_unresponsive): probe
+        both ends, choose the one to take out, and take it out of each reported chain the
+        guards allow. The report is deleted once looked at."""
+        path = metadata.suspect_path(name)
+        try:
+            entry = await self.store.get(path)
+            report = json.loads(entry.value) if entry is not None else None
+            if isinstance(report, dict) and report.get("kind") == "unresponsive":
+                await self._act_on_link_report(report, nodes, probes)
+        except (ValueError, KeyError, TypeError) as e:      # a report that does not parse: dropped
+            log.warning("link report %s dropped: %s", name, e)
+        finally:
+            try:
+                await self.store.delete(path)
+            except NoNodeError:
+                pass
+
+    async def _act_on_link_report(self, report: dict, nodes: dict[str, NodeInfo],
+                                  probes: dict[str, asyncio.Task]) -> None:
+        reporter, peer, direction = str(report["reporter"]), str(report["peer"]), str(report["direction"])
+        if direction not in ("successor", "predecessor"):
+            raise ValueError(f"direction {direction!r}")
+        if reporter not in nodes or peer not in nodes:
+            return                         # gone already: the session (or a refused probe) handles it
+        self.link_reports += 1
+        started = now = time.monotonic()
+        for node in (peer, reporter):
+            known = self._probed.get(node)
+            if node not in probes and (known is None or now - known[1] >= limits.LINK_ACK_TIMEOUT_S):
+                probes[node] = asyncio.get_running_loop().create_task(_answers(nodes[node].internal_address))
+        for node in (peer, reporter):
+            if node in probes:
+                self._probed[node] = (await probes[node], time.monotonic())
+        peer_ok, reporter_ok = self._probed[peer][0], self._probed[reporter][0]
+        predecessor, successor = (reporter, peer) if direction == "successor" else (peer, reporter)
+        why = f"link {predecessor}->{successor} unresponsive ({report.get('reason', '')}); "
+        if not peer_ok and reporter_ok:
+            out, why = peer, why + f"{peer} did not answer the chain manager's probe"
+        elif peer_ok and not reporter_ok:
+            out, why = reporter, why + f"{reporter} did not answer the chain manager's probe"
+        elif peer_ok and reporter_ok:
+            if await self._link_recovered(nodes[reporter], peer, started):
+                log.info("link %s->%s reported unresponsive, and it works again (one end stalled a moment): "
+                         "nobody leaves", predecessor, successor)
+                return
+            out, why = successor, why + "both ends answer the chain manager: the successor leaves"
+        else:
+            log.warning("link %s->%s reported unresponsive, and neither end answers the chain manager: "
+                        "left to their sessions", predecessor, successor)
+            return
+        configs = {c.chain_id: c for c, _v in await self._chains()}
+        now = time.monotonic()
+        for item in report["links"]:
+            config = configs.get(str(item["chain_id"]))
+            if config is None or config.epoch != int(item["epoch"]):
+                continue                   # changed since the link broke: that link is gone
+            if self._may_take_out(config, predecessor, successor, out, nodes, now):
+                self.link_out.setdefault(config.chain_id, {})[out] = (
+                    nodes[out].started_ms, why, now + limits.LINK_REMOVAL_INTERVAL_S, out in config.members)
+                self._link_removals[(config.chain_id, frozenset((predecessor, successor)))] = \
+                    now + limits.LINK_REMOVAL_INTERVAL_S
+                log.warning("chain %s epoch %d: %s leaves: %s", config.chain_id, config.epoch, out, why)
+
+    async def _link_recovered(self, reporter: NodeInfo, peer: str, started: float) -> bool:
+        """Both ends of a reported link answer the manager: the network between them fails,
+        or one of them stalled a moment (a loaded machine) and runs again. The reporter is
+        asked, every LINK_RECOVERY_POLL_S for up to LINK_RECOVERY_GRACE_S, when it last heard
+        from the peer: a frame since this report was taken up means the link works again (a
+        link broken as silent says hello again at once), and nobody leaves. The verdict
+        stands for LINK_ACK_TIMEOUT_S, for the other reports of the same fault."""
+        key = frozenset((reporter.node_id, peer))     # (either end's report of one fault: one look)
+        known = self._recovered.get(key)
+        if known is not None and time.monotonic() - known[1] < limits.LINK_ACK_TIMEOUT_S:
+            return known[0]
+        recovered = False
+        deadline = time.monotonic() + limits.LINK_RECOVERY_GRACE_S
+        while True:
+            status = await _status(reporter.internal_address)
+            since = time.monotonic() - started
+            heard = [link.heard_ago_s for link in (status.peer_links if status is not None else ())
+                     if link.peer == peer and link.heard_ago_s >= 0]
+            recovered = bool(heard) and min(heard) < since
+            if recovered or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(limits.LINK_RECOVERY_POLL_S)
+        self._recovered[key] = (recovered, time.monotonic())
+        return recovered
+
+    def _may_take_out(self, config: ChainConfig, predecessor: str, successor: str, out: str,
+                      nodes: dict[str, NodeInfo], now: float) -> bool:
+        """The guards: the link is still one of the chain's (the predecessor ships to the
+        successor: its next member, or, as tail, a learner), it took nobody out of this chain
+        lately, `out` is not the last member left, and the chain has lost no more than a
+        minority of its members (at least one) to link reports lately."""
+        adjacent = config.successor_of(predecessor) == successor if predecessor in config.members \
+            and predecessor != config.tail else (predecessor == config.tail and successor in config.learners)
+        if not adjacent or out in self.link_out.get(config.chain_id, {}):
+            return False
+        if self._link_removals.get((config.chain_id, frozenset((predecessor, successor))), 0.0) > now:
+            return False
+        if out not in config.members:
+            return True                    # a learner: outside the commit path
+        outs = self.link_out.get(config.chain_id, {})
+        taken = {n for n, o in outs.items() if o[3]}          # members taken out lately
+        stays = [m for m in config.members if m != out and m in nodes and m not in outs]
+        before = len(set(config.members) | taken)
+        return bool(stays) and len(taken) + 1 <= max(1, (before - 1) // 2)
+
+    def _live_for(self, config: ChainConfig, live: dict[str, int], reasons: dict[str, str]
+                  ) -> tuple[dict[str, int], dict[str, str]]:
+        """The live nodes and the reasons `plan` sees for one chain: less the nodes a link
+        report took out of it."""
+        outs = self.link_out.get(config.chain_id)
+        if not outs:
+            return live, reasons
+        return ({n: inc for n, inc in live.items() if n not in outs},
+                {**reasons, **{n: o[1] for n, o in outs.items()}})
+
+    def _expire_link_outs(self, nodes: dict[str, NodeInfo]) -> None:
+        now = time.monotonic()
+        kept: dict[str, dict[str, tuple[int, str, float, bool]]] = {}
+        for cid, outs in self.link_out.items():
+            left = {n: o for n, o in outs.items() if o[2] > now and n in nodes and nodes[n].started_ms == o[0]}
+            if left:
+                kept[cid] = left
+        self.link_out = kept
+        self._link_removals = {k: t for k, t in self._link_removals.items() if t > now}
+        self._probed = {n: p for n, p in self._probed.items() if now - p[1] < limits.LINK_ACK_TIMEOUT_S}
+        self._recovered = {k: r for k, r in self._recovered.items() if now - r[1] < limits.LINK_ACK_TIMEOUT_S}
 
     async def disk_failures(self, nodes: dict[str, NodeInfo]) -> int:
         """Nodes that reported under /disk_failed that their disk failed (storage/log.py
@@ -208,6 +368,7 @@ class ChainManager:
         nodes = await self._live_storage()
         await self.confirm_suspects(nodes)
         await self.disk_failures(nodes)
+        self._expire_link_outs(nodes)
         self.down = {n: d for n, d in self.down.items() if n in nodes and nodes[n].started_ms == d[0]}
         nodes = {n: info for n, info in nodes.items() if self._down_incarnation(n) != info.started_ms}
         live = {n: info.started_ms for n, info in nodes.items()}
@@ -230,6 +391,7 @@ class ChainManager:
         statuses: dict = {}
         changed = 0
         handoff_started = False
+        restoring = False
         now_ms = int(time.time() * 1000)
         for config, version in configs:
             stream = await self._stream(config.stream, streams)
@@ -250,9 +412,13 @@ class ChainManager:
                         progress[learner] = chains.LearnerProgress(verified=mine[1] and gated,
                                                                    lag_records=tail[0] - mine[0])
             ready = bool(config.handoff) and await self._handoff_ready(config, nodes, statuses)
-            new = chains.plan(config, live, stream.replication_factor, load, progress, now_ms, learning,
-                              down_reasons, draining, move=moves > 0, heads=heads, handoff_ready=ready)
+            live_here, reasons_here = self._live_for(config, live, down_reasons)
+            new = chains.plan(config, live_here, stream.replication_factor, load, progress, now_ms, learning,
+                              reasons_here, draining, move=moves > 0, heads=heads, handoff_ready=ready)
             if new is None:
+                # (a chain waiting for the rest of its members after a whole-cluster restart:
+                # look again soon, so it is restored when its wait ends, not at an idle round)
+                restoring = restoring or chains.restore_waits(config, live_here, now_ms)
                 continue
             moving = len(new.members) + len(new.learners) > stream.replication_factor
             if not config.learners and new.learners and moving or new.handoff and not config.handoff:
@@ -284,7 +450,7 @@ class ChainManager:
                 heads[new.handoff or new.head] += 1
         # (the configs read this round, or a handoff started in it)
         self._handing_off = handoff_started or any(c.handoff for c, _v in configs)
-        self._busy = bool(changed or learning or self.down or self._handing_off)
+        self._busy = bool(changed or learning or self.down or self._handing_off or restoring)
         if len(self._stream_configs) > 2 * len(streams) + 64:      # streams deleted meanwhile
             self._stream_configs.retain(lambda path: path.rpartition("/")[2] in streams)
         return changed
@@ -293,6 +459,25 @@ class ChainManager:
 def _new_changes(old: ChainConfig, new: ChainConfig) -> int:
     seen = {(c.epoch, c.at_ms, c.action, c.node) for c in old.history}
     return sum(1 for c in new.history if (c.epoch, c.at_ms, c.action, c.node) not in seen)
+
+
+async def _status(address: str) -> sms_pb2.NodeStatusResponse | None:
+    """The node's NodeStatus without replicas (its peer links), within LINK_PROBE_TIMEOUT_S;
+    None when it does not answer in time."""
+    try:
+        async with rpc.node_channel(address) as channel:
+            return await sms_pb2_grpc.StorageStub(channel).NodeStatus(
+                sms_pb2.NodeStatusRequest(chain_ids=["-"]), timeout=limits.LINK_PROBE_TIMEOUT_S)
+    except (grpc.aio.AioRpcError, OSError):
+        raise_if_cancelling()
+        return None
+
+
+async def _answers(address: str) -> bool:
+    """True when the node at `address` answers a NodeStatus within LINK_PROBE_TIMEOUT_S
+    (connect, TLS handshake and the answer): a paused process cannot, though its kernel
+    accepts the connection."""
+    return await _status(address) is not None
 
 
 async def _refuses(address: str) -> bool:

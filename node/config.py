@@ -108,6 +108,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("replication.compression", str, limits.REPLICATION_COMPRESSION,
             "compress the replication streams this node opens to its successors: none or gzip (gRPC's; "
             "worth it between sites, not on a LAN)", "REPLICATION_COMPRESSION", choices=("none", "gzip")),
+    Setting("replication.link_ack_timeout_s", float, limits.LINK_ACK_TIMEOUT_S,
+            "a chain link whose other end owes an answer (or sent nothing) so long is reported unresponsive, and "
+            "the chain manager takes one end out of the chain: the failure detection time of partial cuts and "
+            "pauses; raise it where pauses of that length are normal", "LINK_ACK_TIMEOUT_S", 0.2, 60.0),
+    Setting("replication.link_keepalive_interval_s", float, limits.LINK_KEEPALIVE_INTERVAL_S,
+            "each end of a replication stream pings the other this often (less than half the link ack timeout)",
+            "LINK_KEEPALIVE_INTERVAL_S", 0.01, 30.0),
     Setting("archive.check_interval_s", float, limits.ARCHIVE_CHECK_INTERVAL_S,
             "a storage node archives (and verifies, and expires) this often", "ARCHIVE_CHECK_INTERVAL_S", 0.1, 3600.0),
     Setting("archive.flush_s", float, limits.ARCHIVE_FLUSH_S,
@@ -216,6 +223,10 @@ def load(path: str | None = None, env=None, flags: dict[str, str] | None = None)
     for key, (flag, raw) in (flags or {}).items():
         if raw:
             out[key] = Value(BY_KEY[key], _check(BY_KEY[key], raw, flag), flag)
+    ack, keepalive = out["replication.link_ack_timeout_s"], out["replication.link_keepalive_interval_s"]
+    if not 2 * keepalive.value < ack.value:
+        raise ConfigError(f"replication.link_keepalive_interval_s = {keepalive.value} (from {keepalive.source}) must "
+                          f"be less than half replication.link_ack_timeout_s = {ack.value} (from {ack.source})")
     ttl = out["metastore.session_ttl_s"]
     if ttl.source != "default" and out["timeouts.metadata_read_s"].source == "default":
         out["timeouts.metadata_read_s"] = Value(BY_KEY["timeouts.metadata_read_s"], ttl.value,

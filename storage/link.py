@@ -38,6 +38,17 @@ Every message carries the epoch of the hello; either side refuses (StaleEpoch) o
 a message of another epoch. A broken stream is not repaired: the sender waits
 LINK_RETRY_INTERVAL_S and starts again with a hello, which resumes after the successor's
 last batch (the link is a log-shipping cursor).
+
+Liveness: a successor owes the sender an answer to its hello, and an ack while batches are
+in flight, within LINK_ACK_TIMEOUT_S of the moment the sender began to wait (each ack starts
+the wait again while batches remain). A sender that waited so long breaks the link as
+*silent* (`Close(silent=True)`): the driver reports the link unresponsive to the chain
+manager, which can tell that apart from a refused port (a paused process, a cut network).
+The transport's own silence (`Silent`: nothing heard on the stream) breaks it the same way.
+`Keepalive` is the stream's side of it: one per stream end, it says when the predecessor's
+end pings (every LINK_KEEPALIVE_INTERVAL_S) and when either end heard nothing from the other
+for LINK_ACK_TIMEOUT_S, which finds a predecessor gone silent (paused, cut off) on an idle
+link too.
 """
 
 from __future__ import annotations
@@ -128,6 +139,14 @@ class Lost:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Silent:
+    """The transport heard nothing from the other end for LINK_ACK_TIMEOUT_S (`Keepalive`),
+    or could not write to it so long: the peer is paused, or cut off."""
+    chain_id: str
+    reason: str
+
+
 Down = Hello | Verified | Reset | Batch
 Up = Answer | Ack | Refusal
 
@@ -152,9 +171,12 @@ class FinishSending:
 @dataclass(frozen=True, slots=True)
 class Close:
     """Close the stream. `suspect`: the peer to report to failure detection
-    (StorageNode.suspect), "" when the end says nothing about the peer's health."""
+    (StorageNode.suspect), "" when the end says nothing about the peer's health.
+    `silent`: the peer did not answer within LINK_ACK_TIMEOUT_S (its port may well accept
+    connections): the link is reported unresponsive (StorageNode.link_unresponsive)."""
     reason: str
     suspect: str = ""
+    silent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,9 +285,17 @@ class Sender:
     """The predecessor's side of one link: ships `view`'s log to `successor`.
 
     `learner`: the successor is a learner of the chain (this is its tail); its acks are
-    progress for the tail's commit gate, not a commit watermark."""
+    progress for the tail's commit gate, not a commit watermark.
+    `ack_timeout_s`: how long the successor may leave a hello or batches in flight
+    unanswered before the link breaks as silent (None: no bound, as the simulation's
+    default runs). `stale_retry_s`: the retry after a hello refused for its epoch (one of
+    the two nodes has not applied a new chain config yet: a failover under way), and after
+    a silent break (a stall that is over shows at once as an answered hello, which the
+    chain manager looks for before it takes a live successor out)."""
 
-    def __init__(self, view: LogView, successor: str, learner: bool = False, budget: LinkBudget | None = None):
+    def __init__(self, view: LogView, successor: str, learner: bool = False, budget: LinkBudget | None = None,
+                 ack_timeout_s: float | None = limits.LINK_ACK_TIMEOUT_S,
+                 stale_retry_s: float = limits.LINK_STALE_RETRY_S):
         self.view = view
         self.budget = budget if budget is not None else LinkBudget(limits.LINK_INFLIGHT_BYTES_MAX)
         self.chain_id = view.config.chain_id
@@ -280,6 +310,9 @@ class Sender:
         self.inflight: collections.deque[tuple[int, int]] = collections.deque()   # (last SN, bytes) unacked
         self.inflight_bytes = 0
         self.broken_reason = ""                 # why the last stream ended
+        self.ack_timeout_s = ack_timeout_s
+        self.stale_retry_s = stale_retry_s
+        self.waiting_since: float | None = None  # an answer is owed since (the hello, or batches in flight)
 
     def name(self) -> str:
         return f"{self.chain_id} {self.view.node_id}->{self.successor}{' (learner)' if self.learner else ''}"
@@ -299,6 +332,7 @@ class Sender:
         self.epoch = self.view.config.epoch
         self.generation = self.view.generation
         self.deadline = None
+        self.waiting_since = now
         return [Send(Hello(self.chain_id, self.epoch))]
 
     def open_failed(self, now: float, reason: str) -> list[Action]:
@@ -313,6 +347,9 @@ class Sender:
             return []           # no stream, or one already given up: a late message of it
         if isinstance(message, Lost):
             return self._break(now, f"stream lost: {message.reason}", suspect=True)
+        if isinstance(message, Silent):
+            return self._break(now, f"no answer from {self.successor}: {message.reason}", suspect=True, silent=True,
+                               retry_s=self.stale_retry_s)
         if message.chain_id != self.chain_id:
             return self._break(now, f"chain link protocol: {_kind(message)} of {message.chain_id}", suspect=True)
         if state is SenderState.RESETTING:
@@ -323,8 +360,9 @@ class Sender:
         if isinstance(message, End):
             return self._break(now, "successor closed the link", suspect=True)
         if isinstance(message, Refusal):
-            return self._break(now, f"{message.error_name}: {message.error_message}",
-                               suspect=message.error_name != StaleEpoch.__name__)
+            stale = message.error_name == StaleEpoch.__name__
+            return self._break(now, f"{message.error_name}: {message.error_message}", suspect=not stale,
+                               retry_s=self.stale_retry_s if stale and state is SenderState.HELLO_SENT else None)
         if state is SenderState.HELLO_SENT:
             if not isinstance(message, Answer):
                 return self._break(now, f"chain link protocol: {_kind(message)} before the answer", suspect=True)
@@ -341,7 +379,8 @@ class Sender:
             size = self.inflight.popleft()[1]
             self.inflight_bytes -= size
             self.budget.bytes -= size
-        return [self._progress(message.committed_sn)] + self._ship()
+        self.waiting_since = now if self.inflight else None     # it answers: the wait starts again
+        return [self._progress(message.committed_sn)] + self._ship(now)
 
     def _answered(self, answer: Answer, now: float) -> list[Action]:
         view = self.view
@@ -353,27 +392,44 @@ class Sender:
             # saw, or lost some): it is wiped and copied from the start
             self.state = SenderState.RESETTING
             self.deadline = now + limits.LINK_RESET_TIMEOUT_S
+            self.waiting_since = None
             return [Send(Reset(self.chain_id, self.epoch)), FinishSending(), SetTimer(self.deadline)]
         self.state = SenderState.STREAMING
         self.acked_sn = self.sent_sn = answer.last_sn
         self._drop_inflight()
         # the progress first: a learner's gate is settled before it hears it is verified
         return [self._progress(answer.committed_sn, hello=True), Send(Verified(self.chain_id, self.epoch))] \
-            + self._ship()
+            + self._ship(now)
 
     def _progress(self, committed_sn: int, hello: bool = False) -> Action:
         if self.learner:
             return LearnerAcked(self.successor, self.acked_sn, hello)
         return Commit(committed_sn)
 
+    @property
+    def ack_deadline(self) -> float | None:
+        """When the successor's answer is overdue (None: none is owed, or no bound). A
+        driver polls the sender then, or soon after."""
+        if self.waiting_since is None or self.ack_timeout_s is None:
+            return None
+        return self.waiting_since + self.ack_timeout_s
+
     def poll(self, now: float) -> list[Action]:
-        """Look at the replica and the timer again: ship what the window allows, end a
-        stream of an old epoch or of a wiped log, reconnect once the retry timer is due."""
+        """Look at the replica and the timers again: ship what the window allows, end a
+        stream of an old epoch or of a wiped log, break a stream whose successor owes an
+        answer past LINK_ACK_TIMEOUT_S, reconnect once the retry timer is due."""
         state = self.state
         if state in (SenderState.IDLE, SenderState.STOPPED):
             return []
         if not self.view.active:
             return self.stop("replica closed")
+        overdue = self.ack_deadline
+        if overdue is not None and now >= overdue and state in (SenderState.HELLO_SENT, SenderState.STREAMING):
+            what = "its answer to the hello" if state is SenderState.HELLO_SENT else \
+                f"an ack of {len(self.inflight)} batches in flight"
+            return self._break(now, f"no answer from {self.successor} for {now - self.waiting_since:.2f}s "
+                                    f"(bound {self.ack_timeout_s}s): {what}", suspect=True, silent=True,
+                               retry_s=self.stale_retry_s)
         if self.deadline is not None and now >= self.deadline:
             if state is SenderState.BROKEN:
                 self.deadline = None
@@ -388,7 +444,7 @@ class Sender:
             if self.view.generation != self.generation:
                 return self._break(now, f"{self.chain_id}: our log was wiped; the successor starts again",
                                    suspect=False)
-            return self._ship()
+            return self._ship(now)
         return []
 
     def due(self, now: float) -> bool:
@@ -398,6 +454,9 @@ class Sender:
             return False
         view = self.view
         if not view.active or (self.deadline is not None and now >= self.deadline):
+            return True
+        overdue = self.ack_deadline
+        if overdue is not None and now >= overdue:
             return True
         if state is SenderState.STREAMING:
             return (view.config.epoch != self.epoch or view.generation != self.generation
@@ -423,13 +482,16 @@ class Sender:
         self.budget.bytes -= self.inflight_bytes
         self.inflight.clear()
         self.inflight_bytes = 0
+        self.waiting_since = None
 
-    def _ship(self) -> list[Action]:
-        """Batches after `sent_sn`, as many as the window (batches and bytes) allows."""
+    def _ship(self, now: float) -> list[Action]:
+        """Batches after `sent_sn`, as many as the window (batches and bytes) allows; the
+        first batch in flight starts the wait for an ack."""
         view = self.view
         if self.state is not SenderState.STREAMING or view.last_sn <= self.sent_sn or not self._room():
             return []
         out: list[Action] = []
+        idle = not self.inflight
         committed = view.committed_sn
         for batch in view.batches_after(self.sent_sn, limits.CHAIN_INFLIGHT_BATCHES_MAX - len(self.inflight)):
             if self.inflight and self.inflight_bytes + len(batch) > limits.CHAIN_INFLIGHT_BYTES_MAX:
@@ -441,18 +503,22 @@ class Sender:
             self.inflight_bytes += len(batch)
             self.budget.bytes += len(batch)
             out.append(Send(Batch(self.chain_id, self.epoch, batch, committed)))
+        if idle and self.inflight:
+            self.waiting_since = now
         return out
 
     def _stale(self, now: float) -> list[Action]:
         return self._break(now, f"{self.chain_id}: moved to epoch {self.view.config.epoch}; link of epoch "
                                 f"{self.epoch}", suspect=False)
 
-    def _break(self, now: float, reason: str, suspect: bool) -> list[Action]:
+    def _break(self, now: float, reason: str, suspect: bool, silent: bool = False,
+               retry_s: float | None = None) -> list[Action]:
         self.state = SenderState.BROKEN
         self.broken_reason = reason
-        self.deadline = now + limits.LINK_RETRY_INTERVAL_S
+        self.deadline = now + (limits.LINK_RETRY_INTERVAL_S if retry_s is None else retry_s)
         self._drop_inflight()
-        return [Close(reason, self.successor if suspect else ""), SetTimer(self.deadline)]
+        close = Close(reason, self.successor, silent=True) if silent else Close(reason, self.successor if suspect else "")
+        return [close, SetTimer(self.deadline)]
 
 
 # --- the successor's side ------------------------------------------------------------------
@@ -580,3 +646,64 @@ class Receiver:
     def _close(self, reason: str, suspect: str = "") -> list[Action]:
         self.state = ReceiverState.CLOSED
         return [Close(reason, suspect)]
+
+
+# --- either end of a stream: is the other end still there? ---------------------------------
+
+class KeepaliveState(enum.Enum):
+    WAITING = "waiting"            # the other end has not shown that it pings or answers: not judged
+    LIVE = "live"                  # heard from within LINK_ACK_TIMEOUT_S
+    SILENT = "silent"              # nothing heard for LINK_ACK_TIMEOUT_S
+
+
+class Keepalive:
+    """One end of a replication stream watching the other, sans-IO (the driver passes `now`).
+
+    The predecessor's end (`pings=True`) sends a ping when `ping_due` (at once, then every
+    LINK_KEEPALIVE_INTERVAL_S), whatever else it sends; the successor's end answers each
+    ping at once. Either end calls `heard` for every frame that comes in (`keepalive=True`
+    for a ping or the answer to one). Silence is judged only once the other end has shown
+    that it takes part (a node of an older version neither pings nor answers); from then on
+    `poll` turns SILENT when nothing came for LINK_ACK_TIMEOUT_S -- the other end is paused,
+    or the network between the two drops what they send -- and anything heard makes it LIVE
+    again.
+
+    | state   | on                                   | to      |
+    |---------|--------------------------------------|---------|
+    | WAITING | `heard(keepalive=True)`              | LIVE    |
+    | LIVE    | `poll`: nothing heard for the bound  | SILENT  |
+    | SILENT  | `heard`                              | LIVE    |
+    """
+
+    def __init__(self, now: float, pings: bool, timeout_s: float = limits.LINK_ACK_TIMEOUT_S,
+                 interval_s: float = limits.LINK_KEEPALIVE_INTERVAL_S):
+        self.pings = pings
+        self.timeout_s = timeout_s
+        self.interval_s = interval_s
+        self.state = KeepaliveState.WAITING
+        self.heard_at = now                # the last frame from the other end (the stream's start before)
+        self.next_ping = now
+
+    def heard(self, now: float, keepalive: bool = False) -> None:
+        self.heard_at = max(self.heard_at, now)
+        if keepalive or self.state is KeepaliveState.SILENT:
+            self.state = KeepaliveState.LIVE
+
+    def ping_due(self, now: float) -> bool:
+        return self.pings and now >= self.next_ping
+
+    def pinged(self, now: float) -> None:
+        self.next_ping = now + self.interval_s
+
+    def silent_for(self, now: float) -> float:
+        return max(0.0, now - self.heard_at)
+
+    def poll(self, now: float) -> KeepaliveState:
+        if self.state is KeepaliveState.LIVE and now - self.heard_at >= self.timeout_s:
+            self.state = KeepaliveState.SILENT
+        return self.state
+
+    def next_check(self, now: float) -> float:
+        """When `poll` or `ping_due` may next change (what a driver waits for)."""
+        at = self.heard_at + self.timeout_s if self.state is KeepaliveState.LIVE else now + self.interval_s
+        return min(at, self.next_ping) if self.pings else at

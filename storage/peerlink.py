@@ -20,6 +20,17 @@ A session ends with an `end` item from either side, or with the stream. Losing t
 breaks every session on it; each sender reconnects after LINK_RETRY_INTERVAL_S with a new
 hello, as before.
 
+Liveness: the predecessor pings (an empty `LinkFrame`) every LINK_KEEPALIVE_INTERVAL_S and
+the successor answers each ping (an empty `LinkAckFrame`) at once; each end keeps a
+`link.Keepalive`. A predecessor that heard nothing for LINK_ACK_TIMEOUT_S, or could not write
+a frame in that time, ends the stream as silent: every chain link on it breaks
+(`link.Silent`). A sender whose successor owes it an answer past LINK_ACK_TIMEOUT_S breaks
+the same way on its own (`Sender.ack_deadline`). Either way the links are reported to the
+chain manager as unresponsive, in one report per turn (`StorageNode.link_unresponsive`,
+direction "successor"). A successor that heard nothing from a predecessor that pings for
+LINK_ACK_TIMEOUT_S reports the chains of the stream the same way (direction "predecessor"):
+that finds a paused or cut-off predecessor on an idle link too.
+
 Bounds (sms/limits.py): per chain, CHAIN_INFLIGHT_BATCHES_MAX and CHAIN_INFLIGHT_BYTES_MAX;
 per stream, LINK_INFLIGHT_BYTES_MAX over all its chains (`link.LinkBudget`) and
 LINK_FRAME_BYTES_MAX per frame. The successor takes one frame at a time, so gRPC's flow
@@ -112,6 +123,11 @@ def frames(items: list, make) -> list:
     return out
 
 
+def _ago(at: float | None) -> float:
+    """Seconds since `at` on the loop's clock (-1.0: never)."""
+    return -1.0 if at is None else max(0.0, asyncio.get_running_loop().time() - at)
+
+
 def _describe(e: Exception) -> str:
     if isinstance(e, grpc.aio.AioRpcError):
         return f"{e.code().name}: {e.details()}"
@@ -124,13 +140,15 @@ class ChainSend:
     """One replica's link to one successor, carried by that successor's `PeerLink`: what
     `Replica.links` holds."""
 
-    __slots__ = ("peer", "replica", "sender", "session")
+    __slots__ = ("peer", "replica", "sender", "session", "armed")
 
     def __init__(self, peer: "PeerLink", replica: Replica, learner: bool):
         self.peer = peer
         self.replica = replica
-        self.sender = link.Sender(replica, peer.peer_id, learner, peer.budget)
+        self.sender = link.Sender(replica, peer.peer_id, learner, peer.budget,
+                                  ack_timeout_s=limits.LINK_ACK_TIMEOUT_S, stale_retry_s=limits.LINK_STALE_RETRY_S)
         self.session = 0            # its session on the current stream (0: none)
+        self.armed: float | None = None   # the sender's ack deadline a timer is set for
 
     @property
     def acked_sn(self) -> int:
@@ -148,12 +166,20 @@ class PeerLink:
     a time."""
 
     def __init__(self, node_id: str, peer_id: str, address_fn: Callable[[], str | None],
-                 channel_fn: Callable[[str], grpc.aio.Channel], on_broken: Callable[[str], None] | None = None):
+                 channel_fn: Callable[[str], grpc.aio.Channel], on_broken: Callable[[str], None] | None = None,
+                 on_silent: Callable[[str, str, list[tuple[str, int]], str], None] | None = None):
         self.node_id = node_id
         self.peer_id = peer_id
         self.address_fn = address_fn
         self.channel_fn = channel_fn
         self.on_broken = on_broken          # (peer id) -> None: a link to it broke (failure detection)
+        # (peer id, "successor", [(chain id, epoch)], reason) -> None: links to it went unanswered
+        self.on_silent = on_silent
+        self.keepalive: link.Keepalive | None = None     # the current stream's
+        self.heard_at: float | None = None                # a frame last came from the peer (any stream)
+        self._ping = False                                # a ping goes out with the next flush
+        self._silenced: list[tuple[str, int]] = []        # chain links broken as silent, not yet reported
+        self._silence_reason = ""
         self.budget = link.LinkBudget(limits.LINK_INFLIGHT_BYTES_MAX)
         self.chains: dict[str, ChainSend] = {}
         self.task: asyncio.Task | None = None
@@ -231,6 +257,8 @@ class PeerLink:
             timeout = max(0.0, self._next_full_poll - loop.time())
             if self._timers:
                 timeout = min(timeout, max(0.0, self._timers[0][0] - loop.time()))
+            if self.keepalive is not None:
+                timeout = min(timeout, max(0.0, self.keepalive.next_check(loop.time()) - loop.time()))
             await wait_event(self._wake, timeout)
             # one more turn of the event loop: appends that finished together (one group
             # commit) and acks read together wake us once, and go out in one frame
@@ -255,7 +283,18 @@ class PeerLink:
                     self._dirty[cid] = None
                 self._starved.clear()
         while self._timers and self._timers[0][0] <= now:
-            self._dirty[heapq.heappop(self._timers)[1]] = None
+            when, cid = heapq.heappop(self._timers)
+            chain = self.chains.get(cid)
+            if chain is not None and chain.armed is not None and when >= chain.armed:
+                chain.armed = None                 # (polled below; armed again if it still waits)
+            self._dirty[cid] = None
+        if self.keepalive is not None and self._call is not None:
+            if self.keepalive.poll(now) is link.KeepaliveState.SILENT:
+                await self._lost(f"nothing heard from {self.peer_id} for {self.keepalive.silent_for(now):.2f}s "
+                                 f"(bound {limits.LINK_ACK_TIMEOUT_S}s)", now, silent=True)
+            elif self.keepalive.ping_due(now):
+                self.keepalive.pinged(now)
+                self._ping = True
         if now >= self._next_full_poll:            # the safety net: every chain now and then
             self._next_full_poll = now + limits.LINK_IDLE_CHECK_S
             for cid in self.chains:
@@ -272,6 +311,24 @@ class PeerLink:
                     and not self.budget.room():
                 self._starved.add(cid)
         await self._flush(now)
+        self._report_silence()
+
+    def _arm(self, chain: ChainSend) -> None:
+        """A timer for the sender's ack deadline (one per chain at a time: when it fires
+        early, because acks came meanwhile, the poll arms the next)."""
+        at = chain.sender.ack_deadline
+        if at is not None and (chain.armed is None or at < chain.armed):
+            chain.armed = at
+            heapq.heappush(self._timers, (at, chain.replica.chain_id))
+
+    def _report_silence(self) -> None:
+        if not self._silenced:
+            return
+        links, self._silenced = self._silenced, []
+        log.warning("links to %s unanswered (%d chains): %s; reported", self.peer_id, len(links),
+                    self._silence_reason)
+        if self.on_silent is not None:
+            self.on_silent(self.peer_id, "successor", links, self._silence_reason)
 
     async def _act(self, chain: ChainSend, actions: list, now: float, quiet: bool = False) -> None:
         pending = collections.deque(actions)
@@ -297,7 +354,10 @@ class PeerLink:
                 chain.session = 0
                 if not quiet and sender.state is not link.SenderState.STOPPED:
                     log.info("link %s broken: %s", sender.name(), action.reason)
-                if action.suspect and self.on_broken is not None:
+                if action.silent:
+                    self._silenced.append((cid, sender.epoch))
+                    self._silence_reason = action.reason
+                elif action.suspect and self.on_broken is not None:
                     self.on_broken(action.suspect)
             elif isinstance(action, link.SetTimer):
                 heapq.heappush(self._timers, (action.at, cid))
@@ -305,6 +365,7 @@ class PeerLink:
                 if self.chains.get(cid) is chain:
                     await chain.replica.apply(action)
             # FinishSending: after a reset the successor ends the session itself
+        self._arm(chain)
 
     def _open_stream(self) -> bool:
         if self._call is not None:
@@ -314,6 +375,8 @@ class PeerLink:
             return False
         self._stream += 1
         self.streams += 1
+        self.keepalive = link.Keepalive(asyncio.get_running_loop().time(), pings=True,
+                                        timeout_s=limits.LINK_ACK_TIMEOUT_S, interval_s=limits.LINK_KEEPALIVE_INTERVAL_S)
         compression = grpc.Compression.Gzip if limits.REPLICATION_COMPRESSION == "gzip" else None
         self._call = sms_pb2_grpc.StorageStub(self.channel_fn(address)).ReplicateLinks(compression=compression)
         self._reader = asyncio.get_running_loop().create_task(self._read(self._call, self._stream),
@@ -321,14 +384,27 @@ class PeerLink:
         return True
 
     async def _flush(self, now: float) -> None:
-        if not self._out or self._call is None:
+        if not (self._out or self._ping) or self._call is None:
             self._out.clear()
+            self._ping = False
             return
         items, self._out = self._out, []
         call = self._call
-        for frame in frames(items, lambda part: sms_pb2.LinkFrame(from_node=self.node_id, items=part)):
+        out = frames(items, lambda part: sms_pb2.LinkFrame(from_node=self.node_id, items=part))
+        if self._ping:
+            self._ping = False
+            out.append(sms_pb2.LinkFrame(from_node=self.node_id))      # a ping: no items
+        for frame in out:
             try:
-                await call.write(frame)
+                # a write that does not go through in time: the successor reads nothing
+                # (paused, or the network drops what we send), and flow control holds us
+                async with asyncio.timeout(limits.LINK_ACK_TIMEOUT_S):
+                    await call.write(frame)
+            except TimeoutError:
+                if call is self._call:
+                    await self._lost(f"a frame to {self.peer_id} was not taken in {limits.LINK_ACK_TIMEOUT_S}s",
+                                     now, silent=True)
+                return
             except _STREAM_ERRORS as e:
                 raise_if_cancelling()
                 if call is self._call:
@@ -337,25 +413,35 @@ class PeerLink:
             self.frames += 1
             self.items += len(frame.items)
 
-    async def _lost(self, reason: str, now: float) -> None:
-        """The stream ended: every session on it broke. One line in the log, not one per chain."""
+    async def _lost(self, reason: str, now: float, silent: bool = False) -> None:
+        """The stream ended (`silent`: we end it, the successor answers nothing): every
+        session on it broke. One line in the log, not one per chain."""
         had = [c for c in self.chains.values() if c.session]
         await self._close_stream()
         self._out.clear()
         if had:
-            log.info("stream to %s lost (%d chain links break): %s", self.peer_id, len(had), reason)
+            log.info("stream to %s %s (%d chain links break): %s", self.peer_id, "silent" if silent else "lost",
+                     len(had), reason)
+        event = link.Silent if silent else link.Lost
         for chain in had:
             chain.session = 0
-            await self._act(chain, chain.sender.receive(link.Lost(chain.replica.chain_id, reason), now), now,
+            await self._act(chain, chain.sender.receive(event(chain.replica.chain_id, reason), now), now,
                             quiet=True)
+        self._report_silence()
 
     async def _read(self, call, stream: int) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 frame = await call.read()
                 if frame is grpc.aio.EOF:
                     self._inbox.append((stream, "the successor ended the stream"))
                     break
+                self.heard_at = loop.time()
+                if stream == self._stream and self.keepalive is not None:
+                    self.keepalive.heard(loop.time(), keepalive=not frame.items)
+                if not frame.items:
+                    continue                          # the answer to a ping
                 self._inbox.append((stream, frame.items))
                 self._wake.set()
         except _STREAM_ERRORS as e:
@@ -366,6 +452,8 @@ class PeerLink:
     async def _close_stream(self) -> None:
         reader, call = self._reader, self._call
         self._reader = self._call = None
+        self.keepalive = None
+        self._ping = False
         self._stream += 1
         if call is not None:
             call.cancel()
@@ -374,7 +462,8 @@ class PeerLink:
 
     def status(self) -> sms_pb2.PeerLinkStatus:
         return sms_pb2.PeerLinkStatus(peer=self.peer_id, outgoing=True, chains=len(self.chains), frames=self.frames,
-                                      items=self.items, streams=self.streams, connected=self.connected)
+                                      items=self.items, streams=self.streams, connected=self.connected,
+                                      heard_ago_s=_ago(self.heard_at))
 
 
 # --- the successor's side ------------------------------------------------------------------
@@ -405,6 +494,9 @@ class IncomingLinks:
         self._dirty: dict[str, None] = {}
         self._wake = asyncio.Event()
         self._taking = False              # a frame's actions are under way
+        self._pongs = 0                   # pings to answer
+        self.keepalive: link.Keepalive | None = None
+        self.heard_at: float | None = None  # a frame last came from the predecessor
         self.frames = self.items = 0
 
     def _watch(self, chain_id: str) -> None:          # Replica.notify
@@ -417,8 +509,12 @@ class IncomingLinks:
         self.sender = security.peer_node_id(context) or ""
         self.peer = self.sender
         self.registry[id(self)] = self
-        reader = asyncio.get_running_loop().create_task(self._take(context), name="incoming-links")
+        loop = asyncio.get_running_loop()
+        self.keepalive = link.Keepalive(loop.time(), pings=False, timeout_s=limits.LINK_ACK_TIMEOUT_S,
+                                        interval_s=limits.LINK_KEEPALIVE_INTERVAL_S)
+        reader = loop.create_task(self._take(context), name="incoming-links")
         reader.add_done_callback(lambda _t: self._wake.set())
+        watchdog = loop.create_task(self._watch_silence(), name="incoming-links-watchdog")
         try:
             while True:
                 await self._write(context)
@@ -430,7 +526,7 @@ class IncomingLinks:
                     self._wake.clear()
                     await wait_event(self._wake, limits.LINK_IDLE_CHECK_S)
                     continue
-                if not (self._dirty or self._out):
+                if not (self._dirty or self._out or self._pongs):
                     await wait_event(self._wake, limits.LINK_IDLE_CHECK_S)
                 self._wake.clear()
                 dirty, self._dirty = self._dirty, {}
@@ -442,15 +538,37 @@ class IncomingLinks:
             # the stream ended, or the call was cancelled under us (the predecessor went away,
             # or we are stopping): every session still open ends with it
             reader.cancel()
+            watchdog.cancel()
             self._end_all(lost="stream ended")
             self.registry.pop(id(self), None)
 
     async def _write(self, context) -> None:
+        pongs, self._pongs = self._pongs, 0
+        for _ in range(min(pongs, 1)):                 # (pings queued together: one answer does)
+            await context.write(sms_pb2.LinkAckFrame())
         if not self._out:
             return
         items, self._out = self._out, []
         for frame in frames(items, lambda part: sms_pb2.LinkAckFrame(items=part)):
             await context.write(frame)
+
+    async def _watch_silence(self) -> None:
+        """A predecessor that pings and then goes silent for LINK_ACK_TIMEOUT_S (paused,
+        or cut off, maybe one way) is reported, with the chains it feeds here, as often as
+        StorageNode.link_unresponsive lets it while the silence lasts."""
+        loop = asyncio.get_running_loop()
+        while True:
+            # (until the bound would pass since the last frame: then the silence is found at once)
+            await asyncio.sleep(max(0.01, self.keepalive.next_check(loop.time()) - loop.time()))
+            now = loop.time()
+            if self.keepalive.poll(now) is not link.KeepaliveState.SILENT or not self.peer:
+                continue
+            links = [(s.chain_id, s.receiver.epoch) for s in self.sessions.values()
+                     if s.receiver.state in (link.ReceiverState.VERIFYING, link.ReceiverState.STREAMING)]
+            if links:
+                self.node.link_unresponsive(self.peer, "predecessor", links,
+                                            f"nothing heard from {self.peer} for {self.keepalive.silent_for(now):.2f}s "
+                                            f"(bound {limits.LINK_ACK_TIMEOUT_S}s)")
 
     async def _take(self, context) -> None:
         while True:
@@ -468,6 +586,12 @@ class IncomingLinks:
                 self._end_all(lost="the predecessor's stream ended")
                 return
             self.peer = self.sender or frame.from_node or self.peer
+            self.heard_at = asyncio.get_running_loop().time()
+            self.keepalive.heard(self.heard_at, keepalive=not frame.items)
+            if not frame.items:                   # a ping: answered at once
+                self._pongs += 1
+                self._wake.set()
+                continue
             self.frames += 1
             self.items += len(frame.items)
             work: dict[str, list] = {}          # chain id -> [(session, actions)], in order
@@ -540,4 +664,4 @@ class IncomingLinks:
 
     def status(self) -> sms_pb2.PeerLinkStatus:
         return sms_pb2.PeerLinkStatus(peer=self.peer, outgoing=False, chains=len(self.sessions), frames=self.frames,
-                                      items=self.items, connected=True)
+                                      items=self.items, connected=True, heard_ago_s=_ago(self.heard_at))

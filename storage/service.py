@@ -12,6 +12,7 @@ to grpc.aio streams.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -62,26 +63,37 @@ class StorageNode:
         self.synced = asyncio.Event()
         self.trimmed_records = 0
         self._suspected: dict[str, float] = {}       # peer -> loop time before which it is not probed again
+        self._links_reported: dict[tuple[str, str], float] = {}   # (peer, chain id) -> not reported again before
+        self._next_report = 0                            # numbers this node's link reports
+        self._stalled_until = 0.0                        # this process did not run lately: no link reports
+        self._stall_task: asyncio.Task | None = None
         self._reports: set[asyncio.Task] = set()
         self._configs: ChainConfigs | None = None       # every chain config, read again when /chains changes
         self._synced_generation = -1        # the ChainConfigs generation the replicas were last brought in line with
         self._next_dormant_check = 0.0
+        # peers' addresses are read again only when /nodes changed, or every
+        # CONFIG_REFRESH_INTERVAL_S: a chain change (a failover) is applied without reading
+        # every registration first
+        self._nodes_changed = True
+        self._next_address_refresh = 0.0
         self._channels: dict[str, grpc.aio.Channel] = {}  # peer address -> the channel all links to it share
         self.peer_links: dict[str, PeerLink] = {}          # successor node -> the stream carrying our links to it
         self.incoming_links: dict[int, IncomingLinks] = {}  # the streams from predecessors, being served
         self._decoded = DecodedReads(store)   # retention's metadata reads, decoded once per value
         self.suspects_reported = 0
+        self.links_reported = 0
         self.archiver = Archiver(self)
         self._archive_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         await self.logs.start()
-        for path in (metadata.CHAINS, metadata.NODES):
-            self._cancel_watches.append(self.meta.watch(path, self._changed.set))
+        self._cancel_watches.append(self.meta.watch(metadata.CHAINS, self._changed.set))
+        self._cancel_watches.append(self.meta.watch(metadata.NODES, self._on_nodes_changed))
         await self.sync()
         self._task = asyncio.get_running_loop().create_task(self._sync_loop(), name="chain-sync")
         self._retention_task = asyncio.get_running_loop().create_task(self._retention_loop(), name="retention")
         self._archive_task = asyncio.get_running_loop().create_task(self.archiver.run(), name="archive")
+        self._stall_task = asyncio.get_running_loop().create_task(self._watch_stalls(), name="stall-watch")
 
     async def close(self) -> None:
         for cancel in self._cancel_watches:
@@ -91,6 +103,7 @@ class StorageNode:
         await cancel_and_wait(self._task)
         await cancel_and_wait(self._retention_task)
         await cancel_and_wait(self._archive_task)
+        await cancel_and_wait(self._stall_task)
         self.archiver.close()
         for task in list(self._reports):
             await cancel_and_wait(task)
@@ -121,6 +134,10 @@ class StorageNode:
             self._configs = ChainConfigs(self.meta)
         return {name: config for name, (config, _version) in (await self._configs.all()).items()}
 
+    def _on_nodes_changed(self) -> None:
+        self._nodes_changed = True
+        self._changed.set()
+
     async def _refresh_addresses(self) -> None:
         try:
             names = await self.meta.children(metadata.NODES)
@@ -145,8 +162,16 @@ class StorageNode:
         """Bring this node's replicas in line with the chain configs. A replica this node
         no longer serves is closed; its log stays (dormant) for DORMANT_LOG_KEEP_S while
         its chain exists, so a rejoin verifies it and copies only what it lacks."""
-        await self._refresh_addresses()
-        await self._close_unused_channels()
+        now = asyncio.get_running_loop().time()
+        if self._nodes_changed or now >= self._next_address_refresh:
+            self._nodes_changed = False
+            self._next_address_refresh = now + limits.CONFIG_REFRESH_INTERVAL_S
+            try:
+                await self._refresh_addresses()
+            except BaseException:
+                self._nodes_changed = True         # (read again next time)
+                raise
+            await self._close_unused_channels()
         configs = await self._chain_configs()
         now = asyncio.get_running_loop().time()
         if self._configs.generation == self._synced_generation and now < self._next_dormant_check:
@@ -275,7 +300,8 @@ class StorageNode:
         its own and removes it from its chains without waiting for its session to expire.
         A peer is probed at most every SUSPECT_PROBE_INTERVAL_S, and reported at most every
         SUSPECT_REPORT_INTERVAL_S; a peer that still listens (alive, or paused) is not
-        reported."""
+        reported here: a paused or cut-off peer leaves its links unanswered, which
+        `link_unresponsive` reports."""
         if not peer or peer == self.node_id or self._task is None:
             return
         now = asyncio.get_running_loop().time()
@@ -312,6 +338,64 @@ class StorageNode:
             raise_if_cancelling()
             log.info("reporting %s failed", peer, exc_info=True)
 
+    def link_unresponsive(self, peer: str, direction: str, links: list[tuple[str, int]], reason: str) -> None:
+        """Chain links between this node and `peer` went unanswered for LINK_ACK_TIMEOUT_S
+        (storage/peerlink.py): `direction` "successor" (the peer is their successor: it
+        acked nothing, or our frames did not go through) or "predecessor" (the peer feeds
+        them and went silent); `links`: (chain id, the link's epoch). Reported at once under
+        /suspects, one report per call, naming the reporter, the peer, the direction and the
+        chains; the chain manager confirms it with probes of its own and takes one end out
+        of each chain. A chain is reported at most every SUSPECT_REPORT_INTERVAL_S per peer."""
+        if not peer or peer == self.node_id or self._task is None:
+            return
+        now = asyncio.get_running_loop().time()
+        if now < self._stalled_until:
+            log.info("links %s %s unanswered, not reported: this node itself did not run lately",
+                     "to" if direction == "successor" else "from", peer)
+            return
+        if len(self._links_reported) > limits.SUSPECTS_MAX:
+            self._links_reported = {k: t for k, t in self._links_reported.items() if t > now}
+        fresh = [(cid, epoch) for cid, epoch in links if now >= self._links_reported.get((peer, cid), 0.0)]
+        if not fresh:
+            return
+        for cid, _epoch in fresh:
+            self._links_reported[(peer, cid)] = now + limits.SUSPECT_REPORT_INTERVAL_S
+        self._next_report += 1
+        report = {"kind": "unresponsive", "reporter": self.node_id, "peer": peer, "direction": direction,
+                  "links": [{"chain_id": cid, "epoch": epoch} for cid, epoch in fresh], "reason": reason,
+                  "at_ms": int(time.time() * 1000)}
+        name = f"{peer}~{self.node_id}~{self.incarnation}-{self._next_report}"
+        task = asyncio.get_running_loop().create_task(self._report_link(name, report), name=f"link-report-{peer}")
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _watch_stalls(self) -> None:
+        """Notices when this process itself did not run for LINK_ACK_TIMEOUT_S / 2 (it was
+        paused, or starved): what its links measured across that time says nothing about
+        its peers, so it reports no link for LINK_ACK_TIMEOUT_S after (the links that broke
+        meanwhile just start again)."""
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(limits.LINK_KEEPALIVE_INTERVAL_S / 3)
+            now = loop.time()
+            if now - last > limits.LINK_ACK_TIMEOUT_S / 2:
+                self._stalled_until = now + limits.LINK_ACK_TIMEOUT_S
+                log.warning("this node did not run for %.2fs (paused, or starved of CPU): it reports no "
+                            "unanswered link for %ss", now - last, limits.LINK_ACK_TIMEOUT_S)
+            last = now
+
+    async def _report_link(self, name: str, report: dict) -> None:
+        log.warning("links %s %s (%s) unresponsive: %s; reported to the chain manager",
+                    "to" if report["direction"] == "successor" else "from", report["peer"],
+                    ", ".join(link["chain_id"] for link in report["links"]), report["reason"])
+        self.links_reported += 1
+        try:
+            await self.meta.create(metadata.suspect_path(name), json.dumps(report).encode())
+        except Exception:   # (a metadata hiccup: the link breaks again, and is reported again)
+            raise_if_cancelling()
+            log.info("reporting the links to %s failed", report["peer"], exc_info=True)
+
     def peer_channel(self, address: str) -> grpc.aio.Channel:
         """The one channel to the peer at `address` that every chain link to it shares."""
         channel = self._channels.get(address)
@@ -331,7 +415,7 @@ class StorageNode:
             if peer is None:
                 peer = self.peer_links[successor] = PeerLink(
                     self.node_id, successor, lambda s=successor: self.addresses.get(s),
-                    channel_fn=self.peer_channel, on_broken=self.suspect)
+                    channel_fn=self.peer_channel, on_broken=self.suspect, on_silent=self.link_unresponsive)
             replica.links[successor] = peer.add(replica, learner)
 
     def link_status(self) -> list:

@@ -90,8 +90,10 @@ def test_a_killed_node_is_removed_because_its_port_refuses(make_cluster, role):
 
 
 def test_a_paused_node_is_not_removed(make_cluster):
-    """SIGSTOP of a chain's tail for half its session TTL while writes flow: links to it stall
-    but its kernel still accepts connections, so no probe is refused and nothing changes."""
+    """SIGSTOP of a chain's tail for a third of the link liveness bound (LINK_ACK_TIMEOUT_S)
+    while writes flow: links to it stall but answer again within the bound, and its kernel
+    still accepts connections, so nothing is reported and nothing changes. (A pause past the
+    bound is found by link liveness: tests/netfault node_pause.)"""
     cluster = make_cluster(nodes=4)
     with sms.Client(cluster.address) as client:
         info = client.create_stream(STREAM, partitions=2, replication_factor=3)
@@ -100,7 +102,7 @@ def test_a_paused_node_is_not_removed(make_cluster):
             cluster.signal(victim, signal.SIGSTOP)
             try:
                 pause = threading.Event()
-                pause.wait(limits.METASTORE_SESSION_TTL_S / 2)        # the fault's length, not a wait for a result
+                pause.wait(limits.LINK_ACK_TIMEOUT_S / 3)        # the fault's length, not a wait for a result
             finally:
                 cluster.signal(victim, signal.SIGCONT)
             after = client.get_stream_info(STREAM)

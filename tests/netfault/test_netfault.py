@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from sms import limits
 from tests.conftest import wait_until
 from tests.fault.history import format_table
 from tests.netfault import hosts as hostlib
@@ -233,11 +234,20 @@ def _run(kind: str, tmp_path) -> trials.Trial:
 def _check(kind: str, trial: trials.Trial) -> None:
     """What each fault must have done (so a trial whose fault missed cannot pass)."""
     facts = trial.facts
-    if kind != "delay":
+    if kind not in ("delay", "node_pause", "head_pause"):
         assert facts["dropped_packets"] > 0, facts       # the rules were in the path
-    if kind in ("node_node_cut", "asymmetric", "client_head_cut"):
-        # the cut stalled the touched partitions for (about) as long as it was held, or
-        # the chains were changed around it (today nothing detects such a cut: README)
+    if kind in trials.LINK_KINDS:
+        # link liveness found it: a link report took an end of the link out of pT (not the
+        # session, which never expires in a cut and expires only after 3 s in a pause)
+        assert facts["chains_changed"] and any("unresponsive" in why for _n, why in facts["removals"]), facts
+    if kind in trials.BOUNDED_KINDS:
+        # and pT's writes paused at most LINK_FAULT_PAUSE_MAX_S
+        assert trial.max_gap_s <= trials.LINK_FAULT_PAUSE_MAX_S, (trial.max_gap_s, facts)
+    if kind in ("node_pause", "head_pause"):
+        assert facts["removed_after_s"] <= trials.LINK_FAULT_PAUSE_MAX_S < limits.METASTORE_SESSION_TTL_S, facts
+    elif kind == "client_head_cut":
+        # the cut stalled the head's partitions for (about) as long as it was held: the head is
+        # healthy, and it owns their ingestion
         assert trial.max_gap_s >= 0.8 * trial.hold_s or facts["chains_changed"], (trial.max_gap_s, trial.hold_s)
     elif kind in ("node_zk_cut", "head_isolated_from_zk"):
         assert facts["removed_after_s"] < trials.REMOVE_TIMEOUT_S and facts["chains_changed"], facts

@@ -33,6 +33,20 @@ Kinds:
                          created); the proxy adds DELAYS_MS[seed] one-way delay each way for
                          DELAY_HOLD_S, then none. Checked: the proxied links carried bytes under
                          delay, and the ack latency rose by at least the one-way delay
+  node_pause             SIGSTOP pT's middle until the chain manager removed it from pT, then
+                         SIGCONT. Its links stop answering (no acks to its predecessor, no
+                         pings to its successor) and the manager's NodeStatus probe times out:
+                         it leaves pT well before its session (3 s) would expire
+  head_pause             the same with pT's head: found by its successor, whose stream from
+                         it goes silent. The producers' requests held by the paused head are
+                         given up once their map names the new head (PRODUCER_OWNER_CHECK_S)
+                         and go there under the same SSSNs
+
+The cuts between two nodes that both still reach ZooKeeper (`node_node_cut`, `asymmetric`)
+and the pauses are found by link liveness (storage/link.py, LINK_ACK_TIMEOUT_S): the pytest
+checks want the chain changed by a link report within LINK_FAULT_PAUSE_MAX_S, and hold pT's
+write pause (`max gap`) to LINK_FAULT_PAUSE_MAX_S in `node_node_cut`, `asymmetric` and
+`node_pause`.
 
 Each trial runs the load, injects the fault, heals, waits until writes resume and the
 replication factor is back, stops the load, reads everything back and runs the history
@@ -56,6 +70,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -77,7 +92,9 @@ from tests.netfault.proxy import ProxyProcess
 from tests.netfault.zkensemble import ZkEnsemble
 
 KINDS = ("node_node_cut", "node_zk_cut", "client_head_cut", "zk_minority", "asymmetric",
-         "head_isolated_from_zk", "packet_loss", "delay")
+         "head_isolated_from_zk", "packet_loss", "delay", "node_pause", "head_pause")
+LINK_KINDS = ("node_node_cut", "asymmetric", "node_pause", "head_pause")    # found by link liveness
+BOUNDED_KINDS = LINK_KINDS         # pT's write pause <= LINK_FAULT_PAUSE_MAX_S
 
 ZK_HOSTS = ("z1", "z2", "z3")
 CONTROL_HOSTS = ("c1", "c2")
@@ -97,7 +114,8 @@ REMOVE_TIMEOUT_S = 30.0         # a node cut from ZooKeeper leaves its chains wi
 STOP_TIMEOUT_S = 60.0
 ZK_SERVING_TIMEOUT_S = 30.0
 
-NODE_CUT_HOLD_S = 8.0           # past the session TTL and the failure probes; nothing detects this cut
+NODE_CUT_HOLD_S = 8.0           # past the session TTL: only link liveness finds this cut
+LINK_FAULT_PAUSE_MAX_S = 1.5    # LINK_KINDS: pT's writes pause at most this long (detection, probe, new epoch)
 CLIENT_CUT_HOLD_S = 8.0
 ASYM_HOLD_S = 8.0
 ZK_MINORITY_HOLD_S = 6.0        # after the majority serves again
@@ -334,6 +352,20 @@ def _run(kind: str, env: Env, seed: int, hold_override: float | None = None) -> 
                     mark(scope)
                     _hold(load, hold_override or (NODE_CUT_HOLD_S if kind == "node_node_cut" else ASYM_HOLD_S))
                     facts["dropped_packets"] = cut.packets()
+            elif kind in ("node_pause", "head_pause"):
+                victim = middle if kind == "node_pause" else head
+                scope = [target]
+                cluster.signal(victim, signal.SIGSTOP)
+                try:
+                    mark(scope)
+                    _wait(lambda: _removed(client, stream, victim, target), REMOVE_TIMEOUT_S,
+                          f"{victim} removed from p{target} while paused")
+                    removed_s = history.now()
+                finally:
+                    cluster.signal(victim, signal.SIGCONT)
+                notes.append(f"{victim} ({'head' if victim == head else 'middle'}) left p{target} "
+                             f"{removed_s - fault_s:.2f}s after the pause")
+                facts["removed_after_s"] = removed_s - fault_s
             elif kind == "client_head_cut":
                 scope = [o for o, c in chains0.items() if c[0] == head]
                 with bed.cut(ROOT, host(head)) as cut:
@@ -444,6 +476,8 @@ def _run(kind: str, env: Env, seed: int, hold_override: float | None = None) -> 
             stats = load.stop(STOP_TIMEOUT_S)
         final = read_back(client, stream, history=history)
         chains1 = _chains(client, stream)
+        facts["removals"] = [(c["node"], c["reason"]) for c in _retry(lambda: client.get_stream_info(stream))
+                             .partition(target).history if c["action"] == "removed"]
     result = check(history, final)
     gap = write_pause(history, stream, scope, fault_s, healed_at)
     changed = {o: (chains0[o], chains1.get(o)) for o in chains0 if chains1.get(o) != chains0[o]}

@@ -18,7 +18,12 @@ What a step can be (each enabled event has a weight; the seed picks one):
   `IncomingLinks._perform` there). Events: a link's stream opens (`connect`), a
   message is delivered, the successor's handler polls its replica (acks), the link polls
   its replica (ships batches), and a link's timer fires -- which moves the simulated clock
-  to the timer's deadline (the retry after a break; rarely, a reset's drain timeout).
+  to the timer's deadline (the retry after a break; rarely, a reset's drain timeout). With
+  `liveness=True` the senders have their ack bound (LINK_ACK_TIMEOUT_S) and retry a hello
+  refused for its epoch after LINK_STALE_RETRY_S, and a link that
+  waits for an answer may go *silent*: the clock moves to its ack deadline and the sender
+  breaks the link as unresponsive (a paused or cut-off successor, as the chain manager
+  would then hear of it); off by default, so the pinned seeds replay as they were found.
 * a stream is FIFO and exactly-once while it lives (gRPC over TCP). Faults on it:
   *drop* (the connection breaks, everything in flight is lost), *reorder* (it breaks, but
   the request the successor had already taken in is still applied by the old stream's
@@ -156,6 +161,7 @@ class Options:
     holders: str = "members"      # I2 lost: held by no "members" / no "chain" node (members + learners)
     skip: str = ""                # invariants only logged, not raised ("I1+I6"): to see what follows
     heal_steps: int = 4000
+    liveness: bool = False        # senders with their ack bound (LINK_ACK_TIMEOUT_S): links may go silent
 
     def describe(self, base: "Options | None" = None) -> str:
         """The fields that differ from `base` (default: Options()), as 'name=value,...'."""
@@ -335,7 +341,12 @@ class SimLink:
         self.node_id = node_id
         self.successor = successor
         self.learner = learner
-        self.sender = chainlink.Sender(replica, successor, learner)
+        # without `liveness`, the timers the pinned seeds were found with: no ack bound, and the
+        # plain retry after a hello refused for its epoch
+        live = sim.options.liveness
+        self.sender = chainlink.Sender(replica, successor, learner,
+                                       ack_timeout_s=limits.LINK_ACK_TIMEOUT_S if live else None,
+                                       stale_retry_s=limits.LINK_STALE_RETRY_S if live else limits.LINK_RETRY_INTERVAL_S)
         self.session: Session | None = None
 
     @property
@@ -731,6 +742,8 @@ class Simulation:
                 link.session = None
                 if action.suspect:
                     self.stats["suspects"] += 1
+                if action.silent:
+                    self.stats["silent_links"] += 1
                 self.log(f"  {link.name()} closes its stream ({action.reason})"
                          f"{'; suspects ' + action.suspect if action.suspect else ''}")
             elif isinstance(action, chainlink.SetTimer):
@@ -817,6 +830,16 @@ class Simulation:
         while self.now() < deadline:
             self.now_ms = max(self.now_ms + 1, int(deadline * 1000))
         self.log(f"{link.name()} timer ({link.state.value}) at +{self.now_ms - T0_MS}ms")
+        await self.sender_do(link, link.sender.poll(self.now()))
+
+    async def link_silence(self, link: SimLink) -> None:
+        """The successor owes the link an answer and none comes (`liveness`): the simulated
+        clock moves to the sender's ack deadline and the sender polls."""
+        deadline = link.sender.ack_deadline
+        while self.now() < deadline:
+            self.now_ms = max(self.now_ms + 1, int(deadline * 1000))
+        self.stats["fault_silence"] += 1
+        self.log(f"FAULT {link.name()} hears nothing ({link.state.value}) until +{self.now_ms - T0_MS}ms")
         await self.sender_do(link, link.sender.poll(self.now()))
 
     async def deliver_down(self, session: Session, duplicate: bool = False) -> None:
@@ -1084,6 +1107,9 @@ class Simulation:
             if state is chainlink.SenderState.STREAMING and link.session is not None and link.session.connected \
                     and link.sender.due(now):
                 add(4, f"send {link.name()}", lambda link=link: self.link_poll(link))
+            if link.sender.ack_deadline is not None and state in (chainlink.SenderState.HELLO_SENT,
+                                                                  chainlink.SenderState.STREAMING):
+                add(0.05 * chaos, f"silence {link.name()}", lambda link=link: self.link_silence(link))
         for s in self.sessions:
             if s.down and self.nodes[s.receiver].acts:
                 add(4, f"deliver-down {s.name()}", lambda s=s: self.deliver_down(s))

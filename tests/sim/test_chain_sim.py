@@ -21,6 +21,8 @@ and chains.plan; every invariant checked after every step.
   finds later is two crashes of the two members that held a batch (copies-lost: bound=rf
   bounds the nodes down at once, not the copies lost over a run); `test_min_in_sync_sweep_*`
   holds every SWEEP_SEEDS run under bound=rf with min_in_sync=2 to copies-lost losses only.
+* `test_liveness_sweep`: the senders' ack bound on (`liveness=True`): links go silent,
+  break and reconnect; no violation, every run converges.
 * `test_same_seed_same_trace`: a seed replays exactly, in this process and in others
   (different PYTHONHASHSEED).
 * `test_replay`: SIM_SEED=<n> [SIM_STEPS=<n>] [SIM_OPTIONS='name=value,...'] replays one run
@@ -359,6 +361,28 @@ def test_min_in_sync_sweep_loses_nothing_a_degraded_chain_acked(start):
                              f"({[e.seed for e in unexplained]}); the first "
                              f"({limit_of(unexplained[0]) or classify(unexplained[0]) or 'unattributed'}):\n"
                              f"{unexplained[0]}")
+
+
+# --- link liveness ---------------------------------------------------------------------------------
+
+LIVENESS_SEEDS = range(0, 120)
+
+
+@pytest.mark.parametrize("start", range(LIVENESS_SEEDS.start, LIVENESS_SEEDS.stop, CHUNK))
+def test_liveness_sweep(start):
+    """LIVENESS_SEEDS with the senders' ack bound on (`liveness=True`): a link that waits for
+    an answer may go silent (the clock jumps to its ack deadline), and the sender breaks it as
+    unresponsive and starts again with a hello, as in production. No invariant breaks, the
+    runs converge, and links do go silent."""
+    failures, stats = [], collections.Counter()
+    for seed in range(start, min(start + CHUNK, LIVENESS_SEEDS.stop)):
+        try:
+            stats += run(seed, SWEEP_STEPS, options_for_seed(seed).parse("liveness=true")).stats
+        except SimViolation as e:
+            failures.append(e)
+    if failures:
+        raise AssertionError(f"{len(failures)} seeds failed ({[e.seed for e in failures]})\n{failures[0]}")
+    assert stats["silent_links"] > 0 and stats["acked"] > 0, dict(stats)
 
 
 # --- determinism and replay ---------------------------------------------------------------------

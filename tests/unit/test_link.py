@@ -1,7 +1,9 @@
 """Unit tests of storage/link.py, the chain link protocol's sans-IO state machines.
 
 No asyncio, no sockets, no clock: each test feeds a `Sender` or a `Receiver` messages and
-a `now` it picks itself, and reads the actions that come back. The replica is a fake
+a `now` it picks itself, and reads the actions that come back (the liveness bound too: a
+hello or batches left unanswered for LINK_ACK_TIMEOUT_S break the link as silent, and the
+stream's `Keepalive`). The replica is a fake
 `LogView` over a list of real (sequenced, checksum-chained) batches. The last tests wire a
 sender to a receiver through in-memory queues and run the protocol to the end: a copy
 through the window, a diverged successor reset and copied anew, a batch that does not
@@ -19,9 +21,9 @@ from sms.errors import LogDiverged
 from sms.metadata import ChainConfig
 from sms.types import Persistence
 from storage import link
-from storage.link import (Ack, Answer, Batch, Close, Commit, End, FinishSending, Hello, LearnerAcked, Lost,
-                          MarkVerified, Open, Receiver, ReceiverState, Refusal, Reset, ResetLog, Send, Sender,
-                          SenderState, SetTimer, Store, Verified)
+from storage.link import (Ack, Answer, Batch, Close, Commit, End, FinishSending, Hello, Keepalive, KeepaliveState,
+                          LearnerAcked, Lost, MarkVerified, Open, Receiver, ReceiverState, Refusal, Reset, ResetLog,
+                          Send, Sender, SenderState, SetTimer, Silent, Store, Verified)
 
 CHAIN = "s:3"
 EPOCH = 4
@@ -212,6 +214,21 @@ def test_sender_refused_at_hello(name, suspect):
     assert s.state is SenderState.BROKEN and actions[0].suspect == suspect and name in actions[0].reason
 
 
+def test_sender_retries_soon_after_a_hello_refused_for_its_epoch():
+    """One of the two nodes has not applied the new chain config yet (a failover under way):
+    the hello goes again after LINK_STALE_RETRY_S, not the full retry interval."""
+    s = Sender(FakeView("n1", config()), "n2")
+    s.start(T)
+    s.opened(T)
+    actions = s.receive(Refusal(CHAIN, EPOCH, "StaleEpoch", "epoch 4; this replica is at epoch 3"), T)
+    assert actions[1] == SetTimer(T + limits.LINK_STALE_RETRY_S) and limits.LINK_STALE_RETRY_S < limits.LINK_RETRY_INTERVAL_S
+    assert s.poll(T + limits.LINK_STALE_RETRY_S) == [Open()]
+    # a refusal for another reason waits the full interval
+    s.opened(T + 1)
+    assert s.receive(Refusal(CHAIN, EPOCH, "WrongOwner", "no replica"), T + 1)[1] == \
+        SetTimer(T + 1 + limits.LINK_RETRY_INTERVAL_S)
+
+
 @pytest.mark.parametrize("event,suspect", [(End(CHAIN), "n2"), (Lost(CHAIN, "reset"), "n2"),
                                            (Ack(CHAIN, EPOCH, 0, 0), "n2"),          # before the answer
                                            (Answer("other:1", EPOCH, 0, 0, 0, 0), "n2")])
@@ -328,6 +345,120 @@ def test_tail_to_learner_reports_progress_not_commits():
     assert not any(isinstance(a, Commit) for a in actions)
     last = wire.read_header(batches[2]).last_sn
     assert s.receive(Ack(CHAIN, EPOCH, last, 0), T)[0] == LearnerAcked("n4", last, hello=False)
+
+
+# --- the sender's liveness bound ----------------------------------------------------------------
+
+BOUND = limits.LINK_ACK_TIMEOUT_S
+
+
+def _silent_break(s: Sender, actions: list, at: float) -> None:
+    assert s.state is SenderState.BROKEN and not s.inflight and s.ack_deadline is None
+    assert actions == [Close(actions[0].reason, suspect="n2", silent=True), SetTimer(at + limits.LINK_STALE_RETRY_S)]
+
+
+def test_sender_breaks_as_silent_when_its_hello_goes_unanswered():
+    s = Sender(FakeView("n1", config()), "n2")
+    s.start(T)
+    s.opened(T)
+    assert s.ack_deadline == T + BOUND
+    assert not s.due(T + BOUND / 2) and s.poll(T + BOUND / 2) == []
+    assert s.due(T + BOUND)
+    actions = s.poll(T + BOUND)
+    _silent_break(s, actions, T + BOUND)
+    assert "answer to the hello" in actions[0].reason
+    assert s.poll(T + BOUND + limits.LINK_RETRY_INTERVAL_S) == [Open()]      # and tries again
+
+
+def test_sender_breaks_as_silent_when_batches_in_flight_go_unacked():
+    batches = make_log(3)
+    s, _view, _ = streaming_sender(batches)
+    assert s.ack_deadline == T + BOUND                 # the first batch in flight started the wait
+    # an ack of part of them starts the wait again
+    first = wire.read_header(batches[0]).last_sn
+    s.receive(Ack(CHAIN, EPOCH, first, first), T + BOUND / 2)
+    assert s.ack_deadline == T + BOUND / 2 + BOUND
+    assert not s.due(T + BOUND) and s.poll(T + BOUND) == []
+    at = T + BOUND / 2 + BOUND
+    actions = s.poll(at)
+    _silent_break(s, actions, at)
+    assert "2 batches in flight" in actions[0].reason
+
+
+def test_sender_owes_nothing_when_every_batch_is_acked():
+    batches = make_log(2)
+    s, view, _ = streaming_sender(batches)
+    last = wire.read_header(batches[1]).last_sn
+    s.receive(Ack(CHAIN, EPOCH, last, last), T + 0.1)
+    assert s.ack_deadline is None and not s.due(T + 100) and s.poll(T + 100) == []
+    assert s.state is SenderState.STREAMING
+    # an append ships a batch, which starts the wait at the time it ships
+    view.batches.extend(make_log(3)[2:])
+    assert shipped(s.poll(T + 200)) and s.ack_deadline == T + 200 + BOUND
+
+
+def test_sender_breaks_as_silent_when_the_transport_hears_nothing():
+    s, _view, _ = streaming_sender(make_log(1))
+    actions = s.receive(Silent(CHAIN, "nothing heard for 0.6s"), T + 0.1)
+    _silent_break(s, actions, T + 0.1)
+    assert "nothing heard" in actions[0].reason
+    # a reset in progress too; and nothing once the stream is gone
+    r = Sender(FakeView("n1", config(), make_log(2)), "n2")
+    r.start(T)
+    r.opened(T)
+    r.receive(answer_of(FakeView("n2", config(), make_log(1, tag="b"))), T)
+    assert r.state is SenderState.RESETTING and r.ack_deadline is None
+    assert r.receive(Silent(CHAIN, "x"), T)[0].silent
+    assert r.receive(Silent(CHAIN, "x"), T) == []
+
+
+def test_sender_without_an_ack_bound_never_goes_silent():
+    view = FakeView("n1", config(), make_log(2))
+    s = Sender(view, "n2", ack_timeout_s=None)
+    s.start(T)
+    s.opened(T)
+    s.receive(answer_of(FakeView("n2", config())), T)
+    assert s.inflight and s.ack_deadline is None
+    assert not s.due(T + 1000) and s.poll(T + 1000) == [] and s.state is SenderState.STREAMING
+
+
+def test_a_broken_or_refused_link_is_not_silent():
+    s, _view, _ = streaming_sender(make_log(1))
+    assert not s.receive(Lost(CHAIN, "reset"), T)[0].silent
+    s, _view, _ = streaming_sender(make_log(1))
+    assert not s.receive(Refusal(CHAIN, EPOCH, "LogDiverged", "x"), T)[0].silent
+
+
+# --- the stream's keepalive ------------------------------------------------------------------------
+
+def test_keepalive_pings_at_once_then_every_interval():
+    k = Keepalive(T, pings=True)
+    assert k.ping_due(T)
+    k.pinged(T)
+    assert not k.ping_due(T + limits.LINK_KEEPALIVE_INTERVAL_S / 2)
+    assert k.ping_due(T + limits.LINK_KEEPALIVE_INTERVAL_S)
+    assert not Keepalive(T, pings=False).ping_due(T + 100)          # the successor's end answers only
+
+
+def test_keepalive_judges_silence_only_once_the_other_end_takes_part():
+    k = Keepalive(T, pings=False)
+    k.heard(T + 0.1)                                   # a frame of links, no ping: an older predecessor
+    assert k.poll(T + 100) is KeepaliveState.WAITING
+    k.heard(T + 100, keepalive=True)                   # a ping
+    assert k.poll(T + 100 + BOUND / 2) is KeepaliveState.LIVE
+    assert k.next_check(T + 100) == T + 100 + BOUND
+
+
+def test_keepalive_turns_silent_after_the_bound_and_live_again_when_heard():
+    k = Keepalive(T, pings=True)
+    k.heard(T + 0.05, keepalive=True)                  # the answer to the first ping
+    k.heard(T + 0.2)                                   # acks
+    assert k.poll(T + 0.2 + BOUND - 0.01) is KeepaliveState.LIVE
+    assert k.poll(T + 0.2 + BOUND + 1e-6) is KeepaliveState.SILENT     # (past the bound: no float tie)
+    assert k.silent_for(T + 0.2 + BOUND + 1e-6) == pytest.approx(BOUND, abs=1e-5)
+    assert k.poll(T + 5) is KeepaliveState.SILENT      # stays so
+    k.heard(T + 5)
+    assert k.poll(T + 5) is KeepaliveState.LIVE
 
 
 # --- the receiver ----------------------------------------------------------------------------

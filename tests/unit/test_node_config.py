@@ -116,3 +116,11 @@ def test_show_lists_every_setting_with_its_source(tmp_path):
     assert shown["timeouts.rpc_s"] | {} == {"key": "timeouts.rpc_s", "value": 12.0, "source": path,
                                            "env": "SMS_TIMEOUTS_RPC_S", "limit": "RPC_TIMEOUT_S",
                                            "help": config.BY_KEY["timeouts.rpc_s"].help}
+
+
+def test_link_liveness_settings_must_agree():
+    values = config.load(env={"SMS_REPLICATION_LINK_ACK_TIMEOUT_S": "2.0", "SMS_REPLICATION_LINK_KEEPALIVE_INTERVAL_S": "0.5"})
+    assert values["replication.link_ack_timeout_s"].value == 2.0
+    with pytest.raises(config.ConfigError, match=r"link_keepalive_interval_s = 0.5 .* less than half "
+                                                 r"replication.link_ack_timeout_s = 0.8"):
+        config.load(env={"SMS_REPLICATION_LINK_ACK_TIMEOUT_S": "0.8", "SMS_REPLICATION_LINK_KEEPALIVE_INTERVAL_S": "0.5"})
