@@ -28,8 +28,8 @@ from metastore import BadVersionError, Create, Delete, MetaStore, NodeExistsErro
 from metastore.view import ClusterView
 from sms import errors, limits, metadata, rpc, seqno
 from sms.aiotools import background
-from sms.errors import (InvalidArgument, InvalidSequenceNumber, InvalidStreamConfig, LimitExceeded, NodeNotFound,
-                        NotEnoughNodes,
+from sms.errors import (InvalidArgument, InvalidSequenceNumber, InvalidStreamConfig, LimitExceeded, NodeLive,
+                        NodeNotDrained, NodeNotFound, NotEnoughNodes,
                         RepartitionInProgress, StreamAlreadyExists, StreamNotFound, Timeout, Unavailable)
 from sms.metadata import ChainChange, ChainConfig, ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionMap
@@ -351,6 +351,8 @@ class StreamAdmin:
             raise InvalidArgument("a node id is required")
         loads = await self.list_nodes()
         known = {n.node_id for n in loads}
+        if undo:
+            known |= await reads.draining(self.store)      # (a drained node that was stopped: listed no more)
         if node_id not in known:
             raise NodeNotFound(f"no storage node {node_id[:64]!r} is registered or holds a replica; "
                                f"the nodes are: {', '.join(sorted(known)) or '(none)'}")
@@ -367,6 +369,39 @@ class StreamAdmin:
             except NodeExistsError:
                 pass
         return [dataclasses.replace(n, draining=not undo) if n.node_id == node_id else n for n in loads]
+
+    async def remove_node(self, node_id: str) -> list[NodeLoad]:
+        """Forget a storage node: one that is stopped (not registered) and holds no replica
+        (drained) loses its draining mark and the other entries the cluster keeps of it (a
+        failed-disk report, a peer's suspicion), so `list_nodes` no longer shows it. A node
+        started again under that id later joins as a new one. Returns the other nodes' loads."""
+        if not isinstance(node_id, str) or not node_id:
+            raise InvalidArgument("a node id is required")
+        loads = await self.list_nodes()
+        kept = {root: set(await self.store.children(root))
+                for root in (metadata.DRAINING, metadata.DISK_FAILED, metadata.SUSPECTS)}
+        mine = next((n for n in loads if n.node_id == node_id), None)
+        if mine is None and not any(node_id in ids for ids in kept.values()):
+            known = {n.node_id for n in loads}.union(*kept.values())
+            raise NodeNotFound(f"no storage node {node_id[:64]!r} is registered, holds a replica or is "
+                               f"remembered; the nodes are: {', '.join(sorted(known)) or '(none)'}")
+        held = 0 if mine is None else mine.replicas + mine.learners
+        if mine is not None and mine.live:
+            raise NodeLive(f"node {node_id} is running (at {mine.address}): stop it first, then remove it"
+                           + (f"; it holds {held} replicas: drain it before stopping it "
+                              f"(sms node drain {node_id} --wait)" if held else ""))
+        if held:
+            raise NodeNotDrained(f"node {node_id} is down but still holds {held} replicas: "
+                                 f"drain it first (sms node drain {node_id} --wait; the chain manager moves them "
+                                 f"to the live nodes)")
+        for root, ids in kept.items():
+            if node_id in ids:
+                try:
+                    await self.store.delete(f"{root}/{node_id}")
+                except NoNodeError:
+                    pass
+        log.info("node %s removed: the cluster no longer keeps any entry of it", node_id)
+        return [n for n in loads if n.node_id != node_id]
 
     async def _stream_entry(self, name: str):
         metadata.validate_stream_name(name)

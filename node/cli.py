@@ -133,6 +133,73 @@ def _port_busy_exit(address: str) -> SystemExit:
                       f"(0: any free port)")
 
 
+def _short_of_replicas(streams: list[dict], registered) -> list[dict]:
+    """The partitions (of `_describe` dicts) whose chain has fewer members on registered
+    nodes than the stream's replication factor (control/chains.py `under_replicated`)."""
+    from control.chains import under_replicated
+    out = []
+    for d in streams:
+        if d["status"] == "DELETING":
+            continue
+        for p in d["partitions"]:
+            members = [m["node_id"] for m in p["chain"]]
+            if under_replicated(members, d["replication_factor"], registered):
+                out.append({"stream": d["name"], "partition_id": p["partition_id"], "members": members,
+                            "live_members": sum(m in registered for m in members),
+                            "replication_factor": d["replication_factor"], "learners": p["learners"]})
+    return out
+
+
+def _watch_replicas(cluster, stop: threading.Event) -> None:
+    """`sms up`'s thread that says, every UP_WATCH_INTERVAL_S, what changed of drains
+    (`list_nodes`) and of partitions short of replicas (the control leader's
+    `sms_under_replicated_partitions`: one scrape, whatever the number of streams);
+    node/launcher.py ReplicaWatch words it. A look that fails (the control node
+    restarting, say) says nothing; the next one tries again."""
+    from node.launcher import ReplicaWatch
+    from sms.client import Client
+    watch = ReplicaWatch()
+    client = None
+    try:
+        while not stop.is_set():
+            try:
+                client = client or Client(cluster.address, **cluster.client_options())
+                loads = client.list_nodes()
+                short = _leader_short_of_replicas(cluster)
+                lines = watch.lines(loads, short) if short is not None else []
+            except Exception:          # noqa: BLE001 (the cluster busy or restarting: the next look)
+                lines = []
+            for line in lines:
+                if not stop.is_set():
+                    print(line, flush=True)
+            stop.wait(limits.UP_WATCH_INTERVAL_S)
+    finally:
+        if client is not None:
+            client.close()
+
+
+def _leader_short_of_replicas(cluster) -> dict[str, int] | None:
+    """stream -> partitions short of replicas, as the control leader of a local cluster
+    exports them (node/metrics.py); None when no control node answers as the leader."""
+    import ssl
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    context = ssl.create_default_context(cafile=cluster.ca_file) if cluster.tls else None
+    for node in (cluster.procs[n] for n in cluster.control_ids):
+        if not node.metrics_address:
+            continue
+        url = f"{'https' if cluster.tls else 'http'}://{node.metrics_address}/metrics"
+        try:
+            with urllib.request.urlopen(url, context=context, timeout=limits.UP_WATCH_INTERVAL_S) as answer:
+                text = answer.read().decode()
+        except OSError:
+            continue
+        for family in text_string_to_metric_families(text):
+            if family.name == "sms_under_replicated_partitions":      # (the leader's alone)
+                return {s.labels["stream"]: int(s.value) for s in family.samples if s.value > 0}
+    return None
+
+
 def cmd_up(args) -> int:
     from node.launcher import LocalCluster
     host = "127.0.0.1"                      # (LocalCluster's default host)
@@ -151,8 +218,11 @@ def cmd_up(args) -> int:
                              "each node's (leave it out of a file for sms up)")
         os.environ[config.ENV_CONFIG] = os.path.abspath(args.config)
         config.apply(values)        # (the launcher's own: timeouts.node_stop_s)
-    cluster = LocalCluster(args.data_dir, nodes=args.nodes, port=args.port, metastore=args.metastore,
-                           controls=args.controls, tls=not args.insecure, ca_dir=args.ca_dir, host=host)
+    try:        # (on an existing DIR: every storage node recorded in DIR/nodes.json, node/launcher.py)
+        cluster = LocalCluster(args.data_dir, nodes=args.nodes, port=args.port, metastore=args.metastore,
+                               controls=args.controls, tls=not args.insecure, ca_dir=args.ca_dir, host=host)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -171,14 +241,22 @@ def cmd_up(args) -> int:
     if cluster.tls:
         print(f"tls: CA {cluster.ca_file}; admin token in {os.path.join(cluster.data_dir, 'cluster.json')} "
               f"(the sms command and sms.Client.from_cluster_file use both)", flush=True)
-    print(f"data: {cluster.data_dir} ({args.nodes} storage nodes, {args.controls} control; metadata in "
+    storage = [n for n, p in cluster.procs.items() if p.roles != "control"]
+    started = (f"{len(storage)} storage nodes" if storage == [f"n{i}" for i in range(1, args.nodes + 1)]
+               else f"{len(storage)} storage nodes: {', '.join(storage)}, as recorded in {cluster.data_dir}/nodes.json")
+    print(f"data: {cluster.data_dir} ({started}, {args.controls} control; metadata in "
           f"{cluster.metastore}); Ctrl-C stops", flush=True)
+    # drains and partitions short of replicas, as they change (a line each)
+    watcher = threading.Thread(target=_watch_replicas, args=(cluster, stop), name="up-watch", daemon=True)
+    watcher.start()
     try:
         while not stop.wait(limits.NODE_SUPERVISE_POLL_S):
             for line in cluster.supervise(stopping=stop.is_set):      # a node that died starts again
                 print(line, file=sys.stderr, flush=True)
     finally:
+        stop.set()
         cluster.stop()
+        watcher.join(timeout=limits.UP_WATCH_INTERVAL_S)      # (a look under way at a stopped cluster: not waited for)
         print("stopped", flush=True)
     return 0
 
@@ -193,9 +271,10 @@ def cmd_key(args) -> int:
                   f"token: {token}\n(shown this once: the cluster keeps only its hash)")
         elif args.key_cmd == "list":
             keys = client.list_keys()
-            lines = [f"{'key':<18} {'role':<9} {'streams':<30} name"]
-            lines += [f"{k['key_id']:<18} {k['role']:<9} {','.join(k['streams']) or '(all)':<30} {k['name']}"
-                      for k in keys]
+            width = max([len("tenant")] + [len(k["tenant"]) for k in keys])
+            lines = [f"{'key':<18} {'tenant':<{width}} {'role':<9} {'streams':<30} name"]
+            lines += [f"{k['key_id']:<18} {k['tenant']:<{width}} {k['role']:<9} "
+                      f"{','.join(k['streams']) or '(all)':<30} {k['name']}" for k in keys]
             _emit(args, keys, "\n".join(lines))
         else:
             client.revoke_key(args.key_id)
@@ -320,7 +399,17 @@ def cmd_status(args) -> int:
                 streams.append(_describe(client.get_stream_info(name)))
             except errors.StreamNotFound:
                 continue      # deleted meanwhile
+    short = _short_of_replicas(streams, {n.node_id for n in cluster.nodes})
     lines = [f"control: {cluster.control_address}"]
+    if short:
+        lines.append(f"under-replicated: {len(short)} partition{'s' if len(short) != 1 else ''} with fewer live "
+                     f"members than their replication factor")
+        for p in short:
+            lines.append(f"    {p['stream']}/{p['partition_id']}: {p['live_members']} of {p['replication_factor']} "
+                         f"(chain {' -> '.join(p['members'])}"
+                         + (f"; copying to join: {', '.join(p['learners'])}" if p["learners"] else "") + ")")
+    else:
+        lines.append("replication: every partition has its replication factor")
     for n in nodes:
         lines.append(f"node {n['node_id']:<8} {n['address']:<22} pid {n['pid']:<8} {','.join(n['roles'])}"
                      + (f"  metrics {n['metrics_address']}" if n["metrics_address"] else ""))
@@ -347,7 +436,8 @@ def cmd_status(args) -> int:
                          f"dedup keys {t.get('dedup_keys', 0)} queued {p['queued_records']}")
     for d in streams:
         lines.append(_describe_text(d))
-    _emit(args, {"control": cluster.control_address, "nodes": nodes, "streams": streams}, "\n".join(lines))
+    _emit(args, {"control": cluster.control_address, "nodes": nodes, "streams": streams, "under_replicated": short},
+          "\n".join(lines))
     return 0
 
 
@@ -389,9 +479,12 @@ def cmd_node(args) -> int:
             loads = client.list_nodes()
             _emit(args, _nodes_json(loads), _nodes_text(loads))
             return 0
-        loads = client.drain_node(args.node_id, undo=args.undo)
-        if args.undo or not args.wait:
-            what = "no longer draining" if args.undo else "draining: its replicas move to the other nodes"
+        if args.node_cmd == "remove":
+            return _remove_node(args, client)
+        undo = args.node_cmd == "undrain" or args.undo
+        loads = client.drain_node(args.node_id, undo=undo)
+        if undo or not args.wait:
+            what = "no longer draining" if undo else "draining: its replicas move to the other nodes"
             _emit(args, _nodes_json(loads), f"{args.node_id} is {what}\n{_nodes_text(loads)}")
             return 0
         deadline = time.monotonic() + args.timeout
@@ -411,6 +504,35 @@ def cmd_node(args) -> int:
                 print(f"{args.node_id}: {held} replicas left", file=sys.stderr, flush=True)
             time.sleep(NODE_DRAIN_POLL_S)
             loads = client.list_nodes()
+
+
+def _remove_node(args, client) -> int:
+    """`sms node remove N`: the cluster forgets the node (refused while it runs or holds
+    replicas), then so does the local launcher of --data-dir, when the cluster is the one
+    `sms up` runs there (node/launcher.py forget_node, where this version has it)."""
+    loads = client.remove_node(args.node_id)
+    local = _local_data_dir(args)
+    forgotten_here = False
+    if local is not None:
+        from node import launcher
+        if hasattr(launcher, "forget_node"):        # (written beside this command; absent in older trees)
+            try:
+                forgotten_here = launcher.forget_node(local, args.node_id)    # (False: not one of its nodes)
+            except (OSError, ValueError, KeyError) as e:
+                print(f"error: {args.node_id} was removed from the cluster, but the local cluster in {local} "
+                      f"could not forget it: {e}", file=sys.stderr)
+                return 1
+    _emit(args, _nodes_json(loads), f"{args.node_id} removed: the cluster keeps no entry of it"
+          + (f" (nor does the local cluster in {local})" if forgotten_here else "") + f"\n{_nodes_text(loads)}")
+    return 0
+
+
+def _local_data_dir(args) -> str | None:
+    """--data-dir, when the cluster this command reached is the one `sms up` runs there
+    (its address came from DIR/cluster.json, not from --address or $SMS_ADDRESS)."""
+    if args.address or os.environ.get("SMS_ADDRESS"):
+        return None
+    return args.data_dir if os.path.exists(os.path.join(args.data_dir, "cluster.json")) else None
 
 
 # --- streams ---------------------------------------------------------------------------
@@ -457,11 +579,20 @@ def _describe(info) -> dict:
                     if info.archive else None)}
 
 
+def _retention_text(d: dict) -> str:
+    """The stream's retention as it is kept: seconds when set in seconds that are not
+    whole hours (retention_hours is then only its rounded form), else hours."""
+    seconds = d.get("retention_s") or 0
+    if seconds and seconds % 3600:
+        return f"{seconds:,} s"
+    return f"{seconds // 3600 if seconds else d['retention_hours']} h"
+
+
 def _describe_text(d: dict) -> str:
     lines = [f"stream {d['name']}: {d['status']}, {len(d['partitions'])} partitions, replication "
              f"{d['replication_factor']} (min in-sync {d.get('min_in_sync', 1)}), {d['persistence']}, "
              f"{d['ingestion_policy']}, "
-             f"retention {d['retention_hours']} h, map version {d['map_version']}"]
+             f"retention {_retention_text(d)}, map version {d['map_version']}"]
     if d.get("archive"):
         a = d["archive"]
         lines.append(f"  archive {a['store']} ({a['compression']}): records older than {a['archive_after_s']} s, "
@@ -1125,7 +1256,7 @@ def build_parser() -> argparse.ArgumentParser:
             g.add_argument("--master", default="local[2]", help="Spark master URL (default local[2])")
     graph.set_defaults(func=cmd_graph)
 
-    node = sub.add_parser("node", help="list storage nodes, add one to a local cluster, drain one")
+    node = sub.add_parser("node", help="list storage nodes, add one to a local cluster, drain, undrain or remove one")
     nsub = node.add_subparsers(dest="node_cmd", required=True)
     nsub.add_parser("list", parents=[common], help="each storage node's replicas, heads and learners")
     nsub.add_parser("add", parents=[common],
@@ -1136,6 +1267,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--undo", action="store_true", help="stop draining: the node takes replicas again")
     d.add_argument("--wait", action="store_true", help="return once the node holds nothing, showing progress")
     d.add_argument("--timeout", type=float, default=NODE_DRAIN_WAIT_S, help="seconds --wait waits (default 600)")
+    ud = nsub.add_parser("undrain", parents=[common], help="stop draining a node: it takes replicas again")
+    ud.add_argument("node_id", help="the storage node, as `sms node list` shows it")
+    rm = nsub.add_parser("remove", parents=[common],
+                         help="forget a drained node once it is stopped: `sms node list` no longer shows it")
+    rm.add_argument("node_id", help="the storage node, as `sms node list` shows it")
     node.set_defaults(func=cmd_node)
 
     key = sub.add_parser("key", help="credentials: keys with a role (admin, producer, consumer)")
@@ -1146,7 +1282,7 @@ def build_parser() -> argparse.ArgumentParser:
     kc.add_argument("--stream", action="append", default=[], help="limit the key to this stream (repeat)")
     kc.add_argument("--name", default="", help="what the key is for")
     kc.add_argument("--tenant", default="", help="the key's tenant (default: the caller's own)")
-    ksub.add_parser("list", parents=[common], help="every key: id, role, streams, name (never a secret)")
+    ksub.add_parser("list", parents=[common], help="every key: id, tenant, role, streams, name (never a secret)")
     kr = ksub.add_parser("revoke", parents=[common], help="delete a key: its token stops working within a second")
     kr.add_argument("key_id", help="the key's id, as `sms key list` shows it")
     key.set_defaults(func=cmd_key)
@@ -1247,12 +1383,34 @@ def main(argv: list[str] | None = None) -> int:
         argcomplete.autocomplete(parser)
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()        # (a reader gone shows here, not in the interpreter's flush at exit)
+        return code
     except errors.SmsError as e:
         print(f"error: {e.name}: {e.message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+# `sms ... | head`: the reader of stdout went away. git and coreutils die of SIGPIPE then,
+# quietly, and the shell sees status 141 (128 + SIGPIPE); Python ignores SIGPIPE and raises
+# BrokenPipeError instead, so the command exits the same way by hand: no traceback, 141.
+EXIT_STDOUT_CLOSED = 128 + signal.SIGPIPE
+
+
+def _stdout_closed() -> int:
+    """No traceback, and stdout pointed at /dev/null: what is still buffered for it has
+    nowhere to go, and the interpreter's last flush at exit must not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):         # (no stdout file descriptor: nothing will be flushed to it)
+        pass
+    return EXIT_STDOUT_CLOSED
 
 
 if __name__ == "__main__":

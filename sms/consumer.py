@@ -9,10 +9,11 @@ Client Library do.
 Each member holds leases on some partitions (sms/leases.py), kept in the cluster's
 lease table for the group (control/groups.py, through GroupState / GroupWrite; no
 direct access to the metadata store). Every round -- a third of the failover time,
-and at once when a partition ends or a member joins -- a member renews its leases,
-writes its checkpoints with them, and claims, takes or releases leases toward an even
-share (`plan_takes`). A partition is read only after its parents are read to their end
-(SHARD_END), so per key records come in order across splits and merges.
+at once when a partition ends, and every CONSUMER_CATCHUP_ROUND_S while the member holds
+less than its share (a newcomer waiting for the others to release theirs) -- a member
+renews its leases, writes its checkpoints with them, and claims or releases leases toward
+its exact share (`plan_share`). A partition is read only after its parents are read to
+their end (SHARD_END), so per key records come in order across splits and merges.
 
 Checkpoints: with `auto_checkpoint` (the default), asking for the next batch marks the
 batches handed out before as processed (at least once, as KCL's processRecords); the
@@ -212,6 +213,36 @@ class _Owned:
     releasing: float = 0.0            # when this member decided to hand it over (0: it keeps it)
 
 
+def plan_share(leases: dict[str, Lease], me: str, members: list[str], clock: ExpiryClock,
+               max_take: int = limits.SPS_LEASES_TAKEN_PER_ROUND_MAX) -> tuple[list[Lease], list[Lease], int]:
+    """(leases to claim, leases of mine to release, this member's share) this round:
+    `plan_takes`' claims (free or expired leases; never one a live peer holds: each member
+    releases its extra ones itself, so a rebalance reads nothing twice), held to this
+    member's exact share. With n active leases and w live members, the first n % w members
+    in id order hold n // w + 1 and the others n // w: each member works out every member's
+    share alike, and the shares add up to n. (Up to the rounded-up share alone, two of
+    three members could hold two of four leases each, and the third none for good.)
+    Members that join together look at the free leases from different places (their rank),
+    so that they seldom claim the same one."""
+    claims, releases = plan_takes(leases, me, members, clock, max_take=max_take, take_from_peers=False)
+    # (what plan_takes counts: leases not done whose parents are done, and the members
+    # that are live and not stalled, i.e. not holding only expired leases)
+    active = [lease for lease in leases.values() if not lease.done and all(
+        (parent := leases.get(lease_key(lease.stream, p))) is None or parent.done for p in lease.parents)]
+    stalled = {lease.owner for lease in active if lease.owner and clock.expired(lease)} - \
+        {lease.owner for lease in active if lease.owner and not clock.expired(lease)}
+    live = sorted((set(members) - stalled) | {me})
+    n, w, rank = len(active), len(live), live.index(me)
+    share = n // w + (1 if rank < n % w else 0)
+    mine = sorted((lease for lease in active if lease.owner == me), key=lambda lease: (lease.stream, lease.ordinal))
+    if claims:
+        turn = rank % len(claims)
+        claims = (claims[turn:] + claims[:turn])[:max(0, share - len(mine))]
+    if len(mine) > share:
+        releases = mine[share:]
+    return claims, releases, share
+
+
 def _due(owned: "_Owned") -> str:
     """The checkpoint the lease should hold now: what the caller processed, and SHARD_END
     once a closed partition's every batch was handed out and processed."""
@@ -260,6 +291,7 @@ class GroupConsumer:
         self._failure: BaseException | None = None
         self._closed = False
         self._writes = asyncio.Lock()             # lease writes: one at a time
+        self._short_since = 0.0                   # below its share since (monotonic; 0: it is not)
 
     # --- life -------------------------------------------------------------------------
     async def __aenter__(self) -> "GroupConsumer":
@@ -383,8 +415,12 @@ class GroupConsumer:
     async def _coordinate(self) -> None:
         interval = self.failover_s / 3
         while True:
+            # below its share, waiting for a peer to release its extra leases (the peer does
+            # at its first round that sees this member): look again soon, for a while
+            catching_up = self._short_since and time.monotonic() - self._short_since < self.failover_s
             try:
-                async with asyncio.timeout(interval):
+                async with asyncio.timeout(min(interval, limits.CONSUMER_CATCHUP_ROUND_S) if catching_up
+                                           else interval):
                     await self._wake.wait()
             except TimeoutError:
                 pass
@@ -435,6 +471,8 @@ class GroupConsumer:
                 made = await self.table.ensure(self.stream, p.ordinal, tuple(p.parents), start)
                 if made is not None:
                     leases[made.key] = made
+                else:
+                    self._wake.set()          # (a peer made it meanwhile: another round at once sees it)
         for lease in leases.values():
             self._clock.observe(lease)
         self._clock.keep(set(leases))
@@ -446,7 +484,7 @@ class GroupConsumer:
                 leases[key] = owned.lease
         # (no taking from a live peer: each releases its extra leases itself, once the caller
         # is done with what it handed out, so a rebalance reads nothing twice)
-        claims, releases = plan_takes(leases, self.member_id, members, self._clock, take_from_peers=False)
+        claims, releases, share = plan_share(leases, self.member_id, members, self._clock)
         # a lease still this member's that it no longer reads (a write answered late, or lost
         # and found again): take it up again from its checkpoint, before anything new
         dropped = [lease for key, lease in leases.items() if lease.owner == self.member_id and key not in self._owned
@@ -486,6 +524,12 @@ class GroupConsumer:
             owned.task = asyncio.get_running_loop().create_task(self._read(owned),
                                                                 name=f"group-{self.group}-p{won.ordinal}")
             self._owned[won.key] = owned
+        # below its share (a peer holds more than its own and releases it at its next round,
+        # or another member claimed the same lease first): the coordinator looks again soon
+        if len(self._owned) >= share:
+            self._short_since = 0.0
+        elif not self._short_since:
+            self._short_since = time.monotonic()
 
     async def _renew(self, key: str, owned: _Owned) -> bool:
         """Renew the lease with its checkpoint (SHARD_END once a partition's end is

@@ -2,16 +2,19 @@
 
 Servers wrap each handler with `rpc_errors`: an `SmsError` becomes its gRPC status with
 the class name in trailing metadata `sms-error`; anything else becomes INTERNAL and is
-logged, and the node keeps serving. Clients call `to_sms_error` on an `AioRpcError` to
-get the same class back (UNAVAILABLE and DEADLINE_EXCEEDED without a name become
-`Unavailable` and `Timeout`).
+logged, and the node keeps serving. Every message answered to a tenant's caller is in the
+caller's own names (`for_caller`: its tenant's prefix taken out of the stored stream
+names). Clients call `to_sms_error` on an `AioRpcError` to get the same class back
+(UNAVAILABLE and DEADLINE_EXCEEDED without a name become `Unavailable` and `Timeout`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, Protocol, TypeVar
@@ -34,6 +37,22 @@ class ServicerContext(Protocol):
     async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn: ...
 
 ERROR_KEY = "sms-error"
+
+# The stored-name prefix of the calling tenant's streams ("acme~"; "" for the default
+# tenant, and on a plaintext cluster), set for the call being served by the guard of a
+# node's client port (control/auth.py scope_request). A tenant's stream is stored as
+# "<tenant>~<name>", and a tenant's caller only ever sees "<name>": in answers, and in
+# error messages, which `for_caller` rewrites at this edge rather than in each message.
+CALLER_PREFIX: contextvars.ContextVar[str] = contextvars.ContextVar("sms_caller_prefix", default="")
+
+
+def for_caller(message: str) -> str:
+    """`message` in the caller's own names: its tenant's prefix taken out of every stored
+    stream name in it (a chain id, a metadata path too; where it starts a name, so tenant
+    "a" leaves "ba~x" alone)."""
+    prefix = CALLER_PREFIX.get()
+    return re.sub(r"(?<![a-z0-9-])" + re.escape(prefix), "", message) if prefix else message
+
 
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
@@ -113,7 +132,7 @@ def rpc_errors(handler: Callable[[_Servicer, _Request, ServicerContext], Awaitab
         except errors.SmsError as e:
             metrics.RPC_ERRORS.labels(method, e.name).inc()
             context.set_trailing_metadata(((ERROR_KEY, e.name),))
-            await context.abort(e.code, e.message or e.name)
+            await context.abort(e.code, for_caller(e.message or e.name))
         except errors.InvariantViolation:
             raise
         except grpc.aio.AioRpcError as e:
@@ -122,14 +141,14 @@ def rpc_errors(handler: Callable[[_Servicer, _Request, ServicerContext], Awaitab
             err = to_sms_error(e)
             metrics.RPC_ERRORS.labels(method, err.name).inc()
             context.set_trailing_metadata(((ERROR_KEY, err.name),))
-            await context.abort(err.code, f"a call to another node failed: {err.message or err.name}")
+            await context.abort(err.code, for_caller(f"a call to another node failed: {err.message or err.name}"))
         except Exception as e:  # an operating error we did not name: answer, keep serving
             if isinstance(e, (grpc.aio.AbortError,)):
                 raise
             metrics.RPC_ERRORS.labels(method, "InternalError").inc()
             log.exception("unexpected error in %s", handler.__name__)
             context.set_trailing_metadata(((ERROR_KEY, "InternalError"),))
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+            await context.abort(grpc.StatusCode.INTERNAL, for_caller(f"{type(e).__name__}: {e}"))
         finally:
             seconds.observe(time.perf_counter() - t0)
 
@@ -151,7 +170,7 @@ def rpc_stream_errors(handler: Callable[[_Servicer, _Request, ServicerContext], 
         except errors.SmsError as e:
             metrics.RPC_ERRORS.labels(method, e.name).inc()
             context.set_trailing_metadata(((ERROR_KEY, e.name),))
-            await context.abort(e.code, e.message or e.name)
+            await context.abort(e.code, for_caller(e.message or e.name))
         except errors.InvariantViolation:
             raise
         except Exception as e:  # an operating error we did not name: answer, keep serving
@@ -160,7 +179,7 @@ def rpc_stream_errors(handler: Callable[[_Servicer, _Request, ServicerContext], 
             metrics.RPC_ERRORS.labels(method, "InternalError").inc()
             log.exception("unexpected error in %s", handler.__name__)
             context.set_trailing_metadata(((ERROR_KEY, "InternalError"),))
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+            await context.abort(grpc.StatusCode.INTERNAL, for_caller(f"{type(e).__name__}: {e}"))
 
     return wrapper
 
