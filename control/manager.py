@@ -48,7 +48,7 @@ from control import chains
 from metastore import reads
 from metastore import BadVersionError, MetaStore, NoNodeError, Set
 from sms import limits, metadata, metrics, rpc
-from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
+from sms.aiotools import background, cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation
 from sms.metadata import ChainConfig, StreamConfig
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -84,6 +84,7 @@ class ChainManager:
         # {reporter, peer} -> (their link works again, when): `_link_recovered`'s verdict
         self._recovered: dict[frozenset[str], tuple[bool, float]] = {}
         self.link_reports = 0
+        self._probe_channels: dict[str, grpc.aio.Channel] = {}   # address -> the probes' channel to it
 
     def start(self) -> None:
         for path in (metadata.NODES, metadata.CHAINS, metadata.SUSPECTS, metadata.DRAINING, metadata.DISK_FAILED):
@@ -96,6 +97,9 @@ class ChainManager:
         self._cancel.clear()
         await cancel_and_wait(self._task)
         self._task = None
+        channels, self._probe_channels = list(self._probe_channels.values()), {}
+        for channel in channels:
+            await channel.close()
         if self.configs is not None:
             self.configs.close()
             self.configs = None
@@ -175,7 +179,8 @@ class ChainManager:
         for node in (peer, reporter):
             known = self._probed.get(node)
             if node not in probes and (known is None or now - known[1] >= limits.LINK_ACK_TIMEOUT_S):
-                probes[node] = asyncio.get_running_loop().create_task(_answers(nodes[node].internal_address))
+                probes[node] = asyncio.get_running_loop().create_task(_answers(nodes[node].internal_address,
+                                                                                   self._probe_channels))
         for node in (peer, reporter):
             if node in probes:
                 self._probed[node] = (await probes[node], time.monotonic())
@@ -223,7 +228,7 @@ class ChainManager:
         recovered = False
         deadline = time.monotonic() + limits.LINK_RECOVERY_GRACE_S
         while True:
-            status = await _status(reporter.internal_address)
+            status = await _status(reporter.internal_address, self._probe_channels)
             since = time.monotonic() - started
             heard = [link.heard_ago_s for link in (status.peer_links if status is not None else ())
                      if link.peer == peer and link.heard_ago_s >= 0]
@@ -461,23 +466,28 @@ def _new_changes(old: ChainConfig, new: ChainConfig) -> int:
     return sum(1 for c in new.history if (c.epoch, c.at_ms, c.action, c.node) not in seen)
 
 
-async def _status(address: str) -> sms_pb2.NodeStatusResponse | None:
-    """The node's NodeStatus without replicas (its peer links), within LINK_PROBE_TIMEOUT_S;
+async def _status(address: str, channels: dict[str, grpc.aio.Channel]) -> sms_pb2.NodeStatusResponse | None:
+    """The node's NodeStatus without replicas (its peer links), within LINK_PROBE_TIMEOUT_S,
+    on the manager's own long-lived channel to it (`channels`: no handshake in the bound);
     None when it does not answer in time."""
+    channel = channels.get(address)
+    if channel is None:
+        if len(channels) >= limits.PROBE_CHANNELS_MAX:
+            old = channels.pop(next(iter(channels)))
+            background(old.close())
+        channel = channels[address] = rpc.peer_channel(address)
     try:
-        async with rpc.node_channel(address) as channel:
-            return await sms_pb2_grpc.StorageStub(channel).NodeStatus(
-                sms_pb2.NodeStatusRequest(chain_ids=["-"]), timeout=limits.LINK_PROBE_TIMEOUT_S)
+        return await sms_pb2_grpc.StorageStub(channel).NodeStatus(
+            sms_pb2.NodeStatusRequest(chain_ids=["-"]), timeout=limits.LINK_PROBE_TIMEOUT_S)
     except (grpc.aio.AioRpcError, OSError):
         raise_if_cancelling()
         return None
 
 
-async def _answers(address: str) -> bool:
-    """True when the node at `address` answers a NodeStatus within LINK_PROBE_TIMEOUT_S
-    (connect, TLS handshake and the answer): a paused process cannot, though its kernel
-    accepts the connection."""
-    return await _status(address) is not None
+async def _answers(address: str, channels: dict[str, grpc.aio.Channel]) -> bool:
+    """True when the node at `address` answers a NodeStatus within LINK_PROBE_TIMEOUT_S: a
+    paused process cannot, though its kernel accepts the connection."""
+    return await _status(address, channels) is not None
 
 
 async def _refuses(address: str) -> bool:

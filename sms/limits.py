@@ -208,11 +208,15 @@ SUSPECTS_MAX = 1_000                           # reports the chain manager looks
 # else the link is reported unresponsive and the chain manager takes one end out of the chain
 LINK_ACK_TIMEOUT_S = 0.4
 LINK_KEEPALIVE_INTERVAL_S = 0.1
+LINK_BATCH_ACK_TIMEOUT_S = 2.0                 # batches in flight unacked so long break the link, however
+                                               # lively the successor's stream (a stuck disk): a slow store is
+                                               # not silence, which the keepalive finds within LINK_ACK_TIMEOUT_S
 LINK_STALE_RETRY_S = 0.05                      # a hello refused for its epoch (a node has yet to apply a new
                                                # chain config: a failover under way) is tried again after this
 LINK_RECOVERY_GRACE_S = 0.15                   # both ends of a reported link answer the manager: it asks the
 LINK_RECOVERY_POLL_S = 0.04                    # reporter (so often, so long) whether it heard the peer since
-LINK_PROBE_TIMEOUT_S = 0.25                    # the chain manager's NodeStatus probe of a reported link's ends
+LINK_PROBE_TIMEOUT_S = 0.15                    # the chain manager's NodeStatus probe of a reported link's ends
+PROBE_CHANNELS_MAX = 1_024                     # (on a channel the manager keeps to each node: no handshake)
 LINK_REMOVAL_INTERVAL_S = 30.0                 # a node a link report took out of a chain stays out of it so
                                                # long, and that link removes nobody else from the chain meanwhile
 assert 2 * LINK_KEEPALIVE_INTERVAL_S < LINK_ACK_TIMEOUT_S

@@ -295,6 +295,7 @@ class Sender:
 
     def __init__(self, view: LogView, successor: str, learner: bool = False, budget: LinkBudget | None = None,
                  ack_timeout_s: float | None = limits.LINK_ACK_TIMEOUT_S,
+                 batch_ack_timeout_s: float = limits.LINK_BATCH_ACK_TIMEOUT_S,
                  stale_retry_s: float = limits.LINK_STALE_RETRY_S):
         self.view = view
         self.budget = budget if budget is not None else LinkBudget(limits.LINK_INFLIGHT_BYTES_MAX)
@@ -311,6 +312,7 @@ class Sender:
         self.inflight_bytes = 0
         self.broken_reason = ""                 # why the last stream ended
         self.ack_timeout_s = ack_timeout_s
+        self.batch_ack_timeout_s = batch_ack_timeout_s
         self.stale_retry_s = stale_retry_s
         self.waiting_since: float | None = None  # an answer is owed since (the hello, or batches in flight)
 
@@ -409,10 +411,14 @@ class Sender:
     @property
     def ack_deadline(self) -> float | None:
         """When the successor's answer is overdue (None: none is owed, or no bound). A
-        driver polls the sender then, or soon after."""
+        driver polls the sender then, or soon after. A hello is owed its answer within
+        `ack_timeout_s`; batches in flight an ack within the longer `batch_ack_timeout_s`:
+        a successor that is alive (the stream's keepalive hears it) but slow to store
+        (a loaded machine, a slow disk) is not taken for a silent one."""
         if self.waiting_since is None or self.ack_timeout_s is None:
             return None
-        return self.waiting_since + self.ack_timeout_s
+        bound = self.ack_timeout_s if self.state is SenderState.HELLO_SENT else self.batch_ack_timeout_s
+        return self.waiting_since + bound
 
     def poll(self, now: float) -> list[Action]:
         """Look at the replica and the timers again: ship what the window allows, end a
@@ -427,8 +433,9 @@ class Sender:
         if overdue is not None and now >= overdue and state in (SenderState.HELLO_SENT, SenderState.STREAMING):
             what = "its answer to the hello" if state is SenderState.HELLO_SENT else \
                 f"an ack of {len(self.inflight)} batches in flight"
+            bound = self.ack_timeout_s if state is SenderState.HELLO_SENT else self.batch_ack_timeout_s
             return self._break(now, f"no answer from {self.successor} for {now - self.waiting_since:.2f}s "
-                                    f"(bound {self.ack_timeout_s}s): {what}", suspect=True, silent=True,
+                                    f"(bound {bound}s): {what}", suspect=True, silent=True,
                                retry_s=self.stale_retry_s)
         if self.deadline is not None and now >= self.deadline:
             if state is SenderState.BROKEN:

@@ -146,7 +146,9 @@ class ChainSend:
         self.peer = peer
         self.replica = replica
         self.sender = link.Sender(replica, peer.peer_id, learner, peer.budget,
-                                  ack_timeout_s=limits.LINK_ACK_TIMEOUT_S, stale_retry_s=limits.LINK_STALE_RETRY_S)
+                                  ack_timeout_s=limits.LINK_ACK_TIMEOUT_S,
+                                  batch_ack_timeout_s=limits.LINK_BATCH_ACK_TIMEOUT_S,
+                                  stale_retry_s=limits.LINK_STALE_RETRY_S)
         self.session = 0            # its session on the current stream (0: none)
         self.armed: float | None = None   # the sender's ack deadline a timer is set for
 

@@ -350,6 +350,7 @@ def test_tail_to_learner_reports_progress_not_commits():
 # --- the sender's liveness bound ----------------------------------------------------------------
 
 BOUND = limits.LINK_ACK_TIMEOUT_S
+BATCH_BOUND = limits.LINK_BATCH_ACK_TIMEOUT_S
 
 
 def _silent_break(s: Sender, actions: list, at: float) -> None:
@@ -371,15 +372,17 @@ def test_sender_breaks_as_silent_when_its_hello_goes_unanswered():
 
 
 def test_sender_breaks_as_silent_when_batches_in_flight_go_unacked():
+    """Batches owe an ack within the longer LINK_BATCH_ACK_TIMEOUT_S (a successor slow to
+    store is not silent: the keepalive hears it); a hello within LINK_ACK_TIMEOUT_S."""
     batches = make_log(3)
     s, _view, _ = streaming_sender(batches)
-    assert s.ack_deadline == T + BOUND                 # the first batch in flight started the wait
+    assert s.ack_deadline == T + BATCH_BOUND           # the first batch in flight started the wait
     # an ack of part of them starts the wait again
     first = wire.read_header(batches[0]).last_sn
-    s.receive(Ack(CHAIN, EPOCH, first, first), T + BOUND / 2)
-    assert s.ack_deadline == T + BOUND / 2 + BOUND
-    assert not s.due(T + BOUND) and s.poll(T + BOUND) == []
-    at = T + BOUND / 2 + BOUND
+    s.receive(Ack(CHAIN, EPOCH, first, first), T + BATCH_BOUND / 2)
+    assert s.ack_deadline == T + BATCH_BOUND / 2 + BATCH_BOUND
+    assert not s.due(T + BATCH_BOUND) and s.poll(T + BATCH_BOUND) == []
+    at = T + BATCH_BOUND / 2 + BATCH_BOUND
     actions = s.poll(at)
     _silent_break(s, actions, at)
     assert "2 batches in flight" in actions[0].reason
@@ -394,7 +397,7 @@ def test_sender_owes_nothing_when_every_batch_is_acked():
     assert s.state is SenderState.STREAMING
     # an append ships a batch, which starts the wait at the time it ships
     view.batches.extend(make_log(3)[2:])
-    assert shipped(s.poll(T + 200)) and s.ack_deadline == T + 200 + BOUND
+    assert shipped(s.poll(T + 200)) and s.ack_deadline == T + 200 + BATCH_BOUND
 
 
 def test_sender_breaks_as_silent_when_the_transport_hears_nothing():
