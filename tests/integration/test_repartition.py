@@ -22,7 +22,7 @@ import pytest
 
 import sms
 import sms.aio
-from sms import errors, seqno
+from sms import errors, limits, seqno
 from sms.hashing import HASH_SPACE, hash_key_of
 from sms.types import PartitionState, Record
 from tests.conftest import POLL_INTERVAL_S, stream_name, wait_until
@@ -364,7 +364,7 @@ def test_producers_and_tailing_reader_across_split_split_merge_scale_scale(clust
                                        f"{len(send_order_violations)} pairs, e.g. {send_order_violations[:2]}")
 
 
-def test_producer_with_a_stale_map_keeps_its_sessions_apart_across_a_split(make_cluster):
+def test_producer_with_a_stale_map_keeps_its_sessions_apart_across_a_split(make_cluster, monkeypatch):
     """A producer with a stale map must not mix its sessions. Two storage nodes; a 1-partition
     stream splits into a child led by the parent's head (`same`) and one led by the other
     node (`other`). A producer that loaded its map before the split sends records whose
@@ -373,6 +373,10 @@ def test_producer_with_a_stale_map_keeps_its_sessions_apart_across_a_split(make_
     `same` starts at SSSN 0. Every record must be stored once and every future succeed.
     (Before PutRecordsRequest.session_ordinals, the node filed the stale records under the
     session (producer, same) and the new session's SSSNs 10..19 failed with SessionConflict.)"""
+    # The map must stay stale until WrongOwner: a call unanswered for PRODUCER_OWNER_CHECK_S
+    # (a loaded machine) would otherwise read a fresh map early and the stale path would go
+    # untested (CI saw exactly that: no refresh left for the reroute to make).
+    monkeypatch.setattr(limits, "PRODUCER_OWNER_CHECK_S", 60.0)
     local = make_cluster(nodes=2)
     stream = stream_name("repartition-stale-producer")
 
