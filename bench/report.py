@@ -225,6 +225,19 @@ def extras(r: dict) -> list[str]:
                        f"{m.get('cluster_cpu_us_per_record_median')} |")
         out += ["", f"TLS / plaintext: {tls.get('throughput_ratio_tls_to_plaintext')} "
                     f"(a cost of {tls.get('tls_cost_pct')}%)."]
+    enc = e.get("encryption_cost") or {}
+    if enc.get("encrypted"):
+        out += ["", f"Encryption at rest against clear (issue 30; one cluster, the two streams taken in turns; the "
+                    f"target: at most {enc.get('target_ingest_cost_pct_max')}% less ingest):", "",
+                "| stream | ingest records/s, median (best) | catch-up read records/s, median | "
+                "cluster CPU us per record, median |", "|---|---|---|---|"]
+        for mode in ("encrypted", "clear"):
+            m = enc.get(mode) or {}
+            out.append(f"| {mode} | {_n(m.get('records_per_s_median'))} ({_n(m.get('records_per_s_best'))}) | "
+                       f"{_n(m.get('read_records_per_s_median'))} | {m.get('cluster_cpu_us_per_record_median')} |")
+        out += ["", f"Encrypted / clear: ingest {enc.get('ingest_ratio_encrypted_to_clear')} (a cost of "
+                    f"{enc.get('ingest_cost_pct')}%), read {enc.get('read_ratio_encrypted_to_clear')} "
+                    f"(a cost of {enc.get('read_cost_pct')}%)."]
     th = e.get("throttle") or {}
     if th.get("holds"):
         out += ["", f"Throttling under load (issue 15; {_get(th, 'params', 'seconds')} s per load; the limited load "

@@ -71,6 +71,7 @@ MODES: dict[str, dict] = {
                    "rebalance": {"smoke": True},
                    "idle_cost": {"steps": [40], "idle_s": 1.0, "settle_s": 1.0, "load_records": 4_000},
                    "tls_cost": {"preset": "smoke"},
+                   "encryption_cost": {"preset": "smoke"},
                    "throttle": {"preset": "smoke"},
                    "consumer_group": {"preset": "smoke"},
                    "archive": {"preset": "smoke"}},
@@ -98,6 +99,7 @@ MODES: dict[str, dict] = {
                    "rebalance": {"quick": True},
                    "idle_cost": {"steps": [40, 400], "idle_s": 3.0, "settle_s": 2.0, "load_records": 20_000},
                    "tls_cost": {"preset": "quick"},
+                   "encryption_cost": {"preset": "quick"},
                    "throttle": {"preset": "quick"},
                    "consumer_group": {"preset": "quick"},
                    "archive": {"preset": "quick"}},
@@ -127,6 +129,7 @@ MODES: dict[str, dict] = {
                    "idle_cost": {"steps": [40, 400, 4000], "idle_s": 5.0, "settle_s": 12.0,
                                  "load_records": 40_000},
                    "tls_cost": {"preset": "full"},
+                   "encryption_cost": {"preset": "full"},
                    "throttle": {"preset": "full"},
                    "consumer_group": {"preset": "full"},
                    "archive": {"preset": "full"}},
@@ -433,6 +436,9 @@ def extras(run: Run, cfg: dict, workdir: str) -> dict:
         elif name == "tls_cost":
             from bench import tls_cost
             out[name] = run.call("extra tls_cost", tls_cost.run_preset, params["preset"])
+        elif name == "encryption_cost":
+            from bench import encryption_cost
+            out[name] = run.call("extra encryption_cost", encryption_cost.run_preset, params["preset"])
         elif name == "throttle":
             from bench import throttle
             out[name] = run.call("extra throttle", throttle.run_preset, params["preset"])
@@ -580,7 +586,20 @@ def targets(sms: dict | None, base: dict, extra: dict | None = None) -> list[dic
         _p99_target(ref, nats),
         _cpu_target(ingest),
         *_archive_targets(extra),
+        _encryption_target(extra),
     ]
+
+
+def _encryption_target(extra: dict | None) -> dict:
+    """Issue 30's: an encrypted stream takes at least 85% of the ingest of the same stream
+    stored in clear (same cluster, same run)."""
+    enc = _get(extra, "encryption_cost") or {}
+    ratio = enc.get("ingest_ratio_encrypted_to_clear")
+    name, goal = "encrypted ingest / clear ingest", 0.85
+    if ratio is None:
+        return common.target(name, None, goal, detail=enc.get("skipped") or "encryption_cost was not run")
+    return common.target(name, ratio, goal, detail=f"medians {enc['encrypted']['records_per_s_median']:,} / "
+                                                   f"{enc['clear']['records_per_s_median']:,} records/s")
 
 
 def _archive_targets(extra: dict | None) -> list[dict]:
@@ -639,6 +658,11 @@ def problems(result: dict) -> list[str]:
         failed = sum(r.get("failed") or 0 for r in _get(result, "extras", "tls_cost", mode, "rounds") or [])
         if failed:
             out.append(f"tls_cost: {failed} records failed on the {mode} cluster")
+    for mode in ("encrypted", "clear"):
+        for r in _get(result, "extras", "encryption_cost", mode, "rounds") or []:
+            if r.get("failed") or r.get("read_records") != r.get("read_expected"):
+                out.append(f"encryption_cost: on the {mode} stream {r.get('failed')} records failed, "
+                           f"{r.get('read_records')} read of {r.get('read_expected')} stored")
     for scenario in ("partition_limit", "tenant_limit", "read_limit"):
         for load, f in (_get(result, "extras", "throttle", scenario) or {}).items():
             done = f.get("records_acked", f.get("records_read")) if isinstance(f, dict) else None

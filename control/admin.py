@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 from collections import Counter
 import logging
+import os
 import secrets
 import time
 
@@ -23,6 +24,7 @@ from archive import cleanup
 from archive.fragment import check_codec
 from sms.objectstore import check_url
 from control import phases, placement, quotas, repartition
+from kernel import encryption as encryption_module
 from metastore import reads
 from metastore import BadVersionError, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set
 from metastore.view import ClusterView
@@ -75,8 +77,10 @@ def validate_partition_limits(wanted: dict[str, int]) -> dict[str, int]:
 
 def validate_create(name: str, partitions: int, replication_factor: int, persistence: str,
                     ingestion_policy: str, retention_hours: int, dedup_window_s: int = 0,
-                    min_in_sync: int = 0, retention_s: int = 0, archive: dict | None = None) -> StreamConfig:
-    """The config of a new stream; a 0 (an unset proto field) takes the default."""
+                    min_in_sync: int = 0, retention_s: int = 0, archive: dict | None = None,
+                    encryption: str = "") -> StreamConfig:
+    """The config of a new stream; a 0 (an unset proto field) takes the default. Its data
+    key, when encrypted, is made by StreamAdmin.create_stream (it holds the master keys)."""
     metadata.validate_stream_name(name)
     if not 1 <= partitions <= limits.STREAM_PARTITIONS_MAX:
         raise InvalidStreamConfig(f"{partitions} partitions; expected 1..{limits.STREAM_PARTITIONS_MAX}")
@@ -111,7 +115,8 @@ def validate_create(name: str, partitions: int, replication_factor: int, persist
                           persistence=persistence_v, ingestion_policy=policy,
                           retention_hours=max(1, retention_s // 3600) if retention_s else retention,
                           retention_s=retention_s, created_ms=int(time.time() * 1000), status=StreamStatus.CREATING,
-                          dedup_window_ms=window_ms, min_in_sync=in_sync)
+                          dedup_window_ms=window_ms, min_in_sync=in_sync,
+                          encryption=encryption_module.validate_algorithm(encryption or "none"))
     if archive and archive.get("archive"):
         config = dataclasses.replace(config, **validate_archive(config, **archive))
     elif archive and any(v is not None for v in archive.values()):
@@ -166,9 +171,9 @@ async def record_consumer(store: MetaStore, stream: str, consumer: str, checkpoi
     """Register the stream's consumer (its unread records protected), merge `checkpoints`
     (ordinal -> the SN of the last record it processed) into its entry, or `remove` it.
     `replace_all`: the entry's checkpoints become exactly these."""
-    if not metadata._STREAM_NAME.fullmatch(consumer or ""):
+    if not metadata._STREAM_NAME.fullmatch(consumer or "") or consumer in (".", ".."):
         raise InvalidArgument(f"consumer name {consumer[:80]!r}; expected [A-Za-z0-9_.-]{{1,"
-                              f"{limits.STREAM_NAME_CHARS_MAX}}}")
+                              f"{limits.STREAM_NAME_CHARS_MAX}}}, not '.' or '..'")
     path = metadata.consumer_path(stream, consumer)
     if remove:
         try:
@@ -208,9 +213,11 @@ async def record_consumer(store: MetaStore, stream: str, consumer: str, checkpoi
 
 
 class StreamAdmin:
-    def __init__(self, store: MetaStore, view: ClusterView):
+    def __init__(self, store: MetaStore, view: ClusterView,
+                 master_keys: encryption_module.MasterKeys | None = None):
         self.store = store
         self.view = view
+        self.master_keys = master_keys or encryption_module.MasterKeys.none()   # wraps streams' data keys
         self.lock = asyncio.Lock()   # one admin change at a time on this control node
         self.poke_repartitioner = lambda: None   # the leader's Repartitioner takes a request at once
         self.chain_configs: reads.ChainConfigs | None = None    # for placement, read on /chains changes
@@ -226,6 +233,7 @@ class StreamAdmin:
             if await self.store.get(metadata.stream_path(config.name)) is not None:
                 raise StreamAlreadyExists(f"stream {config.name!r} already exists")
             config = await quotas.admit_stream(self.store, config, retention_given)
+            config = self._with_data_key(config)
             nodes = await self._storage_nodes()
             draining = await reads.draining(self.store)
             nodes = {n: info for n, info in nodes.items() if n not in draining} or nodes
@@ -453,8 +461,10 @@ class StreamAdmin:
     async def update_stream(self, name: str, retention_hours: int = 0, retention_s: int = 0,
                             protect_unread: bool | None = None, auto_split_records_per_s: int = -1,
                             auto_split_period_s: int = 0, partition_limits: dict[str, int] | None = None,
-                            archive: dict | None = None) -> None:
+                            archive: dict | None = None, encryption: str | None = None) -> None:
         changes: dict = validate_partition_limits(partition_limits or {})
+        if encryption_module.validate_algorithm(encryption) is not None:
+            changes["encryption"] = encryption
         if retention_hours:
             if not limits.RETENTION_HOURS_MIN <= retention_hours <= limits.RETENTION_HOURS_MAX:
                 raise InvalidStreamConfig(f"retention {retention_hours} h; expected {limits.RETENTION_HOURS_MIN}.."
@@ -486,8 +496,40 @@ class StreamAdmin:
             new = dataclasses.replace(c, **changes)
             if given_archive or new.archive:
                 new = dataclasses.replace(new, **validate_archive(new, **given_archive))
-            return quotas.within_retention(new, caps, tenant, given)
+            return self._with_data_key(quotas.within_retention(new, caps, tenant, given))
         await self._change_config(name, change)
+
+    def _with_data_key(self, config: StreamConfig) -> StreamConfig:
+        """An encrypted stream's config with a data key (made once, then kept: batches
+        sealed under it stay readable after a change back to "none")."""
+        if config.encryption == encryption_module.ALGORITHM and not config.data_key:
+            data_key = os.urandom(encryption_module.KEY_BYTES)
+            return dataclasses.replace(config, data_key=self.master_keys.wrap(config.name, data_key))
+        return config
+
+    async def rewrap_data_keys(self) -> int:
+        """Master key rotation, step two: every stream's data key wrapped again by the current
+        master key (the leader reads its key file again first). Returns how many were."""
+        if self.master_keys.source and not self.master_keys.source.startswith("$"):
+            self.master_keys = encryption_module.MasterKeys.load(self.master_keys.source)
+        rewrapped = 0
+        for name in await self._stream_names():
+            def change(c: StreamConfig) -> StreamConfig:
+                if not c.data_key or c.data_key.partition(":")[0] == self.master_keys.current:
+                    return c
+                key = self.master_keys.unwrap(c.name, c.data_key)
+                return dataclasses.replace(c, data_key=self.master_keys.wrap(c.name, key))
+            config, _v = await self._stream_entry(name)
+            if config.data_key and config.data_key.partition(":")[0] != self.master_keys.current:
+                await self._change_config(name, change)
+                rewrapped += 1
+        return rewrapped
+
+    async def _stream_names(self) -> list[str]:
+        try:
+            return await self.store.children(metadata.STREAMS)
+        except NoNodeError:
+            return []
 
     async def _change_config(self, name: str, change) -> None:
         for _ in range(limits.CLIENT_REDIRECT_RETRIES_MAX):

@@ -2,16 +2,18 @@
 on a TLS node's client port (node/tls.py).
 
 A key is `/keys/<key id>` in the metadata store: its tenant, its role (`admin`,
-`producer` or `consumer`), optionally the streams it is limited to, and the SHA-256 of
-its secret. The secret itself is shown once, when the key is created, inside its token
-`sms_<key id>_<secret>`; the store never holds it. (Secrets are 256 random bits, so one
-SHA-256 is enough; a slow password hash is for secrets people choose.)
+`producer`, `consumer`, or `monitor`: Prometheus's, for /metrics in node/metrics.py),
+optionally the streams it is limited to, and the SHA-256 of its secret. The secret
+itself is shown once, when the key is created, inside its token `sms_<key id>_<secret>`;
+the store never holds it. (Secrets are 256 random bits, so one SHA-256 is enough; a slow
+password hash is for secrets people choose.)
 
 Every client call carries the token as `authorization: Bearer <token>`. A missing,
 malformed, unknown, revoked or wrong token gets `Unauthenticated`; a valid one without
 the right (`RIGHTS`, `ROLE_RIGHTS`) gets `PermissionDenied`, which names neither the
-key's streams nor whether the stream asked for exists. A node re-reads a key after
-KEY_CACHE_TTL_S (`KeyTable`), so a revoked key stops working about that long after.
+key's streams nor whether the stream asked for exists. A node trusts what it read of a
+key for KEY_CACHE_TTL_S (`KeyTable`), and `revoke_key` answers that long after the
+deletion, so a revoked key works nowhere once the revocation returns.
 
 A tenant's stream "orders" is stored as "<tenant>~orders" (the default tenant's as
 "orders"): `scope_request` rewrites the names of each call and its answer, so a tenant
@@ -30,6 +32,7 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from control import quotas
@@ -41,7 +44,7 @@ from sms.errors import (FailedPrecondition, InvalidArgument, InvalidIterator, Ke
 
 log = logging.getLogger(__name__)
 
-ROLES = ("admin", "producer", "consumer")
+ROLES = ("admin", "producer", "consumer", "monitor")
 DEFAULT_TENANT = "default"
 TOKEN_PREFIX = "sms_"
 KEY_ID_HEX = 16
@@ -50,7 +53,10 @@ AUTH_HEADER = "authorization"
 # rights, and the roles that hold them
 DESCRIBE, READ, WRITE, ADMIN = "describe", "read", "write", "admin"
 CLUSTER = "cluster"     # the cluster's own state (nodes, every tenant's replicas): admins of the default tenant
-ROLE_RIGHTS = {"admin": {DESCRIBE, READ, WRITE, ADMIN}, "producer": {DESCRIBE, WRITE}, "consumer": {DESCRIBE, READ}}
+METRICS = "metrics"     # a node's /metrics (node/metrics.py), which names every tenant's streams: the default
+                        # tenant's monitor and admin keys, not limited to streams; no gRPC call needs it
+ROLE_RIGHTS = {"admin": {DESCRIBE, READ, WRITE, ADMIN, METRICS}, "producer": {DESCRIBE, WRITE},
+               "consumer": {DESCRIBE, READ}, "monitor": {METRICS}}
 
 
 # --- tenants: each sees its own streams, under its own names --------------------------
@@ -143,9 +149,11 @@ RIGHTS: dict[str, str] = {
     "/sms.v1.Control/CreateKey": ADMIN, "/sms.v1.Control/ListKeys": ADMIN, "/sms.v1.Control/RevokeKey": ADMIN,
     "/sms.v1.Control/ListNodes": CLUSTER, "/sms.v1.Control/DrainNode": CLUSTER,
     "/sms.v1.Control/RemoveNode": CLUSTER, "/sms.v1.Control/NodeStatus": CLUSTER,
+    "/sms.v1.Control/RewrapDataKeys": CLUSTER,
     "/sms.v1.Control/CreateTenant": CLUSTER, "/sms.v1.Control/ListTenants": CLUSTER,
     "/sms.v1.Control/DeleteTenant": CLUSTER, "/sms.v1.Control/UpdateTenant": CLUSTER,
     "/sms.v1.Control/RevokeCertificate": CLUSTER, "/sms.v1.Control/ListRevokedCertificates": CLUSTER,
+    "/sms.v1.Control/ReadAudit": CLUSTER,         # (every tenant's events: kernel/audit.py)
     "/sms.v1.Ingestion/IngestionStatus": CLUSTER,
     "/sms.v1.Control/DescribeStream": DESCRIBE, "/sms.v1.Control/ListStreams": DESCRIBE,
     "/sms.v1.Control/DescribeCluster": DESCRIBE,
@@ -198,8 +206,10 @@ class Principal:
     streams: tuple[str, ...]
 
     def allows(self, right: str, stream: str | None) -> bool:
-        if self.streams and stream is None and right in (ADMIN, CLUSTER):
-            return False        # a key limited to streams manages no keys, tenants or nodes
+        if self.streams and stream is None and right in (ADMIN, CLUSTER, METRICS):
+            return False        # a key limited to streams manages no keys, tenants or nodes, nor sees every stream
+        if right == METRICS and self.tenant != DEFAULT_TENANT:
+            return False        # (every tenant's streams by name)
         if right == CLUSTER:
             return self.role == "admin" and self.tenant == DEFAULT_TENANT
         if right not in ROLE_RIGHTS[self.role]:
@@ -240,9 +250,12 @@ def is_key_id(text: str) -> bool:
     return len(text) == KEY_ID_HEX and all(c in "0123456789abcdef" for c in text)
 
 
-def validate_key_request(role: str, streams: list[str]) -> tuple[str, tuple[str, ...]]:
+def validate_key_request(role: str, streams: list[str], tenant: str = DEFAULT_TENANT) -> tuple[str, tuple[str, ...]]:
     if role not in ROLES:
         raise InvalidArgument(f"role {role!r}; expected one of {', '.join(ROLES)}")
+    if role == "monitor" and (streams or tenant != DEFAULT_TENANT):
+        raise InvalidArgument("a monitor key belongs to the default tenant and is not limited to streams: "
+                              "the metrics it reads name every tenant's streams")
     if len(streams) > limits.KEY_STREAMS_MAX:
         raise InvalidArgument(f"{len(streams)} streams for one key; at most {limits.KEY_STREAMS_MAX}")
     return role, tuple(metadata.validate_stream_name(s, stored=False) for s in streams)
@@ -336,7 +349,8 @@ async def update_tenant(store: MetaStore, name: str, **wanted: int) -> metadata.
 
 
 async def delete_tenant(store: MetaStore, name: str) -> None:
-    """Refused while the tenant has streams; its keys go with it."""
+    """Refused while the tenant has streams; its keys go with it (revoked as by
+    revoke_key)."""
     require_cluster_admin()
     validate_tenant(name)
     if name == DEFAULT_TENANT:
@@ -351,21 +365,25 @@ async def delete_tenant(store: MetaStore, name: str) -> None:
     if held:
         await store.set(tenant_path(name), config.to_bytes())        # (not deleted after all)
         raise FailedPrecondition(f"tenant {name!r} has {len(held)} streams; delete them first")
+    revoked = False
     for key_id in await store.children(metadata.KEYS):           # every key of it, with no cap
         key = await store.get(key_path(key_id))
         if key is not None and KeyEntry.from_bytes(key_id, key.value).tenant == name:
             try:
                 await store.delete(key_path(key_id))
+                revoked = True
             except NoNodeError:
                 pass
     await store.delete(tenant_path(name))
+    if revoked:          # (as revoke_key: once this returns, no node admits its keys)
+        await asyncio.sleep(limits.KEY_CACHE_TTL_S)
 
 
 async def create_key(store: MetaStore, role: str, streams: list[str], name: str = "",
                      tenant: str = DEFAULT_TENANT, token: str | None = None) -> tuple[KeyEntry, str]:
     """A new key in the store; (its entry, its token). `token`: a given one (a cluster's
     bootstrap admin key). The tenant must exist."""
-    role, scoped = validate_key_request(role, streams)
+    role, scoped = validate_key_request(role, streams, tenant)
     if tenant != DEFAULT_TENANT:
         entry = await store.get(tenant_path(validate_tenant(tenant)))
         if entry is None or metadata.TenantConfig.from_bytes(entry.value).deleting:
@@ -385,83 +403,163 @@ async def create_key(store: MetaStore, role: str, streams: list[str], name: str 
     return entry, token
 
 
+# the rights a node grants on a key's last good verdict while it cannot read the metadata
+# store (for at most KEY_STALE_MAX_S): the data calls. Any other call (keys, streams,
+# tenants, nodes) needs a verdict younger than KEY_CACHE_TTL_S, or gets Unavailable.
+STALE_RIGHTS = frozenset({DESCRIBE, READ, WRITE})
+
+
+def may_use_stale(method: str) -> bool:
+    """Whether a call may be admitted on a key's stale verdict (STALE_RIGHTS)."""
+    return RIGHTS.get(method, ADMIN) in STALE_RIGHTS
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    outcome: "Principal | SmsError"     # the key's principal, or the error that refuses it
+    read_s: float                       # (KeyTable.clock) when the read that produced it began
+
+
 class KeyTable:
-    """A node's view of the keys: each read from the store on first use, and again in
-    the background once its verdict is older than KEY_CACHE_TTL_S."""
+    """A node's verdicts on keys, each from a read of the metadata store.
 
-    def __init__(self, store: MetaStore):
+    - A verdict is trusted for KEY_CACHE_TTL_S from the moment the read that produced it
+      began (a read that begins after a revocation sees it). From half that age a call
+      that uses it starts a read in the background, so a steady client never waits.
+      Older, it is read again before the call is admitted: one read per token at a time,
+      shared by the calls that wait for it.
+    - `revoke_key` answers KEY_CACHE_TTL_S after the key is deleted: by then every
+      verdict that admitted it has run out, on every node.
+    - A node that cannot read the key (no answer within METADATA_READ_WAIT_S, or a store
+      error) refuses the call with the retriable Unavailable: it fails closed. Only data
+      calls (`stale_ok`, STALE_RIGHTS) are admitted on the key's last good verdict while
+      it is younger than KEY_STALE_MAX_S, and while the last read failed they are
+      admitted at once (a read goes on in the background), so a moment without the store
+      stops no producer or consumer. A key revoked meanwhile keeps writing and reading
+      on such a node until a read succeeds, at most KEY_STALE_MAX_S.
+    - A malformed token is refused without a read and without a trace here.
+
+    `clock`: monotonic seconds (tests give their own)."""
+
+    # reads one call waits for: one under way when it came (it may have begun too long
+    # ago), then one of its own; a read slower than KEY_CACHE_TTL_S confirms nothing
+    READS_PER_CALL_MAX = 2
+
+    def __init__(self, store: MetaStore, *, clock: Callable[[], float] = time.monotonic):
         self.store = store
-        # token -> (confirmed at, principal) of keys that exist, and apart (so that callers
-        # without a key cannot push the good ones out) -> (at, error) of those that do not
-        self._known: dict[str, tuple[float, Principal]] = {}
-        self._refused: dict[str, tuple[float, SmsError]] = {}
-        self._refreshing: dict[str, asyncio.Task] = {}
+        self.clock = clock
+        # token -> verdict of keys that exist, and apart (so that callers without a key
+        # cannot push the good ones out) of those that do not
+        self._known: dict[str, _Verdict] = {}
+        self._refused: dict[str, _Verdict] = {}
+        self._reads: dict[str, asyncio.Task[bool]] = {}      # the read of each token under way
+        self.unreachable = False      # the last read failed: the store does not answer this node
 
-    async def authenticate(self, token: str) -> Principal:
-        """The key's principal, or the named error.
-
-        - A verdict younger than KEY_CACHE_TTL_S is used as it is.
-        - A key accepted within KEY_STALE_MAX_S is used at once while one background
-          read confirms it (a revoked key is refused from the call after that read), so
-          a node cut off from the store keeps serving the clients it knows, without a
-          wait per call.
-        - Anything else is read now, waiting at most METADATA_READ_WAIT_S, then
-          Unavailable (the client tries another node). A malformed token is refused
-          without a read and without a trace here."""
+    async def authenticate(self, token: str, *, stale_ok: bool = False) -> Principal:
+        """The key's principal, or the named error (Unauthenticated; Unavailable when the
+        key cannot be confirmed). `stale_ok`: a data call (see the class docstring)."""
         if not token:
             raise Unauthenticated("no credential: give a key's token (token=, --token or $SMS_TOKEN)")
         key_id, secret = parse_token(token)
-        now = time.monotonic()
-        known = self._known.get(token)
-        if known is not None:
-            age = now - known[0]
-            if age <= limits.KEY_CACHE_TTL_S:
-                return known[1]
-            if age <= limits.KEY_STALE_MAX_S:
-                if token not in self._refreshing:
-                    task = asyncio.get_running_loop().create_task(self._refresh(token, key_id, secret),
-                                                                  name="key-refresh")
-                    self._refreshing[token] = task
-                    task.add_done_callback(lambda _t: self._refreshing.pop(token, None))
-                return known[1]
-        refused = self._refused.get(token)
-        if refused is not None and now - refused[0] <= limits.KEY_CACHE_TTL_S:
-            raise type(refused[1])(refused[1].message)
-        try:
-            async with asyncio.timeout(limits.METADATA_READ_WAIT_S):
-                verdict = await self._verdict(key_id, secret)
-        except (TimeoutError, MetaStoreError):
-            raise Unavailable("credentials cannot be checked now: the metadata store does not answer this "
-                              "node; try another") from None
-        self._remember(token, now, verdict)
-        if isinstance(verdict, SmsError):
-            raise type(verdict)(verdict.message)
+        if stale_ok and self.unreachable:
+            stale = self._stale(token)
+            if stale is not None:
+                self._read_soon(token, key_id, secret)
+                return stale
+        deadline = asyncio.get_running_loop().time() + limits.METADATA_READ_WAIT_S
+        reads = 0
+        while (verdict := self._trusted(token, key_id, secret)) is None and reads < self.READS_PER_CALL_MAX:
+            reads += 1
+            if not await self._read(token, key_id, secret, deadline):
+                break
+        if verdict is not None:
+            if isinstance(verdict.outcome, Principal):
+                return verdict.outcome
+            raise type(verdict.outcome)(verdict.outcome.message)
+        stale = self._stale(token) if stale_ok else None
+        if stale is not None:
+            return stale
+        raise Unavailable("credentials cannot be checked now: the metadata store does not answer this node in "
+                          "time; retry, or try another node")
+
+    def _trusted(self, token: str, key_id: str, secret: str) -> _Verdict | None:
+        """The token's verdict if it is younger than KEY_CACHE_TTL_S (from half that age
+        on, read again in the background)."""
+        verdict = self._known.get(token) or self._refused.get(token)
+        if verdict is None:
+            return None
+        age = self.clock() - verdict.read_s
+        if age >= limits.KEY_CACHE_TTL_S:
+            return None
+        if age >= limits.KEY_CACHE_TTL_S / 2 and isinstance(verdict.outcome, Principal):
+            self._read_soon(token, key_id, secret)
         return verdict
 
-    async def _refresh(self, token: str, key_id: str, secret: str) -> None:
-        started = time.monotonic()
+    def _stale(self, token: str) -> Principal | None:
+        """The token's last good verdict, if younger than KEY_STALE_MAX_S."""
+        known = self._known.get(token)
+        if known is None or self.clock() - known.read_s >= limits.KEY_STALE_MAX_S:
+            return None
+        assert isinstance(known.outcome, Principal)
+        return known.outcome
+
+    async def _read(self, token: str, key_id: str, secret: str, deadline: float) -> bool:
+        """Waits (until `deadline`, loop time) for a read of the token: the one under way,
+        else a new one. False if the store could not be read in time."""
+        task = self._reads.get(token) or self._start_read(token, key_id, secret)
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await asyncio.shield(task)
+        except TimeoutError:
+            return False
+
+    def _read_soon(self, token: str, key_id: str, secret: str) -> None:
+        if token not in self._reads:
+            self._start_read(token, key_id, secret)
+
+    def _start_read(self, token: str, key_id: str, secret: str) -> asyncio.Task[bool]:
+        task = asyncio.get_running_loop().create_task(self._read_now(token, key_id, secret), name="key-read")
+        self._reads[token] = task
+
+        def done(finished: asyncio.Task[bool]) -> None:
+            if self._reads.get(token) is finished:
+                del self._reads[token]
+        task.add_done_callback(done)
+        return task
+
+    async def _read_now(self, token: str, key_id: str, secret: str) -> bool:
+        """One read of the key: its verdict remembered (True), or the store marked as not
+        answering (False). Raises nothing but a cancellation."""
+        started = self.clock()
         try:
             async with asyncio.timeout(limits.METADATA_READ_WAIT_S):
                 verdict = await self._verdict(key_id, secret)
-        except (TimeoutError, MetaStoreError):
-            return                # (still cut off: the stale verdict serves until KEY_STALE_MAX_S)
-        except Exception:         # (a key entry this version cannot read: refused from now on)
+        except Exception as e:    # (the store's own errors, or one it should not raise: not read either way)
             raise_if_cancelling()
-            log.exception("key %s could not be read", key_id)
-            verdict = Unauthenticated("unknown or revoked key")
-        self._remember(token, started, verdict)
+            if not isinstance(e, (TimeoutError, MetaStoreError)):
+                log.exception("key %s could not be read", key_id)
+            if not self.unreachable:
+                log.warning("keys cannot be read from the metadata store (%s): admin calls get Unavailable, "
+                            "data calls a key's last verdict for at most %.0f s", type(e).__name__,
+                            limits.KEY_STALE_MAX_S)
+            self.unreachable = True
+            return False
+        if self.unreachable:
+            log.info("keys are read from the metadata store again")
+        self.unreachable = False
+        self._remember(token, _Verdict(verdict, started))
+        return True
 
-    def _remember(self, token: str, at: float, verdict: Principal | SmsError) -> None:
-        if isinstance(verdict, Principal):
-            self._refused.pop(token, None)
-            if len(self._known) >= limits.AUTH_CACHE_ENTRIES_MAX:
-                self._known.clear()       # (that many distinct valid tokens: start afresh)
-            self._known[token] = (at, verdict)
-        else:
-            self._known.pop(token, None)
-            if len(self._refused) >= limits.AUTH_CACHE_ENTRIES_MAX:
-                self._refused.clear()
-            self._refused[token] = (at, verdict)
+    def _remember(self, token: str, verdict: _Verdict) -> None:
+        old = self._known.get(token) or self._refused.get(token)
+        if old is not None and old.read_s > verdict.read_s:
+            return              # (a read that began before the one already remembered)
+        keep, drop = (self._known, self._refused) if isinstance(verdict.outcome, Principal) \
+            else (self._refused, self._known)
+        drop.pop(token, None)
+        if len(keep) >= limits.AUTH_CACHE_ENTRIES_MAX and token not in keep:
+            keep.clear()        # (that many distinct tokens: start afresh)
+        keep[token] = verdict
 
     async def _verdict(self, key_id: str, secret: str) -> Principal | SmsError:
         entry = await self.store.get(key_path(key_id))
@@ -471,7 +569,7 @@ class KeyTable:
             key = KeyEntry.from_bytes(key_id, entry.value)
             if key.role not in ROLES:
                 raise ValueError(f"role {key.role!r}")
-        except (ValueError, KeyError, TypeError) as e:     # written by another version, or damaged
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:   # another version's, or damaged
             log.error("key %s: unreadable entry (%s): refused", key_id, e)
             return Unauthenticated("unknown or revoked key")
         if not hmac.compare_digest(key.sha256, hash_secret(secret)):
@@ -510,8 +608,10 @@ async def list_keys(store: MetaStore, tenant: str | None = None) -> list[KeyEntr
 
 
 async def revoke_key(store: MetaStore, key_id: str, tenant: str | None = None) -> None:
-    """Delete the key (only one of `tenant`, when given: another's is not found); every
-    node refuses its token within about KEY_CACHE_TTL_S."""
+    """Delete the key (only one of `tenant`, when given: another's is not found), and
+    answer KEY_CACHE_TTL_S later: by then every verdict that admitted it has run out
+    (KeyTable), so once this returns no node admits the key (one cut off from the store
+    only for data calls, KEY_STALE_MAX_S at most)."""
     if not is_key_id(key_id):
         raise InvalidArgument(f"key id {key_id[:40]!r}; expected {KEY_ID_HEX} hex digits (sms key list)")
     if tenant is not None:
@@ -522,6 +622,7 @@ async def revoke_key(store: MetaStore, key_id: str, tenant: str | None = None) -
         await store.delete(key_path(key_id))
     except NoNodeError:
         raise KeyNotFound(f"no key {key_id}") from None
+    await asyncio.sleep(limits.KEY_CACHE_TTL_S)
 
 
 async def bootstrap_admin_key(store: MetaStore, token: str) -> bool:

@@ -76,7 +76,7 @@ def _validate_entry(member: bool, key: str, value: bytes, delete: bool) -> Lease
             try:
                 if not isinstance(json.loads(value), dict):
                     raise ValueError("not an object")
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:      # (RecursionError: nested deeper than the parser goes)
                 raise InvalidArgument(f"member {key!r}: its entry is not a JSON object ({e})") from None
         return None
     if not key.isdigit() or len(key) > 6:
@@ -92,7 +92,7 @@ def _validate_entry(member: bool, key: str, value: bytes, delete: bool) -> Lease
         if not all(isinstance(v, t) and not isinstance(v, bool) for v, t in kinds) \
                 or not all(isinstance(p, int) and not isinstance(p, bool) for p in lease.parents):
             raise TypeError("a field of the wrong type")
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise InvalidArgument(f"lease {key}: not a lease ({type(e).__name__}: {e})") from None
     if lease.ordinal != int(key):
         raise InvalidArgument(f"lease {key} names partition {lease.ordinal}")

@@ -1,24 +1,84 @@
 """The Control gRPC service. Every process serves the reads (ListStreams, DescribeStream,
 DescribeCluster) from its metadata view, so a client can discover the cluster from any
 one address; only a process with the control role accepts CreateStream/DeleteStream.
+Every change of a stream, tenant, key, certificate, node or consumer group is written to
+the audit log with its outcome (`audited`; kernel/audit.py), and ReadAudit answers this
+node's audit lines.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import time
+
+import grpc
+from google.protobuf import text_format
 
 from control import auth, repartition, revocation
 from control.phases import Kind
 from control.admin import StreamAdmin, validate_create
 from control.groups import Groups
+from kernel import audit
 from metastore import producers
 from metastore.view import ClusterView, bounded
 from sms import convert, limits, metadata, seqno
-from sms.errors import FailedPrecondition, InvalidArgument, InvalidProducerId, InvalidSplitPoint, Unavailable
+from sms.errors import (FailedPrecondition, InvalidArgument, InvalidProducerId, InvalidSplitPoint, SmsError,
+                        Unavailable)
 from sms.metadata import ConsumerRecord
 from sms.proto import sms_pb2, sms_pb2_grpc
-from sms.rpc import rpc_errors
+from sms.rpc import rpc_errors, to_sms_error
+
+log = logging.getLogger(__name__)
+
+
+def audited(action, target):
+    """A change handler (under @rpc_errors) whose every call goes to the audit log with its
+    outcome ("ok" or the name of the error the caller gets): who (the caller's key,
+    auth.CURRENT), `action` (a name, or a function of the request), `target(request,
+    answer)` (answer None when it failed), the request in one line, and the call's peer.
+    No audited request holds a secret (a key's token is in CreateKey's answer only)."""
+    def wrap(handler):
+        @functools.wraps(handler)
+        async def wrapper(self, request, context):
+            answer, outcome, message = None, audit.OK, ""
+            try:
+                answer = await handler(self, request, context)
+                return answer
+            except BaseException as e:       # (recorded, then raised as it was)
+                outcome, message = _outcome(e)
+                raise
+            finally:
+                try:
+                    asked = text_format.MessageToString(request, as_one_line=True)
+                    audit.event(action(request) if callable(action) else action, target(request, answer), outcome,
+                                audit.who_key(auth.CURRENT.get()), audit.peer(context),
+                                f"{asked}; {message}" if message else asked)
+                except Exception:       # (auditing never fails the call)
+                    log.warning("audit: %s not recorded", handler.__name__, exc_info=True)
+        return wrapper
+    return wrap
+
+
+def _outcome(e: BaseException) -> tuple[str, str]:
+    """(name, message) of the error a caller gets for `e`, as sms/rpc.py rpc_errors maps it."""
+    if isinstance(e, SmsError):
+        return e.name, e.message
+    if isinstance(e, grpc.aio.AioRpcError):
+        error = to_sms_error(e)
+        return error.name, error.message
+    if isinstance(e, asyncio.CancelledError):
+        return "Cancelled", "the call was cancelled"
+    return "InternalError", f"{type(e).__name__}: {e}"
+
+
+def _named(field: str):
+    return lambda request, _answer: getattr(request, field)
+
+
+def _group(request, _answer) -> str:
+    return f"{request.stream}/{request.group}"
 
 
 def repartition_request(request: sms_pb2.RepartitionStreamRequest) -> repartition.RepartitionRequest:
@@ -60,6 +120,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
 
     # --- credentials (control/auth.py; the guard lets admin keys only call these) --------
     @rpc_errors
+    @audited(audit.KEY_CREATE, lambda _r, answer: answer.key.key_id if answer is not None else "")
     async def CreateKey(self, request, context):
         entry, token = await auth.create_key(self._admin().store, request.role, list(request.streams),
                                              request.name, tenant=auth.acting_tenant(request.tenant))
@@ -71,11 +132,13 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         return sms_pb2.ListKeysResponse(keys=[_key_pb(k) for k in keys])
 
     @rpc_errors
+    @audited(audit.KEY_REVOKE, _named("key_id"))
     async def RevokeKey(self, request, context):
         await auth.revoke_key(self._admin().store, request.key_id, auth.tenant_scope())
         return sms_pb2.Empty()
 
     @rpc_errors
+    @audited(audit.TENANT_CREATE, _named("name"))
     async def CreateTenant(self, request, context):
         await auth.create_tenant(self._admin().store, request.name)
         return sms_pb2.Empty()
@@ -87,10 +150,27 @@ class ControlService(sms_pb2_grpc.ControlServicer):
                                            tenants=[_tenant_pb(n, c) for n, c in tenants])
 
     @rpc_errors
+    @audited(audit.CERTIFICATE_REVOKE, _named("serial"))
     async def RevokeCertificate(self, request, context):
         auth.require_cluster_admin()
         await revocation.revoke(self._admin().store, request.serial, request.reason)
         return sms_pb2.Empty()
+
+    @rpc_errors
+    async def ReadAudit(self, request, context):
+        """This node's audit lines (kernel/audit.py), the newest `limit` at or after
+        `since_ms`; `sms audit` asks every node. A process without an audit file: none."""
+        auth.require_cluster_admin()
+        if request.since_ms < 0:
+            raise InvalidArgument(f"since_ms {request.since_ms}; expected 0 or a time in ms since the epoch")
+        if request.limit > limits.AUDIT_READ_EVENTS_MAX:
+            raise InvalidArgument(f"limit {request.limit}; at most {limits.AUDIT_READ_EVENTS_MAX}")
+        written = audit.current()
+        if written is None:
+            return sms_pb2.ReadAuditResponse()
+        events, truncated = await asyncio.to_thread(written.read, request.since_ms,
+                                                    request.limit or limits.AUDIT_READ_EVENTS_MAX)
+        return sms_pb2.ReadAuditResponse(node_id=written.node, events=events, truncated=truncated)
 
     @rpc_errors
     async def ListRevokedCertificates(self, request, context):
@@ -118,12 +198,14 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         return sms_pb2.ListGroupsResponse(groups=await self.groups.list(request.stream))
 
     @rpc_errors
+    @audited(audit.GROUP_RESET, _group)
     async def ResetGroup(self, request, context):
         await self.groups.reset(request.stream, request.group, request.position, request.timestamp_ms,
                                 dict(request.sequence_numbers))
         return sms_pb2.Empty()
 
     @rpc_errors
+    @audited(audit.GROUP_DELETE, _group)
     async def DeleteGroup(self, request, context):
         await self.groups.delete(request.stream, request.group)
         return sms_pb2.Empty()
@@ -145,6 +227,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         return sms_pb2.InitProducerResponse(epoch=epoch)
 
     @rpc_errors
+    @audited(audit.TENANT_UPDATE, _named("name"))
     async def UpdateTenant(self, request, context):
         wanted = {f: getattr(request, f) for f in metadata.TenantConfig.LIMITS
                   if f.startswith("write_") or request.HasField(f)}
@@ -152,6 +235,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         return _tenant_pb(request.name, config)
 
     @rpc_errors
+    @audited(audit.TENANT_DELETE, _named("name"))
     async def DeleteTenant(self, request, context):
         await auth.delete_tenant(self._admin().store, request.name)
         return sms_pb2.Empty()
@@ -173,17 +257,20 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         return self.admin
 
     @rpc_errors
+    @audited(audit.STREAM_CREATE, _named("name"))
     async def CreateStream(self, request, context):
         admin = self._admin()
         archive = {"archive": request.archive or None, "archive_after_s": request.archive_after_s or None,
                    "local_retention_s": request.local_retention_s or None, "compression": request.compression or None}
         config = validate_create(request.name, request.partitions, request.replication_factor,
                                  request.persistence, request.ingestion_policy, request.retention_hours,
-                                 request.dedup_window_s, request.min_in_sync, request.retention_s, archive)
+                                 request.dedup_window_s, request.min_in_sync, request.retention_s, archive,
+                                 encryption=request.encryption)
         await admin.create_stream(config, retention_given=bool(request.retention_hours or request.retention_s))
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 
     @rpc_errors
+    @audited(audit.STREAM_DELETE, _named("name"))
     async def DeleteStream(self, request, context):
         await self._admin().delete_stream(request.name)
         return sms_pb2.Empty()
@@ -204,6 +291,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         return convert.cluster_to_pb(await bounded(self.view.describe_cluster(), "DescribeCluster"))
 
     @rpc_errors
+    @audited(audit.STREAM_REPARTITION, _named("name"))
     async def RepartitionStream(self, request, context):
         admin = self._admin()
         req = repartition_request(request)
@@ -211,6 +299,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 
     @rpc_errors
+    @audited(audit.STREAM_UPDATE, _named("name"))
     async def UpdateStream(self, request, context):
         admin = self._admin()
         protect = {"": None, "true": True, "false": False}.get(request.protect_unread.lower(), "bad")
@@ -227,11 +316,25 @@ class ControlService(sms_pb2_grpc.ControlServicer):
                                            else request.archive_after_s,
                                            "local_retention_s": None if request.local_retention_s <= 0
                                            else request.local_retention_s,
-                                           "compression": request.compression or None})
+                                           "compression": request.compression or None},
+                                  encryption=request.encryption or None)
         self.view.invalidate()
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 
     @rpc_errors
+    @audited(audit.KEY_REWRAP, lambda _r, answer: f"{answer.rewrapped} data keys" if answer is not None else "")
+    async def RewrapDataKeys(self, request, context):
+        """Master key rotation, step two (kernel/encryption.py): every encrypted stream's
+        data key wrapped by the current master key of the leader's key file."""
+        auth.require_cluster_admin()
+        try:
+            count = await self._admin().rewrap_data_keys()
+        except ValueError as e:            # the key file cannot be read
+            raise FailedPrecondition(f"the control leader's master key file: {e}") from None
+        return sms_pb2.RewrapDataKeysResponse(rewrapped=count)
+
+    @rpc_errors
+    @audited(audit.STREAM_TRIM, _named("name"))
     async def TrimStream(self, request, context):
         before_sn = seqno.parse(request.before_sn) if request.before_sn else 0
         await self._admin().trim_stream(request.name, before_sn, request.before_ms)
@@ -242,10 +345,12 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         return convert.node_loads_to_pb(await self._admin().list_nodes())
 
     @rpc_errors
+    @audited(lambda r: audit.NODE_UNDRAIN if r.undo else audit.NODE_DRAIN, _named("node_id"))
     async def DrainNode(self, request, context):
         return convert.node_loads_to_pb(await self._admin().drain_node(request.node_id, request.undo))
 
     @rpc_errors
+    @audited(audit.NODE_REMOVE, _named("node_id"))
     async def RemoveNode(self, request, context):
         return convert.node_loads_to_pb(await self._admin().remove_node(request.node_id))
 

@@ -138,7 +138,8 @@ class ClusterView:
                           archive=c.archive, archive_after_s=c.archive_after_s,
                           local_retention_s=c.local_retention_ms // 1000 if c.archive else 0,
                           compression=c.compression,
-                          payload_prefix=f"{c.name}/{c.created_ms}/payloads/" if c.archive else "")
+                          payload_prefix=f"{c.name}/{c.created_ms}/payloads/" if c.archive else "",
+                          encryption=c.encryption)
 
 
 async def bounded(read, what: str):

@@ -185,12 +185,15 @@ def _leader_short_of_replicas(cluster) -> dict[str, int] | None:
     import urllib.request
     from prometheus_client.parser import text_string_to_metric_families
     context = ssl.create_default_context(cafile=cluster.ca_file) if cluster.tls else None
+    token = cluster.monitor_token or cluster.admin_token         # (/metrics wants a key: node/metrics.py)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     for node in (cluster.procs[n] for n in cluster.control_ids):
         if not node.metrics_address:
             continue
         url = f"{'https' if cluster.tls else 'http'}://{node.metrics_address}/metrics"
         try:
-            with urllib.request.urlopen(url, context=context, timeout=limits.UP_WATCH_INTERVAL_S) as answer:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), context=context,
+                                        timeout=limits.UP_WATCH_INTERVAL_S) as answer:
                 text = answer.read().decode()
         except OSError:
             continue
@@ -235,12 +238,16 @@ def cmd_up(args) -> int:
         if not args.port or "Failed to bind to address" not in str(e):
             raise
         raise _port_busy_exit(f"{host}:{args.port}") from None      # taken since the check above
+    problem = cluster.make_monitor_key()       # (Prometheus's key, in cluster.json: node/launcher.py)
+    if problem:
+        print(f"warning: {problem}; `sms key create --role monitor` makes one", file=sys.stderr, flush=True)
     print(f"address: {cluster.address}", flush=True)
     key = "?token=<the token in cluster.json>" if cluster.tls else ""      # (never the token itself on stdout)
     print(f"console: {cluster.console_url}{key} (read-only; the browser must trust the cluster CA)", flush=True)
     if cluster.tls:
         print(f"tls: CA {cluster.ca_file}; admin token in {os.path.join(cluster.data_dir, 'cluster.json')} "
-              f"(the sms command and sms.Client.from_cluster_file use both)", flush=True)
+              f"(the sms command and sms.Client.from_cluster_file use both), and Prometheus's key for /metrics "
+              f"as monitor_token", flush=True)
     storage = [n for n, p in cluster.procs.items() if p.roles != "control"]
     started = (f"{len(storage)} storage nodes" if storage == [f"n{i}" for i in range(1, args.nodes + 1)]
                else f"{len(storage)} storage nodes: {', '.join(storage)}, as recorded in {cluster.data_dir}/nodes.json")
@@ -276,10 +283,27 @@ def cmd_key(args) -> int:
             lines += [f"{k['key_id']:<18} {k['tenant']:<{width}} {k['role']:<9} "
                       f"{','.join(k['streams']) or '(all)':<30} {k['name']}" for k in keys]
             _emit(args, keys, "\n".join(lines))
+        elif args.key_cmd == "rotate-master":
+            _rotate_master(args, client)
         else:
             client.revoke_key(args.key_id)
             _emit(args, {"revoked": args.key_id}, f"revoked {args.key_id}")
     return 0
+
+
+def _rotate_master(args, client) -> None:
+    """Master key rotation (docs/security.md): a new key in the key file, made current, then
+    every encrypted stream's data key wrapped by it. On several hosts, put the new file on
+    every host first (--no-new-key then only re-wraps)."""
+    from kernel import encryption
+    path = args.key_file or os.path.join(args.data_dir, "tls", "master.key")
+    if not os.path.exists(path):
+        raise SystemExit(f"error: no master key file at {path} (--key-file)")
+    new_id = "" if args.no_new_key else encryption.add_master_key(path)
+    count = client.rewrap_data_keys()
+    _emit(args, {"key_file": path, "new_key": new_id, "rewrapped": count},
+          (f"new master key {new_id} in {path}; " if new_id else "") + f"{count} data keys wrapped by it "
+          "(the older keys may leave the file now)")
 
 
 def cmd_consumer(args) -> int:
@@ -551,6 +575,9 @@ def _archive_arguments(p: argparse.ArgumentParser, create: bool) -> None:
                         + (f"; default {limits.LOCAL_RETENTION_S_DEFAULT})" if create else ")"))
     p.add_argument("--compression", choices=["zstd", "none"],
                    help="of the archive's fragments" + (" (default zstd)" if create else ""))
+    p.add_argument("--encryption", choices=["aes-256-gcm", "none"],
+                   help="store batches sealed with AES-256-GCM under a data key of the stream's own "
+                        "(docs/security.md)" + (" (default none)" if create else "; from now on"))
 
 
 def _describe(info) -> dict:
@@ -576,7 +603,8 @@ def _describe(info) -> dict:
                                  "write_bytes_per_s": info.write_bytes_per_s, "read_bytes_per_s": info.read_bytes_per_s},
         "archive": ({"store": info.archive, "archive_after_s": info.archive_after_s,
                      "local_retention_s": info.local_retention_s, "compression": info.compression}
-                    if info.archive else None)}
+                    if info.archive else None),
+        "encryption": info.encryption}
 
 
 def _retention_text(d: dict) -> str:
@@ -592,7 +620,8 @@ def _describe_text(d: dict) -> str:
     lines = [f"stream {d['name']}: {d['status']}, {len(d['partitions'])} partitions, replication "
              f"{d['replication_factor']} (min in-sync {d.get('min_in_sync', 1)}), {d['persistence']}, "
              f"{d['ingestion_policy']}, "
-             f"retention {_retention_text(d)}, map version {d['map_version']}"]
+             f"retention {_retention_text(d)}, map version {d['map_version']}"
+             + (f", encrypted at rest ({d['encryption']})" if d.get("encryption", "none") != "none" else "")]
     if d.get("archive"):
         a = d["archive"]
         lines.append(f"  archive {a['store']} ({a['compression']}): records older than {a['archive_after_s']} s, "
@@ -636,7 +665,8 @@ def cmd_stream(args) -> int:
                                         dedup_window_s=args.dedup_window_s, min_in_sync=args.min_in_sync,
                                         archive=args.archive or "", archive_after_s=args.archive_after_s or 0,
                                         local_retention_s=args.local_retention_s or 0,
-                                        compression=args.compression or "")
+                                        compression=args.compression or "",
+                                        encryption=args.encryption or "none")
             d = _describe(info)
             _emit(args, d, _describe_text(d))
         elif args.stream_cmd == "describe":
@@ -668,7 +698,8 @@ def cmd_stream(args) -> int:
                                         write_bytes_per_s=args.write_bytes_per_s,
                                         read_bytes_per_s=args.read_bytes_per_s, archive=args.archive,
                                         archive_after_s=args.archive_after_s,
-                                        local_retention_s=args.local_retention_s, compression=args.compression)
+                                        local_retention_s=args.local_retention_s, compression=args.compression,
+                                        encryption=args.encryption)
             d = _describe(info)
             _emit(args, d, _describe_text(d))
         elif args.stream_cmd in ("export", "import"):
@@ -1027,6 +1058,70 @@ def _demo(args, data_dir: str) -> int:
     return 0 if ok else 1
 
 
+# --- audit -----------------------------------------------------------------------------
+
+_AGO_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _since_ms(text: str, now_ms: int | None = None) -> int:
+    """`--since`: how long ago ("90s", "15m", "2h", "7d"), a UTC time ("2026-11-28",
+    "2026-11-28T16:00:00Z", "2026-11-28 16:00"), or ms since the epoch."""
+    import datetime
+    text = text.strip()
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    if text[-1:] in _AGO_UNITS_S and text[:-1].replace(".", "", 1).isdigit():
+        return max(0, now_ms - int(float(text[:-1]) * _AGO_UNITS_S[text[-1]] * 1000))
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected how long ago (90s, 15m, 2h, 7d), a UTC time "
+                                         f"(2026-11-28T16:00:00Z) or ms since the epoch") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0, int(when.timestamp() * 1000))
+
+
+def _audit_limit(text: str) -> int:
+    n = int(text) if text.strip().isdigit() else 0
+    if not 1 <= n <= limits.AUDIT_READ_EVENTS_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 1 to {limits.AUDIT_READ_EVENTS_MAX}")
+    return n
+
+
+def _audit_who(who: dict) -> str:
+    """An audit line's `who` in words (kernel/audit.py)."""
+    if "key_id" in who:
+        return f"key {who['key_id']} ({who.get('role', '?')} of {who.get('tenant', '?')})"
+    if "claimed_key_id" in who:
+        return f"a token claiming key {who['claimed_key_id']}"
+    if "node" in who:
+        return f"node {who['node']} (certificate {who.get('serial', '?')})"
+    if "cert" in who:
+        return f"certificate {who['cert']} ({who.get('unit', '?')}, {who.get('serial', '?')})"
+    return "(cut)" if who.get("cut") else "(no credential)"
+
+
+def _audit_line(e: dict) -> str:
+    line = (f"{e.get('time', '?')}  {e.get('node', '?'):<8} {e.get('action', '?'):<19} {e.get('target') or '-'}  "
+            f"{e.get('outcome', '?')}  by {_audit_who(e.get('who') or {})}  from {e.get('from') or '?'}")
+    return line + (f"  {e['detail']}" if e.get("detail") else "")
+
+
+def cmd_audit(args) -> int:
+    """`sms audit`: every node's audit log (kernel/audit.py), merged by time."""
+    with _client(args) as client:
+        got = client.read_audit(args.since or 0, args.limit)
+    for node_id, error in sorted(got["unanswered"].items()):
+        print(f"warning: node {node_id} did not answer ({error}): its events are missing", file=sys.stderr)
+    if got["truncated"]:
+        print(f"note: older events were left out: the newest {args.limit} are shown (--since, --limit)",
+              file=sys.stderr)
+    _emit(args, got, "\n".join(_audit_line(e) for e in got["events"]) or "no audit events")
+    return 0
+
+
 # --- configuration ---------------------------------------------------------------------
 
 def cmd_config(args) -> int:
@@ -1274,17 +1369,23 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("node_id", help="the storage node, as `sms node list` shows it")
     node.set_defaults(func=cmd_node)
 
-    key = sub.add_parser("key", help="credentials: keys with a role (admin, producer, consumer)")
+    key = sub.add_parser("key", help="credentials: keys with a role (admin, producer, consumer, monitor)")
     ksub = key.add_subparsers(dest="key_cmd", required=True)
     kc = ksub.add_parser("create", parents=[common], help="a new key; its token is printed this once")
-    kc.add_argument("--role", required=True, choices=["admin", "producer", "consumer"],
-                    help="admin: everything; producer: write; consumer: read")
+    kc.add_argument("--role", required=True, choices=["admin", "producer", "consumer", "monitor"],
+                    help="admin: everything; producer: write; consumer: read; monitor: /metrics only (Prometheus)")
     kc.add_argument("--stream", action="append", default=[], help="limit the key to this stream (repeat)")
     kc.add_argument("--name", default="", help="what the key is for")
     kc.add_argument("--tenant", default="", help="the key's tenant (default: the caller's own)")
     ksub.add_parser("list", parents=[common], help="every key: id, tenant, role, streams, name (never a secret)")
-    kr = ksub.add_parser("revoke", parents=[common], help="delete a key: its token stops working within a second")
+    kr = ksub.add_parser("revoke", parents=[common], help="delete a key: returns once no node admits its token any more (about a second)")
     kr.add_argument("key_id", help="the key's id, as `sms key list` shows it")
+    km = ksub.add_parser("rotate-master", parents=[common],
+                         help="encryption at rest: a new master key in the key file, then every stream's data key "
+                              "wrapped by it")
+    km.add_argument("--key-file", default="", help="the master key file (default: DIR/tls/master.key of `sms up`)")
+    km.add_argument("--no-new-key", action="store_true",
+                    help="only re-wrap, by the current key of the leader's file (a new one was put on every host)")
     key.set_defaults(func=cmd_key)
 
     tenant = sub.add_parser("tenant", help="tenants: each sees only its own streams, under its own names")
@@ -1348,6 +1449,18 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("--reason", default="", help="kept with it, shown by `sms certs revoked`")
     csub.add_parser("revoked", parents=[common], help="the revoked certificates")
     certs.set_defaults(func=cmd_certs)
+
+    aud = sub.add_parser("audit", parents=[common], help="the audit log: who changed what, refused calls (every node)",
+                         description="Every node's audit events (docs/security.md, \"Audit log\"), merged by time: "
+                                     "changes of streams, tenants, keys, certificates, nodes and consumer groups, and "
+                                     "refused credentials and calls; who, what, the outcome and from where. Admins "
+                                     "of the default tenant only.")
+    aud.add_argument("--since", type=_since_ms, help="events from then on: how long ago (90s, 15m, 2h, 7d), a UTC "
+                                                     "time (2026-11-28T16:00:00Z) or ms since the epoch "
+                                                     "(default: every event kept)")
+    aud.add_argument("--limit", type=_audit_limit, default=limits.AUDIT_READ_EVENTS_MAX, metavar="N",
+                     help=f"the newest N events (default and most: {limits.AUDIT_READ_EVENTS_MAX})")
+    aud.set_defaults(func=cmd_audit)
 
     status = sub.add_parser("status", parents=[common], help="nodes, chains, roles, process ids")
     status.set_defaults(func=cmd_status)

@@ -137,6 +137,9 @@ SETTINGS: tuple[Setting, ...] = (
             16 * 1024 * 1024, 64 * GiB),
     Setting("metrics.scrape_timeout_s", float, limits.METRICS_SCRAPE_TIMEOUT_S,
             "a metrics scrape reads the node's state within this", "METRICS_SCRAPE_TIMEOUT_S", 0.1, 60.0),
+    Setting("encryption.master_key_file", str, "",
+            "the cluster's master keys (JSON, mode 0600): they wrap encrypted streams' data keys; every node "
+            "needs the same file (else $SMS_MASTER_KEY; `sms up` makes DIR/tls/master.key)"),
     Setting("node.listen", str, "", "the client port, HOST:PORT (--listen wins)"),
     Setting("node.cluster_listen", str, "", "the cluster port of a TLS node, HOST:PORT (--cluster-listen wins)"),
     Setting("node.metrics_listen", str, "", "/metrics, HOST:PORT (--metrics-listen wins)"),
@@ -147,6 +150,11 @@ SETTINGS: tuple[Setting, ...] = (
             "LOG_FILE_BYTES_MAX", 64 * 1024, 100 * GiB),
     Setting("log.file_backups", int, limits.LOG_FILE_BACKUPS, "old log files kept (at least 1: with none, "
             "Python's rotation never rotates)", "LOG_FILE_BACKUPS", 1, 1000),
+    Setting("log.audit_file", str, "", "the node's audit log (kernel/audit.py; default: audit.log in its --data-dir)"),
+    Setting("log.audit_file_bytes_max", int, limits.AUDIT_FILE_BYTES_MAX, "the audit log is rotated at this size",
+            "AUDIT_FILE_BYTES_MAX", 64 * 1024, 100 * GiB),
+    Setting("log.audit_file_backups", int, limits.AUDIT_FILE_BACKUPS, "old audit log files kept (at least 1)",
+            "AUDIT_FILE_BACKUPS", 1, 1000),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 _LOG_ENV = {"log.level": logs.ENV_LEVEL, "log.format": logs.ENV_FORMAT, "log.file": logs.ENV_FILE}

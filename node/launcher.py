@@ -12,6 +12,11 @@ being stopped here is started again (same id, data directory and, for a control 
 client address), at most NODE_RESTARTS_MAX times within NODE_RESTART_WINDOW_S.
 Tests use `LocalCluster` directly to kill, pause and restart nodes.
 
+`make_monitor_key` (what `sms up` calls once its nodes are up) gives Prometheus a key of
+role `monitor` (node/metrics.py): its token in DIR/tls/monitor.token and, as
+`monitor_token`, in DIR/cluster.json (both 0600); a later start keeps it while the key
+exists.
+
 DIR/nodes.json records the storage nodes that belong to the cluster: every one ever
 started on DIR (by `sms up` or `sms node add`), until `forget_node` drops it (`sms node
 remove`). `sms up` on an existing DIR starts every recorded node, and `sms node add`
@@ -36,14 +41,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kernel import encryption
 from node import logs
 from sms import limits
 
 STORAGE_ROLES = "storage,ingestion,retrieval"
 ENV_CA_DIR = "SMS_CA_DIR"        # the CA a local cluster issues its node certificates from
 ENV_BOOTSTRAP_TOKEN = "SMS_BOOTSTRAP_TOKEN"   # the token of a new local cluster's first admin key
+ENV_MASTER_KEY_FILE = "SMS_ENCRYPTION_MASTER_KEY_FILE"   # the setting encryption.master_key_file (node/config.py)
 STACK_DUMP_WAIT_S = 0.5          # a hung node writes its stacks to its log in this time, then is killed
 NODES_FILE = "nodes.json"        # DIR/nodes.json: the storage nodes that belong to the cluster
+MONITOR_TOKEN_FILE = "monitor.token"     # DIR/tls/monitor.token: Prometheus's key (make_monitor_key)
+MONITOR_KEY_NAME = "monitor (sms up): Prometheus scrapes /metrics"
 _LOCK_FILE = ".nodes.lock"       # DIR/.nodes.lock: held while nodes.json or cluster.json is rewritten
 _NODE_ID = re.compile(r"^n([1-9][0-9]*)$")      # the storage node ids the launcher gives
 SHORT_NAMED_MAX = 8              # streams `sms up` names in its line about replicas
@@ -78,6 +87,7 @@ class LocalCluster:
         # and a first admin key (control/auth.py): its token is admin_token, else
         # $SMS_BOOTSTRAP_TOKEN, else the one of an earlier start (DIR/tls/admin.token), else new
         self._admin_token = admin_token or ""
+        self._monitor_token = _read_token(os.path.join(self.data_dir, "tls", MONITOR_TOKEN_FILE)) if tls else ""
         self.expose_sessions = expose_sessions     # fault tests: nodes write their ZooKeeper session
         self.launcher_pid = 0        # set by `sms node add`: new nodes live as long as this process
         self.host = host
@@ -126,6 +136,38 @@ class LocalCluster:
             self._admin_token = token or auth.new_token()[1]
         return self._admin_token
 
+    @property
+    def monitor_token(self) -> str:
+        """The token of the `monitor` key that `make_monitor_key` made ("": none)."""
+        return self._monitor_token
+
+    def make_monitor_key(self) -> str:
+        """Give Prometheus a key of role `monitor` (node/metrics.py): the one of an earlier
+        start (DIR/tls/monitor.token) while it exists, else a new one, made with the admin
+        key; its token goes to DIR/tls/monitor.token and to DIR/cluster.json as
+        `monitor_token` (0600 both), never to the output. Returns "" or what went wrong
+        (the admin key revoked, say: the token then stays as it was)."""
+        if not self.tls:
+            return ""
+        from control import auth
+        from sms.client import Client
+        from sms.errors import SmsError
+        token = self._monitor_token
+        try:
+            key_id = auth.parse_token(token)[0] if token else ""
+        except SmsError:
+            key_id = ""                            # (a damaged file: a new key)
+        try:
+            with Client(self.address, **self.client_options()) as client:
+                if not key_id or key_id not in {k["key_id"] for k in client.list_keys()}:
+                    _info, token = client.create_key("monitor", name=MONITOR_KEY_NAME)
+        except (SmsError, OSError) as e:
+            return f"no monitor key for Prometheus ({type(e).__name__}: {e})"
+        _write_private(os.path.join(self.data_dir, "tls", MONITOR_TOKEN_FILE), token)
+        self._monitor_token = token
+        self._write_cluster_json(keep_added=True)
+        return ""
+
     def _admin_token_file(self) -> str:
         path = os.path.join(self.data_dir, "tls", "admin.token")
         _write_private(path, self.admin_token)
@@ -163,8 +205,8 @@ class LocalCluster:
         self._given_up.discard(node_id)
         self._starting.pop(node_id, None)
         ready, logfile = self._paths(node_id)
-        os.makedirs(os.path.dirname(ready), exist_ok=True)
-        os.makedirs(os.path.dirname(logfile), exist_ok=True)
+        os.makedirs(os.path.dirname(ready), mode=0o700, exist_ok=True)
+        os.makedirs(os.path.dirname(logfile), mode=0o700, exist_ok=True)
         if os.path.exists(ready):
             os.unlink(ready)
         if "storage" in node.roles:
@@ -187,7 +229,9 @@ class LocalCluster:
         # the node logs to DIR/logs/NODE.log itself, rotated (node/logs.py); what it writes
         # outside logging (a start-up error, a crash, a stack dump) goes to NODE.out
         env = {**os.environ, logs.ENV_FILE: logfile}
-        with open(_out_file(logfile), "ab") as out:
+        if not env.get(ENV_MASTER_KEY_FILE) and not env.get(encryption.ENV_MASTER_KEY):
+            env[ENV_MASTER_KEY_FILE] = self.master_key_file      # (the cluster's own, made at start)
+        with os.fdopen(os.open(_out_file(logfile), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
             node.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=bool(self.launcher_pid), env=env)
 
@@ -227,8 +271,17 @@ class LocalCluster:
         node.metrics_address = facts.get("metrics_address", "")
         return True
 
+    @property
+    def master_key_file(self) -> str:
+        """DIR/tls/master.key: the cluster's master keys for encrypted streams (docs/security.md),
+        made at the first start, mode 0600."""
+        return os.path.join(self.data_dir, "tls", "master.key")
+
     def start(self) -> "LocalCluster":
-        os.makedirs(self.data_dir, exist_ok=True)
+        os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)                # (an older directory too: its owner's only)
+        os.makedirs(os.path.dirname(self.master_key_file), mode=0o700, exist_ok=True)
+        encryption.new_key_file(self.master_key_file)
         try:
             for node_id in self.procs:
                 self.spawn(node_id)
@@ -247,6 +300,7 @@ class LocalCluster:
         nodes = [{"node_id": n.node_id, "roles": n.roles, "pid": n.pid, "address": n.address,
                   "metrics_address": n.metrics_address} for n in self.procs.values() if n.node_id not in removed]
         info = {"address": self.address, "ca_file": self.ca_file, "token": self.admin_token,
+                "monitor_token": self.monitor_token,
                 "launcher_pid": os.getpid(),
                 "metastore": self.metastore,
                 "console": self.console_url,
@@ -510,8 +564,9 @@ class ReplicaWatch:
 @contextlib.contextmanager
 def _locked(data_dir: str):
     """DIR/.nodes.lock, held (flock: released if the process dies). Not re-entrant."""
-    os.makedirs(data_dir, exist_ok=True)
-    with open(os.path.join(data_dir, _LOCK_FILE), "a") as f:
+    os.makedirs(data_dir, mode=0o700, exist_ok=True)
+    with os.fdopen(os.open(os.path.join(data_dir, _LOCK_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                   "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -628,6 +683,15 @@ def forget_node(data_dir: str, node_id: str) -> bool:
         except (OSError, ValueError, KeyError, TypeError):
             pass
     return node_id in recorded
+
+
+def _read_token(path: str) -> str:
+    """The token kept in `path` ("": no such file)."""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
 
 
 def _write_json(path: str, obj) -> None:

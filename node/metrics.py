@@ -6,6 +6,15 @@ serves `/metrics` over HTTPS with the node's certificate on a secure cluster (Pr
 trusts the cluster CA: `tls_config: {ca_file: ca.pem}`), plain HTTP with `--insecure`. The
 address is in the node's registration, `sms status` and `sms up`'s cluster.json.
 
+On a secure cluster a scrape needs a key (control/auth.py): `Authorization: Bearer
+<token>` of a `monitor` key, or of an admin key, of the default tenant (the labels name
+every tenant's streams and consumers), which is what Prometheus's `authorization` scrape
+setting sends. No token, or one of no valid key: 401 with `WWW-Authenticate: Bearer`;
+a key without that right: 403; a key that cannot be checked now (the metadata store does
+not answer): 503. Only /metrics is guarded here: every other path goes to the web console
+(node/console.py), which checks its own (/api/state wants a cluster admin's key; its
+static files are public), or is 404. A plaintext node (`--insecure`) checks nothing.
+
 What a scrape reads is gathered on the node's event loop (the structures are the loop's),
 within METRICS_SCRAPE_TIMEOUT_S; a node too busy to answer in time gives an empty scrape
 for those, and `sms_scrape_errors_total` says so.
@@ -23,10 +32,11 @@ import time
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from control import chains
+from control import auth, chains
 from sms import limits, seqno
 from sms.metrics import REGISTRY
 from sms.leases import SHARD_END, Lease
+from sms.errors import SmsError, Unauthenticated
 from sms.metadata import ConsumerRecord, consumer_path, parse_chain_id
 from sms.types import partition_id
 
@@ -268,10 +278,13 @@ class NodeCollector:
         return [members, wanted, learners, epoch, short]
 
 
-def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", key_file: str = "", app=None):
+def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", key_file: str = "", app=None,
+                  keys: auth.KeyTable | None = None):
     """Start the node's HTTP(S) server on `listen` (HOST:PORT, 0: any free port): /metrics,
     and every other path to `app` (a WSGI app: the web console on a control node; None:
-    404). Returns (the server, its address)."""
+    404). With `keys` (a secure node's KeyTable, read on the collector's event loop),
+    /metrics wants a monitor or admin key of the default tenant. Returns (the server, its
+    address)."""
     import ssl
     import threading
     from wsgiref.simple_server import make_server
@@ -284,6 +297,14 @@ def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", ke
     def dispatch(environ, start_response):
         path = environ.get("PATH_INFO", "")
         if path == "/metrics":
+            if keys is not None:
+                refused = _refusal(environ, keys, collector.loop)
+                if refused is not None:
+                    status, headers, text = refused
+                    body = text.encode() + b"\n"
+                    start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
+                                            ("Content-Length", str(len(body)))] + headers)
+                    return [body]
             return metrics_app(environ, start_response)
         if app is not None:
             return app(environ, start_response)
@@ -323,6 +344,36 @@ def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", ke
         raise SystemExit(f"sms serve: cannot serve metrics on {listen}: {e}") from None
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server, f"{host}:{server.server_port}"
+
+
+REALM = 'Bearer realm="sms metrics"'
+
+
+def _refusal(environ, keys: auth.KeyTable, loop: asyncio.AbstractEventLoop) -> tuple[str, list, str] | None:
+    """Why a request may not read /metrics, as (status, headers, text); None: it may. The
+    token is taken from the Authorization header only (never from the URL, which proxies
+    and logs keep)."""
+    scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").strip().partition(" ")
+    token = token.strip() if scheme.lower() == "bearer" else ""
+    if not token:
+        return ("401 Unauthorized", [("WWW-Authenticate", REALM)],
+                "/metrics wants a monitor key's token (sms key create --role monitor; sms up writes one as "
+                "monitor_token in cluster.json): Authorization: Bearer <token>")
+    future = asyncio.run_coroutine_threadsafe(keys.authenticate(token), loop)
+    try:
+        principal = future.result(timeout=limits.METRICS_SCRAPE_TIMEOUT_S)
+    except Unauthenticated as e:
+        return "401 Unauthorized", [("WWW-Authenticate", f'{REALM}, error="invalid_token"')], e.message
+    except SmsError as e:                    # (Unavailable: the metadata store does not answer)
+        return "503 Service Unavailable", [], f"the key could not be checked now: {e.message}"
+    except Exception as e:                   # noqa: BLE001 (a timeout: refuse, and say why)
+        future.cancel()
+        return "503 Service Unavailable", [], f"the key could not be checked now ({type(e).__name__})"
+    if not principal.allows(auth.METRICS, None):
+        return ("403 Forbidden", [("WWW-Authenticate", f'{REALM}, error="insufficient_scope"')],
+                f"key {principal.key_id} ({principal.role} of tenant {principal.tenant}) may not read the metrics: "
+                "a monitor or admin key of the default tenant may")
+    return None
 
 
 def stop_metrics(server, collector: NodeCollector) -> None:

@@ -23,6 +23,7 @@ import time
 import grpc
 
 from control import auth
+from kernel import encryption
 from control.revocation import RevokedCerts
 from node import config, logs
 from node import tls as node_tls
@@ -84,7 +85,8 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
                 ready_file: str | None = None, exit_with_parent: bool = False, session_file: str = "",
                 exit_with_pid: int = 0, tls: security.TlsConfig | None = None, cluster_listen: str = "",
                 bootstrap_token: str = "", metrics_listen: str = "",
-                tls_files: tuple[str, str] = ("", "")) -> None:
+                tls_files: tuple[str, str] = ("", ""), master_keys: "encryption.MasterKeys | None" = None,
+                master_key_file: str = "") -> None:
     """`tls`: this node's certificate and the cluster's CA (node/tls.py: a client port and
     a cluster port, and every client call's key checked); None: one plaintext port for
     everything, no credentials. `bootstrap_token`: the cluster's first admin key, made
@@ -167,8 +169,9 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         background.add(task)
         task.add_done_callback(background.discard)
     storage = ingestion = election = retrieval = None
+    stream_keys = encryption.StreamKeys(store, master_keys or encryption.MasterKeys.none(), master_key_file)
     if "storage" in roles:
-        storage = StorageNode(node_id, data_dir, store, incarnation=started_ms)
+        storage = StorageNode(node_id, data_dir, store, incarnation=started_ms, keys=stream_keys)
         storage_service = StorageService(storage, roles, os.getpid())
         control.storage_service = storage_service
         for srv in servers:
@@ -210,7 +213,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     if "retrieval" in roles:
         secret = await store.get(metadata.CLUSTER_SECRET)
         tokens = TokenCodec(bytes.fromhex(secret.value.decode()))
-        retrieval = RetrievalService(storage, view, tokens)
+        retrieval = RetrievalService(storage, view, tokens, keys=stream_keys)
         for srv in servers:
             sms_pb2_grpc.add_RetrievalServicer_to_server(retrieval, srv)
     for srv in servers:
@@ -226,7 +229,8 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
                        keys=keys if tls is not None else None)
                if "control" in roles else None)
     metrics_server, metrics_address = serve_metrics(metrics_listen or f"{host}:0", collector,
-                                                    *(tls_files if tls is not None else ("", "")), app=console)
+                                                    *(tls_files if tls is not None else ("", "")), app=console,
+                                                    keys=keys if tls is not None else None)
     info = NodeInfo(node_id=node_id, address=address, roles=roles, pid=os.getpid(), started_ms=started_ms,
                     cluster_address=cluster_address, metrics_address=metrics_address)
     async def register(path: str, value: bytes) -> None:
@@ -248,7 +252,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     if "control" in roles:
         manager = ChainManager(store)
         repartitioner = Repartitioner(store)
-        admin = StreamAdmin(store, view)
+        admin = StreamAdmin(store, view, master_keys=master_keys)
         admin.poke_repartitioner = repartitioner.poke
 
         async def elected() -> None:
@@ -323,6 +327,10 @@ def _log_tasks() -> None:
 
 
 def run(args) -> int:
+    # what a node writes (its data directory, logs, archive fragments) is its owner's only
+    # (docs/security.md): directories 0700, files 0600
+    os.umask(0o077)
+    _make_private(args.data_dir)
     # the configuration first (node/config.py): it sets sms/limits.py's tunables and the
     # log settings before anything uses them
     flags = {"node.listen": ("--listen", args.listen), "node.cluster_listen": ("--cluster-listen", args.cluster_listen),
@@ -333,6 +341,11 @@ def run(args) -> int:
         logs.configure(args.node_id)
     except (config.ConfigError, logs.LogConfigError) as e:
         raise SystemExit(f"sms serve: {e}") from None
+    from kernel import audit            # this node's audit log (docs/security.md, "Audit log")
+    try:
+        audit.configure(values["log.audit_file"].value or os.path.join(args.data_dir, audit.FILE_NAME), args.node_id)
+    except OSError as e:
+        raise SystemExit(f"sms serve: log.audit_file: {e}") from None
     listen = values["node.listen"].value or "127.0.0.1:0"
     roles = parse_roles(args.roles)
     if "storage" in roles:      # the data directory's format first: a newer one is refused untouched
@@ -360,14 +373,33 @@ def run(args) -> int:
             auth.parse_token(bootstrap_token)
         except (OSError, SmsError) as e:
             raise SystemExit(f"sms serve: --bootstrap-token-file {args.bootstrap_token_file}: {e}") from None
+    master_key_file = values["encryption.master_key_file"].value
+    try:
+        master_keys = encryption.MasterKeys.load(master_key_file)
+    except ValueError as e:
+        raise SystemExit(f"sms serve: {e}") from None
     log.info("configuration: %s", ", ".join(f"{v.setting.key}={v.value!r} ({v.source})"
                                             for v in values.values() if v.source != "default") or "the defaults")
     asyncio.run(serve(args.node_id, roles, args.metastore, args.data_dir, listen, args.ready_file,
                       args.exit_with_parent, args.session_file or "", args.exit_with_pid or 0,
                       tls=tls, cluster_listen=values["node.cluster_listen"].value, bootstrap_token=bootstrap_token,
                       metrics_listen=values["node.metrics_listen"].value,
-                      tls_files=(args.cert_file or "", args.key_file or "")))
+                      tls_files=(args.cert_file or "", args.key_file or ""),
+                      master_keys=master_keys, master_key_file=master_key_file))
     return 0
+
+
+def _make_private(data_dir: str) -> None:
+    """Tighten a data directory written before nodes kept theirs private (an upgrade):
+    directories 0700, files 0600. A handful of files (LMDB environments, logs)."""
+    if not data_dir or not os.path.isdir(data_dir):
+        return
+    for root, dirs, files in os.walk(data_dir):
+        os.chmod(root, 0o700)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o600)
 
 
 def node_tls_config(args) -> security.TlsConfig | None:

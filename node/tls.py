@@ -9,6 +9,9 @@ keeps the cluster's own protocols off the client port and strangers off the clus
 - Cluster port: mutual TLS; the handshake admits only certificates of this cluster's
   CA, and the guard serves only those whose unit is `node` (a client certificate of
   the same CA is refused with PermissionDenied) and that are not revoked.
+
+Every refusal of either guard goes to the node's audit log (kernel/audit.py): who (the key,
+the key a bad token claims, or the certificate), the method, the error, and the peer.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import grpc
 
 from control import auth
 from control.revocation import RevokedCerts
+from kernel import audit
 from sms import errors, limits, rpc, security
 
 INTERNAL_SERVICES = ("/sms.v1.Storage/",)      # served to cluster nodes only, on the cluster port
@@ -45,23 +49,28 @@ def _behaviour(handler: grpc.RpcMethodHandler) -> tuple[str, object]:
     return kind, getattr(handler, kind)
 
 
-def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+def _refusing(handler: grpc.RpcMethodHandler, method: str, message: str) -> grpc.RpcMethodHandler:
     """`handler` with its behaviour replaced by a PermissionDenied answer (a coroutine
     serves every kind of call: a streaming one that writes nothing)."""
     kind, _inner = _behaviour(handler)
 
     async def refuse(_request, context):
+        audit.event(audit.AUTH_DENIED, method, "PermissionDenied", audit.who_cert(security.peer_cert(context)),
+                    audit.peer(context), "a cluster-internal call on the client port")
         await _abort(context, errors.PermissionDenied(message))
     return handler._replace(**{kind: refuse})
 
 
-def _guarded(handler: grpc.RpcMethodHandler, admit, recheck_s: float = 0.0) -> grpc.RpcMethodHandler:
+def _guarded(handler: grpc.RpcMethodHandler, admit, recheck_s: float = 0.0,
+             each_answer: bool = False) -> grpc.RpcMethodHandler:
     """`handler`, served once `await admit(request, context)` returns; it raises the
     named error that refuses the call, or returns a function applied to a unary answer
     (None: the answer as it is). The wrapper is of the behaviour's own kind: gRPC treats
     an async generator as the answer stream, and a coroutine as a handler that reads and
     writes through its context. `recheck_s`: an answer stream is admitted again before
-    an answer once this long has passed (a key revoked while a subscription runs)."""
+    an answer once this long has passed (a key revoked while a subscription runs), and a
+    stream served through its context every recheck_s; `each_answer`: an answer stream
+    is admitted again before every answer (for a cheap `admit`)."""
     kind, inner = _behaviour(handler)
     if inspect.isasyncgenfunction(inner):
         async def generator(request, context):
@@ -69,7 +78,7 @@ def _guarded(handler: grpc.RpcMethodHandler, admit, recheck_s: float = 0.0) -> g
                 await admit(request, context)
                 checked = time.monotonic()
                 async for answer in inner(request, context):
-                    if recheck_s and time.monotonic() - checked > recheck_s:
+                    if each_answer or (recheck_s and time.monotonic() - checked > recheck_s):
                         await admit(request, context)
                         checked = time.monotonic()
                     yield answer
@@ -119,10 +128,15 @@ def _node_only(handler: grpc.RpcMethodHandler, method: str, revoked: RevokedCert
     async def admit(_request, context):
         cert = security.peer_cert(context)
         if cert is None or cert.unit != security.NODE_UNIT:
-            raise errors.PermissionDenied(message)
-        if revoked is not None and cert.serial in revoked:
-            raise errors.PermissionDenied(f"{method}: the caller's certificate (serial {cert.serial:x}, "
-                                          f"{cert.name}) is revoked")
+            refused = errors.PermissionDenied(message)
+        elif revoked is not None and cert.serial in revoked:
+            refused = errors.PermissionDenied(f"{method}: the caller's certificate (serial {cert.serial:x}, "
+                                              f"{cert.name}) is revoked")
+        else:
+            return
+        audit.event(audit.AUTH_DENIED, method, refused.name, audit.who_cert(cert), audit.peer(context),
+                    refused.message)
+        raise refused
     # (checked again while a stream runs: a replication or append stream opened before a
     # revocation ends at its next answer after the list is re-read)
     return _guarded(handler, admit, recheck_s=limits.REVOCATION_REFRESH_S if revoked is not None else 0.0)
@@ -130,14 +144,30 @@ def _node_only(handler: grpc.RpcMethodHandler, method: str, revoked: RevokedCert
 
 def _authenticated(handler: grpc.RpcMethodHandler, method: str, keys: auth.KeyTable) -> grpc.RpcMethodHandler:
     """`handler`, served to a caller whose key (control/auth.py) grants the call, in the
-    key's tenant (auth.scope_request); checked again while an answer stream runs."""
+    key's tenant (auth.scope_request); checked again while an answer stream runs. A data
+    call may be admitted on the key's last verdict while the node cannot read the
+    metadata store (auth.may_use_stale, KEY_STALE_MAX_S); any other call then gets
+    Unavailable."""
+    stale_ok = auth.may_use_stale(method)
 
     async def admit(request, context):
-        principal = await keys.authenticate(auth.bearer(context.invocation_metadata()))
-        auth.check(principal, method, request)
+        token = auth.bearer(context.invocation_metadata())
+        try:
+            principal = await keys.authenticate(token, stale_ok=stale_ok)
+        except errors.Unauthenticated as e:      # (the audit log names the key it claims, never the token)
+            audit.event(audit.AUTH_REFUSED, method, e.name, audit.who_token(token), audit.peer(context), e.message)
+            raise
+        try:
+            auth.check(principal, method, request)
+        except errors.PermissionDenied as e:
+            audit.event(audit.AUTH_DENIED, method, e.name, audit.who_key(principal), audit.peer(context), e.message)
+            raise
         auth.CURRENT.set(principal)            # (the key management calls read it)
         return auth.scope_request(principal, method, request)
-    return _guarded(handler, admit, recheck_s=limits.KEY_CACHE_TTL_S)
+    # an answer stream (Subscribe) is admitted again before every answer: a cached verdict
+    # costs a lookup, and once revoke_key returns no verdict that admits the key is left,
+    # so not one more answer goes out
+    return _guarded(handler, admit, recheck_s=limits.KEY_CACHE_TTL_S, each_answer=True)
 
 
 class ClientPortGuard(grpc.aio.ServerInterceptor):
@@ -153,8 +183,8 @@ class ClientPortGuard(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         if method.startswith(INTERNAL_SERVICES):
-            return _refusing(handler, f"{method} is a cluster-internal call: it is served on a node's cluster "
-                                      f"port to holders of a node certificate only")
+            return _refusing(handler, method, f"{method} is a cluster-internal call: it is served on a node's "
+                                              f"cluster port to holders of a node certificate only")
         if self.keys is not None and not method.startswith(PUBLIC_SERVICES):
             return _authenticated(handler, method, self.keys)
         return handler

@@ -15,11 +15,12 @@ import time
 from typing import NamedTuple
 
 from archive.reader import ArchiveReader
+from kernel import encryption
 from metastore.tenants import TenantShares, wait_out
 from metastore.view import ClusterView
 from sms import limits, metrics, seqno, wire
-from sms.errors import (ArchiveUnavailable, InvalidArgument, InvalidIteratorType, InvalidSequenceNumber,
-                        PartitionNotFound, RecordNotFound, RecordsTrimmed)
+from sms.errors import (ArchiveUnavailable, EncryptionUnavailable, InvalidArgument, InvalidIteratorType,
+                        InvalidSequenceNumber, PartitionNotFound, RecordNotFound, RecordsTrimmed)
 from sms.metadata import chain_id, tenant_of
 from sms.ports import ReplicaReads
 from sms.ratelimit import TokenBucket, budget
@@ -95,13 +96,14 @@ class _Page(NamedTuple):
 
 class RetrievalService(sms_pb2_grpc.RetrievalServicer):
     def __init__(self, replicas: ReplicaReads, view: ClusterView, tokens: TokenCodec,
-                 archive: ArchiveReader | None = None):
+                 archive: ArchiveReader | None = None, keys: encryption.StreamKeys | None = None):
         self.replicas = replicas       # this process's storage role (sms/ports.py)
         self.archive = archive if archive is not None else ArchiveReader(view.store)
         self.view = view
         self.tokens = tokens
         self._read_buckets: dict[str, TokenBucket] = {}     # chain id -> its read limit's bucket
         self.tenants = TenantShares(view)
+        self.keys = keys               # the streams' data keys: sealed batches are opened before answering
 
     async def _entry(self, stream: str, ordinal: int):
         view = await self.view.stream(stream)
@@ -136,6 +138,15 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             await wait_out(bucket, what, deadline)
         buckets = [bucket for bucket, _what in held]
         return buckets
+
+    async def _opened(self, stream: str, batches: list[bytes]) -> list[bytes]:
+        """The batches as readers get them: those of an encrypted stream, stored sealed,
+        opened with its data key (kernel/encryption.py)."""
+        if self.keys is None:
+            if any(encryption.is_sealed(b) for b in batches):
+                raise EncryptionUnavailable(f"stream {stream!r} is stored encrypted; this node holds no key")
+            return batches
+        return await self.keys.open_batches(stream, batches)
 
     async def _replica(self, stream: str, ordinal: int):
         await self._entry(stream, ordinal)
@@ -206,7 +217,8 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         else:
             next_position = position
             behind_ms = 0
-        pb_slices = [sms_pb2.BatchSlice(batch=s.batch, start=s.start, end=s.end) for s in slices]
+        batches = await self._opened(pos.stream, [s.batch for s in slices])
+        pb_slices = [sms_pb2.BatchSlice(batch=b, start=s.start, end=s.end) for s, b in zip(slices, batches)]
         _charge(buckets, slices)
         if slices:
             pid = partition_id(pos.ordinal)
@@ -298,6 +310,7 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
             if slices and slices[0].sn_at(slices[0].start) == sn:
                 s = slices[0]
                 _charge(buckets, slices[:1])
-                return sms_pb2.GetRecordResponse(slice=sms_pb2.BatchSlice(batch=s.batch, start=s.start, end=s.end))
+                batch, = await self._opened(request.stream, [s.batch])
+                return sms_pb2.GetRecordResponse(slice=sms_pb2.BatchSlice(batch=batch, start=s.start, end=s.end))
         raise RecordNotFound(f"no committed record {sn} in {request.stream!r}")
 

@@ -5,7 +5,10 @@
 # failing disk of tests/integration/test_fsync_failure.py), and iptables and iproute2
 # (tests/netfault/ builds test hosts of network namespaces and cuts them with iptables;
 # those trials run as root only), and Chromium with its driver (the web console's
-# browser tests drive a real headless Chromium; they skip without it).
+# browser tests drive a real headless Chromium; they skip without it), and Prometheus
+# (Debian's `prometheus`, with promtool: tests/integration/test_prometheus.py runs
+# /usr/bin/prometheus itself against a cluster; the package's own service is stopped
+# and disabled after the install, where systemd runs and had started it).
 # Needs root (or sudo) and apt-get; elsewhere it says what to install and goes on,
 # and the ZooKeeper (and FUSE) tests skip with a message.
 set -euo pipefail
@@ -17,6 +20,7 @@ command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+[ -x /usr/bin/prometheus ] || need+=(prometheus)
 [ ${#need[@]} -eq 0 ] && exit 0
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: please install ${need[*]} (no apt-get here); ZooKeeper tests will skip" >&2
@@ -35,3 +39,7 @@ $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null 2>&
   $sudo apt-get update -qq >/dev/null 2>&1
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 }
+# the tests start their own Prometheus: none left running as a service of the package
+if [[ " ${need[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+  $sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi

@@ -27,7 +27,7 @@ static PyObject *ErrInvalidArgument, *ErrInvalidPartitionKey, *ErrInvalidRecordH
     *ErrRequestTooLarge, *ErrCorruptBatch, *VerifyFn;
 static long long RECORD_DATA_BYTES_MAX, PARTITION_KEY_CHARS_MIN, PARTITION_KEY_CHARS_MAX, PUT_RECORDS_COUNT_MAX,
     PUT_RECORDS_BYTES_MAX, PRODUCER_ID_BYTES_MAX, DEDUP_KEY_BYTES_MAX, RECORD_HEADERS_MAX,
-    RECORD_HEADER_NAME_BYTES_MAX, RECORD_HEADERS_BYTES_MAX;
+    RECORD_HEADER_NAME_BYTES_MAX, RECORD_HEADERS_BYTES_MAX, SESSION_KEY_BYTES_MAX;
 static int configured = 0;
 
 #define ENTRY_BYTES 8
@@ -77,7 +77,8 @@ configure(PyObject *self, PyObject *args, PyObject *kwargs)
         limit_of(limits, "DEDUP_KEY_BYTES_MAX", &DEDUP_KEY_BYTES_MAX) ||
         limit_of(limits, "RECORD_HEADERS_MAX", &RECORD_HEADERS_MAX) ||
         limit_of(limits, "RECORD_HEADER_NAME_BYTES_MAX", &RECORD_HEADER_NAME_BYTES_MAX) ||
-        limit_of(limits, "RECORD_HEADERS_BYTES_MAX", &RECORD_HEADERS_BYTES_MAX))
+        limit_of(limits, "RECORD_HEADERS_BYTES_MAX", &RECORD_HEADERS_BYTES_MAX) ||
+        limit_of(limits, "SESSION_KEY_BYTES_MAX", &SESSION_KEY_BYTES_MAX))
         return NULL;
     PyObject **slots[] = {&RecordType, &PutEntryType, &SessionFieldsType, &ErrInvalidArgument,
                           &ErrInvalidPartitionKey, &ErrInvalidRecordHeader, &ErrRecordTooLarge, &ErrRequestTooLarge,
@@ -1287,6 +1288,170 @@ done:
     return out;
 }
 
+/* ---- check_records: every record of a batch body as a reader decodes it ------------------ */
+
+/* UTF-8 as Python's strict decoder takes it (no overlong forms, no surrogates, nothing
+ * past U+10FFFF): 1 with the number of characters, 0 when it is not UTF-8. No Python
+ * object: the head runs this on every key of every batch. */
+static int
+utf8_chars(const unsigned char *s, size_t n, size_t *chars)
+{
+    size_t i = 0, c = 0;
+    while (i < n) {
+        unsigned char lead = s[i];
+        if (lead < 0x80) {
+            i++;
+            c++;
+            continue;
+        }
+        size_t more;
+        unsigned char lo = 0x80, hi = 0xBF;         /* the bounds of the second byte */
+        if (lead >= 0xC2 && lead <= 0xDF)
+            more = 1;
+        else if (lead == 0xE0) {
+            more = 2;
+            lo = 0xA0;                              /* (below: an overlong form) */
+        } else if (lead == 0xED) {
+            more = 2;
+            hi = 0x9F;                              /* (above: a surrogate) */
+        } else if (lead >= 0xE1 && lead <= 0xEF)
+            more = 2;
+        else if (lead == 0xF0) {
+            more = 3;
+            lo = 0x90;
+        } else if (lead >= 0xF1 && lead <= 0xF3)
+            more = 3;
+        else if (lead == 0xF4) {
+            more = 3;
+            hi = 0x8F;                              /* (above: past U+10FFFF) */
+        } else
+            return 0;
+        if (n - i <= more || s[i + 1] < lo || s[i + 1] > hi)
+            return 0;
+        for (size_t k = 2; k <= more; k++)
+            if ((s[i + k] & 0xC0) != 0x80)
+                return 0;
+        i += more + 1;
+        c++;
+    }
+    *chars = c;
+    return 1;
+}
+
+/* A stored record's meta as wire._check_stored_meta checks it: TLVs that frame, the
+ * session fields of the right sizes and only together with a producer id and an SSSN,
+ * headers as validate_headers wants them. -1 with the named error set. */
+static int
+check_stored_meta(const unsigned char *meta, size_t n, Py_ssize_t record, Buf *hdrs)
+{
+    size_t i = 0, vlen, vstart;
+    int tag, r, has_pid = 0, has_sssn = 0, has_other = 0;
+    const unsigned char *value;
+    hdrs->len = 0;
+    while ((r = next_tlv(meta, n, &i, &tag, &value, &vlen, &vstart)) == 1) {
+        switch (tag) {
+        case TAG_PRODUCER_ID:
+            if (vlen < 1 || (long long)vlen > SESSION_KEY_BYTES_MAX) {
+                raise_named(ErrInvalidArgument, "record %zd: producer id of %zu bytes; expected 1..%lld", record,
+                            vlen, SESSION_KEY_BYTES_MAX);
+                return -1;
+            }
+            has_pid = 1;
+            break;
+        case TAG_SSSN:
+            if (vlen != 8) {
+                raise_named(ErrInvalidArgument, "record %zd: SSSN of %zu bytes; expected 8", record, vlen);
+                return -1;
+            }
+            has_sssn = 1;
+            break;
+        case TAG_DEDUP_KEY:         /* (its length unchecked: see wire._check_stored_meta) */
+            has_other = 1;
+            break;
+        case TAG_SESSION_ORDINAL:
+            if (vlen != 4) {
+                raise_named(ErrInvalidArgument, "record %zd: session partition of %zu bytes; expected 4", record,
+                            vlen);
+                return -1;
+            }
+            has_other = 1;
+            break;
+        case TAG_HEADER:
+            if (buf_reserve(hdrs, i - vstart) < 0)
+                return -1;
+            memcpy(hdrs->p + hdrs->len, meta + vstart, i - vstart);
+            hdrs->len += i - vstart;
+            break;
+        default:
+            break;                  /* a tag no reader knows: every reader skips it */
+        }
+    }
+    if (r < 0) {
+        raise_named(ErrInvalidArgument, "record %zd: meta truncated", record);
+        return -1;
+    }
+    if ((has_pid || has_sssn || has_other) && !(has_pid && has_sssn)) {
+        raise_named(ErrInvalidArgument, "record %zd: session fields without a producer id and an SSSN", record);
+        return -1;
+    }
+    if (hdrs->len && validate_headers(hdrs->p, hdrs->len, record) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *
+w_check_records(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t count, offset = 0;
+    if (!PyArg_ParseTuple(args, "y*n|n", &buf, &count, &offset))
+        return NULL;
+    PyObject *out = NULL;
+    Buf hdrs = {0};
+    if (check_configured() < 0)
+        goto done;
+    const unsigned char *b = buf.buf;
+    size_t n = (size_t)buf.len;
+    if (offset < 0 || (size_t)offset > n) {
+        raise_named(ErrInvalidArgument, "offset %zd; expected 0..%zu", offset, n);
+        goto done;
+    }
+    size_t at = (size_t)offset;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Entry e;
+        if (next_entry(b, n, &at, &e) < 0) {
+            raise_named(ErrInvalidArgument, "record entries truncated");
+            goto done;
+        }
+        if ((long long)e.data_len > RECORD_DATA_BYTES_MAX) {
+            raise_named(ErrRecordTooLarge, "record %zd: %zu bytes of data; at most %lld", i, e.data_len,
+                        RECORD_DATA_BYTES_MAX);
+            goto done;
+        }
+        size_t chars;
+        if (!utf8_chars(b + e.k, e.key_len, &chars)) {
+            raise_named(ErrInvalidPartitionKey, "record %zd: partition key is not UTF-8", i);
+            goto done;
+        }
+        if ((long long)chars < PARTITION_KEY_CHARS_MIN || (long long)chars > PARTITION_KEY_CHARS_MAX) {
+            raise_named(ErrInvalidPartitionKey, "record %zd: partition key of %zu chars; expected %lld..%lld", i,
+                        chars, PARTITION_KEY_CHARS_MIN, PARTITION_KEY_CHARS_MAX);
+            goto done;
+        }
+        if (e.meta_len && check_stored_meta(b + e.m, e.meta_len, i, &hdrs) < 0)
+            goto done;
+    }
+    if (at != n) {
+        raise_named(ErrInvalidArgument, "%zd trailing bytes after %zd record entries", (Py_ssize_t)(n - at), count);
+        goto done;
+    }
+    out = Py_NewRef(Py_None);
+done:
+    PyMem_Free(hdrs.p);
+    PyBuffer_Release(&buf);
+    return out;
+}
+
 /* ---- the module --------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1296,6 +1461,7 @@ static PyMethodDef methods[] = {
     {"parse_put", w_parse_put, METH_VARARGS, "parse_put(count, blob, producer_id) -> [PutEntry]"},
     {"stored_entries", w_stored_entries, METH_O, "stored_entries(records) -> bytes"},
     {"check_framing", w_check_framing, METH_VARARGS, "check_framing(buf, count, offset=0) -> None"},
+    {"check_records", w_check_records, METH_VARARGS, "check_records(buf, count, offset=0) -> None"},
     {"decode_records", w_decode_records, METH_VARARGS, "decode_records(batch, start, end, ordinal) -> [Record]"},
     {"session_fields", w_session_fields, METH_VARARGS, "session_fields(batch, start, end) -> [SessionFields]"},
     {"columns", w_columns, METH_VARARGS, "columns(batch, start, end) -> (count, 12 column buffers)"},

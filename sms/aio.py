@@ -240,7 +240,7 @@ class Client:
                             dedup_window_s: int = limits.DEDUP_WINDOW_MS_DEFAULT // 1000,
                             min_in_sync: int = 1, retention_s: int = 0, archive: str = "",
                             archive_after_s: int = 0, local_retention_s: int = 0,
-                            compression: str = "") -> StreamInfo:
+                            compression: str = "", encryption: str = "none") -> StreamInfo:
         """Create a stream and wait until it is ACTIVE; returns its map.
 
         Args:
@@ -256,6 +256,9 @@ class Client:
             min_in_sync: (1..replication_factor) a partition takes new records only while
                 its chain has at least that many members; else they fail with the
                 retriable NotEnoughReplicas (docs/operations.md, "Minimum in-sync replicas").
+            encryption: "none", or "aes-256-gcm": its batches are stored sealed under a data
+                key of its own, and readers get them opened (docs/security.md, "Encryption
+                at rest"; the control node needs a master key).
 
         Raises:
             StreamAlreadyExists, InvalidStreamName, InvalidStreamConfig, NotEnoughNodes,
@@ -269,7 +272,7 @@ class Client:
                                           retention_hours=retention_hours, dedup_window_s=dedup_window_s,
                                           min_in_sync=min_in_sync, retention_s=retention_s, archive=archive,
                                           archive_after_s=archive_after_s, local_retention_s=local_retention_s,
-                                          compression=compression)
+                                          compression=compression, encryption=encryption)
         pb = await self._admin_call("CreateStream", req, timeout_s=60.0)
         info = convert.stream_from_pb(pb)
         self._streams[name] = info
@@ -346,6 +349,42 @@ class Client:
         pb = await self._admin_call("ListRevokedCertificates", sms_pb2.Empty())
         return [{"serial": c.serial, "revoked_ms": c.revoked_ms, "reason": c.reason} for c in pb.certificates]
 
+    async def read_audit(self, since_ms: int = 0, limit: int = limits.AUDIT_READ_EVENTS_MAX) -> dict[str, Any]:
+        """The audit log (docs/security.md, "Audit log"): each node's events at or after
+        `since_ms` (ms since the epoch), merged by time, the newest `limit`, oldest first.
+        Returns {events: [{ts_ms, time, node, action, target, outcome, who, from, detail}],
+        truncated: whether older events at or after `since_ms` were left out, unanswered:
+        {node_id: "Name: message"} of the nodes that could not be reached (their events are
+        missing)}.
+
+        Raises:
+            InvalidArgument, PermissionDenied (admins of the default tenant only)."""
+        if since_ms < 0:
+            raise errors.InvalidArgument(f"since_ms {since_ms}; expected 0 or a time in ms since the epoch")
+        if not 0 < limit <= limits.AUDIT_READ_EVENTS_MAX:
+            raise errors.InvalidArgument(f"limit {limit}; expected 1 to {limits.AUDIT_READ_EVENTS_MAX}")
+        request = sms_pb2.ReadAuditRequest(since_ms=since_ms, limit=limit)
+        nodes = [n for n in (await self.describe_cluster()).nodes if n.address]
+
+        async def ask(address: str) -> Any:
+            try:
+                return await self._call(address, sms_pb2_grpc.ControlStub, "ReadAudit", request)
+            except (errors.Unavailable, errors.Timeout) as e:     # (a node down: named, the others answer)
+                return e
+        answers = await asyncio.gather(*(ask(n.address) for n in nodes))
+        events: list[dict[str, Any]] = []
+        truncated = False
+        unanswered: dict[str, str] = {}
+        for node, answer in zip(nodes, answers):
+            if isinstance(answer, errors.SmsError):
+                unanswered[node.node_id] = f"{answer.name}: {answer.message}"
+                continue
+            truncated = truncated or answer.truncated
+            events.extend(json.loads(line) for line in answer.events)
+        events.sort(key=lambda e: (e.get("ts_ms", 0), e.get("node", "")))    # (stable: each node's order)
+        return {"events": events[-limit:], "truncated": truncated or len(events) > limit,
+                "unanswered": unanswered}
+
     async def delete_tenant(self, name: str) -> None:
         """Delete a tenant; its keys go with it.
 
@@ -359,7 +398,7 @@ class Client:
         return [_key_info(k) for k in (await self._admin_call("ListKeys", sms_pb2.Empty())).keys]
 
     async def revoke_key(self, key_id: str) -> None:
-        """Revoke a key: every node refuses its token within a second (KEY_CACHE_TTL_S).
+        """Revoke a key: returns once no node admits its token any more (about KEY_CACHE_TTL_S).
 
         Raises:
             KeyNotFound."""
@@ -416,9 +455,11 @@ class Client:
                             auto_split_period_s: int | None = None, write_records_per_s: int | None = None,
                             write_bytes_per_s: int | None = None, read_bytes_per_s: int | None = None,
                             archive: str | None = None, archive_after_s: int | None = None,
-                            local_retention_s: int | None = None, compression: str | None = None) -> StreamInfo:
+                            local_retention_s: int | None = None, compression: str | None = None,
+                            encryption: str | None = None) -> StreamInfo:
         """Change retention, unread-record protection, automatic splitting, the
-        per-partition limits or the archive tier while it runs (an archive may be added
+        per-partition limits, encryption at rest ("aes-256-gcm" or "none": batches stored
+        from then on) or the archive tier while it runs (an archive may be added
         to a stream that has none; it cannot be moved or removed: see `create_stream`
         for the archive's settings). A limit of 0 removes it: writes over
         `write_records_per_s` or `write_bytes_per_s` get `Throttled` (retriable, with the
@@ -442,10 +483,18 @@ class Client:
             read_bytes_per_s=-1 if read_bytes_per_s is None else read_bytes_per_s,
             archive=archive or "", archive_after_s=-1 if archive_after_s is None else archive_after_s,
             local_retention_s=-1 if local_retention_s is None else local_retention_s,
-            compression=compression or "")
+            compression=compression or "", encryption=encryption or "")
         info = convert.stream_from_pb(await self._admin_call("UpdateStream", req))
         self._streams[name] = info
         return info
+
+    async def rewrap_data_keys(self) -> int:
+        """Master key rotation, step two (docs/security.md, "Encryption at rest"): every
+        encrypted stream's data key wrapped again by the current master key of the control
+        leader's key file (add the new key to every node's key file first). Returns how many
+        were. Raises PermissionDenied (cluster admins only), FailedPrecondition."""
+        answer = await self._admin_call("RewrapDataKeys", sms_pb2.Empty())
+        return int(answer.rewrapped)
 
     async def update_retention(self, name: str, *, hours: int | None = None, seconds: int | None = None) -> StreamInfo:
         """`update_stream` of the retention only, in hours or seconds; returns the map.
@@ -730,7 +779,7 @@ class Client:
         `put_records` and the producers call it for such records.
 
         Raises:
-            RecordTooLarge (no archive, or over PAYLOAD_BYTES_MAX), ArchiveUnavailable,
+            RecordTooLarge (no archive, an encrypted stream, or over PAYLOAD_BYTES_MAX), ArchiveUnavailable,
             Timeout (an upload slower than half PAYLOAD_GRACE_S), StreamNotFound."""
         info = await self.get_stream_info(stream, refresh=stream not in self._streams)
         out: list[RecordInput] = []
@@ -745,6 +794,13 @@ class Client:
                 raise errors.RecordTooLarge(f"record {i}: {size} of data; at most {limits.RECORD_DATA_BYTES_MAX} "
                                             f"inline, and stream {stream!r} has no archive to keep larger payloads "
                                             "by reference (create_stream(..., archive=URL))")
+            if info.encryption != "none":
+                # (this client writes a payload straight to the store, where it would rest in
+                # clear: an encrypted stream keeps every record inside its sealed batches)
+                size = "a file" if payloads.is_file(data) else f"{len(data)} bytes"
+                raise errors.RecordTooLarge(f"record {i}: {size} of data; at most {limits.RECORD_DATA_BYTES_MAX} "
+                                            f"in stream {stream!r}, which is encrypted: payloads by reference "
+                                            "are not")
             ref = await asyncio.to_thread(payloads.upload, info.archive, info.payload_prefix, data)
             uploads.append((i, ref))
             reference = ref.to_bytes()

@@ -13,6 +13,7 @@ from collections.abc import Coroutine, Generator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sms import aio, security
+from sms.limits import AUDIT_READ_EVENTS_MAX
 from sms.consumer import SyncGroupConsumer
 from sms.payloads import PayloadReader, PayloadRef
 from sms.types import (ClusterInfo, GetRecordBatchResult, GetRecordsResult, Headers, IteratorType, NodeLoad,
@@ -78,7 +79,7 @@ class Client:
                       **kwargs: Any) -> StreamInfo:
         """Create a stream and wait until it is ACTIVE; returns its map. `kwargs`:
         persistence, ingestion_policy, retention_hours, retention_s, dedup_window_s,
-        min_in_sync, archive, archive_after_s, local_retention_s, compression
+        min_in_sync, archive, archive_after_s, local_retention_s, compression, encryption
         (`sms.aio.Client.create_stream`).
 
         Raises:
@@ -139,8 +140,15 @@ class Client:
         """Every key the caller may see (never a token)."""
         return self._run(self._aio.list_keys())
 
+    def read_audit(self, since_ms: int = 0, limit: int = AUDIT_READ_EVENTS_MAX) -> dict[str, Any]:
+        """Every node's audit events at or after `since_ms`, merged by time, the newest
+        `limit`: {events, truncated, unanswered} (`sms.aio.Client.read_audit`). Raises
+        InvalidArgument, PermissionDenied."""
+        return self._run(self._aio.read_audit(since_ms, limit))
+
     def revoke_key(self, key_id: str) -> None:
-        """Revoke a key: every node refuses its token within a second. Raises KeyNotFound."""
+        """Revoke a key: returns once no node admits its token any more (about
+        KEY_CACHE_TTL_S). Raises KeyNotFound."""
         return self._run(self._aio.revoke_key(key_id))
 
     def delete_stream(self, name: str) -> None:
@@ -277,12 +285,17 @@ class Client:
         return self._run(self._aio.scale(name, target_partitions))
 
     def update_stream(self, name: str, **kwargs: Any) -> StreamInfo:
-        """Change retention, protection, auto-splitting or per-partition limits
-        (`sms.aio.Client.update_stream`); returns the map.
+        """Change retention, protection, auto-splitting, per-partition limits, encryption
+        or the archive (`sms.aio.Client.update_stream`); returns the map.
 
         Raises:
             StreamNotFound, InvalidStreamConfig, TenantLimitExceeded."""
         return self._run(self._aio.update_stream(name, **kwargs))
+
+    def rewrap_data_keys(self) -> int:
+        """Master key rotation, step two: every encrypted stream's data key wrapped by the
+        current key of the control leader's key file (`sms.aio.Client.rewrap_data_keys`)."""
+        return self._run(self._aio.rewrap_data_keys())
 
     def update_retention(self, name: str, *, hours: int | None = None, seconds: int | None = None) -> StreamInfo:
         """Change the retention, in hours or seconds; returns the map.

@@ -314,6 +314,12 @@ class Unavailable(SmsError):
     refresh_map = True
 
 
+class EncryptionUnavailable(Unavailable):
+    """This node holds no master key that unwraps the stream's data key (its key file or
+    $SMS_MASTER_KEY lacks it): it can neither seal nor open the stream's batches.
+    Retriable: another node may hold it, or this one once its key file is fixed."""
+
+
 class ArchiveUnavailable(Unavailable):
     """The stream's fragment store could not be reached, refused a write or is full.
     Reads of archived records are retriable; local data is kept until the archive

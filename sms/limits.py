@@ -70,6 +70,8 @@ HEAD_ORIGIN_BATCHES_MAX = 64                   # recent batches per writer a hea
 HEAD_ORIGINS_MAX = 64                          # writers per partition a head remembers
 PUT_TIMEOUT_S = 30.0                           # client gives up on a put after this
 GRPC_MESSAGE_BYTES_MAX = 32 * 1024 * 1024
+ERROR_MESSAGE_CHARS_MAX = 1000                  # an error's text as a caller gets it (gRPC's metadata holds 16 KiB,
+                                                # percent-encoded: an echoed hostile value must not overflow it)
 
 # --- storage -------------------------------------------------------------------------
 LMDB_MAP_BYTES = 64 * 1024 * 1024 * 1024       # address space reserved per LMDB env
@@ -81,6 +83,11 @@ STORAGE_READ_BATCHES_MAX = 1000                # stored batches visited by one r
 SERVER_GC_THRESHOLDS = (50_000, 20, 100)       # gc.set_threshold of servers (node/server.py)
 LOG_FILE_BYTES_MAX = 50 * 1024 * 1024          # a node's log file (SMS_LOG_FILE; `sms up`) is rotated at this size
 LOG_FILE_BACKUPS = 5                            # ... keeping so many old files (NODE.log.1 the newest)
+AUDIT_FILE_BYTES_MAX = 20 * 1024 * 1024        # a node's audit log (kernel/audit.py) is rotated at this size
+AUDIT_FILE_BACKUPS = 5                          # ... keeping so many old files (audit.log.1 the newest)
+AUDIT_LINE_BYTES_MAX = 2048                     # one audit line (its detail, then its target, cut to fit)
+AUDIT_READ_EVENTS_MAX = 10_000                  # audit lines one ReadAudit answers (`sms audit --limit`)
+assert AUDIT_READ_EVENTS_MAX * AUDIT_LINE_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX
 METRICS_SCRAPE_TIMEOUT_S = 5.0                  # a metrics scrape reads the node's state within this (node/metrics.py)
 METRICS_REQUEST_TIMEOUT_S = 10.0                # one HTTP(S) request to a node's metrics port (its TLS handshake too)
 METRICS_LAG_REFRESH_S = 10.0                    # consumer lag (metadata reads) is computed at most this often per node
@@ -286,6 +293,10 @@ AUTH_CACHE_ENTRIES_MAX = 10_000                # verdicts on tokens a node keeps
 AUTH_TOKEN_CHARS_MAX = 256                     # a longer credential is malformed
 KEY_STREAMS_MAX = 1_000                        # streams one key may be limited to
 KEY_NAME_CHARS_MAX = 200                       # a key's free-text name
+
+# encryption at rest (kernel/encryption.py)
+ENCRYPTION_CONFIG_REFRESH_S = 5.0               # a node re-reads a stream's encryption setting and data key so often
+ENCRYPTION_STREAMS_CACHED_MAX = 10_000          # streams whose data keys a node keeps unwrapped (then it starts afresh)
 KEYS_LISTED_MAX = 10_000                       # keys `sms key list` shows
 TENANT_NAME_CHARS_MAX = 32                     # [a-z0-9-]
 TENANTS_MAX = 10_000

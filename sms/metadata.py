@@ -48,6 +48,9 @@ _STREAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,%d}" % limits.STREAM_NAME_CHARS_MAX
 _STORED_NAME = re.compile(r"(?:[a-z0-9-]{1,%d}~)?[A-Za-z0-9_.-]{1,%d}" % (limits.TENANT_NAME_CHARS_MAX,
                                                                           limits.STREAM_NAME_CHARS_MAX))
 
+# a stream's name is a path component in the metadata store and on disk, where these two
+# name the directory itself or its parent: refused, with or without a tenant's prefix
+_RELATIVE_NAMES = (".", "..")
 
 DEFAULT_TENANT = "default"
 
@@ -100,6 +103,9 @@ def validate_stream_name(name: object, stored: bool = True) -> str:
     if not isinstance(name, str) or not pattern.fullmatch(name):
         shown = repr(name)[:80]
         raise InvalidStreamName(f"stream name {shown}; expected [A-Za-z0-9_.-]{{1,{limits.STREAM_NAME_CHARS_MAX}}}")
+    if name.rpartition(TENANT_SEP)[2] in _RELATIVE_NAMES:
+        raise InvalidStreamName(f"stream name {name!r} is reserved: '.' and '..' name no stream (relative path "
+                                f"components)")
     return name
 
 
@@ -218,6 +224,11 @@ class StreamConfig:
     archive_after_s: int = 0
     local_retention_s: int = 0
     compression: str = "zstd"             # of fragments: "zstd" or "none"
+    # encryption at rest (kernel/encryption.py): new batches are sealed while `encryption` is
+    # "aes-256-gcm"; `data_key` is the stream's data key wrapped by a master key, kept once
+    # made (batches sealed before a change back to "none" still open with it)
+    encryption: str = "none"
+    data_key: str = ""
 
     @property
     def retention_ms(self) -> int:

@@ -49,9 +49,15 @@ CALLER_PREFIX: contextvars.ContextVar[str] = contextvars.ContextVar("sms_caller_
 def for_caller(message: str) -> str:
     """`message` in the caller's own names: its tenant's prefix taken out of every stored
     stream name in it (a chain id, a metadata path too; where it starts a name, so tenant
-    "a" leaves "ba~x" alone)."""
+    "a" leaves "ba~x" alone); cut to ERROR_MESSAGE_CHARS_MAX (an error that quotes a
+    hostile value must still reach the caller, named)."""
     prefix = CALLER_PREFIX.get()
-    return re.sub(r"(?<![a-z0-9-])" + re.escape(prefix), "", message) if prefix else message
+    if prefix:
+        message = re.sub(r"(?<![a-z0-9-])" + re.escape(prefix), "", message)
+    if len(message) > limits.ERROR_MESSAGE_CHARS_MAX:
+        cut = len(message) - limits.ERROR_MESSAGE_CHARS_MAX
+        message = f"{message[:limits.ERROR_MESSAGE_CHARS_MAX]}... ({cut} characters cut)"
+    return message
 
 
 CHANNEL_OPTIONS = [

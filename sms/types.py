@@ -203,6 +203,7 @@ class StreamInfo:
     local_retention_s: int = 0                  # replicas keep records so long, once archived
     compression: str = "zstd"                   # of archive fragments
     payload_prefix: str = ""                    # payloads by reference go under this in the archive store
+    encryption: str = "none"                    # "aes-256-gcm": its batches are stored sealed
 
     def lineage(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
         """ordinal -> (parents, children) of every partition the map still holds."""

@@ -31,7 +31,7 @@ bytes little-endian per record; the answer's `sequence_numbers` are 16 bytes big
 per record and its `ordinals` 4 bytes little-endian per record.
 
 The functions that touch every record (`encode_puts`, `parse_put`, `stored_entries`,
-`check_framing`, `decode_records`, `session_fields`, `signature`) have two
+`check_framing`, `check_records`, `decode_records`, `session_fields`, `signature`) have two
 implementations: the pure-Python reference in this module (`reference`) and a compiled
 one (`sms/_wire.c`, built by the package's own build when a compiler is there). Both
 give the same bytes, decisions and named errors, which `tests/unit/test_wire_differential.py`
@@ -63,6 +63,8 @@ ENTRY = struct.Struct("<IHH")
 HEADER = struct.Struct("<BBHI16sQQQQ")
 BATCH_VERSION = 3
 HEADER_BYTES = HEADER.size
+FLAG_SEALED = 0x01          # the body is encrypted (kernel/encryption.py): stored only, readers get it opened
+HEADER_AAD = struct.Struct("<I16sQQQ")     # the header fields a sealed body is bound to
 
 TAG_EXPLICIT_HASH_KEY = 1
 TAG_PRODUCER_ID = 2
@@ -317,10 +319,14 @@ def iter_entries(buf: bytes | memoryview, count: int, offset: int = 0) -> Iterat
 # --- batches ----------------------------------------------------------------------------
 
 def _checksum(count: int, first_sn_raw: bytes, origin_id: int, origin_seq: int, prev_checksum: int,
-              body: bytes | memoryview) -> int:
+              body: bytes | memoryview, flags: int = 0) -> int:
+    """xxh3-64 of the header fields and the body; the flags byte too when it is set (a
+    clear batch's checksum is as it always was; a flag flipped either way is detected)."""
     h = xxhash.xxh3_64()
     h.update(_CHECKED.pack(count, first_sn_raw, origin_id, origin_seq, prev_checksum))
     h.update(body)
+    if flags:
+        h.update(bytes((flags,)))
     return h.intdigest()
 
 
@@ -335,10 +341,10 @@ def build_batch(entries: list[bytes], first_sn: int = 0, origin_id: int = 0, ori
 
 
 def seal(count: int, first_sn: int, body: bytes | memoryview, origin_id: int = 0, origin_seq: int = 0,
-         prev_checksum: int = 0) -> bytes:
+         prev_checksum: int = 0, flags: int = 0) -> bytes:
     raw_sn = seqno.to_bytes(first_sn)
-    header = HEADER.pack(BATCH_VERSION, 0, 0, count, raw_sn, origin_id, origin_seq,
-                         _checksum(count, raw_sn, origin_id, origin_seq, prev_checksum, body), prev_checksum)
+    header = HEADER.pack(BATCH_VERSION, flags, 0, count, raw_sn, origin_id, origin_seq,
+                         _checksum(count, raw_sn, origin_id, origin_seq, prev_checksum, body, flags), prev_checksum)
     return header + bytes(body)
 
 
@@ -360,9 +366,9 @@ def read_header(batch: bytes | memoryview) -> BatchHeader:
     if len(batch) < HEADER_BYTES:
         raise CorruptBatch(f"batch of {len(batch)} bytes; shorter than its header")
     version, flags, reserved, count, raw_sn, origin_id, origin_seq, checksum, prev = HEADER.unpack_from(batch, 0)
-    if version != BATCH_VERSION or count == 0 or flags or reserved:
+    if version != BATCH_VERSION or count == 0 or flags & ~FLAG_SEALED or reserved:
         raise CorruptBatch(f"batch version {version} flags {flags} reserved {reserved} count {count}; "
-                           f"expected version {BATCH_VERSION}, flags 0, reserved 0, count > 0")
+                           f"expected version {BATCH_VERSION}, flags 0 or {FLAG_SEALED}, reserved 0, count > 0")
     return BatchHeader(count, seqno.from_bytes(raw_sn), checksum, origin_id, origin_seq, prev)
 
 
@@ -372,7 +378,7 @@ def verify(batch: bytes | memoryview) -> BatchHeader:
     view = memoryview(batch)
     raw_sn = bytes(view[8:24])
     if _checksum(header.count, raw_sn, header.origin_id, header.origin_seq, header.prev_checksum,
-                 view[HEADER_BYTES:]) != header.checksum:
+                 view[HEADER_BYTES:], view[1]) != header.checksum:
         raise CorruptBatch(f"batch first_sn {header.first_sn}: checksum mismatch")
     if header.count * ENTRY.size > len(batch) - HEADER_BYTES:
         raise CorruptBatch(f"batch first_sn {header.first_sn}: {header.count} records cannot fit in "
@@ -382,15 +388,45 @@ def verify(batch: bytes | memoryview) -> BatchHeader:
     return header
 
 
+def check_batch(batch: bytes, what: str = "") -> BatchHeader:
+    """Header of a batch whose checksum holds, of at most BATCH_RECORDS_MAX records and
+    BATCH_BYTES_MAX bytes, every record of which every reader decodes (`check_records`:
+    key, sizes, meta, headers); CorruptBatch naming the first broken rule otherwise, and
+    `what` the batch ("batch first_sn N" unless given). A head checks each batch so before
+    it sequences it (`sequence_checked`), a replica before it stores it
+    (storage/replica.py): a batch that a reader could not decode is never stored
+    (docs/security.md)."""
+    header = verify(batch)
+    what = what or f"batch first_sn {header.first_sn}"
+    if header.count > limits.BATCH_RECORDS_MAX or len(batch) - HEADER_BYTES > limits.BATCH_BYTES_MAX:
+        raise CorruptBatch(f"{what}: {header.count} records in {len(batch) - HEADER_BYTES} bytes; at most "
+                           f"{limits.BATCH_RECORDS_MAX} records in {limits.BATCH_BYTES_MAX} bytes")
+    try:
+        check_records(batch, header.count, HEADER_BYTES)
+    except InvalidArgument as e:
+        raise CorruptBatch(f"{what}: {e.message}") from None
+    return header
+
+
+def sequence_checked(batch: bytes, first_sn: int, prev_checksum: int = 0) -> bytes:
+    """What a head stores of a batch from ingestion: the batch checked whole (`check_batch`:
+    every record as a reader will decode it), then stamped as `sequence` stamps it."""
+    return _stamp(batch, check_batch(batch, "unsequenced batch"), first_sn, prev_checksum)
+
+
 def sequence(batch: bytes, first_sn: int, prev_checksum: int = 0) -> bytes:
     """The same batch, verified and its framing walked, stamped with its first sequence
-    number and chained to the log's last batch by its checksum (head only: downstream
-    replicas trust the checksum the head sealed)."""
+    number and chained to the log's last batch by its checksum. (The records themselves
+    are not looked at: a head sequences with `sequence_checked`.)"""
     header = verify(batch)
     try:
         check_framing(batch, header.count, HEADER_BYTES)
     except InvalidArgument as e:
         raise CorruptBatch(f"unsequenced batch: {e.message}") from None
+    return _stamp(batch, header, first_sn, prev_checksum)
+
+
+def _stamp(batch: bytes, header: BatchHeader, first_sn: int, prev_checksum: int) -> bytes:
     if first_sn + (header.count - 1) * seqno.COUNTER_UNIT > seqno.SN_MAX:
         raise CorruptBatch(f"unsequenced batch: {header.count} records from SN {first_sn} run past 2^128 - 1")
     return seal(header.count, first_sn, memoryview(batch)[HEADER_BYTES:], header.origin_id, header.origin_seq,
@@ -665,6 +701,93 @@ def _check_framing(buf: bytes | memoryview, count: int, offset: int = 0) -> None
                               f"{n - offset} trailing bytes after {count} record entries")
 
 
+def _check_records(buf: bytes | memoryview, count: int, offset: int = 0) -> None:
+    """`count` entries fill `buf` from `offset` exactly, and each is a record every reader
+    decodes: data of at most RECORD_DATA_BYTES_MAX bytes, a partition key of
+    PARTITION_KEY_CHARS_MIN..MAX characters of UTF-8, and a meta as `_check_stored_meta`
+    wants it. Otherwise the named error of the first broken rule, "record N: ..." (as
+    `check_framing` for the framing). What a head checks of a batch before it sequences
+    it, and a replica before it stores it (`check_batch`)."""
+    n = len(buf)
+    if not 0 <= offset <= n:
+        raise InvalidArgument(f"offset {offset}; expected 0..{n}")
+    unpack, size = ENTRY.unpack_from, ENTRY.size
+    data_max = limits.RECORD_DATA_BYTES_MAX
+    key_min, key_max = limits.PARTITION_KEY_CHARS_MIN, limits.PARTITION_KEY_CHARS_MAX
+    for i in range(count):
+        if offset + size > n:
+            raise InvalidArgument("record entries truncated")
+        data_len, key_len, meta_len = unpack(buf, offset)
+        k = offset + size
+        m = k + key_len
+        d = m + meta_len
+        offset = d + data_len
+        if offset > n:
+            raise InvalidArgument("record entries truncated")
+        if data_len > data_max:
+            raise RecordTooLarge(f"record {i}: {data_len} bytes of data; at most {data_max}")
+        try:
+            chars = len(str(buf[k:m], "utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidPartitionKey(f"record {i}: partition key is not UTF-8") from None
+        if not key_min <= chars <= key_max:
+            raise InvalidPartitionKey(f"record {i}: partition key of {chars} chars; expected {key_min}..{key_max}")
+        if meta_len:
+            _check_stored_meta(buf, m, d, i)
+    if offset != n:
+        raise InvalidArgument(f"{n - offset} trailing bytes after {count} record entries")
+
+
+def _check_stored_meta(buf: bytes | memoryview, start: int, end: int, record: int) -> None:
+    """The meta of a stored record, buf[start:end]: TLVs that frame; the session fields of
+    their sizes (producer id 1..SESSION_KEY_BYTES_MAX bytes: an epoch's session names
+    are longer than the producer's id; SSSN 8; session partition 4), and none of them
+    without both a producer id and an SSSN (a dedup rebuild reads them together); headers
+    as `validate_headers` wants them. A dedup key's length is not checked: a stream that
+    de-duplicates refuses a bad one before it is stored (ingestion/dedup.py), and on any
+    other no reader looks at it. A tag no reader knows is skipped, as every reader skips it."""
+    has_pid = has_sssn = has_other = False
+    headers: list[bytes] = []
+    i = start
+    while i < end:
+        tag = buf[i]
+        if tag >= LONG_TAG_MIN:
+            if i + 3 > end:
+                raise InvalidArgument(f"record {record}: meta truncated")
+            length, v = (buf[i + 1] << 8) | buf[i + 2], i + 3
+        else:
+            if i + 2 > end:
+                raise InvalidArgument(f"record {record}: meta truncated")
+            length, v = buf[i + 1], i + 2
+        if v + length > end:
+            raise InvalidArgument(f"record {record}: meta truncated")
+        if tag == TAG_PRODUCER_ID:
+            if not 1 <= length <= limits.SESSION_KEY_BYTES_MAX:
+                raise InvalidArgument(f"record {record}: producer id of {length} bytes; "
+                                      f"expected 1..{limits.SESSION_KEY_BYTES_MAX}")
+            has_pid = True
+        elif tag == TAG_SSSN:
+            if length != 8:
+                raise InvalidArgument(f"record {record}: SSSN of {length} bytes; expected 8")
+            has_sssn = True
+        elif tag == TAG_DEDUP_KEY:
+            has_other = True
+        elif tag == TAG_SESSION_ORDINAL:
+            if length != 4:
+                raise InvalidArgument(f"record {record}: session partition of {length} bytes; expected 4")
+            has_other = True
+        elif tag == TAG_HEADER:
+            headers.append(bytes(buf[i:v + length]))
+        i = v + length
+    if (has_pid or has_sssn or has_other) and not (has_pid and has_sssn):
+        raise InvalidArgument(f"record {record}: session fields without a producer id and an SSSN")
+    if headers:
+        try:
+            validate_headers(b"".join(headers))
+        except InvalidRecordHeader as e:
+            raise InvalidRecordHeader(f"record {record}: {e.message}") from None
+
+
 def _walk(batch: bytes, header: BatchHeader, end: int) -> Iterator[tuple[int, int, int, int, int]]:
     """(index, key offset, meta offset, data offset, end offset) of entries [0, end) of a
     verified batch; CorruptBatch where the framing runs past the batch."""
@@ -781,8 +904,8 @@ def _columns(batch: bytes, start: int, end: int) -> Columns:
 
 reference = types.SimpleNamespace(
     encode_puts=_encode_puts, parse_put=_parse_put, stored_entries=_stored_entries, check_framing=_check_framing,
-    decode_records=_decode_records, session_fields=_session_fields, columns=_columns, signature=_signature,
-    hash_key=_hash_of)
+    check_records=_check_records, decode_records=_decode_records, session_fields=_session_fields, columns=_columns,
+    signature=_signature, hash_key=_hash_of)
 
 
 # --- which implementation is in force ------------------------------------------------------
@@ -817,6 +940,7 @@ if TYPE_CHECKING:
     parse_put = _parse_put
     stored_entries = _stored_entries
     check_framing = _check_framing
+    check_records = _check_records
     decode_records = _decode_records
     columns = _columns
     session_fields = _session_fields
@@ -827,8 +951,27 @@ else:
     parse_put = _impl.parse_put
     stored_entries = _impl.stored_entries
     check_framing = _impl.check_framing
+    check_records = _impl.check_records
     decode_records = _impl.decode_records
     columns = _impl.columns
     session_fields = _impl.session_fields
     signature = _impl.signature
     hash_key = _impl.hash_key
+
+
+def _clear_only(decode: Callable[..., Any]) -> Callable[..., Any]:
+    """`decode` refusing a sealed batch by name: the retrieval role opens every stored
+    batch of an encrypted stream before it answers (kernel/encryption.py), so one reaching a
+    reader is a bug, never records."""
+    def decode_clear(batch: bytes, *args: Any) -> Any:
+        if len(batch) > 1 and batch[1] & FLAG_SEALED:
+            raise CorruptBatch("a sealed (encrypted) batch reached a reader; it must be opened first")
+        return decode(batch, *args)
+    decode_clear.__doc__ = decode.__doc__
+    return decode_clear
+
+
+if not TYPE_CHECKING:
+    decode_records = _clear_only(decode_records)
+    columns = _clear_only(columns)
+    session_fields = _clear_only(session_fields)

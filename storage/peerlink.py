@@ -47,6 +47,7 @@ from collections.abc import Callable
 
 import grpc
 
+from kernel import audit
 from sms import limits, security, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -481,6 +482,12 @@ class _Session:
         self.ended_by_peer = False
 
 
+# refusals of a replication session that go to the audit log (kernel/audit.py): a caller
+# that is not the chain's predecessor, a batch no reader could decode. (StaleEpoch and
+# WrongOwner follow every restart and chain change: routine, not audited.)
+AUDITED_REFUSALS = frozenset({"PermissionDenied", "CorruptBatch"})
+
+
 class IncomingLinks:
     """The successor's side of one `ReplicateLinks` stream: a `link.Receiver` per session.
     A reader task takes frames in and carries out what the receivers ask of the replicas;
@@ -646,6 +653,10 @@ class IncomingLinks:
     def _perform_sync(self, s: _Session, actions: list) -> None:
         for action in actions:
             if isinstance(action, link.Send):
+                m = action.message
+                if isinstance(m, link.Refusal) and m.error_name in AUDITED_REFUSALS:
+                    audit.event(audit.REPLICATION_REFUSED, s.chain_id, m.error_name,
+                                {"node": self.sender} if self.sender else {}, self.peer, m.error_message)
                 self._out.append(up_to_pb(action.message, s.session))
             elif isinstance(action, link.Close):
                 if self.sessions.get(s.chain_id) is s:

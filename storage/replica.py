@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from kernel import encryption
 from sms import wire, limits, seqno
 from sms.errors import (HeadMoving, LogDiverged, NotEnoughReplicas, PartitionClosed, PartitionSealed, SmsError,
                         StaleEpoch, WrongOwner, invariant)
@@ -45,8 +46,9 @@ def _wall_clock() -> float:
 
 class Replica:
     def __init__(self, node_id: str, config: ChainConfig, store: LogStore, plog: PartitionLog,
-                 clock: Callable[[], float] = _wall_clock):
+                 clock: Callable[[], float] = _wall_clock, keys: "encryption.StreamKeys | None" = None):
         self.node_id = node_id
+        self.keys = keys                            # an encrypted stream's data key seals what the head sequences
         self.clock = clock                          # wall-clock seconds: the sequencer's timestamps
         self.config = config
         self.store = store
@@ -152,11 +154,13 @@ class Replica:
         self.check_epoch(epoch)
         if not self.is_head:
             raise WrongOwner(f"{self.chain_id}: {self.node_id} is not the head")
+        # (read before the sequence lock: the data key of an encrypted stream, else None)
+        data_key = await self.keys.sealing_key(self.config.stream) if self.keys is not None else None
         # shielded: a caller cancelled mid-append (its stream broke) must not leave the
         # batch stored but missing from `recent` and `origins`
-        return await asyncio.shield(self._sequence_and_store(unsequenced))
+        return await asyncio.shield(self._sequence_and_store(unsequenced, data_key))
 
-    async def _sequence_and_store(self, unsequenced: bytes) -> wire.BatchHeader:
+    async def _sequence_and_store(self, unsequenced: bytes, data_key: bytes | None = None) -> wire.BatchHeader:
         async with self.sequence_lock:
             incoming = wire.read_header(unsequenced)
             held = self._held(incoming)
@@ -181,7 +185,9 @@ class Replica:
                     f"({', '.join(self.config.members)}), fewer than the stream's min_in_sync "
                     f"{self.config.min_in_sync}; the batch was not stored")
             last = self.last_header()
-            batch = wire.sequence(unsequenced, self._next_first_sn(), last.checksum if last else 0)
+            batch = wire.sequence_checked(unsequenced, self._next_first_sn(), last.checksum if last else 0)
+            if data_key is not None:
+                batch = encryption.seal_batch(batch, data_key)      # stored and replicated sealed
             header = await self.store.append_verified(self.log, wire.read_header(batch), batch)   # (shielded above)
             self.recent.append((header.first_sn, header.last_sn, batch))
             self._remember(header)
@@ -220,7 +226,12 @@ class Replica:
         self.check_active()
         if generation is not None and generation != self.generation:
             raise StaleEpoch(f"{self.chain_id}: the log on {self.node_id} was wiped after this stream began")
-        header = wire.verify(batch)
+        # a clear batch is checked as the head checks it: a predecessor that lets through a
+        # batch no reader decodes (an older version, a fault, a stolen identity) stalls its
+        # link on a named error here, rather than have every read of the partition fail. A
+        # sealed one is ciphertext: the head checked its records before it sealed them
+        # (docs/security.md, "Who may append")
+        header = wire.verify(batch) if encryption.is_sealed(batch) else wire.check_batch(batch)
         await asyncio.shield(self._store_successor(header, batch, predecessor_committed))   # as append_as_head
 
     async def _store_successor(self, header: wire.BatchHeader, batch: bytes, predecessor_committed: int) -> None:

@@ -21,10 +21,12 @@ import grpc
 
 from metastore import MetaStore, NodeExistsError, NoNodeError
 from metastore.reads import ChainConfigs, DecodedReads
-from sms import limits, metadata, retention, rpc, seqno
+from sms import limits, metadata, retention, rpc, security, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
-from sms.errors import InvariantViolation, WrongOwner
+from sms.errors import InvariantViolation, SmsError, WrongOwner
 from sms.metadata import ChainConfig, ConsumerRecord, StreamConfig
+from kernel import audit
+from kernel.encryption import StreamKeys
 from sms.partition_map import PartitionMap
 from sms.proto import sms_pb2, sms_pb2_grpc
 from archive.index import ArchiveState
@@ -48,8 +50,10 @@ def link_targets(config: ChainConfig, node_id: str) -> list[tuple[str, bool]]:
 
 
 class StorageNode:
-    def __init__(self, node_id: str, data_dir: str, store: MetaStore, incarnation: int = 0):
+    def __init__(self, node_id: str, data_dir: str, store: MetaStore, incarnation: int = 0,
+                 keys: StreamKeys | None = None):
         self.node_id = node_id
+        self.keys = keys                      # the streams' data keys: heads seal encrypted streams' batches
         self.incarnation = incarnation        # this process's registration started_ms
         self.dormant: dict[str, float] = {}   # logs kept for a rejoin: chain id -> since (monotonic)
         self.logs = LogStore(os.path.join(data_dir, "storage"))
@@ -191,7 +195,7 @@ class StorageNode:
             replica = self.replicas.get(cid)
             if replica is None:
                 plog = self.logs.open_log(cid, config.persistence)
-                replica = Replica(self.node_id, config, self.logs, plog)
+                replica = Replica(self.node_id, config, self.logs, plog, keys=self.keys)
                 self.replicas[cid] = replica
                 self._start_links(replica)
             elif replica.config != config:
@@ -439,6 +443,14 @@ class StorageNode:
         return [r.status() for r in self.replicas.values()]
 
 
+def append_caller(context) -> str | None:
+    """Who calls Append: the node id its certificate names ("" when it names none: never
+    an owner), or None on a plaintext cluster, whose callers have no identity to check."""
+    if context.auth_context().get("transport_security_type") == [b"insecure"]:
+        return None
+    return security.peer_node_id(context) or ""
+
+
 class StorageService(sms_pb2_grpc.StorageServicer):
     def __init__(self, node: StorageNode, roles: tuple[str, ...], pid: int):
         self.node = node
@@ -446,8 +458,20 @@ class StorageService(sms_pb2_grpc.StorageServicer):
         self.pid = pid
 
     async def Append(self, request_iterator, context):
-        """ingestion -> head (storage/head.py). Acks go out in request order, each after commit."""
-        session = HeadSession(self.node)
+        """ingestion -> head (storage/head.py). Acks go out in request order, each after commit;
+        a batch from a node that is not the partition's ingestion owner is refused
+        (PermissionDenied), one that a reader could not decode too (CorruptBatch)."""
+        audited: set[tuple[str, str]] = set()
+
+        def refused(chain_id: str, error: SmsError) -> None:
+            # one line per chain and error of a call: a rogue sender's every batch would
+            # only repeat it
+            if (chain_id, error.name) not in audited:
+                audited.add((chain_id, error.name))
+                audit.event(audit.APPEND_REFUSED, chain_id, error.name, audit.who_cert(security.peer_cert(context)),
+                            audit.peer(context), error.message)
+
+        session = HeadSession(self.node, caller=append_caller(context), on_refused=refused)
 
         async def take_requests() -> None:
             try:

@@ -145,6 +145,11 @@ class ControlStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.ListRevokedCertificatesResponse.FromString,
                 _registered_method=True)
+        self.ReadAudit = channel.unary_unary(
+                '/sms.v1.Control/ReadAudit',
+                request_serializer=sms_dot_proto_dot_sms__pb2.ReadAuditRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.ReadAuditResponse.FromString,
+                _registered_method=True)
         self.GroupState = channel.unary_unary(
                 '/sms.v1.Control/GroupState',
                 request_serializer=sms_dot_proto_dot_sms__pb2.GroupRequest.SerializeToString,
@@ -174,6 +179,11 @@ class ControlStub:
                 '/sms.v1.Control/InitProducer',
                 request_serializer=sms_dot_proto_dot_sms__pb2.InitProducerRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.InitProducerResponse.FromString,
+                _registered_method=True)
+        self.RewrapDataKeys = channel.unary_unary(
+                '/sms.v1.Control/RewrapDataKeys',
+                request_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.RewrapDataKeysResponse.FromString,
                 _registered_method=True)
 
 
@@ -324,6 +334,14 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadAudit(self, request, context):
+        """this node's audit log (kernel/audit.py; admins of the default tenant only): `sms audit`
+        asks every node and merges the answers by time
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GroupState(self, request, context):
         """consumer groups (control/groups.py): a group's lease table, read and written with
         conditional writes by its members (sms/consumer.py); any node answers
@@ -360,6 +378,14 @@ class ControlServicer:
     def InitProducer(self, request, context):
         """a new epoch for a named producer of a stream (ingestion/fencing.py): writes of its
         earlier epochs are refused with ProducerFenced from the answer on; any node answers
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RewrapDataKeys(self, request, context):
+        """master key rotation, step two: every encrypted stream's data key wrapped again by the
+        current master key of the leader's key file (cluster admins)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -478,6 +504,11 @@ def add_ControlServicer_to_server(servicer, server):
                     request_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.ListRevokedCertificatesResponse.SerializeToString,
             ),
+            'ReadAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadAudit,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.ReadAuditRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.ReadAuditResponse.SerializeToString,
+            ),
             'GroupState': grpc.unary_unary_rpc_method_handler(
                     servicer.GroupState,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.GroupRequest.FromString,
@@ -507,6 +538,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.InitProducer,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.InitProducerRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.InitProducerResponse.SerializeToString,
+            ),
+            'RewrapDataKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.RewrapDataKeys,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.RewrapDataKeysResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1115,6 +1151,33 @@ class Control:
             _registered_method=True)
 
     @staticmethod
+    def ReadAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/ReadAudit',
+            sms_dot_proto_dot_sms__pb2.ReadAuditRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.ReadAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def GroupState(request,
             target,
             options=(),
@@ -1266,6 +1329,33 @@ class Control:
             '/sms.v1.Control/InitProducer',
             sms_dot_proto_dot_sms__pb2.InitProducerRequest.SerializeToString,
             sms_dot_proto_dot_sms__pb2.InitProducerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RewrapDataKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/RewrapDataKeys',
+            sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.RewrapDataKeysResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -314,10 +314,13 @@ RAW_CASES = {
 
 @pytest.fixture(scope="module")
 def stubs(cluster, client, target):
-    """Raw stubs: ingestion and retrieval on the head of the target's p0000, control."""
-    head = client.get_stream_info(target).partition(0).chain[0].address
+    """Raw stubs: ingestion and retrieval on the head of the target's p0000, control; the
+    storage stub speaks as the head's own node (only a partition's ingestion owner appends)."""
+    owner = client.get_stream_info(target).partition(0).chain[0]
+    head = owner.address
     big = [("grpc.max_send_message_length", 64 << 20)]
-    with client_channel(head, options=big) as node, node_channel(cluster, head, options=big) as internal, \
+    with client_channel(head, options=big) as node, \
+            node_channel(cluster, head, owner.node_id, options=big) as internal, \
             client_channel(cluster.address) as control:
         yield {"ingestion": sms_pb2_grpc.IngestionStub(node), "retrieval": sms_pb2_grpc.RetrievalStub(node),
                "storage": sms_pb2_grpc.StorageStub(internal), "storage_control": sms_pb2_grpc.ControlStub(node),
@@ -373,9 +376,9 @@ APPEND_CASES = {
 def test_head_rejects_a_bad_append_batch(cluster, client, canary, batch):
     stream = stream_name("append")
     client.create_stream(stream, partitions=1, replication_factor=3)
-    head = client.get_stream_info(stream).partition(0).chain[0].address
+    head = client.get_stream_info(stream).partition(0).chain[0]
     acked = client.put_record(stream, b"before", "k")
-    with node_channel(cluster, head) as channel:
+    with node_channel(cluster, head.address, head.node_id) as channel:      # (as the owner: see test_append_authz)
         ack = _append(sms_pb2_grpc.StorageStub(channel), f"{stream}:0", batch)
     assert ack.error_name == "CorruptBatch", f"the head acked a bad batch: {ack}"
     assert [(r.sn, r.data) for r in read_stream(client, stream)[0]] == [(acked.sn, b"before")]

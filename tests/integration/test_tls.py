@@ -244,3 +244,43 @@ def test_a_tls_client_of_a_plaintext_cluster_gets_a_named_error(make_cluster):
         c.create_stream("plain", partitions=1, replication_factor=1)
         c.put_record("plain", b"x", "k")
         wait_until(lambda: read_stream(c, "plain")[0], 10.0, "the record read back over plaintext")
+
+
+def test_a_predecessor_cannot_replicate_a_batch_no_reader_decodes(cluster, client, tmp_path):
+    """The poison batch of issue 30 (a record whose partition key is not UTF-8) through
+    the replication path: the tail's own predecessor (a valid certificate with its node
+    id) sends it, sequenced right after the log's last record. The tail checks every
+    record as a reader will decode it and refuses the batch with CorruptBatch; nothing
+    is stored, and every read of the partition still works. (Before, replicas trusted
+    the checksum alone and such a batch made every read of the partition fail.)"""
+    stream = "tls-poison-replication"
+    client.create_stream(stream, partitions=1, replication_factor=3)
+    good = client.put_record(stream, b"real", "k")
+    info = client.get_stream_info(stream).partition(0)
+    _head, middle, tail = (m.node_id for m in info.chain)
+    predecessor = certs.ensure_node_cert(cluster.ca_dir, str(tmp_path / "predecessor"), middle)
+    chain_id = f"{stream}:0"
+    poison = wire.seal(1, good.sn + seqno.COUNTER_UNIT, wire.encode_entry(b"\xff\xfe", b"poison"), 7, 1)
+    frames = [sms_pb2.LinkFrame(from_node=middle, items=[
+        sms_pb2.ReplicateRequest(chain_id=chain_id, epoch=info.chain_epoch, hello=True, session=7),
+        sms_pb2.ReplicateRequest(chain_id=chain_id, epoch=info.chain_epoch, session=7, verified=True),
+        sms_pb2.ReplicateRequest(chain_id=chain_id, epoch=info.chain_epoch, session=7, batch=poison,
+                                 committed_sn=seqno.to_bytes(good.sn))])]
+    with _secure(cluster.procs[tail].cluster_address, cluster.ca_file, predecessor, node_name=True) as channel:
+        call = sms_pb2_grpc.StorageStub(channel).ReplicateLinks(iter(frames), timeout=CALL_TIMEOUT_S)
+        answers = [item for frame in call for item in frame.items]
+    refusals = [a for a in answers if a.chain_id == chain_id and a.error_name]
+    assert refusals and refusals[0].error_name == "CorruptBatch", answers
+    assert "not UTF-8" in refusals[0].error_message
+    # the real chain goes on (its link re-established if the forged session displaced it)
+    after = wait_until(lambda: _put_or_none(client, stream, b"after"), 30.0, "a put after the poison batch")
+    datas = [r.data for r in read_stream(client, stream)[0]]
+    assert datas == [b"real", b"after"], datas
+    assert after.sn > good.sn
+
+
+def _put_or_none(client: sms.Client, stream: str, data: bytes):
+    try:
+        return client.put_record(stream, data, "k")
+    except errors.Unavailable:
+        return None

@@ -1,6 +1,6 @@
 """The import rule (docs/architecture.md, "Layout"): each package imports only the
 layers below it. `sms` is the client and shared kernel and imports no server package;
-`metastore` sits below every role; a role never imports another role (co-located roles
+`metastore` sits below every role, and `kernel` (what every server role shares) above it; a role never imports another role (co-located roles
 talk through the ports in sms/ports.py, wired by node/server.py); `spark_sps` is an
 engine for `sps`; only `node` (process setup: serve, CLI, launcher) imports them all.
 Imports inside functions count too."""
@@ -13,15 +13,17 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-OURS = {"sms", "metastore", "archive", "storage", "ingestion", "retrieval", "control", "sps", "spark_sps", "node"}
+OURS = {"sms", "metastore", "kernel", "archive", "storage", "ingestion", "retrieval", "control", "sps", "spark_sps",
+        "node"}
 ALLOWED = {
     "sms": {"sms"},
     "metastore": {"sms", "metastore"},
+    "kernel": {"sms", "metastore", "kernel"},        # what every server role shares and no client needs
     "archive": {"sms", "metastore", "archive"},       # a library of the roles that keep or read the archive
-    "storage": {"sms", "metastore", "archive", "storage"},
-    "ingestion": {"sms", "metastore", "ingestion"},
-    "retrieval": {"sms", "metastore", "archive", "retrieval"},
-    "control": {"sms", "metastore", "archive", "control"},
+    "storage": {"sms", "metastore", "kernel", "archive", "storage"},
+    "ingestion": {"sms", "metastore", "kernel", "ingestion"},
+    "retrieval": {"sms", "metastore", "kernel", "archive", "retrieval"},
+    "control": {"sms", "metastore", "kernel", "archive", "control"},
     "sps": {"sms", "metastore", "sps"},
     "spark_sps": {"sms", "sps", "spark_sps"},
     "node": OURS,

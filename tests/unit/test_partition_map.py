@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sms import limits, metadata
@@ -215,13 +215,15 @@ _NAME_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-
 @settings(max_examples=200)
 @given(st.text(alphabet=_NAME_CHARS, min_size=1, max_size=limits.STREAM_NAME_CHARS_MAX))
 def test_validate_stream_name_accepts_the_allowed_alphabet(name):
+    assume(name not in (".", ".."))          # (reserved: a relative path component)
     assert metadata.validate_stream_name(name) == name
 
 
 @settings(max_examples=200)
 @given(st.text(max_size=limits.STREAM_NAME_CHARS_MAX + 5))
 def test_validate_stream_name_agrees_with_the_documented_pattern(name):
-    ok = 1 <= len(name) <= limits.STREAM_NAME_CHARS_MAX and all(c in _NAME_CHARS for c in name)
+    ok = (1 <= len(name) <= limits.STREAM_NAME_CHARS_MAX and all(c in _NAME_CHARS for c in name)
+          and name not in (".", ".."))
     if ok:
         assert metadata.validate_stream_name(name) == name
     else:
@@ -240,6 +242,8 @@ def test_validate_stream_name_agrees_with_the_documented_pattern(name):
     "caf\u00e9",
     "\u0661",          # a non-ASCII digit
     "star*",
+    ".",
+    "..",
     None,
     42,
     b"bytes",
