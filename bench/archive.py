@@ -47,6 +47,7 @@ import shutil
 import ssl
 import sys
 import tempfile
+from typing import NamedTuple
 import time
 import urllib.request
 from collections import defaultdict
@@ -130,10 +131,19 @@ async def _wait(what: str, check, deadline: float) -> float:
         await asyncio.sleep(POLL_S)
 
 
-def _scrape(url: str, ca_file: str) -> dict[str, list]:
+class ScrapeAuth(NamedTuple):
+    """How a scrape reaches a node's /metrics: the cluster CA ("" for plaintext) and a
+    key that may read it (a secure node wants one: node/metrics.py)."""
+    ca_file: str
+    token: str
+
+
+def _scrape(url: str, auth: ScrapeAuth) -> dict[str, list]:
     from prometheus_client.parser import text_string_to_metric_families
-    context = ssl.create_default_context(cafile=ca_file) if url.startswith("https:") and ca_file else None
-    text = urllib.request.urlopen(url, context=context, timeout=SCRAPE_TIMEOUT_S).read().decode()
+    context = ssl.create_default_context(cafile=auth.ca_file) if url.startswith("https:") and auth.ca_file else None
+    headers = {"Authorization": f"Bearer {auth.token}"} if auth.token else {}
+    text = urllib.request.urlopen(urllib.request.Request(url, headers=headers), context=context,
+                                  timeout=SCRAPE_TIMEOUT_S).read().decode()
     out: dict[str, list] = defaultdict(list)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -141,10 +151,10 @@ def _scrape(url: str, ca_file: str) -> dict[str, list]:
     return out
 
 
-async def _counters(nodes: list, ca_file: str, stream: str) -> dict[str, float]:
+async def _counters(nodes: list, auth: ScrapeAuth, stream: str) -> dict[str, float]:
     """The stream's sms_archive_* counters, summed over the storage nodes."""
-    scheme = "https" if ca_file else "http"
-    scrapes = await asyncio.gather(*(asyncio.to_thread(_scrape, f"{scheme}://{n.metrics_address}/metrics", ca_file)
+    scheme = "https" if auth.ca_file else "http"
+    scrapes = await asyncio.gather(*(asyncio.to_thread(_scrape, f"{scheme}://{n.metrics_address}/metrics", auth)
                                      for n in nodes if n.metrics_address))
     out: dict[str, float] = defaultdict(float)
     for samples in scrapes:
@@ -295,7 +305,7 @@ async def _archived(client, nodes, stream: str, partitions: int, last: dict[int,
 
 
 # --- one compression -----------------------------------------------------------------------
-async def _codec(client, nodes: list, ca_file: str, store: str, codec: str, recs: list, params: dict,
+async def _codec(client, nodes: list, auth: ScrapeAuth, store: str, codec: str, recs: list, params: dict,
                  pids: dict[str, int]) -> tuple[dict, list[str]]:
     parts = params["partitions"]
     all_meter = cpu.Meter(pids)
@@ -322,7 +332,7 @@ async def _codec(client, nodes: list, ca_file: str, store: str, codec: str, recs
     last = _last_sns(acked)
     t_archived = await _wait(f"{stream}: archived", lambda: _archived(client, nodes, stream, parts, last),
                              time.monotonic() + params["wait_s"])
-    counters = await _counters(nodes, ca_file, stream)
+    counters = await _counters(nodes, auth, stream)
     raw, written = counters.get("raw_bytes", 0), counters.get("write_bytes", 0)
     secs = t_archived - t0
     out["archive_following_ingest"] = {
@@ -379,9 +389,9 @@ async def _codec(client, nodes: list, ca_file: str, store: str, codec: str, recs
         acked[o] = sorted(acked[o] + v)
 
     # 4b. the same catch-up read, now from the archive
-    before = (await _counters(nodes, ca_file, stream)).get("read_records", 0)
+    before = (await _counters(nodes, auth, stream)).get("read_records", 0)
     read_b, got = await _read(client, stream, parts, params["max_records"], all_meter)
-    served = (await _counters(nodes, ca_file, stream)).get("read_records", 0) - before
+    served = (await _counters(nodes, auth, stream)).get("read_records", 0) - before
     read_b["records_from_archive"] = int(served)
     read_b["records_tail_local"] = sum(len(v) for v in tail.values())
     check, bad = _verify(f"archive {codec} read from the archive", acked, got)
@@ -400,14 +410,14 @@ async def _codec(client, nodes: list, ca_file: str, store: str, codec: str, recs
         await asyncio.wait_for(client.delete_stream(stream), 30)
 
     if params["backlog_records"]:
-        res, bad = await _backlog(client, nodes, ca_file, f"backlog-{codec}", layout, recs[:params["backlog_records"]],
+        res, bad = await _backlog(client, nodes, auth, f"backlog-{codec}", layout, recs[:params["backlog_records"]],
                                   params, pids)
         out["archiver_backlog"] = res
         problems += bad
     return out, problems
 
 
-async def _backlog(client, nodes, ca_file: str, stream: str, layout: dict, recs: list, params: dict,
+async def _backlog(client, nodes, auth: ScrapeAuth, stream: str, layout: dict, recs: list, params: dict,
                    pids: dict[str, int]) -> tuple[dict, list[str]]:
     """The archivers' own pace and CPU: a stream written while archive_after_s is an
     hour, then lowered, so that all of it is due at once."""
@@ -431,7 +441,7 @@ async def _backlog(client, nodes, ca_file: str, stream: str, layout: dict, recs:
     t_archived = await _wait(f"{stream}: archived", lambda: _archived(client, nodes, stream, parts, last),
                              deadline)
     cpu_figures = meter.stop(n)
-    counters = await _counters(nodes, ca_file, stream)
+    counters = await _counters(nodes, auth, stream)
     raw = counters.get("raw_bytes", 0)
     secs = t_archived - t0
     out = {"records": n, "seconds": round(secs, 3), "records_per_s": round(n / secs),
@@ -480,7 +490,8 @@ def run(params: dict) -> dict:
                 nodes = await _storage_nodes(client)
                 for codec in params["codecs"]:
                     try:
-                        res, bad = await _codec(client, nodes, cluster.ca_file, store, codec, recs, params, pids)
+                        res, bad = await _codec(client, nodes, ScrapeAuth(cluster.ca_file, cluster.admin_token), store,
+                                                codec, recs, params, pids)
                     except Exception as e:
                         res, bad = {"error": repr(e)[:500]}, [f"archive {codec}: {e!r}"[:500]]
                         common.progress(f"archive {codec}: ERROR {e!r}")

@@ -192,7 +192,8 @@ def scrape_total(cluster, name: str, **labels) -> float:
         if node.roles == "control" or node_id in cluster.exited():
             continue
         url = f"{'https' if cluster.tls else 'http'}://{node.metrics_address}/metrics"
-        text = urllib.request.urlopen(url, context=context, timeout=10).read().decode()
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {cluster.admin_token}"})
+        text = urllib.request.urlopen(request, context=context, timeout=10).read().decode()
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):

@@ -29,10 +29,13 @@ PARTITIONS = 2
 RECORDS = 300
 
 
-def scrape(url: str, ca_file: str = "") -> dict[str, list]:
-    """{sample name: [(labels, value)]} of one scrape."""
+def scrape(url: str, ca_file: str = "", token: str = "") -> dict[str, list]:
+    """{sample name: [(labels, value)]} of one scrape (`token`: a key that may read
+    /metrics, which a secure node wants: node/metrics.py)."""
     context = ssl.create_default_context(cafile=ca_file) if ca_file else None
-    text = urllib.request.urlopen(url, context=context, timeout=SCRAPE_TIMEOUT_S).read().decode()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    text = urllib.request.urlopen(urllib.request.Request(url, headers=headers), context=context,
+                                  timeout=SCRAPE_TIMEOUT_S).read().decode()
     out: dict[str, list] = defaultdict(list)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -65,7 +68,7 @@ def worked(cluster):
 
 
 def scrapes(cluster) -> dict[str, dict]:
-    return {node_id: scrape(f"https://{node.metrics_address}/metrics", cluster.ca_file)
+    return {node_id: scrape(f"https://{node.metrics_address}/metrics", cluster.ca_file, cluster.admin_token)
             for node_id, node in cluster.procs.items()}
 
 
@@ -84,7 +87,7 @@ def test_it_is_https_with_the_cluster_ca(cluster):
     with pytest.raises(urllib.error.URLError) as e:
         urllib.request.urlopen(f"https://{node.metrics_address}/metrics", timeout=SCRAPE_TIMEOUT_S)
     assert "CERTIFICATE_VERIFY_FAILED" in str(e.value)
-    assert scrape(f"https://{node.metrics_address}/metrics", cluster.ca_file)["sms_node_info"]
+    assert scrape(f"https://{node.metrics_address}/metrics", cluster.ca_file, cluster.admin_token)["sms_node_info"]
 
 
 def test_writes_reads_and_errors_are_counted(cluster, worked):
@@ -215,4 +218,4 @@ def test_a_silent_client_does_not_stop_the_others(cluster):
     node = cluster.procs["n1"]
     host, port = node.metrics_address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=SCRAPE_TIMEOUT_S):
-        assert scrape(f"https://{node.metrics_address}/metrics", cluster.ca_file)["sms_node_info"]
+        assert scrape(f"https://{node.metrics_address}/metrics", cluster.ca_file, cluster.admin_token)["sms_node_info"]

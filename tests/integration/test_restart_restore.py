@@ -69,7 +69,7 @@ def _control_metrics(d: str) -> dict:
     with open(os.path.join(d, "cluster.json")) as f:
         info = json.load(f)
     [control] = [n for n in info["nodes"] if n["node_id"] == "control"]
-    return scrape(f"https://{control['metrics_address']}/metrics", info["ca_file"])
+    return scrape(f"https://{control['metrics_address']}/metrics", info["ca_file"], info["token"])
 
 
 def test_a_restart_brings_back_added_nodes_whole_chains_and_the_drain(tmp_path):
