@@ -49,9 +49,31 @@ _TAG = "__sms_batch"
 SPARK_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1"
 
 
+def _popen_without_preexec(*args, **kwargs):
+    """PySpark's launch of its JVM (pyspark.java_gateway), with no Python code between
+    fork and exec. PySpark passes a `preexec_fn` (SIGINT ignored in the child); with one,
+    CPython runs the at-fork handlers in the child, and grpcio's break the child of a
+    process whose gRPC channels are busy ("Other threads are currently calling into gRPC,
+    skipping fork() handlers", then "epoll_wait error: Bad file descriptor", and the JVM
+    never started: JAVA_GATEWAY_EXITED, in a few full runs of the suite, in
+    tests/integration/test_archive.py's Spark read, the first JVM of its process; any SPS
+    worker could meet it). Not reproduced outside the suite: this removes the step those
+    lines point at. A
+    process group of its own keeps a terminal's Ctrl-C from the JVM just the same, and
+    without a preexec_fn CPython forks and execs in C (node/launcher.py starts nodes so for
+    the same reason)."""
+    import subprocess
+    kwargs.pop("preexec_fn", None)
+    kwargs.setdefault("process_group", 0)
+    return subprocess.Popen(*args, **kwargs)
+
+
 def spark_session(master: str = "local[2]", app_name: str = "sms-sps"):
     """A SparkSession set up for loopback use (STACK.md: bind to 127.0.0.1, no UI, the
-    venv's interpreter for Python workers)."""
+    venv's interpreter for Python workers), its JVM started without a fork handler
+    (`_popen_without_preexec`)."""
+    from pyspark import java_gateway
+    java_gateway.Popen = _popen_without_preexec      # (its module global, what launch_gateway calls)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

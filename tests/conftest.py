@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,10 +21,10 @@ import pytest
 from hypothesis import settings
 
 import sms
-from control import auth
-from node.launcher import ENV_BOOTSTRAP_TOKEN, ENV_CA_DIR, LocalCluster
+from node.launcher import LocalCluster
 from sms import security
 from sms.types import Record
+from tests import credentials
 
 # No per-example deadlines (a loaded 2-core CI machine trips them) and a fixed seed
 # sequence, so a run is repeatable; a failure still prints its falsifying example.
@@ -42,24 +40,15 @@ def pytest_configure(config) -> None:
     """Every cluster of the run is a TLS cluster (secure by default, as `sms up`), its
     node certificates issued by one CA made for this run: $SMS_CA_DIR tells each
     LocalCluster to issue from it, and $SMS_CA_FILE makes every client, in this process
-    and in the ones it starts (workers, the CLI, Spark), trust it (sms/security.py)."""
+    and in the ones it starts (workers, the CLI, Spark), trust it (sms/security.py);
+    every cluster's first admin key has one token, which every client presents
+    (tests/credentials.py)."""
     global _SESSION_CA_DIR
-    if os.environ.get(ENV_CA_DIR):
-        return                                   # (a CA given from outside: used as it is)
-    from node import certs
-    _SESSION_CA_DIR = tempfile.mkdtemp(prefix="sms-test-ca-")
-    issued = certs.init_ca(_SESSION_CA_DIR, name="sms test CA")
-    os.environ[ENV_CA_DIR] = _SESSION_CA_DIR
-    os.environ[security.ENV_CA_FILE] = issued.cert_file
-    # every cluster's first admin key has one token, which every client presents
-    token = auth.new_token()[1]
-    os.environ[ENV_BOOTSTRAP_TOKEN] = token
-    os.environ[security.ENV_TOKEN] = token
+    _SESSION_CA_DIR = credentials.make()
 
 
 def pytest_unconfigure(config) -> None:
-    if _SESSION_CA_DIR:
-        shutil.rmtree(_SESSION_CA_DIR, ignore_errors=True)
+    credentials.remove(_SESSION_CA_DIR)
 
 
 class _Token(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,

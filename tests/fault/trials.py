@@ -78,6 +78,7 @@ from sms import errors, limits
 from sms.hashing import HASH_SPACE
 from node.launcher import LocalCluster
 from sms.types import PartitionState, StreamInfo
+from tests import credentials
 from tests.conftest import wait_until as _wait
 from tests.fault.history import CheckResult, History, ReadRecord, check, format_table
 from tests.fault import producer_proc
@@ -865,6 +866,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown kinds {unknown}; expected some of {', '.join(ALL_KINDS)}")
     backends = BACKENDS if args.backend == "both" else (args.backend,)
+    with credentials.for_this_run():        # (pytest makes them in tests/conftest.py)
+        return _run_kinds(args, backends)
+
+
+def _run_kinds(args, backends) -> int:
     rows, failures = [], []
     base = args.dir or tempfile.mkdtemp(prefix="sms-fault-")
     for backend in backends:

@@ -82,6 +82,7 @@ from dataclasses import dataclass, field
 import sms
 import sms.aio
 from sms import errors, limits
+from tests import credentials
 from tests.conftest import wait_until as _wait
 from tests.fault.history import CheckResult, History, check, format_table
 from tests.fault.trials import _healed, _removed, _retry, known_bugs_in_logs
@@ -555,6 +556,11 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(f"cannot run network-fault trials: {reason}", file=sys.stderr)
         return 2
+    with credentials.for_this_run():        # (pytest makes them in tests/conftest.py)
+        return _run_kinds(args)
+
+
+def _run_kinds(args) -> int:
     trials, failures = [], []
     base = args.dir or tempfile.mkdtemp(prefix="sms-netfault-")
     for kind in args.kinds:
