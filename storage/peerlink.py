@@ -51,7 +51,7 @@ from kernel import audit
 from sms import limits, security, seqno
 from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.proto import sms_pb2, sms_pb2_grpc
-from storage import link
+from storage import link, linkdriver
 from storage.replica import Replica
 
 log = logging.getLogger(__name__)
@@ -139,9 +139,10 @@ def _describe(e: Exception) -> str:
 
 class ChainSend:
     """One replica's link to one successor, carried by that successor's `PeerLink`: what
-    `Replica.links` holds."""
+    `Replica.links` holds. It is the sender's transport (storage/linkdriver.py): a session
+    on the peer's stream."""
 
-    __slots__ = ("peer", "replica", "sender", "session", "armed")
+    __slots__ = ("peer", "replica", "sender", "driver", "session", "armed", "quiet")
 
     def __init__(self, peer: "PeerLink", replica: Replica, learner: bool):
         self.peer = peer
@@ -150,8 +151,10 @@ class ChainSend:
                                   ack_timeout_s=limits.LINK_ACK_TIMEOUT_S,
                                   batch_ack_timeout_s=limits.LINK_BATCH_ACK_TIMEOUT_S,
                                   stale_retry_s=limits.LINK_STALE_RETRY_S)
+        self.driver = linkdriver.SenderDriver(self.sender, replica, self)
         self.session = 0            # its session on the current stream (0: none)
         self.armed: float | None = None   # the sender's ack deadline a timer is set for
+        self.quiet = False          # breaks are logged by the stream (it was lost): not per chain
 
     @property
     def acked_sn(self) -> int:
@@ -160,6 +163,38 @@ class ChainSend:
 
     async def stop(self) -> None:
         self.peer.remove(self)
+
+    # --- the transport (linkdriver.SenderTransport) ----------------------------------------
+    def current(self) -> bool:
+        return self.peer.chains.get(self.replica.chain_id) is self
+
+    def send(self, message: link.Down) -> None:
+        if self.session:
+            self.peer._out.append(down_to_pb(message, self.session))
+
+    def open(self) -> object:
+        peer = self.peer
+        if not peer._open_stream():
+            return f"no address known for {peer.peer_id}"
+        peer._next_session += 1
+        self.session = peer._next_session
+        return linkdriver.OPENED
+
+    def close(self, action: link.Close) -> None:
+        peer, cid = self.peer, self.replica.chain_id
+        if self.session and peer._call is not None:
+            peer._out.append(sms_pb2.ReplicateRequest(chain_id=cid, session=self.session, end=True))
+        self.session = 0
+        if not self.quiet and self.sender.state is not link.SenderState.STOPPED:
+            log.info("link %s broken: %s", self.sender.name(), action.reason)
+        if action.silent:
+            peer._silenced.append((cid, self.sender.epoch))
+            peer._silence_reason = action.reason
+        elif action.suspect and peer.on_broken is not None:
+            peer.on_broken(action.suspect)
+
+    def set_timer(self, at: float) -> None:
+        heapq.heappush(self.peer._timers, (at, self.replica.chain_id))
 
 
 class PeerLink:
@@ -334,40 +369,11 @@ class PeerLink:
             self.on_silent(self.peer_id, "successor", links, self._silence_reason)
 
     async def _act(self, chain: ChainSend, actions: list, now: float, quiet: bool = False) -> None:
-        pending = collections.deque(actions)
-        sender = chain.sender
-        cid = chain.replica.chain_id
-        while pending:
-            action = pending.popleft()
-            if isinstance(action, link.Send):
-                if chain.session:
-                    self._out.append(down_to_pb(action.message, chain.session))
-            elif isinstance(action, link.Open):
-                if self.chains.get(cid) is not chain:
-                    continue
-                if not self._open_stream():
-                    pending.extend(sender.open_failed(now, f"no address known for {self.peer_id}"))
-                    continue
-                self._next_session += 1
-                chain.session = self._next_session
-                pending.extend(sender.opened(now))
-            elif isinstance(action, link.Close):
-                if chain.session and self._call is not None:
-                    self._out.append(sms_pb2.ReplicateRequest(chain_id=cid, session=chain.session, end=True))
-                chain.session = 0
-                if not quiet and sender.state is not link.SenderState.STOPPED:
-                    log.info("link %s broken: %s", sender.name(), action.reason)
-                if action.silent:
-                    self._silenced.append((cid, sender.epoch))
-                    self._silence_reason = action.reason
-                elif action.suspect and self.on_broken is not None:
-                    self.on_broken(action.suspect)
-            elif isinstance(action, link.SetTimer):
-                heapq.heappush(self._timers, (action.at, cid))
-            elif isinstance(action, (link.Commit, link.LearnerAcked)):
-                if self.chains.get(cid) is chain:
-                    await chain.replica.apply(action)
-            # FinishSending: after a reset the successor ends the session itself
+        chain.quiet = quiet
+        try:
+            await chain.driver.act(actions, now)
+        finally:
+            chain.quiet = False
         self._arm(chain)
 
     def _open_stream(self) -> bool:
@@ -472,14 +478,39 @@ class PeerLink:
 # --- the successor's side ------------------------------------------------------------------
 
 class _Session:
-    __slots__ = ("chain_id", "session", "receiver", "replica", "ended_by_peer")
+    """One chain's session on an incoming stream: the receiver's transport
+    (storage/linkdriver.py), answering on that stream."""
 
-    def __init__(self, chain_id: str, session: int, receiver: link.Receiver, replica: Replica | None):
+    __slots__ = ("links", "chain_id", "session", "receiver", "replica", "driver", "ended_by_peer")
+
+    def __init__(self, links: "IncomingLinks", chain_id: str, session: int, receiver: link.Receiver,
+                 replica: Replica | None):
+        self.links = links
         self.chain_id = chain_id
         self.session = session
         self.receiver = receiver
         self.replica = replica             # captured at the hello (None: not held here)
+        self.driver = linkdriver.ReceiverDriver(receiver, replica, self)
         self.ended_by_peer = False
+
+    # --- the transport (linkdriver.LinkTransport) ------------------------------------------
+    def send(self, message: link.Up) -> None:
+        links = self.links
+        if isinstance(message, link.Refusal) and message.error_name in AUDITED_REFUSALS:
+            audit.event(audit.REPLICATION_REFUSED, self.chain_id, message.error_name,
+                        {"node": links.sender} if links.sender else {}, links.peer, message.error_message)
+        links._out.append(up_to_pb(message, self.session))
+
+    def close(self, action: link.Close) -> None:
+        links = self.links
+        if links.sessions.get(self.chain_id) is self:
+            del links.sessions[self.chain_id]
+        if self.replica is not None and not any(o.replica is self.replica for o in links.sessions.values()):
+            self.replica.watchers.discard(links._watch)
+        if not self.ended_by_peer:
+            links._out.append(sms_pb2.ReplicateAck(chain_id=self.chain_id, session=self.session, end=True))
+        if action.suspect:
+            links.node.suspect(action.suspect)
 
 
 # refusals of a replication session that go to the audit log (kernel/audit.py): a caller
@@ -541,8 +572,8 @@ class IncomingLinks:
                 dirty, self._dirty = self._dirty, {}
                 for cid in dirty:
                     s = self.sessions.get(cid)
-                    if s is not None and s.replica is not None and s.receiver.due(s.replica):
-                        self._perform_sync(s, s.receiver.poll(s.replica))
+                    if s is not None and s.driver.due():
+                        s.driver.poll()
         finally:
             # the stream ended, or the call was cancelled under us (the predecessor went away,
             # or we are stopping): every session still open ends with it
@@ -612,7 +643,7 @@ class IncomingLinks:
                         s.ended_by_peer = True
                         work.setdefault(cid, []).append((s, s.receiver.receive(link.End(cid), s.replica)))
                     replica = self.node.replicas.get(cid)
-                    s = _Session(cid, pb.session, link.Receiver(self.node.node_id, self.sender),
+                    s = _Session(self, cid, pb.session, link.Receiver(self.node.node_id, self.sender),
                                  replica if replica is not None and replica.active else None)
                     self.sessions[cid] = s
                     if s.replica is not None:
@@ -627,7 +658,7 @@ class IncomingLinks:
             try:
                 if len(work) == 1:
                     for s, actions in next(iter(work.values())):
-                        await self._perform(s, actions)
+                        await s.driver.act(actions)
                 elif work:
                     # chains at once (one group commit), each chain's actions in order
                     await asyncio.gather(*(self._perform_all(steps) for steps in work.values()))
@@ -635,44 +666,16 @@ class IncomingLinks:
                 self._taking = False
             self._wake.set()
 
-    async def _perform_all(self, steps: list) -> None:
+    @staticmethod
+    async def _perform_all(steps: list) -> None:
         for s, actions in steps:
-            await self._perform(s, actions)
-
-    async def _perform(self, s: _Session, actions: list) -> None:
-        for action in actions:
-            if isinstance(action, (link.Send, link.Close)):
-                self._perform_sync(s, [action])
-            elif isinstance(action, link.Store) and s.receiver.state is link.ReceiverState.CLOSED:
-                continue                        # refused meanwhile: nothing more is stored
-            else:
-                error = await s.replica.apply(action)
-                if error is not None:
-                    await self._perform(s, s.receiver.store_failed(error))
-
-    def _perform_sync(self, s: _Session, actions: list) -> None:
-        for action in actions:
-            if isinstance(action, link.Send):
-                m = action.message
-                if isinstance(m, link.Refusal) and m.error_name in AUDITED_REFUSALS:
-                    audit.event(audit.REPLICATION_REFUSED, s.chain_id, m.error_name,
-                                {"node": self.sender} if self.sender else {}, self.peer, m.error_message)
-                self._out.append(up_to_pb(action.message, s.session))
-            elif isinstance(action, link.Close):
-                if self.sessions.get(s.chain_id) is s:
-                    del self.sessions[s.chain_id]
-                if s.replica is not None and not any(o.replica is s.replica for o in self.sessions.values()):
-                    s.replica.watchers.discard(self._watch)
-                if not s.ended_by_peer:
-                    self._out.append(sms_pb2.ReplicateAck(chain_id=s.chain_id, session=s.session, end=True))
-                if action.suspect:
-                    self.node.suspect(action.suspect)
+            await s.driver.act(actions)
 
     def _end_all(self, lost: str) -> None:
         """The stream ended or was lost: every session on it, each suspecting its predecessor."""
         for s in list(self.sessions.values()):
             s.ended_by_peer = True
-            self._perform_sync(s, s.receiver.receive(link.Lost(s.chain_id, lost), s.replica))
+            s.driver.end(link.Lost(s.chain_id, lost))
         self.sessions.clear()
 
     def status(self) -> sms_pb2.PeerLinkStatus:

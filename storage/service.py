@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 
 import grpc
 
@@ -47,6 +48,43 @@ def link_targets(config: ChainConfig, node_id: str) -> list[tuple[str, bool]]:
     if config.tail == node_id:
         return [(n, True) for n in config.learners]
     return [(config.successor_of(node_id), False)]
+
+
+def is_mine(node_id: str, incarnation: int, config: ChainConfig) -> bool:
+    """A member or learner of the chain, in this incarnation: a restarted process does
+    not act on its predecessor's place until the chain manager takes it back."""
+    if not config.holds(node_id):
+        return False
+    pinned = config.incarnation_of(node_id)
+    return pinned is None or not incarnation or pinned == incarnation
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPlan:
+    """What a node does to bring its replicas in line with the chain configs
+    (`plan_sync`): replicas to close, to open, and to reconfigure (`relink`: stop and start
+    its links, as its epoch or membership changed)."""
+    close: tuple[str, ...] = ()
+    open: tuple[tuple[str, ChainConfig], ...] = ()
+    reconfigure: tuple[tuple[str, ChainConfig, bool], ...] = ()
+
+
+def plan_sync(node_id: str, incarnation: int, held: dict[str, ChainConfig],
+              configs: dict[str, ChainConfig]) -> SyncPlan:
+    """The decision of `StorageNode.sync`, pure: `held` maps each chain this node has a
+    replica of to that replica's config, `configs` every chain's config in the store. The
+    simulation (tests/sim/harness.py) runs the same decision."""
+    mine = {cid: c for cid, c in configs.items() if is_mine(node_id, incarnation, c)}
+    close = tuple(cid for cid in held if cid not in mine)
+    opens, reconfigure = [], []
+    for cid, config in mine.items():
+        old = held.get(cid)
+        if old is None:
+            opens.append((cid, config))
+        elif old != config:
+            relink = old.epoch != config.epoch or old.learners != config.learners or old.members != config.members
+            reconfigure.append((cid, config, relink))
+    return SyncPlan(close, tuple(opens), tuple(reconfigure))
 
 
 class StorageNode:
@@ -154,14 +192,6 @@ class StorageNode:
                 addresses[name] = metadata.node_from_bytes(entry.value).internal_address
         self.addresses = addresses
 
-    def _is_mine(self, config: ChainConfig) -> bool:
-        """A member or learner of the chain, in this incarnation: a restarted process does
-        not act on its predecessor's place until the chain manager takes it back."""
-        if not config.holds(self.node_id):
-            return False
-        pinned = config.incarnation_of(self.node_id)
-        return pinned is None or not self.incarnation or pinned == self.incarnation
-
     async def sync(self) -> None:
         """Bring this node's replicas in line with the chain configs. A replica this node
         no longer serves is closed; its log stays (dormant) for DORMANT_LOG_KEEP_S while
@@ -183,31 +213,28 @@ class StorageNode:
             return
         self._synced_generation = self._configs.generation
         self._next_dormant_check = now + limits.DORMANT_CHECK_INTERVAL_S
-        mine = {cid: c for cid, c in configs.items() if self._is_mine(c)}
-        for cid, replica in list(self.replicas.items()):
-            if cid not in mine:
-                log.info("closing replica %s (no longer a member here)", cid)
-                del self.replicas[cid]
-                await replica.close()
-                self.dormant[cid] = now
-        for cid, config in mine.items():
+        plan = plan_sync(self.node_id, self.incarnation, {cid: r.config for cid, r in self.replicas.items()},
+                         configs)
+        for cid in plan.close:
+            log.info("closing replica %s (no longer a member here)", cid)
+            replica = self.replicas.pop(cid)
+            await replica.close()
+            self.dormant[cid] = now
+        for cid, config in plan.open:
             self.dormant.pop(cid, None)
-            replica = self.replicas.get(cid)
-            if replica is None:
-                plog = self.logs.open_log(cid, config.persistence)
-                replica = Replica(self.node_id, config, self.logs, plog, keys=self.keys)
-                self.replicas[cid] = replica
+            plog = self.logs.open_log(cid, config.persistence)
+            replica = Replica(self.node_id, config, self.logs, plog, keys=self.keys)
+            self.replicas[cid] = replica
+            self._start_links(replica)
+        for cid, config, relink in plan.reconfigure:
+            self.dormant.pop(cid, None)
+            replica = self.replicas[cid]
+            if relink:
+                await replica.stop_links()
+            replica.apply_config(config)
+            if relink:
                 self._start_links(replica)
-            elif replica.config != config:
-                changed_links = (replica.config.epoch != config.epoch
-                                 or replica.config.learners != config.learners
-                                 or replica.config.members != config.members)
-                if changed_links:
-                    await replica.stop_links()
-                replica.apply_config(config)
-                if changed_links:
-                    self._start_links(replica)
-                await replica.notify()
+            await replica.notify()
         for name in self.logs.known_names() + [n for n in self.logs.logs if n not in self.replicas]:
             if name in self.replicas:
                 continue

@@ -51,6 +51,60 @@ def pytest_unconfigure(config) -> None:
     credentials.remove(_SESSION_CA_DIR)
 
 
+# --- the slowest modules first --------------------------------------------------------------
+# Under pytest-xdist (--dist loadfile) a module goes whole to the next free worker, in the
+# order collected: the long ones are started first, so that no worker is left with one at
+# the end while the others idle. (Measured times: docs/testing.md; the order only matters
+# for the wall time, never for a result.)
+SLOW_MODULES_FIRST = (
+    "tests/netfault/test_netfault.py", "tests/sim/test_chain_sim.py", "tests/diskfault/test_diskfault.py",
+    "tests/integration/test_sps_workers.py", "tests/fault/test_failover.py", "tests/integration/test_metrics.py",
+    "tests/integration/test_spark_connector.py", "tests/integration/test_sps_state.py",
+    "tests/fault/test_repartition_faults.py", "tests/integration/test_archive_faults.py",
+    "tests/integration/test_cli.py", "tests/integration/test_rebalance.py", "tests/integration/test_retention.py",
+    "tests/integration/test_spark_engine.py", "tests/integration/test_clickstream_example.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    rank = {path: i for i, path in enumerate(SLOW_MODULES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))   # (stable: the rest keep their order)
+
+
+# --- the suite's time budget (docs/testing.md) ------------------------------------------------
+# $SMS_SUITE_BUDGET_S (the Makefile sets it for `make test`): a run that takes longer fails,
+# with its slowest tests printed, so that CI's time is held where a change makes it grow.
+ENV_SUITE_BUDGET = "SMS_SUITE_BUDGET_S"
+SLOWEST_PRINTED = 25
+_suite_started = time.monotonic()
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    # (under pytest-xdist the controller gets every worker's reports: this sees them all)
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    budget = os.environ.get(ENV_SUITE_BUDGET)
+    if not budget or hasattr(session.config, "workerinput"):      # (an xdist worker: the controller judges)
+        return
+    took = time.monotonic() - _suite_started
+    if took <= float(budget):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"the suite took {took:.0f}s, past its budget of {float(budget):.0f}s (${ENV_SUITE_BUDGET}); "
+             f"the {SLOWEST_PRINTED} slowest tests (setup, call and teardown):"]
+    for nodeid, seconds in sorted(_durations.items(), key=lambda kv: -kv[1])[:SLOWEST_PRINTED]:
+        lines.append(f"  {seconds:7.1f}s  {nodeid}")
+    if reporter is not None:
+        reporter.write_line("")
+        reporter.write_sep("=", "over the time budget", red=True)
+        for line in lines:
+            reporter.write_line(line)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 class _Token(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
              grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
     """Adds `authorization: Bearer <token>` to every call of a channel."""

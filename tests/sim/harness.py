@@ -1,21 +1,22 @@
 """Deterministic simulation of the chain replication protocol (DESIGN sections 5 and 7).
 
 The REAL protocol objects run here: `storage.replica.Replica` over `storage.log.LogStore`
-(memory logs), the chain link's state machines (`storage.link.Sender` and `Receiver`,
-the same code the gRPC binding drives), `control.chains.plan` for every reconfiguration
-and `StorageNode._is_mine` for the incarnation rule. What is simulated is everything
-between them: the network, the processes, the clocks and the control loop. One asyncio loop runs
-one event at a time, and a `random.Random(seed)` picks which event happens next, so a seed
+(memory logs), the chain link's state machines (`storage.link.Sender` and `Receiver`)
+and their driver (storage/linkdriver.py), the same code the gRPC binding runs,
+`control.chains.plan` for every reconfiguration and `storage.service.plan_sync`
+(StorageNode.sync's decision, the incarnation rule in it). What is simulated is everything
+between them: the network, the processes, the clocks and the control loop. One asyncio
+loop runs one event at a time, and a `random.Random(seed)` picks which event happens next, so a seed
 replays exactly (`run(seed, steps)`; two runs of one seed give the same trace).
 
 What a step can be (each enabled event has a weight; the seed picks one):
 
 * the link protocol (storage/link.py): each link's real `Sender` and, per stream, the
   successor's real `Receiver`; the simulation only carries their messages (hello, answer,
-  reset, verified, batches, acks, refusals, end of stream) and carries out their actions
-  the way the gRPC drivers do (`Replica.apply` for store, reset, verified, commit, learner
-  progress; `sender_do` / `receiver_do` here, `PeerLink._act` and
-  `IncomingLinks._perform` there). Events: a link's stream opens (`connect`), a
+  reset, verified, batches, acks, refusals, end of stream); their actions (`Replica.apply`
+  for store, reset, verified, commit, learner progress) are carried out by the real driver
+  (storage/linkdriver.py, which PeerLink and IncomingLinks run too) over the simulation's
+  transports (`SimLink`, `SimReceiverEnd`). Events: a link's stream opens (`connect`), a
   message is delivered, the successor's handler polls its replica (acks), the link polls
   its replica (ships batches), and a link's timer fires -- which moves the simulated clock
   to the timer's deadline (the retry after a break; rarely, a reset's drain timeout). With
@@ -48,8 +49,8 @@ What a step can be (each enabled event has a weight; the seed picks one):
   state until it syncs).
 * a chain manager round (mirror of control/manager.py `ChainManager.round`: live nodes,
   load, learner progress from NodeStatus, then `control.chains.plan`), and per node a
-  config sync (mirror of storage/service.py `StorageNode.sync`: close, open or reconfigure
-  the replica, restart links when epoch or membership changed). Nodes and the writer see a
+  config sync (storage/service.py `StorageNode.sync`'s own decision, `plan_sync`: close,
+  open or reconfigure the replica, restart links when epoch or membership changed). Nodes and the writer see a
   new config only when their sync/refresh event fires, so stale epochs happen.
 
 Invariants, checked after EVERY step (a violation raises `SimViolation` with the seed,
@@ -103,7 +104,6 @@ import logging
 import os
 import random
 import sys
-import types
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 
@@ -115,10 +115,11 @@ from sms.errors import InvariantViolation, PartitionClosed, SmsError, WrongOwner
 from sms.metadata import ChainConfig
 from sms.types import Persistence
 from storage import link as chainlink
+from storage.linkdriver import PENDING, Observer, ReceiverDriver, SenderDriver
 from storage.service import link_targets
 from storage.log import LogStore, PartitionLog
 from storage.replica import Replica, ReplicaState
-from storage.service import StorageNode
+from storage.service import SyncPlan, is_mine, plan_sync
 
 CHAIN_ID = "sim:3"
 STREAM, ORDINAL = "sim", 3
@@ -300,17 +301,65 @@ def show(msg) -> str:
 
 
 class Handler:
-    """The successor's side of one Replicate stream: the real `link.Receiver`, with the
-    replica captured at the hello (as storage/peerlink.py IncomingLinks does)."""
+    """The successor's side of one stream: the real `link.Receiver` and the real driver
+    (storage/linkdriver.py `ReceiverDriver`, as storage/peerlink.py IncomingLinks runs it),
+    with the replica captured at the hello; `SimReceiverEnd` is its transport."""
 
-    def __init__(self, node_id: str):
+    def __init__(self, sim: "Simulation", session: "Session", node_id: str, replica: Replica | None):
         self.receiver = chainlink.Receiver(node_id)
-        self.replica: Replica | None = None
+        self.replica = replica
+        end = SimReceiverEnd(sim, session, self)
+        self.driver = ReceiverDriver(self.receiver, replica, end, observer=end)
         self.gone = False               # its process crashed: nothing runs it any more
 
     @property
     def closed(self) -> bool:
         return self.gone or self.receiver.state is chainlink.ReceiverState.CLOSED
+
+
+class SimReceiverEnd(Observer):
+    """The receiver's transport in the simulation: answers go on the session's up queue
+    (lost once the stream broke); the hooks keep the simulation's story and statistics."""
+
+    def __init__(self, sim: "Simulation", session: "Session", handler: Handler):
+        self.sim, self.session, self.handler = sim, session, handler
+        self._before = 0
+
+    def send(self, message) -> None:
+        if self.session.connected:
+            self.session.up.append(message)
+        self.sim.log(f"  {self.session.receiver} answers {show(message)}")
+
+    def close(self, action: chainlink.Close) -> None:
+        session = self.session
+        if session.connected:
+            session.up.append(chainlink.End(CHAIN_ID))
+        if action.suspect:
+            self.sim.stats["suspects"] += 1
+        self.sim.log(f"  {session.receiver} ends {session.name()} ({action.reason})"
+                     f"{'; suspects ' + action.suspect if action.suspect else ''}")
+
+    def before_apply(self, action) -> None:
+        r = self.handler.replica
+        self._before = r.last_sn
+        if isinstance(action, chainlink.ResetLog):
+            self.sim.stats["reset"] += 1
+            self.sim.note_reset(self.session, r)
+
+    def after_apply(self, action, error) -> None:
+        sim, r, node = self.sim, self.handler.replica, self.session.receiver
+        if isinstance(action, chainlink.ResetLog):
+            sim.story(r).append("reset")
+            sim.log(f"  {node} wipes its log (last was {fmt_sn(self._before)})")
+        elif isinstance(action, chainlink.MarkVerified):
+            sim.log(f"  {node} verified")
+        elif error is not None:
+            sim.log(f"  {node} fails: {error.name}: {error.message[:80]}")
+        elif r.last_sn != self._before:
+            sim.stats["successor_appends"] += 1
+            sim.log(f"  {node} appends -> last={fmt_sn(r.last_sn)} c={fmt_sn(r.committed_sn)}")
+        else:
+            sim.log(f"  {node} already holds it")
 
 
 class Session:
@@ -330,9 +379,10 @@ class Session:
         return f"s{self.id}[{self.sender}->{self.receiver}]"
 
 
-class SimLink:
-    """The predecessor's side: the real `link.Sender`, driven by the simulation as
-    storage/peerlink.py PeerLink drives it over gRPC. It lives in `replica.links`, so
+class SimLink(Observer):
+    """The predecessor's side: the real `link.Sender` and the real driver
+    (storage/linkdriver.py `SenderDriver`, as storage/peerlink.py PeerLink runs it); this
+    object is their transport, over the simulated network. It lives in `replica.links`, so
     Replica.stop_links/close stop it."""
 
     def __init__(self, sim: "Simulation", replica: Replica, node_id: str, successor: str, learner: bool):
@@ -347,7 +397,10 @@ class SimLink:
         self.sender = chainlink.Sender(replica, successor, learner,
                                        ack_timeout_s=limits.LINK_ACK_TIMEOUT_S if live else None,
                                        stale_retry_s=limits.LINK_STALE_RETRY_S if live else limits.LINK_RETRY_INTERVAL_S)
+        self.driver = SenderDriver(self.sender, replica, self, observer=self)
         self.session: Session | None = None
+        self.ack_epoch = 0             # the epoch of the message being taken in (cross_acks)
+        self._committed_before = 0
 
     @property
     def state(self) -> chainlink.SenderState:
@@ -365,6 +418,56 @@ class SimLink:
 
     def name(self) -> str:
         return f"{self.node_id}->{self.successor}{'(L)' if self.learner else ''}"
+
+    # --- the transport (storage/linkdriver.py SenderTransport) -----------------------------
+    def current(self) -> bool:
+        return self.replica.links.get(self.successor) is self
+
+    def send(self, message) -> None:
+        sim = self.sim
+        if self.session is not None and self.session.connected:
+            self.session.down.append(message)
+        if isinstance(message, chainlink.Batch):
+            h = wire.read_header(message.batch)
+            sim.stats["batches_sent"] += 1
+            sim.log(f"  {self.name()} {self.session.name() if self.session else ''} sends "
+                    f"{fmt_sn(h.first_sn)}/o{h.origin_seq}")
+        else:
+            sim.log(f"  {self.name()} sends {show(message)}")
+
+    def open(self) -> object:
+        self.sim.log(f"  {self.name()} opens a stream to {self.successor}")
+        return PENDING                 # the simulation connects it later (`link_connect`)
+
+    def close(self, action: chainlink.Close) -> None:
+        sim = self.sim
+        if self.session is not None:
+            sim.disconnect(self.session, action.reason)
+        self.session = None
+        if action.suspect:
+            sim.stats["suspects"] += 1
+        if action.silent:
+            sim.stats["silent_links"] += 1
+        sim.log(f"  {self.name()} closes its stream ({action.reason})"
+                f"{'; suspects ' + action.suspect if action.suspect else ''}")
+
+    def set_timer(self, at: float) -> None:
+        self.sim.log(f"  {self.name()} timer at +{round(at * 1000) - T0_MS}ms")
+
+    def before_apply(self, action) -> None:
+        self._committed_before = self.replica.committed_sn
+
+    def after_apply(self, action, error) -> None:
+        sim, r = self.sim, self.replica
+        if isinstance(action, chainlink.Commit):
+            if self.ack_epoch and self.ack_epoch != r.config.epoch and r.committed_sn > self._committed_before:
+                sim.cross_acks[self.node_id].append(
+                    f"step {sim.step}: {self.node_id} at e{r.config.epoch} committed up to "
+                    f"{fmt_sn(r.committed_sn)} on an ack {self.successor} sent at e{self.ack_epoch}")
+            sim.log(f"  {self.node_id} c={fmt_sn(r.committed_sn)}")
+        else:
+            sim.log(f"  {self.node_id} learner {action.learner} acked {fmt_sn(action.sn)} "
+                    f"c={fmt_sn(r.committed_sn)}")
 
 
 @dataclass
@@ -597,25 +700,27 @@ class Simulation:
 
     # --- config sync (StorageNode.sync, one chain) ---------------------------------------------
     def is_mine(self, node: SimNode, config: ChainConfig) -> bool:
-        shim = types.SimpleNamespace(node_id=node.id, incarnation=node.incarnation)
-        return StorageNode._is_mine(shim, config)
+        return is_mine(node.id, node.incarnation, config)
+
+    def sync_plan(self, node: SimNode) -> SyncPlan:
+        r = node.replica
+        return plan_sync(node.id, node.incarnation, {CHAIN_ID: r.config} if r is not None else {},
+                         {CHAIN_ID: self.meta})
 
     def needs_sync(self, node: SimNode) -> bool:
-        mine = self.is_mine(node, self.meta)
-        r = node.replica
-        if r is None:
-            return mine
-        return not mine or r.config != self.meta
+        return self.sync_plan(node) != SyncPlan()
 
     async def sync(self, node: SimNode) -> None:
+        """StorageNode.sync for the one chain: the real decision (`plan_sync`), carried out
+        as the node does."""
         config = self.meta
-        mine = self.is_mine(node, config)
+        plan = self.sync_plan(node)
         r = node.replica
-        if r is not None and not mine:
+        if plan.close:
             node.replica = None
             await r.close()
             self.log(f"{node.id} sync e{config.epoch}: closes its replica (not a member)")
-        elif mine and r is None:
+        for _cid, config in plan.open:
             plog = node.store.open_log(CHAIN_ID, config.persistence)
             r = Replica(node.id, config, node.store, plog, clock=lambda node=node: self.wall_clock(node))
             self.replica_story[id(r)] = (r, [f"e{config.epoch}:{config.role_of(node.id)}"])
@@ -624,27 +729,25 @@ class Simulation:
             await self._start_links(node, r)
             self.log(f"{node.id} sync e{config.epoch}: opens replica as {config.role_of(node.id)} "
                      f"last={fmt_sn(r.last_sn)} c={fmt_sn(r.committed_sn)}")
-        elif mine and r.config != config:
-            changed = (r.config.epoch != config.epoch or r.config.learners != config.learners
-                       or r.config.members != config.members)
-            if changed:
+        for _cid, config, relink in plan.reconfigure:
+            if relink:
                 await r.stop_links()
             old = r.config.epoch
             r.apply_config(config)
             self.story(r).append(f"e{config.epoch}:{config.role_of(node.id)}")
             self.applied[id(r)].append(self.cfg_version)
-            if changed:
+            if relink:
                 await self._start_links(node, r)
             await r.notify()
             self.log(f"{node.id} sync e{old}->e{config.epoch}: {config.role_of(node.id)} "
                      f"last={fmt_sn(r.last_sn)} c={fmt_sn(r.committed_sn)} verified={r.verified}")
-        else:
+        if plan == SyncPlan():
             self.log(f"{node.id} sync e{config.epoch}: nothing to do")
 
     async def _start_links(self, node: SimNode, r: Replica) -> None:   # StorageNode._start_links
         for successor, learner in link_targets(r.config, node.id):
             link = r.links[successor] = SimLink(self, r, node.id, successor, learner=learner)
-            await self.sender_do(link, link.sender.start(self.now()))
+            await link.driver.start(self.now())
 
     # --- chain manager (ChainManager.round, one chain) ------------------------------------------
     def node_status(self, node_id: str) -> tuple | None:
@@ -721,94 +824,6 @@ class Simulation:
                 out.extend(r.links.values())
         return out
 
-    async def sender_do(self, link: SimLink, actions: list, ack_epoch: int = 0) -> None:
-        """Carry out a Sender's actions, as PeerLink._act does over gRPC."""
-        r = link.replica
-        sent = []
-        for action in actions:
-            if isinstance(action, chainlink.Send):
-                msg = action.message
-                if link.session is not None and link.session.connected:
-                    link.session.down.append(msg)
-                if isinstance(msg, chainlink.Batch):
-                    h = wire.read_header(msg.batch)
-                    sent.append(f"{fmt_sn(h.first_sn)}/o{h.origin_seq}")
-                    self.stats["batches_sent"] += 1
-                else:
-                    self.log(f"  {link.name()} sends {show(msg)}")
-            elif isinstance(action, chainlink.Close):
-                if link.session is not None:
-                    self.disconnect(link.session, action.reason)
-                link.session = None
-                if action.suspect:
-                    self.stats["suspects"] += 1
-                if action.silent:
-                    self.stats["silent_links"] += 1
-                self.log(f"  {link.name()} closes its stream ({action.reason})"
-                         f"{'; suspects ' + action.suspect if action.suspect else ''}")
-            elif isinstance(action, chainlink.SetTimer):
-                self.log(f"  {link.name()} timer at +{round(action.at * 1000) - T0_MS}ms")
-            elif isinstance(action, chainlink.Open):
-                self.log(f"  {link.name()} opens a stream to {link.successor}")
-            elif isinstance(action, chainlink.Commit):
-                before = r.committed_sn
-                await r.apply(action)
-                if ack_epoch and ack_epoch != r.config.epoch and r.committed_sn > before:
-                    self.cross_acks[link.node_id].append(
-                        f"step {self.step}: {link.node_id} at e{r.config.epoch} committed up to "
-                        f"{fmt_sn(r.committed_sn)} on an ack {link.successor} sent at e{ack_epoch}")
-                self.log(f"  {link.node_id} c={fmt_sn(r.committed_sn)}")
-            elif isinstance(action, chainlink.LearnerAcked):
-                await r.apply(action)
-                self.log(f"  {link.node_id} learner {action.learner} acked {fmt_sn(action.sn)} "
-                         f"c={fmt_sn(r.committed_sn)}")
-            elif not isinstance(action, chainlink.FinishSending):
-                raise AssertionError(f"unknown sender action {action}")
-        if sent:
-            self.log(f"  {link.name()} {link.session.name() if link.session else ''} sends {len(sent)}: "
-                     f"{' '.join(sent)}")
-
-    async def receiver_do(self, session: Session, actions: list) -> None:
-        """Carry out a Receiver's actions, as IncomingLinks does over gRPC."""
-        h = session.handler
-        r = h.replica
-        node = session.receiver
-        for action in actions:
-            if isinstance(action, chainlink.Send):
-                if session.connected:
-                    session.up.append(action.message)
-                self.log(f"  {node} answers {show(action.message)}")
-            elif isinstance(action, chainlink.Close):
-                if session.connected:
-                    session.up.append(chainlink.End(CHAIN_ID))
-                if action.suspect:
-                    self.stats["suspects"] += 1
-                self.log(f"  {node} ends {session.name()} ({action.reason})"
-                         f"{'; suspects ' + action.suspect if action.suspect else ''}")
-            elif isinstance(action, chainlink.ResetLog):
-                self.stats["reset"] += 1
-                before = r.last_sn
-                self.note_reset(session, r)
-                await r.apply(action)
-                self.story(r).append("reset")
-                self.log(f"  {node} wipes its log (last was {fmt_sn(before)})")
-            elif isinstance(action, chainlink.MarkVerified):
-                await r.apply(action)
-                self.log(f"  {node} verified")
-            elif isinstance(action, chainlink.Store):
-                before = r.last_sn
-                error = await r.apply(action)
-                if error is not None:
-                    self.log(f"  {node} fails: {error.name}: {error.message[:80]}")
-                    await self.receiver_do(session, h.receiver.store_failed(error))
-                elif r.last_sn != before:
-                    self.stats["successor_appends"] += 1
-                    self.log(f"  {node} appends -> last={fmt_sn(r.last_sn)} c={fmt_sn(r.committed_sn)}")
-                else:
-                    self.log(f"  {node} already holds it")
-            else:
-                raise AssertionError(f"unknown receiver action {action}")
-
     async def link_connect(self, link: SimLink) -> None:
         """The transport opened the stream the link asked for (its Open action)."""
         self.stats["hello"] += 1
@@ -817,12 +832,12 @@ class Simulation:
         self.sessions.append(session)
         link.session = session
         self.log(f"{link.name()} connects {session.name()}")
-        await self.sender_do(link, link.sender.opened(self.now()))
+        await link.driver.opened(self.now())
 
     async def link_poll(self, link: SimLink) -> None:
         """The link's driver wakes (the replica progressed, or its epoch or log changed)."""
         self.log(f"{link.name()} polls")
-        await self.sender_do(link, link.sender.poll(self.now()))
+        await link.driver.poll(self.now())
 
     async def link_timer(self, link: SimLink) -> None:
         """The link's timer fires: the simulated clock moves to its deadline."""
@@ -830,7 +845,7 @@ class Simulation:
         while self.now() < deadline:
             self.now_ms = max(self.now_ms + 1, int(deadline * 1000))
         self.log(f"{link.name()} timer ({link.state.value}) at +{self.now_ms - T0_MS}ms")
-        await self.sender_do(link, link.sender.poll(self.now()))
+        await link.driver.poll(self.now())
 
     async def link_silence(self, link: SimLink) -> None:
         """The successor owes the link an answer and none comes (`liveness`): the simulated
@@ -840,7 +855,7 @@ class Simulation:
             self.now_ms = max(self.now_ms + 1, int(deadline * 1000))
         self.stats["fault_silence"] += 1
         self.log(f"FAULT {link.name()} hears nothing ({link.state.value}) until +{self.now_ms - T0_MS}ms")
-        await self.sender_do(link, link.sender.poll(self.now()))
+        await link.driver.poll(self.now())
 
     async def deliver_down(self, session: Session, duplicate: bool = False) -> None:
         msg = session.down[0] if duplicate else session.down.popleft()
@@ -850,28 +865,24 @@ class Simulation:
         self.log(f"{session.name()} delivers {show(msg)} to {node.id}{late}{dup}")
         h = session.handler
         if h is None:                       # the first request of the stream, whatever it is
-            h = session.handler = Handler(node.id)
             r = node.replica
-            h.replica = r
-            view = r if r is not None and r.active else None
+            h = session.handler = Handler(self, session, node.id, r if r is not None and r.active else None)
         elif h.closed:
             self.log("  dropped: the handler no longer reads")
             return
-        else:
-            view = h.replica
-        await self.receiver_do(session, h.receiver.receive(msg, view))
+        await h.driver.receive(msg)
 
     def handler_due(self, session: Session) -> bool:
         h = session.handler
         if h is None or h.closed or not session.connected:
             return False
-        return h.receiver.due(h.replica)
+        return h.driver.due()
 
     async def handler_tick(self, session: Session) -> None:
         """One turn of IncomingLinks' ack loop."""
         h = session.handler
         self.log(f"{session.name()} handler on {session.receiver} polls")
-        await self.receiver_do(session, h.receiver.poll(h.replica))
+        h.driver.poll()
 
     async def deliver_up(self, session: Session, duplicate: bool = False) -> None:
         msg = session.up[0] if duplicate else session.up.popleft()
@@ -882,13 +893,17 @@ class Simulation:
         actions = link.sender.receive(msg, self.now())
         if before is chainlink.SenderState.HELLO_SENT and link.state is chainlink.SenderState.STREAMING:
             self.note_verify(link, link.sender.acked_sn)
-        await self.sender_do(link, actions, getattr(msg, "epoch", 0))
+        link.ack_epoch = getattr(msg, "epoch", 0)
+        try:
+            await link.driver.act(actions, self.now())
+        finally:
+            link.ack_epoch = 0
 
     async def linger_close(self, session: Session) -> None:
         h = session.handler
         session.down.clear()
         self.log(f"{session.name()} handler on {session.receiver} sees the cancellation")
-        await self.receiver_do(session, h.receiver.receive(chainlink.Lost(CHAIN_ID, "call cancelled"), h.replica))
+        h.driver.end(chainlink.Lost(CHAIN_ID, "call cancelled"))
 
     # --- the writer (ingestion PartitionWriter + Storage.Append handler) ------------------------
     def writer_break(self, why: str) -> None:
@@ -1040,8 +1055,8 @@ class Simulation:
                 if s.handler is not None:
                     s.handler.gone = True
                 if s.link.session is s:                 # connection reset
-                    await self.sender_do(s.link, s.link.sender.receive(
-                        chainlink.Lost(CHAIN_ID, f"connection reset: {node.id} crashed"), self.now()))
+                    await s.link.driver.receive(chainlink.Lost(CHAIN_ID, f"connection reset: {node.id} crashed"),
+                                                self.now())
             elif s.sender == node.id:
                 self.disconnect(s, f"{node.id} crashed")
         if self.writer is not None and self.writer.head == node.id:
@@ -1161,7 +1176,7 @@ class Simulation:
         link = session.link
         self.disconnect(session, "dropped" if not keep else "broken, old stream lingers", keep_late=keep)
         if link.session is session:
-            await self.sender_do(link, link.sender.receive(chainlink.Lost(CHAIN_ID, "connection lost"), self.now()))
+            await link.driver.receive(chainlink.Lost(CHAIN_ID, "connection lost"), self.now())
 
     # --- the run -------------------------------------------------------------------------------
     async def main(self) -> "Result":

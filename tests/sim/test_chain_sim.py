@@ -23,6 +23,8 @@ and chains.plan; every invariant checked after every step.
   holds every SWEEP_SEEDS run under bound=rf with min_in_sync=2 to copies-lost losses only.
 * `test_liveness_sweep`: the senders' ack bound on (`liveness=True`): links go silent,
   break and reconnect; no violation, every run converges.
+* `test_a_bug_planted_in_the_link_driver_fails_the_sweep`: the sweep runs the production
+  link driver, and a bug planted there (commits ahead of the successor's ack) is found.
 * `test_same_seed_same_trace`: a seed replays exactly, in this process and in others
   (different PYTHONHASHSEED).
 * `test_replay`: SIM_SEED=<n> [SIM_STEPS=<n>] [SIM_OPTIONS='name=value,...'] replays one run
@@ -383,6 +385,34 @@ def test_liveness_sweep(start):
     if failures:
         raise AssertionError(f"{len(failures)} seeds failed ({[e.seed for e in failures]})\n{failures[0]}")
     assert stats["silent_links"] > 0 and stats["acked"] > 0, dict(stats)
+
+
+# --- the sweep has teeth: a bug planted in the real link driver fails it ------------------------
+
+PLANTED_BUG_SEEDS = range(0, 120)
+
+
+def test_a_bug_planted_in_the_link_driver_fails_the_sweep(monkeypatch):
+    """The simulation runs the production driver of the link machines (storage/linkdriver.py),
+    so a bug there is a bug the sweep finds. Planted here: the sender's driver commits up to
+    its own last SN instead of the SN its successor acked, so a head acknowledges batches
+    the rest of the chain does not hold yet."""
+    from storage import link, linkdriver
+    act = linkdriver.SenderDriver.act
+
+    async def commits_ahead(self, actions, now):
+        await act(self, [link.Commit(max(a.sn, self.replica.last_sn)) if isinstance(a, link.Commit) else a
+                         for a in actions], now)
+
+    monkeypatch.setattr(linkdriver.SenderDriver, "act", commits_ahead)
+    found = []
+    for seed in PLANTED_BUG_SEEDS:
+        try:
+            run(seed, SWEEP_STEPS)
+        except SimViolation as e:
+            found.append(e.message)
+            break
+    assert found and found[0].startswith(("I2", "I6")), found
 
 
 # --- determinism and replay ---------------------------------------------------------------------

@@ -7,7 +7,8 @@ stream's `Keepalive`). The replica is a fake
 `LogView` over a list of real (sequenced, checksum-chained) batches. The last tests wire a
 sender to a receiver through in-memory queues and run the protocol to the end: a copy
 through the window, a diverged successor reset and copied anew, a batch that does not
-chain refused with LogDiverged.
+chain refused with LogDiverged; they run the real driver (storage/linkdriver.py), whose
+own tests are tests/unit/test_linkdriver.py.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from storage import link
 from storage.link import (Ack, Answer, Batch, Close, Commit, End, FinishSending, Hello, Keepalive, KeepaliveState,
                           LearnerAcked, Lost, MarkVerified, Open, Receiver, ReceiverState, Refusal, Reset, ResetLog,
                           Send, Sender, SenderState, SetTimer, Silent, Store, Verified)
+from storage.linkdriver import OPENED, Observer, ReceiverDriver, SenderDriver
 
 CHAIN = "s:3"
 EPOCH = 4
@@ -75,7 +77,7 @@ class FakeView:
         return [b for b in self.batches if wire.read_header(b).first_sn > after_sn][:limit]
 
     # what a driver does with the receiver's replica actions (Replica.apply, in memory)
-    def apply(self, action) -> LogDiverged | None:
+    async def apply(self, action) -> LogDiverged | None:
         if isinstance(action, Store):
             h = wire.read_header(action.batch)
             if h.last_sn <= self.last_sn:
@@ -604,44 +606,74 @@ def test_receiver_end_and_loss():
 
 # --- both sides, wired through in-memory streams ----------------------------------------------
 
+def run_now(coro):
+    """Run a driver's coroutine that never waits (FakeView applies at once) to its end."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("the driver waited on something")
+
+
+class _ReceiverEnd(Observer):
+    """The receiver's transport on the wire: answers go up; a store failure is logged."""
+
+    def __init__(self, wire: "Wire"):
+        self.wire = wire
+
+    def send(self, message) -> None:
+        self.wire.up.append(message)
+
+    def close(self, action) -> None:
+        self.wire.up.append(End(CHAIN))
+
+    def after_apply(self, action, error) -> None:
+        if error is not None:
+            self.wire.log.append(f"store failed: {error.name}")
+
+
 class Wire:
-    """One stream: the sender's and the receiver's machines, with FIFO queues between them,
-    run to quiescence; the receiver's replica actions applied to a FakeView."""
+    """One stream: the sender's and the receiver's machines, run by the real driver
+    (storage/linkdriver.py) with FIFO queues between them as their transport, run to
+    quiescence; the receiver's replica actions applied to a FakeView."""
 
     def __init__(self, sender: Sender, successor: FakeView):
         self.sender, self.successor = sender, successor
+        self.driver = SenderDriver(sender, sender.view, self)
         self.receiver: Receiver | None = None
+        self.receiving: ReceiverDriver | None = None
         self.down: collections.deque = collections.deque()
         self.up: collections.deque = collections.deque()
         self.now = T
         self.log: list[str] = []
 
+    # the sender's transport (linkdriver.SenderTransport)
+    def current(self) -> bool:
+        return True
+
+    def open(self) -> object:
+        self.receiver = Receiver(self.successor.node_id)
+        end = _ReceiverEnd(self)
+        self.receiving = ReceiverDriver(self.receiver, self.successor, end, observer=end)
+        self.down.clear()
+        self.up.clear()
+        return OPENED
+
+    def send(self, message) -> None:
+        self.down.append(message)
+
+    def close(self, action) -> None:
+        self.log.append(f"sender closed: {action.reason}")
+        self.receiving.end(Lost(CHAIN, "cancelled"))
+
+    def set_timer(self, at: float) -> None:
+        pass
+
     def sender_do(self, actions) -> None:
-        for a in actions:
-            if isinstance(a, Open):
-                self.receiver = Receiver(self.successor.node_id)
-                self.down.clear()
-                self.up.clear()
-                self.sender_do(self.sender.opened(self.now))
-            elif isinstance(a, Send):
-                self.down.append(a.message)
-            elif isinstance(a, Close):
-                self.log.append(f"sender closed: {a.reason}")
-                self.receiver_do(self.receiver.receive(Lost(CHAIN, "cancelled"), self.successor))
-            elif isinstance(a, FinishSending):
-                self.down.append(End(CHAIN))
+        run_now(self.driver.act(actions, self.now))
 
     def receiver_do(self, actions) -> None:
-        for a in actions:
-            if isinstance(a, Send):
-                self.up.append(a.message)
-            elif isinstance(a, Close):
-                self.up.append(End(CHAIN))
-            else:
-                error = self.successor.apply(a)
-                if error is not None:
-                    self.log.append(f"store failed: {error.name}")
-                    self.receiver_do(self.receiver.store_failed(error))
+        run_now(self.receiving.act(actions))
 
     def run(self, rounds: int = 1000) -> None:
         self.sender_do(self.sender.start(self.now))

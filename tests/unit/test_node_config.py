@@ -98,7 +98,10 @@ def test_a_missing_file_is_named(tmp_path):
 
 def test_apply_sets_the_limits_and_the_log_environment(tmp_path, restore_limits, monkeypatch):
     for name in ("SMS_LOG_LEVEL", "SMS_LOG_FORMAT", "SMS_LOG_FILE"):
-        monkeypatch.delenv(name, raising=False)
+        # (set first, so that the undo removes what config.apply sets: a delenv of a name
+        # that is not set restores nothing, and the value leaked into later tests)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     path = write(tmp_path, "[metastore]\nsession_ttl_s = 4.5\n[storage]\nsize_cap_bytes = 134217728\n"
                            "[log]\nformat = \"json\"\n")
     config.apply(config.load(path, env={}))
