@@ -9,12 +9,12 @@ up:              ## run a local cluster in the foreground (Ctrl-C stops it)
 	@scripts/bootstrap.sh
 	.venv/bin/sms up
 
-# The suite runs on pytest-xdist: most tests wait on processes, so two workers per core keep
-# the machine busy; whole modules go to one worker (--dist loadfile), so module-scoped
+# The suite runs on pytest-xdist with two workers: most tests wait on processes, so two keep
+# the two cores busy (three were no faster here, and overloaded the fault trials); whole modules go to one worker (--dist loadfile), so module-scoped
 # clusters are shared as before; the slowest modules start first (tests/conftest.py).
 # SMS_SUITE_BUDGET_S fails a run that takes longer, printing its slowest tests
 # (docs/testing.md).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 SUITE_BUDGET_S ?= 960
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile
 # what the pure-Python wire codec runs again: the modules that build, read or check batches

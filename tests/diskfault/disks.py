@@ -13,6 +13,7 @@ as a function that reports instead of asserting.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -25,6 +26,9 @@ MOUNT_TIMEOUT_S = 30.0
 def tmpfs_unavailable() -> str:
     """Why a tmpfs cannot be mounted here ("" if it can)."""
     return _can_mount()
+
+
+BALLAST_CHUNK_BYTES = 1 << 20        # the ballast is written a MB at a time
 
 
 class Tmpfs:
@@ -53,11 +57,23 @@ class Tmpfs:
             self.mounted = False
 
     def fill(self, headroom_bytes: int) -> int:
-        """Write a ballast that leaves `headroom_bytes` free; its size."""
+        """Write a ballast that leaves `headroom_bytes` free; its size. The node writes to
+        the same disk meanwhile (under load): if it takes the headroom before the ballast
+        is written, the disk is full sooner, which is the fault anyway, so a ballast write
+        refused for space ends the ballast there."""
         size = max(0, shutil.disk_usage(self.mountpoint).free - headroom_bytes)
-        with open(self.ballast, "wb") as f:
-            f.write(b"\0" * size)
-        return size
+        written = 0
+        with open(self.ballast, "wb", buffering=0) as f:
+            while written < size:
+                chunk = min(BALLAST_CHUNK_BYTES, size - written)
+                try:
+                    f.write(b"\0" * chunk)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+                written += chunk
+        return written
 
     def free(self) -> None:
         """Space returns: the ballast goes."""

@@ -44,9 +44,10 @@ Kinds:
 
 The cuts between two nodes that both still reach ZooKeeper (`node_node_cut`, `asymmetric`)
 and the pauses are found by link liveness (storage/link.py, LINK_ACK_TIMEOUT_S): the pytest
-checks want the chain changed by a link report within LINK_FAULT_PAUSE_MAX_S, and hold pT's
-write pause (`max gap`) to LINK_FAULT_PAUSE_MAX_S in `node_node_cut`, `asymmetric` and
-`node_pause`.
+checks want the chain changed by a link report (its reason says "unresponsive"), not by
+the session's expiry. How fast (pT's write pause, `max gap`, and the time to the removal)
+are figures the trials print, to be read against LINK_FAULT_PAUSE_MAX_S; a timing is never
+a test's assertion.
 
 Each trial runs the load, injects the fault, heals, waits until writes resume and the
 replication factor is back, stops the load, reads everything back and runs the history
@@ -95,7 +96,7 @@ from tests.netfault.zkensemble import ZkEnsemble
 KINDS = ("node_node_cut", "node_zk_cut", "client_head_cut", "zk_minority", "asymmetric",
          "head_isolated_from_zk", "packet_loss", "delay", "node_pause", "head_pause")
 LINK_KINDS = ("node_node_cut", "asymmetric", "node_pause", "head_pause")    # found by link liveness
-BOUNDED_KINDS = LINK_KINDS         # pT's write pause <= LINK_FAULT_PAUSE_MAX_S
+BOUNDED_KINDS = LINK_KINDS         # pT's write pause is read against LINK_FAULT_PAUSE_MAX_S
 
 ZK_HOSTS = ("z1", "z2", "z3")
 CONTROL_HOSTS = ("c1", "c2")
@@ -116,7 +117,7 @@ STOP_TIMEOUT_S = 60.0
 ZK_SERVING_TIMEOUT_S = 30.0
 
 NODE_CUT_HOLD_S = 8.0           # past the session TTL: only link liveness finds this cut
-LINK_FAULT_PAUSE_MAX_S = 1.5    # LINK_KINDS: pT's writes pause at most this long (detection, probe, new epoch)
+LINK_FAULT_PAUSE_MAX_S = 1.5    # LINK_KINDS: pT's writes should pause at most this long (detection, probe, new epoch)
 CLIENT_CUT_HOLD_S = 8.0
 ASYM_HOLD_S = 8.0
 ZK_MINORITY_HOLD_S = 6.0        # after the majority serves again
@@ -512,12 +513,14 @@ def _ms(seconds: float | None) -> str:
 
 # --- the table ------------------------------------------------------------------------------
 def pause_table(trials: list[Trial]) -> str:
-    """Per kind: the fault held (s), the checker's fault->ack (p50, max) and the longest
-    ack gap on the touched partitions (p50, max)."""
+    """Per kind: the fault held (s), the checker's fault->ack (p50, max), the longest ack
+    gap on the touched partitions (p50, max), and for BOUNDED_KINDS how many trials kept it
+    within LINK_FAULT_PAUSE_MAX_S (a figure to read, not a pass/fail)."""
     by: dict[str, list[Trial]] = {}
     for t in trials:
         by.setdefault(t.kind, []).append(t)
-    head = ("fault", "trials", "ok", "hold s", "fault->ack p50", "max", "max gap p50", "max")
+    head = ("fault", "trials", "ok", "hold s", "fault->ack p50", "max", "max gap p50", "max",
+            f"gap <= {LINK_FAULT_PAUSE_MAX_S}s")
     lines = [head]
     for kind, ts in by.items():
         pauses = [t.pause_s for t in ts]
@@ -530,7 +533,9 @@ def pause_table(trials: list[Trial]) -> str:
             return "never" if None in values and f is max else f"{f(known):.2f}"
         lines.append((kind, str(len(ts)), str(sum(t.result.ok for t in ts)),
                       f"{statistics.median(t.hold_s for t in ts):.1f}",
-                      fmt(pauses, statistics.median), fmt(pauses, max), fmt(gaps, statistics.median), fmt(gaps, max)))
+                      fmt(pauses, statistics.median), fmt(pauses, max), fmt(gaps, statistics.median), fmt(gaps, max),
+                      f"{sum(g is not None and g <= LINK_FAULT_PAUSE_MAX_S for g in gaps)}/{len(ts)}"
+                      if kind in BOUNDED_KINDS else "-"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     out = []
     for n, line in enumerate(lines):
