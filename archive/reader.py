@@ -28,7 +28,8 @@ from archive import fragment, index
 from archive.fragment import Decoded, FragmentRef
 from sms.objectstore import open_store
 from metastore import MetaStore
-from sms import limits, metrics, seqno, wire
+from sms import limits, seqno, wire
+from kernel import metrics
 from sms.errors import ArchiveUnavailable, FragmentMissing, SmsError
 from sms.metadata import StreamConfig
 

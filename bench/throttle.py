@@ -25,7 +25,7 @@ does (`Client.send_put_records`, no client-side retry), so that every `Throttled
 is counted; after one they back off PRODUCER_RETRY_BACKOFF_MS and send again.
 
 Per limit: what was acknowledged (or read), the rate, the limit, and the limiter's bound
-for the measured window, its token bucket's arithmetic (sms/ratelimit.py): a full bucket
+for the measured window, its token bucket's arithmetic (kernel/ratelimit.py): a full bucket
 of PARTITION_LIMIT_BURST_S seconds' worth plus the rate times the window, plus one
 request (one per node for a tenant, as in tests/integration/test_quotas.py) or one page
 for a reader (a read is charged after it is done: retrieval/service.py). A read is

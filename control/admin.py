@@ -18,8 +18,6 @@ import os
 import secrets
 import time
 
-import grpc
-
 from archive import cleanup
 from archive.fragment import check_codec
 from sms.objectstore import check_url
@@ -28,19 +26,18 @@ from kernel import encryption as encryption_module
 from metastore import reads
 from metastore import BadVersionError, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set
 from metastore.view import ClusterView
-from sms import errors, limits, metadata, rpc, seqno
-from sms.aiotools import background
+from sms import errors, limits, metadata, seqno
+from kernel import rpc
+from kernel.aiotools import background
 from sms.errors import (InvalidArgument, InvalidSequenceNumber, InvalidStreamConfig, LimitExceeded, NodeLive,
                         NodeNotDrained, NodeNotFound, NotEnoughNodes,
                         RepartitionInProgress, StreamAlreadyExists, StreamNotFound, Timeout, Unavailable)
 from sms.metadata import ChainChange, ChainConfig, ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionMap
-from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import IngestionPolicy, NodeLoad, Persistence, StreamStatus
 
 log = logging.getLogger(__name__)
 
-STREAM_READY_TIMEOUT_S = 30.0
 
 
 async def ensure_roots(store: MetaStore) -> None:
@@ -214,9 +211,10 @@ async def record_consumer(store: MetaStore, stream: str, consumer: str, checkpoi
 
 class StreamAdmin:
     def __init__(self, store: MetaStore, view: ClusterView,
-                 master_keys: encryption_module.MasterKeys | None = None):
+                 master_keys: encryption_module.MasterKeys | None = None, channels: rpc.NodeChannels | None = None):
         self.store = store
         self.view = view
+        self.channels = channels or rpc.NodeChannels()      # to the nodes' cluster ports, with this node's TLS
         self.master_keys = master_keys or encryption_module.MasterKeys.none()   # wraps streams' data keys
         self.lock = asyncio.Lock()   # one admin change at a time on this control node
         self.poke_repartitioner = lambda: None   # the leader's Repartitioner takes a request at once
@@ -271,7 +269,7 @@ class StreamAdmin:
         """Poll NodeStatus until every current member of every chain of the stream holds
         its replica. The chain configs are re-read each round: a member that died
         meanwhile is replaced by the chain manager, and the stream waits for the new one."""
-        deadline = time.monotonic() + STREAM_READY_TIMEOUT_S
+        deadline = time.monotonic() + limits.STREAM_READY_TIMEOUT_S
         ready: set[tuple[str, str]] = set()
         while True:
             self.view.invalidate()
@@ -292,11 +290,8 @@ class StreamAdmin:
                 node = live.get(member)
                 if node is None:
                     continue
-                try:
-                    async with rpc.node_channel(node.internal_address) as channel:
-                        status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
-                            sms_pb2.NodeStatusRequest(chain_ids=cids), timeout=limits.RPC_TIMEOUT_S)
-                except grpc.aio.AioRpcError:
+                status = await self.channels.node_status(node.internal_address, cids)
+                if status is None:
                     continue            # down or restarting: the chain manager replaces it
                 held = {r.chain_id for r in status.replicas}
                 ready.update((member, c) for c in cids if c in held)

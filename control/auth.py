@@ -37,8 +37,9 @@ from dataclasses import dataclass
 
 from control import quotas
 from metastore import BadVersionError, Create, MetaStore, MetaStoreError, NodeExistsError, NoNodeError
-from sms import limits, metadata, rpc, tokens
-from sms.aiotools import raise_if_cancelling
+from sms import limits, metadata, tokens
+from kernel import rpc
+from kernel.aiotools import raise_if_cancelling
 from sms.errors import (FailedPrecondition, InvalidArgument, InvalidIterator, KeyNotFound, PermissionDenied, SmsError,
                         TenantNotFound, Unauthenticated, Unavailable)
 
@@ -107,7 +108,7 @@ def scope_request(principal: "Principal", method: str, request):
     """Put the call in the caller's tenant: the stream it names becomes the stored name
     (a name with the separator is refused), an iterator of another tenant's stream is
     refused as invalid, and the answer's names are shown without the prefix, as are its
-    error messages (sms/rpc.py for_caller). Returns the function to apply to a unary
+    error messages (kernel/rpc.py for_caller). Returns the function to apply to a unary
     answer, or None."""
     if principal.tenant != DEFAULT_TENANT:
         rpc.CALLER_PREFIX.set(qualify(principal.tenant, ""))

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from metastore import MetaStore, MetaStoreError, NodeExistsError
 from sms import limits, metadata
-from sms.aiotools import raise_if_cancelling, wait_event
+from kernel.aiotools import raise_if_cancelling, wait_event
 
 log = logging.getLogger(__name__)
 

@@ -47,19 +47,20 @@ import grpc
 from control import chains
 from metastore import reads
 from metastore import BadVersionError, MetaStore, NoNodeError, Set
-from sms import limits, metadata, metrics, rpc
-from sms.aiotools import background, cancel_and_wait, raise_if_cancelling, wait_event
+from sms import limits, metadata
+from kernel import metrics, rpc
+from kernel.aiotools import background, cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation
 from sms.metadata import ChainConfig, StreamConfig
-from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import NodeInfo, StreamStatus
 
 log = logging.getLogger(__name__)
 
 
 class ChainManager:
-    def __init__(self, store: MetaStore):
+    def __init__(self, store: MetaStore, channels: rpc.NodeChannels | None = None):
         self.store = store
+        self.channels = channels or rpc.NodeChannels()      # to the nodes' cluster ports, with this node's TLS
         self._changed = asyncio.Event()
         self._cancel: list = []
         self._task: asyncio.Task | None = None
@@ -179,8 +180,8 @@ class ChainManager:
         for node in (peer, reporter):
             known = self._probed.get(node)
             if node not in probes and (known is None or now - known[1] >= limits.LINK_ACK_TIMEOUT_S):
-                probes[node] = asyncio.get_running_loop().create_task(_answers(nodes[node].internal_address,
-                                                                                   self._probe_channels))
+                probes[node] = asyncio.get_running_loop().create_task(
+                    _answers(self.channels, nodes[node].internal_address, self._probe_channels))
         for node in (peer, reporter):
             if node in probes:
                 self._probed[node] = (await probes[node], time.monotonic())
@@ -228,10 +229,10 @@ class ChainManager:
         recovered = False
         deadline = time.monotonic() + limits.LINK_RECOVERY_GRACE_S
         while True:
-            status = await _status(reporter.internal_address, self._probe_channels)
+            status = await _status(self.channels, reporter.internal_address, self._probe_channels)
             since = time.monotonic() - started
-            heard = [link.heard_ago_s for link in (status.peer_links if status is not None else ())
-                     if link.peer == peer and link.heard_ago_s >= 0]
+            heard = [ago for link_peer, _outgoing, ago in (status.peers_heard_ago_s if status is not None else ())
+                     if link_peer == peer and ago >= 0]
             recovered = bool(heard) and min(heard) < since
             if recovered or time.monotonic() >= deadline:
                 break
@@ -331,8 +332,8 @@ class ChainManager:
             return False
         head = (await self._replica_status(nodes[config.head], statuses)).get(config.chain_id)
         target = (await self._replica_status(nodes[config.handoff], statuses)).get(config.chain_id)
-        return (head is not None and target is not None and head[4] == config.epoch == target[4]
-                and head[6] and head[2] == target[2])
+        return (head is not None and target is not None and head.epoch == config.epoch == target.epoch
+                and head.frozen and head.last_sn == target.last_sn)
 
     async def _moves_under_way(self, configs: list[tuple[ChainConfig, int]], streams: dict) -> int:
         """Chains holding more replicas than their factor (a move copying or finishing);
@@ -349,21 +350,13 @@ class ChainManager:
                 under_way += 1
         return under_way
 
-    async def _replica_status(self, node: NodeInfo, cache: dict) -> dict[str, tuple]:
-        """chain id -> (records, verified, last SN, role, epoch, gated learners, frozen) on the
-        node; {} when it does not answer."""
+    async def _replica_status(self, node: NodeInfo, cache: dict) -> dict[str, rpc.ReplicaReport]:
+        """chain id -> the node's replica of it; {} when the node does not answer (an
+        unreachable node tells us nothing this round)."""
         if node.node_id not in cache:
-            try:
-                async with rpc.node_channel(node.internal_address) as channel:
-                    status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
-                        sms_pb2.NodeStatusRequest(), timeout=limits.CHAIN_MANAGER_INTERVAL_S * 4)
-                cache[node.node_id] = {r.chain_id: (r.records, r.verified, int(r.last_sn), r.role, r.epoch,
-                                                    tuple(r.gated_learners), r.frozen)
-                                       for r in status.replicas}
-            except (grpc.aio.AioRpcError, OSError) as e:   # an unreachable node tells us nothing this round
-                raise_if_cancelling()
-                log.debug("NodeStatus of %s failed: %s", node.node_id, e)
-                cache[node.node_id] = {}
+            report = await self.channels.node_status(node.internal_address,
+                                                     timeout_s=limits.CHAIN_MANAGER_INTERVAL_S * 4)
+            cache[node.node_id] = report.by_chain() if report is not None else {}
         return cache[node.node_id]
 
     async def round(self, configs: list[tuple[ChainConfig, int]] | None = None) -> int:
@@ -410,12 +403,13 @@ class ChainManager:
                         continue
                     mine = (await self._replica_status(nodes[learner], statuses)).get(config.chain_id)
                     # only a replica that knows it is this chain's learner reports its own progress
-                    if mine is not None and mine[3] == "learner" and mine[4] == config.epoch and mine[2] <= tail[2]:
+                    if mine is not None and mine.role == "learner" and mine.epoch == config.epoch \
+                            and mine.last_sn <= tail.last_sn:
                         # promotable only once the tail gates its commits on it (it then holds
                         # every committed batch): "verified" in the planner's terms
-                        gated = tail[4] == config.epoch and learner in tail[5]
-                        progress[learner] = chains.LearnerProgress(verified=mine[1] and gated,
-                                                                   lag_records=tail[0] - mine[0])
+                        gated = tail.epoch == config.epoch and learner in tail.gated_learners
+                        progress[learner] = chains.LearnerProgress(verified=mine.verified and gated,
+                                                                   lag_records=tail.records - mine.records)
             ready = bool(config.handoff) and await self._handoff_ready(config, nodes, statuses)
             live_here, reasons_here = self._live_for(config, live, down_reasons)
             new = chains.plan(config, live_here, stream.replication_factor, load, progress, now_ms, learning,
@@ -466,7 +460,8 @@ def _new_changes(old: ChainConfig, new: ChainConfig) -> int:
     return sum(1 for c in new.history if (c.epoch, c.at_ms, c.action, c.node) not in seen)
 
 
-async def _status(address: str, channels: dict[str, grpc.aio.Channel]) -> sms_pb2.NodeStatusResponse | None:
+async def _status(node_channels: rpc.NodeChannels, address: str,
+                  channels: dict[str, grpc.aio.Channel]) -> rpc.NodeReport | None:
     """The node's NodeStatus without replicas (its peer links), within LINK_PROBE_TIMEOUT_S,
     on the manager's own long-lived channel to it (`channels`: no handshake in the bound);
     None when it does not answer in time."""
@@ -475,19 +470,14 @@ async def _status(address: str, channels: dict[str, grpc.aio.Channel]) -> sms_pb
         if len(channels) >= limits.PROBE_CHANNELS_MAX:
             old = channels.pop(next(iter(channels)))
             background(old.close())
-        channel = channels[address] = rpc.peer_channel(address)
-    try:
-        return await sms_pb2_grpc.StorageStub(channel).NodeStatus(
-            sms_pb2.NodeStatusRequest(chain_ids=["-"]), timeout=limits.LINK_PROBE_TIMEOUT_S)
-    except (grpc.aio.AioRpcError, OSError):
-        raise_if_cancelling()
-        return None
+        channel = channels[address] = node_channels.peer_channel(address)
+    return await node_channels.node_status(address, rpc.NO_REPLICAS, limits.LINK_PROBE_TIMEOUT_S, channel=channel)
 
 
-async def _answers(address: str, channels: dict[str, grpc.aio.Channel]) -> bool:
+async def _answers(node_channels: rpc.NodeChannels, address: str, channels: dict[str, grpc.aio.Channel]) -> bool:
     """True when the node at `address` answers a NodeStatus within LINK_PROBE_TIMEOUT_S: a
     paused process cannot, though its kernel accepts the connection."""
-    return await _status(address, channels) is not None
+    return await _status(node_channels, address, channels) is not None
 
 
 async def _refuses(address: str) -> bool:

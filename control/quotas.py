@@ -7,7 +7,7 @@ cannot fill the shared disks or take every partition:
 - `retention_hours_max`: how long its records may be kept. A stream's retention may not
   exceed it (a stream created without a retention gets the smaller of the default and
   the cap), and what `protect_unread` keeps for unread consumers is deleted past it
-  (StreamConfig.unread_hold_max_s, sms/retention.py).
+  (StreamConfig.unread_hold_max_s, kernel/retention.py).
 
 Checked by the control node that makes the change, under its admin lock. Two changes
 made at the same moment through different control nodes may pass a cap by one of them;

@@ -46,7 +46,6 @@ import secrets
 import time
 from dataclasses import replace
 
-import grpc
 
 from archive import cleanup
 from control import phases, quotas
@@ -55,12 +54,12 @@ from control.phases import (Action, Commit, DAY_MS, Facts, Fail, Finish, HeadRep
                             check_request, in_progress, recent_repartitions, steps_needed)
 from metastore import reads
 from metastore import BadVersionError, Check, Create, Delete, MetaStore, NodeExistsError, NoNodeError, Set
-from sms import limits, metadata, retention, rpc, seqno
-from sms.aiotools import background, cancel_and_wait, raise_if_cancelling, wait_event
+from sms import limits, metadata, seqno
+from kernel import retention, rpc
+from kernel.aiotools import background, cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation, SmsError
 from sms.metadata import ChainConfig, ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionMap
-from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import PartitionState, StreamStatus
 
 log = logging.getLogger(__name__)
@@ -85,8 +84,9 @@ def new_request(kind: Kind | str, *, parents: tuple[int, ...] | list[int] = (), 
 class Repartitioner:
     """Drives repartition requests, drops emptied partitions, splits hot ones (leader only)."""
 
-    def __init__(self, store: MetaStore):
+    def __init__(self, store: MetaStore, channels: rpc.NodeChannels | None = None):
         self.store = store
+        self.channels = channels or rpc.NodeChannels()      # to the nodes' cluster ports, with this node's TLS
         self._changed = asyncio.Event()
         self._cancel: list = []
         self._task: asyncio.Task | None = None
@@ -272,15 +272,11 @@ class Repartitioner:
         head = nodes.get(chain.head)
         if head is None:
             return ()
-        try:
-            async with rpc.node_channel(head.internal_address) as channel:
-                status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(
-                    sms_pb2.NodeStatusRequest(chain_ids=[chain.chain_id]), timeout=limits.RPC_TIMEOUT_S)
-        except (grpc.aio.AioRpcError, OSError):
-            raise_if_cancelling()
+        status = await self.channels.node_status(head.internal_address, [chain.chain_id])
+        if status is None:
             return ()
         return tuple(HeadReport(chain_id=r.chain_id, epoch=r.epoch, role=r.role, sealed=r.sealed,
-                                last_sn=int(r.last_sn or 0), committed_sn=int(r.committed_sn or 0))
+                                last_sn=r.last_sn, committed_sn=r.committed_sn)
                      for r in status.replicas if r.chain_id == chain.chain_id)
 
     async def _commit_step(self, config: StreamConfig, version: int, state: RepartitionState, pmap: PartitionMap,
@@ -399,12 +395,8 @@ class Repartitioner:
 
     async def _counters(self, address: str) -> dict[str, int]:
         """chain id -> the head's record counter (the per-partition counter in its last SN)."""
-        try:
-            async with rpc.node_channel(address) as channel:
-                status = await sms_pb2_grpc.StorageStub(channel).NodeStatus(sms_pb2.NodeStatusRequest(),
-                                                                              timeout=limits.RPC_TIMEOUT_S)
-        except (grpc.aio.AioRpcError, OSError):
-            raise_if_cancelling()
+        status = await self.channels.node_status(address)
+        if status is None:
             return {}
-        return {r.chain_id: seqno.counter_of(int(r.last_sn)) for r in status.replicas if r.role.startswith("head")}
+        return {r.chain_id: seqno.counter_of(r.last_sn) for r in status.replicas if r.role.startswith("head")}
 

@@ -20,13 +20,12 @@ import time
 
 from metastore import MetaStore, MetaStoreError, NodeExistsError, NoNodeError
 from sms import limits, metadata
-from sms.aiotools import cancel_and_wait
+from kernel.aiotools import cancel_and_wait
 from sms.errors import FailedPrecondition, InvalidArgument, LimitExceeded
 
 log = logging.getLogger(__name__)
 
 SERIAL_HEX_CHARS_MAX = 40          # X.509 serials are at most 20 octets
-REASON_CHARS_MAX = 200
 
 
 def parse_serial(serial: str) -> int:
@@ -45,8 +44,8 @@ def _path(serial: int) -> str:
 
 async def revoke(store: MetaStore, serial: str, reason: str = "") -> None:
     number = parse_serial(serial)
-    if len(reason) > REASON_CHARS_MAX:
-        raise InvalidArgument(f"a reason of {len(reason)} characters; at most {REASON_CHARS_MAX}")
+    if len(reason) > limits.REVOCATION_REASON_CHARS_MAX:
+        raise InvalidArgument(f"a reason of {len(reason)} characters; at most {limits.REVOCATION_REASON_CHARS_MAX}")
     if len(await store.children(metadata.REVOKED_CERTS)) >= limits.REVOKED_CERTS_MAX:
         raise LimitExceeded(f"{limits.REVOKED_CERTS_MAX} certificates are revoked already; a new CA would do better")
     entry = json.dumps({"revoked_ms": int(time.time() * 1000), "reason": reason}).encode()

@@ -28,7 +28,8 @@ from sms.errors import (FailedPrecondition, InvalidArgument, InvalidProducerId, 
                         Unavailable)
 from sms.metadata import ConsumerRecord
 from sms.proto import sms_pb2, sms_pb2_grpc
-from sms.rpc import rpc_errors, to_sms_error
+from kernel.rpc import rpc_errors
+from sms.rpc import to_sms_error
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def audited(action, target):
 
 
 def _outcome(e: BaseException) -> tuple[str, str]:
-    """(name, message) of the error a caller gets for `e`, as sms/rpc.py rpc_errors maps it."""
+    """(name, message) of the error a caller gets for `e`, as kernel/rpc.py rpc_errors maps it."""
     if isinstance(e, SmsError):
         return e.name, e.message
     if isinstance(e, grpc.aio.AioRpcError):

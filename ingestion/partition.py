@@ -21,17 +21,17 @@ import grpc
 
 from ingestion import dedup
 from ingestion.writer import PartitionWriter
-from sms import limits, rpc, seqno, wire
-from sms.aiotools import cancel_and_wait, raise_if_cancelling
+from sms import limits, seqno, wire
+from kernel import rpc
+from kernel.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.errors import InvalidSssn, SmsError, Throttled, Unavailable
 from sms.metadata import ChainConfig, StreamConfig
-from sms.ratelimit import PartitionLimits
+from kernel.ratelimit import PartitionLimits
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import IngestionPolicy
 
 log = logging.getLogger(__name__)
 
-REBUILD_TIMEOUT_S = 30.0      # a partition answers Unavailable until its table is rebuilt
 
 
 @dataclass(slots=True)
@@ -85,8 +85,9 @@ def session_key(producer_id: bytes, session_ordinal: int) -> bytes:
 
 class PartitionIngest:
     def __init__(self, chain: ChainConfig, config: StreamConfig, writer: PartitionWriter,
-                 resolve_head, ancestors=None):
+                 resolve_head, ancestors=None, channels: rpc.NodeChannels | None = None):
         self.chain = chain
+        self.channels = channels or rpc.NodeChannels()      # to the nodes' cluster ports, with this node's TLS
         self.config = config
         self.writer = writer
         self.limits: PartitionLimits | None = None     # write limits, made when the stream has some
@@ -144,7 +145,7 @@ class PartitionIngest:
         last: Exception | None = None
         for address in addresses:     # a closed partition is sealed and drained: any replica will do
             try:
-                async with rpc.node_channel(address) as channel:
+                async with self.channels.node_channel(address) as channel:
                     return await self._read_partition(sms_pb2_grpc.RetrievalStub(channel), ordinal,
                                                       window_start_ms, to_end=True)
             except (grpc.aio.AioRpcError, SmsError) as e:
@@ -154,13 +155,14 @@ class PartitionIngest:
 
     async def _read_own(self, window_start_ms: int) -> list[dedup.StoredRecord]:
         address = await self.resolve_head()
-        async with rpc.node_channel(address) as channel:
-            storage = sms_pb2_grpc.StorageStub(channel)
+        async with self.channels.node_channel(address) as channel:
             retrieval = sms_pb2_grpc.RetrievalStub(channel)
-            deadline = time.monotonic() + REBUILD_TIMEOUT_S
+            deadline = time.monotonic() + limits.DEDUP_REBUILD_TIMEOUT_S
             target = None
             while True:      # everything the head holds must be committed, so we can read it
-                status = await storage.NodeStatus(sms_pb2.Empty(), timeout=limits.RPC_TIMEOUT_S)
+                status = await self.channels.node_status(address, channel=channel)
+                if status is None:
+                    raise ConnectionError(f"the head of {self.chain.chain_id} at {address} does not answer")
                 mine = [r for r in status.replicas if r.chain_id == self.chain.chain_id]
                 if not mine:
                     raise ConnectionError(f"head holds no replica of {self.chain.chain_id} yet")

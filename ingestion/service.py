@@ -15,19 +15,20 @@ import asyncio
 import logging
 import time
 
-from metastore.tenants import TenantShares
+from kernel.tenants import TenantShares
 from metastore.view import ClusterView, bounded
 from ingestion.fencing import ProducerEpochs, session_producer_id
 from ingestion.partition import Outcome, PartitionIngest, Results, Submission
 from ingestion.writer import PartitionWriter
-from sms import wire, limits, metrics, seqno
-from sms.aiotools import cancel_and_wait, wait_event
+from sms import wire, limits, seqno
+from kernel import metrics, rpc
+from kernel.aiotools import cancel_and_wait, wait_event
 from sms.errors import InvalidArgument, PartitionClosed, SmsError, StreamNotFound, Unavailable, WrongOwner
-from sms.ratelimit import PartitionLimits
+from kernel.ratelimit import PartitionLimits
 from sms.metadata import ChainConfig, tenant_of
-from sms.ports import HeadPort
+from kernel.ports import HeadPort
 from sms.proto import sms_pb2, sms_pb2_grpc
-from sms.rpc import rpc_errors
+from kernel.rpc import rpc_errors
 from sms.types import PartitionState, StreamStatus, partition_id
 
 log = logging.getLogger(__name__)
@@ -53,10 +54,12 @@ def parse_put_entries(count: int, blob: bytes, producer_id: bytes, epoch: int = 
 
 
 class IngestionService(sms_pb2_grpc.IngestionServicer):
-    def __init__(self, node_id: str, view: ClusterView, local_head: HeadPort | None = None):
+    def __init__(self, node_id: str, view: ClusterView, local_head: HeadPort | None = None,
+                 channels: rpc.NodeChannels | None = None):
         self.node_id = node_id
         self.view = view
-        self.local_head = local_head      # this process's storage role's heads (sms/ports.py), or None
+        self.channels = channels or rpc.NodeChannels()      # to the nodes' cluster ports, with this node's TLS
+        self.local_head = local_head      # this process's storage role's heads (kernel/ports.py), or None
         self.partitions: dict[str, PartitionIngest] = {}
         self.tenants = TenantShares(view)
         self.epochs = ProducerEpochs(view.store)
@@ -165,9 +168,9 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                 todo.extend(by_ordinal[o].parents)
             return out
 
-        writer = PartitionWriter(chain.chain_id, chain.epoch, resolve, self.local_head)
+        writer = PartitionWriter(chain.chain_id, chain.epoch, resolve, self.local_head, self.channels)
         writer.start()
-        part = PartitionIngest(chain, view.config, writer, resolve_head, ancestors)
+        part = PartitionIngest(chain, view.config, writer, resolve_head, ancestors, self.channels)
         part.start()
         self.partitions[chain.chain_id] = part
         return part

@@ -33,9 +33,10 @@ from typing import NamedTuple
 
 import grpc
 
-from sms import wire, errors, limits, rpc, seqno
-from sms.aiotools import cancel_and_wait, raise_if_cancelling
-from sms.ports import HeadPort
+from sms import wire, errors, limits, seqno
+from kernel import rpc
+from kernel.aiotools import cancel_and_wait, raise_if_cancelling
+from kernel.ports import HeadPort
 from sms.proto import sms_pb2, sms_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,9 @@ log = logging.getLogger(__name__)
 
 class PartitionWriter:
     def __init__(self, chain_id: str, epoch: int, resolve: Callable[[], Awaitable[tuple[str, int]]],
-                 local_head: HeadPort | None = None):
+                 local_head: HeadPort | None = None, channels: rpc.NodeChannels | None = None):
         self.chain_id = chain_id
+        self.channels = channels or rpc.NodeChannels()      # to a head in another process, with this node's TLS
         self.epoch = epoch
         self.resolve = resolve                # () -> the head's current (address, chain epoch)
         # () -> a new storage.head.HeadSession of the storage role in this process (the
@@ -133,7 +135,7 @@ class PartitionWriter:
             await asyncio.sleep(limits.APPEND_RESEND_DELAY_S if self.reconfigured else limits.LINK_RETRY_INTERVAL_S)
 
     async def _session(self) -> None:
-        head = _LocalHead(self.local_head()) if self.local_head is not None else _GrpcHead(self.head_address)
+        head = _LocalHead(self.local_head()) if self.local_head is not None else _GrpcHead(self.head_address, self.channels)
         async with head:
             for seq, (batch, _futures) in list(self.inflight.items()):
                 await head.send(self.chain_id, self.epoch, seq, batch)
@@ -201,12 +203,13 @@ def _fail(futures: list[asyncio.Future], error: errors.SmsError) -> None:
 class _GrpcHead:
     """The Append stream to a chain head in another process; acks as storage.head.AppendAck."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, channels: rpc.NodeChannels):
         self.address = address
+        self.channels = channels
         self.channel = self.call = None
 
     async def __aenter__(self) -> "_GrpcHead":
-        self.channel = rpc.node_channel(self.address)
+        self.channel = self.channels.node_channel(self.address)
         self.call = sms_pb2_grpc.StorageStub(self.channel).Append()
         return self
 

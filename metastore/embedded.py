@@ -66,14 +66,14 @@ from sms.limits import (
     METASTORE_POLL_INTERVAL_S,
     METASTORE_WATCHES_MAX,
 )
+from sms.errors import invariant
 from sms import limits          # (METASTORE_SESSION_TTL_S is read when used: node/config.py may set it)
 
 # Paths are LMDB keys (and parts of index keys), and LMDB keys are at most 511 bytes.
-METASTORE_PATH_BYTES_MAX = 400                 # UTF-8 bytes of one path, embedded store
-
 _LMDB_KEY_BYTES_MAX = 511
 _SESSION_ID_BYTES = 32                         # uuid4().hex
-assert _SESSION_ID_BYTES + 1 + METASTORE_PATH_BYTES_MAX <= _LMDB_KEY_BYTES_MAX
+invariant(_SESSION_ID_BYTES + 1 + limits.METASTORE_PATH_BYTES_MAX <= _LMDB_KEY_BYTES_MAX,
+          "a session's index key (its id, a separator, a path) fits in an LMDB key")
 
 _FORMAT = b"sms-metastore/1"
 _FORMAT_KEY = b"format"
@@ -88,11 +88,6 @@ _RECORD_HEADER = struct.Struct(">QQQQH")       # version, created/modified/child
 
 logger = logging.getLogger(__name__)
 
-
-def _invariant(condition: bool, message: str) -> None:
-    """Crashes on a broken invariant of the stored tree; unlike assert, survives -O."""
-    if not condition:
-        raise AssertionError(message)
 
 T = TypeVar("T")
 
@@ -360,7 +355,7 @@ class _TreeWriter(_Tree):
                            for name_b in list(self.child_names(parent_b)))
         for descendant_b in reversed(subtree[1:]):
             descendant = self.record(descendant_b)
-            _invariant(descendant is not None,
+            invariant(descendant is not None,
                        f"child index names missing entry {descendant_b!r}")
             self._remove(descendant_b, descendant, bump_parent=False)
         self._remove(path_b, record, bump_parent=True)
@@ -397,7 +392,7 @@ class _TreeWriter(_Tree):
     def _remove(self, path_b: bytes, record: _Record, *, bump_parent: bool) -> None:
         """Removes one entry and its index keys. Removing an expired ephemeral does not
         bump the parent's children revision: readers stopped seeing it at expiry."""
-        _invariant(path_b != b"/", "the root entry is never removed")
+        invariant(path_b != b"/", "the root entry is never removed")
         self._txn.delete(path_b, db=self._shared.nodes)
         parent_b, name_b = _split(path_b)
         self._txn.delete(parent_b + _NUL + name_b, db=self._shared.children)
@@ -409,7 +404,7 @@ class _TreeWriter(_Tree):
 
     def _touch_children(self, parent_b: bytes) -> None:
         parent = self.record(parent_b)
-        _invariant(parent is not None,
+        invariant(parent is not None,
                    f"parent {parent_b!r} of a stored entry is missing")
         self._put(parent_b, dataclasses.replace(parent, children_rev=self._rev))
 
@@ -771,9 +766,9 @@ class EmbeddedMetaStore(MetaStore):
 
     def _edge_path(self, path: str) -> bytes:
         path_b = validate_path(path).encode()
-        if len(path_b) > METASTORE_PATH_BYTES_MAX:
+        if len(path_b) > limits.METASTORE_PATH_BYTES_MAX:
             raise ValueError(f"path of {len(path_b)} bytes; expected at most"
-                             f" {METASTORE_PATH_BYTES_MAX}")
+                             f" {limits.METASTORE_PATH_BYTES_MAX}")
         return path_b
 
     def _require_open(self) -> None:

@@ -20,7 +20,7 @@ Semantics kept equal to the embedded store (the contract tests hold both to them
   expected version is sent pinned to the version read just before (so its result can
   report the version the entry had); a concurrent set then makes the multi fail on that
   op, and the commit is re-read and re-sent. delete(recursive=True) deletes the subtree
-  in multis of at most ZK_MULTI_OPS_MAX ops, each guarded by a check of the version of
+  in multis of at most limits.ZK_MULTI_OPS_MAX ops, each guarded by a check of the version of
   the subtree's root: atomic for subtrees that fit one multi.
 - Watches: ZooKeeper watches are one-shot and dropped with the connection, so each
   watched path holds one exists() and one get_children() watch, re-armed after every
@@ -48,10 +48,10 @@ are retried after the reconnect; create/set/delete are retried and a retry that 
 only because the first attempt had been applied is recognised (an ephemeral entry owned
 by this session, a set that left our value at the next version, a delete that finds no
 entry) and reported as the success it was; commit() is not retried and raises
-ConnectionLossError. An operation waits at most ZK_OPERATION_TIMEOUT_S for a server
+ConnectionLossError. An operation waits at most limits.ZK_OPERATION_TIMEOUT_S for a server
 (ConnectionLossError after). With an ensemble, another client's read may lag a write
 it did not make (ZooKeeper is sequentially consistent per client, not linearizable).
-The servers must run with `-Djute.maxbuffer=` at least ZK_JUTE_MAXBUFFER_BYTES, or a
+The servers must run with `-Djute.maxbuffer=` at least limits.ZK_JUTE_MAXBUFFER_BYTES, or a
 METASTORE_VALUE_BYTES_MAX value makes the server drop the connection.
 """
 
@@ -99,22 +99,10 @@ from metastore.base import (
     validate_value,
     validate_version,
 )
-from metastore.embedded import METASTORE_PATH_BYTES_MAX
 from sms import limits
 
 ZOOKEEPER_SCHEME = "zk"
 ZK_DEFAULT_PORT = 2181
-ZK_CONNECT_TIMEOUT_S = 15.0          # start(): the first session is up within this
-ZK_OPERATION_TIMEOUT_S = 30.0        # one operation, reconnect waits included
-ZK_NEW_SESSION_WAIT_S = 5.0          # SessionExpiredError waits this for the fresh one
-ZK_RECONNECT_DELAY_S = 0.05          # first delay between connection attempts...
-ZK_RECONNECT_DELAY_MAX_S = 0.5       # ...doubling up to this, well inside the TTL
-ZK_RETRY_DELAY_S = 0.02              # before an operation's retry after a reconnect
-ZK_RETRIES_MAX = 100                 # optimistic rounds of one operation
-ZK_MULTI_OPS_MAX = 1000              # ops in one multi of a recursive delete
-ZK_JUTE_MAXBUFFER_BYTES = 8 * 1024 * 1024   # servers must run with at least this
-ZK_REQUEST_BYTES_MAX = ZK_JUTE_MAXBUFFER_BYTES - 64 * 1024   # one commit, estimated
-ZK_OP_OVERHEAD_BYTES = 64            # per op of a multi, for the estimate
 ZK_RESERVED_NAME = "zookeeper"       # the server's own subtree at its root
 
 # Characters ZooKeeper refuses in a path (PathUtils.validatePath).
@@ -320,8 +308,8 @@ class ZooKeeperMetaStore(MetaStore):
             raise RuntimeError("start() on a loop other than the one given")
         self._loop = running
         self._transition(_State.STARTING)
-        retry = KazooRetry(max_tries=-1, delay=ZK_RECONNECT_DELAY_S, backoff=2,
-                           max_delay=ZK_RECONNECT_DELAY_MAX_S)
+        retry = KazooRetry(max_tries=-1, delay=limits.ZK_RECONNECT_DELAY_S, backoff=2,
+                           max_delay=limits.ZK_RECONNECT_DELAY_MAX_S)
         client = KazooClient(hosts=self._hosts, timeout=limits.METASTORE_SESSION_TTL_S,
                              connection_retry=retry, randomize_hosts=True, **zk_auth())
         client.add_listener(self._kazoo_listener)
@@ -329,12 +317,12 @@ class ZooKeeperMetaStore(MetaStore):
         try:
             await running.run_in_executor(None, client.start_async)
             try:
-                async with asyncio.timeout(ZK_CONNECT_TIMEOUT_S):     # (not wait_for: see _await)
+                async with asyncio.timeout(limits.ZK_CONNECT_TIMEOUT_S):     # (not wait_for: see _await)
                     await self._connected.wait()
             except TimeoutError:
                 raise MetaStoreError(f"metadata store {self._url!r}: no ZooKeeper server"
-                                     f" answered within {ZK_CONNECT_TIMEOUT_S} s") from None
-            deadline = running.time() + ZK_OPERATION_TIMEOUT_S
+                                     f" answered within {limits.ZK_CONNECT_TIMEOUT_S} s") from None
+            deadline = running.time() + limits.ZK_OPERATION_TIMEOUT_S
             try:
                 if self._prefix:
                     await self._ensure_chroot(deadline)
@@ -467,7 +455,7 @@ class ZooKeeperMetaStore(MetaStore):
 
     async def _create_with_parents(self, path: str, zpath: str, value: bytes,
                                    ephemeral: bool, deadline: float) -> None:
-        for _round in range(ZK_RETRIES_MAX):
+        for _round in range(limits.ZK_RETRIES_MAX):
             try:
                 await self._await(self._kazoo.create_async(zpath, value,
                                                            ephemeral=ephemeral), deadline)
@@ -559,7 +547,7 @@ class ZooKeeperMetaStore(MetaStore):
         """Deletes `zpath` and everything below it, deepest first, in multis that each
         check the version of `zpath` first: nothing is deleted once `zpath` changed."""
         retried = False
-        for _round in range(ZK_RETRIES_MAX):
+        for _round in range(limits.ZK_RETRIES_MAX):
             try:
                 stat = await self._read(deadline, self._kazoo.exists_async, zpath)
                 if stat is None:
@@ -571,7 +559,7 @@ class ZooKeeperMetaStore(MetaStore):
                 pinned = stat.version
                 below = await self._subtree(zpath, deadline)
                 deletes = list(reversed(below))
-                chunk = ZK_MULTI_OPS_MAX - 1
+                chunk = limits.ZK_MULTI_OPS_MAX - 1
                 batches = [deletes[i:i + chunk] for i in range(0, len(deletes), chunk)]
                 if not batches or len(batches[-1]) == chunk:
                     batches.append([])
@@ -623,15 +611,15 @@ class ZooKeeperMetaStore(MetaStore):
         self._require_open()
         if not ops:
             return []
-        estimate = sum(len(self._zpath(op.path).encode()) + ZK_OP_OVERHEAD_BYTES
+        estimate = sum(len(self._zpath(op.path).encode()) + limits.ZK_OP_OVERHEAD_BYTES
                        + (len(op.value) if isinstance(op, (Create, Set)) else 0)
                        for op in ops)
-        if estimate > ZK_REQUEST_BYTES_MAX:
+        if estimate > limits.ZK_REQUEST_BYTES_MAX:
             raise ValueError(f"commit of about {estimate} bytes; expected at most"
-                             f" {ZK_REQUEST_BYTES_MAX}")
+                             f" {limits.ZK_REQUEST_BYTES_MAX}")
 
         async def body(deadline: float) -> list[int]:
-            for _round in range(ZK_RETRIES_MAX):
+            for _round in range(limits.ZK_RETRIES_MAX):
                 pins = await self._delete_pins(ops, deadline)
                 txn = self._kazoo.transaction()
                 for index, op in enumerate(ops):
@@ -663,7 +651,7 @@ class ZooKeeperMetaStore(MetaStore):
                     continue              # a pinned version went stale: read again
                 raise error
             raise BadVersionError(f"commit: entries kept changing under"
-                                  f" {ZK_RETRIES_MAX} attempts")
+                                  f" {limits.ZK_RETRIES_MAX} attempts")
 
         return await self._op("commit", body)
 
@@ -773,12 +761,12 @@ class ZooKeeperMetaStore(MetaStore):
                     # once it is back (under a fresh session, if it came to that).
                     if not await self._wait_connected_or_closed():
                         return
-                    await asyncio.sleep(ZK_RETRY_DELAY_S)
+                    await asyncio.sleep(limits.ZK_RETRY_DELAY_S)
                     pw.again = True
                 except kz.KazooException:
                     logger.exception("metadata store %s: arming the watch on %r failed",
                                      self._url, pw.zpath)
-                    await asyncio.sleep(ZK_RETRY_DELAY_S)
+                    await asyncio.sleep(limits.ZK_RETRY_DELAY_S)
                     pw.again = True
                 else:
                     if (changed or pw.fire) and pw.active:
@@ -961,7 +949,7 @@ class ZooKeeperMetaStore(MetaStore):
         except TimeoutError:
             raise ConnectionLossError(
                 f"no answer from ZooKeeper ({self._hosts}) within"
-                f" {ZK_OPERATION_TIMEOUT_S} s; the operation may or may not have been"
+                f" {limits.ZK_OPERATION_TIMEOUT_S} s; the operation may or may not have been"
                 " applied") from None
 
     async def _read(self, deadline: float, method: Callable[..., IAsyncResult],
@@ -986,7 +974,7 @@ class ZooKeeperMetaStore(MetaStore):
         """Waits until kazoo is connected again (after a short pause, so a failure that
         the state listener has not reported yet is not retried at once)."""
         assert self._loop is not None
-        await asyncio.sleep(ZK_RETRY_DELAY_S)
+        await asyncio.sleep(limits.ZK_RETRY_DELAY_S)
         while not self._connected.is_set():
             if self._closing.is_set() or self._state not in (_State.STARTING,
                                                               _State.OPEN):
@@ -995,7 +983,7 @@ class ZooKeeperMetaStore(MetaStore):
             if remaining <= 0:
                 raise ConnectionLossError(
                     f"no connection to ZooKeeper ({self._hosts}) within"
-                    f" {ZK_OPERATION_TIMEOUT_S} s")
+                    f" {limits.ZK_OPERATION_TIMEOUT_S} s")
             await _first_of(self._connected.wait(), self._closing.wait(),
                             timeout=remaining)
 
@@ -1003,7 +991,7 @@ class ZooKeeperMetaStore(MetaStore):
         """Runs one operation with its deadline and turns kazoo's errors into the
         store's."""
         assert self._loop is not None
-        deadline = self._loop.time() + ZK_OPERATION_TIMEOUT_S
+        deadline = self._loop.time() + limits.ZK_OPERATION_TIMEOUT_S
         generation = self._session_gen
         lost = self.session_id
         try:
@@ -1022,7 +1010,7 @@ class ZooKeeperMetaStore(MetaStore):
     async def _new_session_after(self, generation: int) -> None:
         """Waits (bounded) until a session newer than `generation` is connected."""
         assert self._loop is not None
-        deadline = self._loop.time() + ZK_NEW_SESSION_WAIT_S
+        deadline = self._loop.time() + limits.ZK_NEW_SESSION_WAIT_S
         while self._session_gen == generation or not self._connected.is_set():
             remaining = deadline - self._loop.time()
             if remaining <= 0 or self._closing.is_set():
@@ -1030,7 +1018,7 @@ class ZooKeeperMetaStore(MetaStore):
             await _first_of(self._session_changed.wait(), self._connected.wait(),
                             self._closing.wait(), timeout=remaining)
             if self._session_gen == generation or not self._connected.is_set():
-                await asyncio.sleep(ZK_RETRY_DELAY_S)
+                await asyncio.sleep(limits.ZK_RETRY_DELAY_S)
 
     def _translate(self, exc: BaseException, what: str) -> BaseException:
         match exc:
@@ -1064,9 +1052,9 @@ class ZooKeeperMetaStore(MetaStore):
     def _edge_path(self, path: str) -> str:
         validate_path(path)
         size = len(path.encode())
-        if size > METASTORE_PATH_BYTES_MAX:
+        if size > limits.METASTORE_PATH_BYTES_MAX:
             raise ValueError(f"path of {size} bytes; expected at most"
-                             f" {METASTORE_PATH_BYTES_MAX}")
+                             f" {limits.METASTORE_PATH_BYTES_MAX}")
         _check_zk_chars(path)
         if not self._prefix and (path == "/" + ZK_RESERVED_NAME
                                  or path.startswith(f"/{ZK_RESERVED_NAME}/")):

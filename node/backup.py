@@ -35,9 +35,6 @@ from sms import errors, limits
 
 EXPORT_FORMAT = 1
 STREAM_FILE = "stream.json"
-EXPORT_PAGE_RECORDS = 10_000          # records per read while exporting
-EXPORT_EMPTY_WAIT_MS = 500            # an empty page is read again, waiting so long for records
-EXPORT_CLOSED_WAIT_S = 60.0           # a closed partition must be read to its end within this
 IMPORT_BATCH_RECORDS = limits.PUT_RECORDS_COUNT_MAX
 
 
@@ -81,12 +78,12 @@ async def export_stream(client, stream: str, directory: str, progress=None) -> d
         with pq.ParquetWriter(path, schema, compression="zstd") as writer:
             iterator = await client.get_iterator(stream, p.ordinal, "TRIM_HORIZON")
             closed = p.state.value == "CLOSED"
-            deadline = time.monotonic() + EXPORT_CLOSED_WAIT_S
+            deadline = time.monotonic() + limits.EXPORT_CLOSED_WAIT_S
             empty = 0
             while iterator is not None:
                 # (an empty page waits a little: a lagging replica may have answered it)
-                page = await client.get_next_record_batch(iterator, max_records=EXPORT_PAGE_RECORDS,
-                                                          wait_ms=EXPORT_EMPTY_WAIT_MS if empty else 0)
+                page = await client.get_next_record_batch(iterator, max_records=limits.EXPORT_PAGE_RECORDS,
+                                                          wait_ms=limits.EXPORT_EMPTY_WAIT_MS if empty else 0)
                 batches = page.batch.to_arrow_batches(timestamp_unit="ms") if len(page.batch) else []
                 if batches:
                     writer.write_table(pa.Table.from_batches(batches, schema=schema))
@@ -103,7 +100,7 @@ async def export_stream(client, stream: str, directory: str, progress=None) -> d
                         break                 # (an open partition, caught up twice in a row)
                     if closed and time.monotonic() > deadline:
                         raise errors.Unavailable(f"{stream} {p.partition_id} is closed but its end was not "
-                                                 f"reached within {EXPORT_CLOSED_WAIT_S:g} s; export again")
+                                                 f"reached within {limits.EXPORT_CLOSED_WAIT_S:g} s; export again")
         counts[p.ordinal] = n
     doc = {"format": EXPORT_FORMAT, "exported_at_ms": int(time.time() * 1000), "stream": info.name,
            "settings": {"replication_factor": info.replication_factor, "persistence": info.persistence.value,

@@ -26,10 +26,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from sms import errors, security
+from sms import limits
 
-CA_DAYS = 3650                   # the CA's validity
-CERT_DAYS = 825                  # a node's or client's certificate (the CA/Browser Forum's old cap)
-RENEW_BEFORE_DAYS = 30           # `sms up` issues a node certificate anew this long before it expires
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
@@ -69,7 +67,7 @@ def _key_pem(key) -> bytes:
                              serialization.NoEncryption())
 
 
-def init_ca(ca_dir: str, name: str = "sms cluster CA", days: int = CA_DAYS) -> Issued:
+def init_ca(ca_dir: str, name: str = "sms cluster CA", days: int = limits.CA_VALID_DAYS) -> Issued:
     """A new CA in `ca_dir`; refuses to replace one that is there (every certificate it
     issued would stop working)."""
     paths = ca_paths(ca_dir)
@@ -117,7 +115,7 @@ def _general_name(host: str) -> x509.GeneralName:
 
 
 def issue(ca_dir: str, out_dir: str, *, node: str = "", client: str = "", hosts: tuple[str, ...] = (),
-          days: int = CERT_DAYS, not_before: datetime.datetime | None = None) -> Issued:
+          days: int = limits.CERT_VALID_DAYS, not_before: datetime.datetime | None = None) -> Issued:
     """A certificate for `node` (an id) or `client` (a name) signed by the CA in `ca_dir`,
     written to OUT/<name>.pem and OUT/<name>.key. `hosts`: the names and addresses clients
     reach a node at (localhost, 127.0.0.1 and ::1 are always added). `not_before` (tests):
@@ -163,7 +161,7 @@ def _holder(cert: x509.Certificate) -> tuple[str, str]:
 
 def ensure_node_cert(ca_dir: str, out_dir: str, node_id: str, hosts: tuple[str, ...] = ()) -> Issued:
     """The node's certificate in `out_dir` if it is the CA's, names `hosts` and has more
-    than RENEW_BEFORE_DAYS to live; otherwise a new one (`sms up`, on every start)."""
+    than limits.CERT_RENEW_BEFORE_DAYS to live; otherwise a new one (`sms up`, on every start)."""
     out = Issued(os.path.join(out_dir, f"{node_id}.pem"), os.path.join(out_dir, f"{node_id}.key"))
     try:
         with open(out.cert_file, "rb") as f:
@@ -177,7 +175,7 @@ def ensure_node_cert(ca_dir: str, out_dir: str, node_id: str, hosts: tuple[str, 
             key = serialization.load_pem_private_key(f.read(), password=None)
         if (cert.issuer == ca_cert.subject and wanted <= named and key.public_key() == cert.public_key()
                 and cert.not_valid_before_utc <= _now()
-                and cert.not_valid_after_utc - _now() > datetime.timedelta(days=RENEW_BEFORE_DAYS)
+                and cert.not_valid_after_utc - _now() > datetime.timedelta(days=limits.CERT_RENEW_BEFORE_DAYS)
                 and _holder(cert) == (security.NODE_UNIT, node_id)):
             cert.verify_directly_issued_by(ca_cert)
             return out

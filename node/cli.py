@@ -72,7 +72,7 @@ def _answering(address: str, source: str) -> str:
     connection within CLI_CONNECT_TIMEOUT_S; else exit with one line. (Without this a
     stopped cluster costs an admin command CLIENT_LEADER_WAIT_S of retries, then gRPC's
     own text.) Only the connection is checked: TLS and the calls report their own errors."""
-    from sms import rpc
+    from kernel import rpc
     seeds = [a.strip() for a in address.split(",") if a.strip()]
 
     async def probe() -> list[str]:
@@ -220,7 +220,10 @@ def cmd_up(args) -> int:
             raise SystemExit(f"error: {args.config}: {', '.join(own)} is a node's own address; `sms up` chooses "
                              "each node's (leave it out of a file for sms up)")
         os.environ[config.ENV_CONFIG] = os.path.abspath(args.config)
-        config.apply(values)        # (the launcher's own: timeouts.node_stop_s)
+        try:
+            config.apply(values)    # (the launcher's own: timeouts.node_stop_s)
+        except config.ConfigError as e:
+            raise SystemExit(f"error: {e}") from None
     try:        # (on an existing DIR: every storage node recorded in DIR/nodes.json, node/launcher.py)
         cluster = LocalCluster(args.data_dir, nodes=args.nodes, port=args.port, metastore=args.metastore,
                                controls=args.controls, tls=not args.insecure, ca_dir=args.ca_dir, host=host)
@@ -467,8 +470,6 @@ def cmd_status(args) -> int:
 
 # --- nodes -----------------------------------------------------------------------------
 
-NODE_DRAIN_WAIT_S = 600.0
-NODE_DRAIN_POLL_S = 1.0
 
 
 def _nodes_text(loads) -> str:
@@ -526,7 +527,7 @@ def cmd_node(args) -> int:
                 return 1
             if not args.json:
                 print(f"{args.node_id}: {held} replicas left", file=sys.stderr, flush=True)
-            time.sleep(NODE_DRAIN_POLL_S)
+            time.sleep(limits.NODE_DRAIN_POLL_S)
             loads = client.list_nodes()
 
 
@@ -722,7 +723,6 @@ def cmd_stream(args) -> int:
     return 0
 
 
-REPARTITION_PHASE_POLL_S = 0.5      # how often a repartition shown in progress reads the stream's phase
 
 
 def _repartition_shown(client, name: str, op: str, call: Callable, shown: Callable[[str], None]):
@@ -739,7 +739,7 @@ def _repartition_shown(client, name: str, op: str, call: Callable, shown: Callab
     worker = threading.Thread(target=run, name="repartition", daemon=True)
     worker.start()
     while True:
-        worker.join(REPARTITION_PHASE_POLL_S)
+        worker.join(limits.REPARTITION_PHASE_POLL_S)
         if not worker.is_alive():
             break
         try:
@@ -867,7 +867,7 @@ def cmd_read(args) -> int:
                                                                                  args.max - shown)
                 if want <= 0:
                     break
-                res = client.get_next_records(it, max_records=want, wait_ms=200 if args.follow else 0,
+                res = client.get_next_records(it, max_records=want, wait_ms=limits.CLI_FOLLOW_WAIT_MS if args.follow else 0,
                                               skip_trimmed=args.skip_trimmed)
                 for r in res.records:
                     _print_record(args, r)
@@ -899,7 +899,7 @@ def _read_group(args) -> int:
     if args.partition != "all" or kind not in ("TRIM_HORIZON", "LATEST", "AT_TIMESTAMP"):
         raise errors.InvalidArgument("--group reads every partition, from TRIM_HORIZON, LATEST or AT_TIMESTAMP "
                                      "(for partitions the group has not read yet)")
-    options = {"start": kind, "wait_ms": 1000, "auto_checkpoint": args.max is None, "skip_trimmed": args.skip_trimmed}
+    options = {"start": kind, "wait_ms": limits.CLI_GROUP_READ_WAIT_MS, "auto_checkpoint": args.max is None, "skip_trimmed": args.skip_trimmed}
     if kind == "AT_TIMESTAMP":
         options["timestamp_ms"] = args.timestamp_ms
     shown = 0
@@ -1361,7 +1361,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("node_id", help="the storage node, as `sms node list` shows it")
     d.add_argument("--undo", action="store_true", help="stop draining: the node takes replicas again")
     d.add_argument("--wait", action="store_true", help="return once the node holds nothing, showing progress")
-    d.add_argument("--timeout", type=float, default=NODE_DRAIN_WAIT_S, help="seconds --wait waits (default 600)")
+    d.add_argument("--timeout", type=float, default=limits.NODE_DRAIN_WAIT_S, help="seconds --wait waits (default 600)")
     ud = nsub.add_parser("undrain", parents=[common], help="stop draining a node: it takes replicas again")
     ud.add_argument("node_id", help="the storage node, as `sms node list` shows it")
     rm = nsub.add_parser("remove", parents=[common],

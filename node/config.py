@@ -250,6 +250,9 @@ def apply(values: dict[str, Value]) -> None:
             setattr(limits, v.setting.limit, v.value)
     ttl = values["metastore.session_ttl_s"].value
     limits.CLIENT_LEADER_WAIT_S = 4 * ttl              # (derived in sms/limits.py)
+    bad = limits.broken()
+    if bad:
+        raise ConfigError("the configuration breaks how limits must relate (sms/limits.py): " + "; ".join(bad))
     for key, name in _LOG_ENV.items():
         if values[key].source != "default":
             os.environ[name] = str(values[key].value)

@@ -10,7 +10,7 @@ node/console_static/ (no build step, nothing from the network); `/api/state` ans
 JSON of everything the page shows, which the page polls.
 
 The state belongs to the node's event loop (the cluster view, the metadata store): a
-request gathers it there (`run_coroutine_threadsafe`) within CONSOLE_STATE_TIMEOUT_S,
+request gathers it there (`run_coroutine_threadsafe`) within limits.CONSOLE_STATE_TIMEOUT_S,
 else it answers 503. A standby control node serves the console too, marked as standby.
 Nothing here changes anything: only GET and HEAD are answered. With `keys` (a
 control/auth.py KeyTable), /api/state wants a cluster admin's key, as
@@ -32,6 +32,7 @@ from collections.abc import Callable
 from control import auth, chains
 from metastore import MetaStoreError
 from sms import metadata, seqno
+from sms import limits
 from sms.errors import SmsError
 from sms.hashing import HASH_SPACE
 from sms.leases import SHARD_END, Lease
@@ -40,11 +41,6 @@ from sms.types import PartitionState, StreamInfo, partition_id
 
 log = logging.getLogger(__name__)
 
-CONSOLE_STATE_TIMEOUT_S = 5.0      # gathering /api/state on the event loop, at most
-CONSOLE_STATE_REUSE_S = 1.0        # a state this young is answered again (several viewers, one gathering)
-CONSOLE_STREAMS_MAX = 200          # streams shown (by name); the state says when there are more
-CONSOLE_CHANGES_MAX = 50           # recent chain changes listed for the cluster
-CONSOLE_NODE_CHANGES_MAX = 10      # ... and for each node
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "console_static")
 STATIC_FILES = {"index.html": "text/html; charset=utf-8",
@@ -98,13 +94,13 @@ class Console:
                 return _json(start_response, "401 Unauthorized", {"error": refused}, method,
                              [("WWW-Authenticate", 'Bearer realm="sms console"')])
         with self._lock:                 # (one gathering at a time; the others take its answer)
-            if self._last is None or time.monotonic() - self._last[0] > CONSOLE_STATE_REUSE_S:
+            if self._last is None or time.monotonic() - self._last[0] > limits.CONSOLE_STATE_REUSE_S:
                 try:
                     state = self._on_loop(self.snapshot())
                 except Exception as e:           # noqa: BLE001 (the console never fails the node)
                     log.warning("console: the cluster's state could not be read: %s: %s", type(e).__name__, e)
                     return _json(start_response, "503 Service Unavailable",
-                                 {"error": f"the state could not be read within {CONSOLE_STATE_TIMEOUT_S} s "
+                                 {"error": f"the state could not be read within {limits.CONSOLE_STATE_TIMEOUT_S} s "
                                            f"({type(e).__name__})"}, method)
                 self._last = (time.monotonic(), json.dumps(state).encode())
             body = self._last[1]
@@ -133,7 +129,7 @@ class Console:
     def _on_loop(self, coroutine):
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
         try:
-            return future.result(timeout=CONSOLE_STATE_TIMEOUT_S)
+            return future.result(timeout=limits.CONSOLE_STATE_TIMEOUT_S)
         except BaseException:
             future.cancel()
             raise
@@ -147,7 +143,7 @@ class Console:
         names = sorted(await self.view.list_streams())
         streams, changes = [], []
         chains_of: dict[str, list] = defaultdict(list)
-        for name in names[:CONSOLE_STREAMS_MAX]:
+        for name in names[:limits.CONSOLE_STREAMS_MAX]:
             try:
                 info = await self.view.describe_stream(name)
             except (SmsError, MetaStoreError):          # deleted meanwhile
@@ -163,7 +159,7 @@ class Console:
         changes.sort(key=lambda c: (c["at_ms"], c["epoch"]), reverse=True)
         changes_of: dict[str, list] = defaultdict(list)       # (one pass, newest first)
         for c in changes:
-            if len(changes_of[c["node"]]) < CONSOLE_NODE_CHANGES_MAX:
+            if len(changes_of[c["node"]]) < limits.CONSOLE_NODE_CHANGES_MAX:
                 changes_of[c["node"]].append(c)
         node_list = []
         for node_id in sorted(set(nodes) | set(chains_of)):
@@ -180,9 +176,9 @@ class Console:
         return {"node": {"node_id": self.node_id, "leader": bool(self.is_leader()),
                          "leader_address": await self.view.control_address()},
                 "generated_ms": int(time.time() * 1000),
-                "nodes": node_list, "streams": streams, "changes": changes[:CONSOLE_CHANGES_MAX],
+                "nodes": node_list, "streams": streams, "changes": changes[:limits.CONSOLE_CHANGES_MAX],
                 "under_replicated": short,
-                "streams_total": len(names), "streams_shown": min(len(names), CONSOLE_STREAMS_MAX)}
+                "streams_total": len(names), "streams_shown": min(len(names), limits.CONSOLE_STREAMS_MAX)}
 
     async def _stream(self, info: StreamInfo, registered) -> dict:
         by_ordinal = {p.ordinal: p for p in info.partitions}

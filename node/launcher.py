@@ -49,13 +49,11 @@ STORAGE_ROLES = "storage,ingestion,retrieval"
 ENV_CA_DIR = "SMS_CA_DIR"        # the CA a local cluster issues its node certificates from
 ENV_BOOTSTRAP_TOKEN = "SMS_BOOTSTRAP_TOKEN"   # the token of a new local cluster's first admin key
 ENV_MASTER_KEY_FILE = "SMS_ENCRYPTION_MASTER_KEY_FILE"   # the setting encryption.master_key_file (node/config.py)
-STACK_DUMP_WAIT_S = 0.5          # a hung node writes its stacks to its log in this time, then is killed
 NODES_FILE = "nodes.json"        # DIR/nodes.json: the storage nodes that belong to the cluster
 MONITOR_TOKEN_FILE = "monitor.token"     # DIR/tls/monitor.token: Prometheus's key (make_monitor_key)
 MONITOR_KEY_NAME = "monitor (sms up): Prometheus scrapes /metrics"
 _LOCK_FILE = ".nodes.lock"       # DIR/.nodes.lock: held while nodes.json or cluster.json is rewritten
 _NODE_ID = re.compile(r"^n([1-9][0-9]*)$")      # the storage node ids the launcher gives
-SHORT_NAMED_MAX = 8              # streams `sms up` names in its line about replicas
 
 log = logging.getLogger(__name__)
 
@@ -433,7 +431,7 @@ class LocalCluster:
                 node.proc.send_signal(signal.SIGUSR2)      # every thread's stack to the log (faulthandler)
                 node.proc.send_signal(signal.SIGUSR1)      # every asyncio task's stack to the log
                 try:
-                    node.proc.wait(timeout=STACK_DUMP_WAIT_S)
+                    node.proc.wait(timeout=limits.NODE_STACK_DUMP_WAIT_S)
                 except subprocess.TimeoutExpired:
                     pass
                 node.proc.kill()
@@ -545,8 +543,8 @@ class ReplicaWatch:
         before, self._short = self._short, total
         if total and not before:
             named = sorted(short.items())
-            more = f" and {len(named) - SHORT_NAMED_MAX} more streams" if len(named) > SHORT_NAMED_MAX else ""
-            streams = ", ".join(f"{name}: {n}" for name, n in named[:SHORT_NAMED_MAX])
+            more = f" and {len(named) - limits.UP_STREAMS_NAMED_MAX} more streams" if len(named) > limits.UP_STREAMS_NAMED_MAX else ""
+            streams = ", ".join(f"{name}: {n}" for name, n in named[:limits.UP_STREAMS_NAMED_MAX])
             return [f"under-replicated: {total} partition{'s' if total != 1 else ''} with fewer live members than "
                     f"their replication factor ({streams}{more}); `sms status` shows them"]
         if before and not total:

@@ -1,4 +1,4 @@
-"""A node's Prometheus endpoint: the event metrics of sms/metrics.py, and what the node
+"""A node's Prometheus endpoint: the event metrics of kernel/metrics.py, and what the node
 holds, read when Prometheus scrapes (prometheus_client).
 
 `sms serve --metrics-listen HOST:PORT` (default: the client port's host, any free port)
@@ -34,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from control import auth, chains
 from sms import limits, seqno
-from sms.metrics import REGISTRY
+from kernel.metrics import REGISTRY
 from sms.leases import SHARD_END, Lease
 from sms.errors import SmsError, Unauthenticated
 from sms.metadata import ConsumerRecord, consumer_path, parse_chain_id

@@ -27,13 +27,13 @@ from kernel import encryption
 from control.revocation import RevokedCerts
 from node import config, logs
 from node import tls as node_tls
-from sms import limits, metadata, rpc, security, wire
+from sms import limits, metadata, security, wire
+from kernel import rpc
 from sms.errors import InvalidArgument, SmsError
 from sms.types import NodeInfo
 
 log = logging.getLogger("node.server")
 
-TASK_STACK_FRAMES_MAX = 12         # frames of each asyncio task in a SIGUSR1 dump
 ROLES = ("control", "storage", "ingestion", "retrieval")
 
 
@@ -123,7 +123,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     view = ClusterView(store)
     await view.start()
 
-    rpc.use_node_tls(tls)
+    channels = rpc.NodeChannels(tls)       # this node's TLS, for its calls to other nodes
     host = listen.rsplit(":", 1)[0]
     cluster_address = ""
     revoked = None
@@ -171,7 +171,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     storage = ingestion = election = retrieval = None
     stream_keys = encryption.StreamKeys(store, master_keys or encryption.MasterKeys.none(), master_key_file)
     if "storage" in roles:
-        storage = StorageNode(node_id, data_dir, store, incarnation=started_ms, keys=stream_keys)
+        storage = StorageNode(node_id, data_dir, store, incarnation=started_ms, keys=stream_keys, channels=channels)
         storage_service = StorageService(storage, roles, os.getpid())
         control.storage_service = storage_service
         for srv in servers:
@@ -207,7 +207,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
         # the chain heads this node ingests for are its own storage role's replicas: batches
         # reach them by a direct call (storage/head.py), not over loopback gRPC
         local_head = (lambda: HeadSession(storage)) if storage is not None else None
-        ingestion = IngestionService(node_id, view, local_head=local_head)
+        ingestion = IngestionService(node_id, view, local_head=local_head, channels=channels)
         ingestion.start()
         sms_pb2_grpc.add_IngestionServicer_to_server(ingestion, server)
     if "retrieval" in roles:
@@ -250,9 +250,9 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     for path, value in registrations:
         await register(path, value)
     if "control" in roles:
-        manager = ChainManager(store)
-        repartitioner = Repartitioner(store)
-        admin = StreamAdmin(store, view, master_keys=master_keys)
+        manager = ChainManager(store, channels)
+        repartitioner = Repartitioner(store, channels)
+        admin = StreamAdmin(store, view, master_keys=master_keys, channels=channels)
         admin.poke_repartitioner = repartitioner.poke
 
         async def elected() -> None:
@@ -322,7 +322,7 @@ def _log_tasks() -> None:
     """Every asyncio task's stack, to the log (SIGUSR1)."""
     out = io.StringIO()
     for task in asyncio.all_tasks():
-        task.print_stack(limit=TASK_STACK_FRAMES_MAX, file=out)
+        task.print_stack(limit=limits.TASK_STACK_FRAMES_MAX, file=out)
     log.warning("asyncio tasks (SIGUSR1):\n%s", out.getvalue())
 
 

@@ -16,16 +16,17 @@ from typing import NamedTuple
 
 from archive.reader import ArchiveReader
 from kernel import encryption
-from metastore.tenants import TenantShares, wait_out
+from kernel.tenants import TenantShares, wait_out
 from metastore.view import ClusterView
-from sms import limits, metrics, seqno, wire
+from sms import limits, seqno, wire
+from kernel import metrics
 from sms.errors import (ArchiveUnavailable, EncryptionUnavailable, InvalidArgument, InvalidIteratorType,
                         InvalidSequenceNumber, PartitionNotFound, RecordNotFound, RecordsTrimmed)
 from sms.metadata import chain_id, tenant_of
-from sms.ports import ReplicaReads
-from sms.ratelimit import TokenBucket, budget
+from kernel.ports import ReplicaReads
+from kernel.ratelimit import TokenBucket, budget
 from sms.proto import sms_pb2, sms_pb2_grpc
-from sms.rpc import rpc_errors, rpc_stream_errors
+from kernel.rpc import rpc_errors, rpc_stream_errors
 from sms.types import IteratorType, PartitionState, parse_partition_id, partition_id
 from sms.tokens import Position, TokenCodec
 
@@ -97,7 +98,7 @@ class _Page(NamedTuple):
 class RetrievalService(sms_pb2_grpc.RetrievalServicer):
     def __init__(self, replicas: ReplicaReads, view: ClusterView, tokens: TokenCodec,
                  archive: ArchiveReader | None = None, keys: encryption.StreamKeys | None = None):
-        self.replicas = replicas       # this process's storage role (sms/ports.py)
+        self.replicas = replicas       # this process's storage role (kernel/ports.py)
         self.archive = archive if archive is not None else ArchiveReader(view.store)
         self.view = view
         self.tokens = tokens

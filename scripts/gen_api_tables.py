@@ -15,7 +15,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sms import errors, limits  # noqa: E402
-import sms.wire  # noqa: E402,F401  (registers CorruptBatch)
 
 DOC = ROOT / "docs" / "api.md"
 

@@ -37,7 +37,6 @@ from sms.types import (ClusterInfo, Headers, NodeLoad, GetRecordBatchResult, Get
 if TYPE_CHECKING:
     from sms.producer import Producer
 
-_REDIRECT_BACKOFF_S = 0.05
 
 
 def _encode_puts(records: Iterable[RecordInput]) -> list[tuple[bytes, int]]:
@@ -762,7 +761,7 @@ class Client:
             if not retry:
                 break
             todo = retry
-            await asyncio.sleep(_REDIRECT_BACKOFF_S * (attempt + 1))
+            await asyncio.sleep(limits.CLIENT_REDIRECT_BACKOFF_S * (attempt + 1))
             info = await self.get_stream_info(stream)
         done = PutRecordsResult(tuple(cast(list[PutRecordResult], results)))   # (every index is set by now)
         for i, ref in uploads:
@@ -936,7 +935,7 @@ class Client:
                     raise
                 last = e
                 self._next_replica(stream, ordinal)
-                await asyncio.sleep(_REDIRECT_BACKOFF_S)
+                await asyncio.sleep(limits.CLIENT_REDIRECT_BACKOFF_S)
         raise last or errors.Unavailable("no replica answered")
 
     async def subscribe(self, stream: str, partition_id: str | int, iterator_type: str | IteratorType = "LATEST", *,
@@ -994,7 +993,7 @@ class Client:
                     raise error from None
                 failures += 1
                 self._next_replica(pos.stream, pos.ordinal)
-                await asyncio.sleep(min(_REDIRECT_BACKOFF_S * 2 ** failures, 2.0))
+                await asyncio.sleep(min(limits.CLIENT_REDIRECT_BACKOFF_S * 2 ** failures, 2.0))
             finally:
                 call.cancel()
             # the server's session ended (SUBSCRIBE_SESSION_S): resume from the continuation
@@ -1145,7 +1144,7 @@ class Client:
                         if not e.retriable or failures >= limits.READ_STREAM_RETRIES_MAX:
                             raise
                         failures += 1          # (a replica restarting, a connection reset)
-                        await asyncio.sleep(min(_REDIRECT_BACKOFF_S * 2 ** failures, 2.0))
+                        await asyncio.sleep(min(limits.CLIENT_REDIRECT_BACKOFF_S * 2 ** failures, 2.0))
                         if last_sn is None:
                             it = await self.get_iterator(stream, ordinal, kind, **kw)
                         else:

@@ -2,7 +2,7 @@
 
 Every class carries its gRPC status, whether a retry may succeed (`retriable`) and
 whether the caller should refresh its stream map first (`refresh_map`). Servers raise
-these; one decorator (`sms.rpc.rpc_errors`) turns them into gRPC status + a machine-
+these; one decorator (`kernel.rpc.rpc_errors`) turns them into gRPC status + a machine-
 readable name in the trailing metadata; the client rebuilds the same class from the
 registry here (`from_name`). `invariant()` is for programmer errors: it raises even
 under `python -O` and is never caught by the error mapping.
@@ -126,6 +126,16 @@ class InvalidIterator(InvalidArgument):
 
 class ExpiredIterator(InvalidArgument):
     pass
+
+
+class StateError(InvalidArgument):
+    """An SPS state spec that cannot run, or result rows the state cannot take: the
+    message says which and why (sps/state.py)."""
+
+
+class InvalidGraph(InvalidArgument):
+    """An SPS graph file or stage spec that cannot run: the message names where and why
+    (sps/graph.py)."""
 
 
 class InvalidStreamConfig(InvalidArgument):
@@ -362,6 +372,10 @@ class PermissionDenied(SmsError):
 
 class InternalError(SmsError):
     code = grpc.StatusCode.INTERNAL
+
+
+class CorruptBatch(InternalError):
+    """A stored or received batch whose checksum or framing does not hold (sms/wire.py)."""
 
 
 class InvariantViolation(AssertionError):

@@ -2,8 +2,26 @@
 
 Queues, batches, in-flight windows, sizes and timeouts are named constants here, with
 the unit last in the name. Other modules import them; nothing else hard-codes a bound.
-The asserts at the bottom state how the limits must relate to each other.
+`relation(...)` lines state how limits must relate to each other: each is checked when
+this module loads (an `invariant`, which `python -O` keeps), and again by `broken()` after
+the configuration overrode some (node/config.py refuses a configuration that breaks one).
 """
+
+from sms.errors import invariant
+
+RELATIONS: list[str] = []          # each a Python expression over this module's names
+
+
+def relation(expression: str) -> None:
+    """How limits must relate: `expression` holds now, and is kept for `broken()`."""
+    RELATIONS.append(expression)
+    invariant(eval(expression, globals()), f"the limits break {expression}")
+
+
+def broken() -> list[str]:
+    """The relations the limits in force break (after configuration overrides)."""
+    return [expression for expression in RELATIONS if not eval(expression, globals())]
+
 
 # --- records and requests (Kinesis-shaped) -------------------------------------------
 RECORD_DATA_BYTES_MAX = 1024 * 1024            # data of one record
@@ -87,7 +105,7 @@ AUDIT_FILE_BYTES_MAX = 20 * 1024 * 1024        # a node's audit log (kernel/audi
 AUDIT_FILE_BACKUPS = 5                          # ... keeping so many old files (audit.log.1 the newest)
 AUDIT_LINE_BYTES_MAX = 2048                     # one audit line (its detail, then its target, cut to fit)
 AUDIT_READ_EVENTS_MAX = 10_000                  # audit lines one ReadAudit answers (`sms audit --limit`)
-assert AUDIT_READ_EVENTS_MAX * AUDIT_LINE_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX
+relation("AUDIT_READ_EVENTS_MAX * AUDIT_LINE_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX")
 METRICS_SCRAPE_TIMEOUT_S = 5.0                  # a metrics scrape reads the node's state within this (node/metrics.py)
 METRICS_REQUEST_TIMEOUT_S = 10.0                # one HTTP(S) request to a node's metrics port (its TLS handshake too)
 METRICS_LAG_REFRESH_S = 10.0                    # consumer lag (metadata reads) is computed at most this often per node
@@ -137,12 +155,12 @@ DEDUP_WAITERS_PER_ENTRY_MAX = 16               # retries queued behind one pendi
 DEDUP_MISSING_SSSNS_MAX = 100                  # SSSNs listed as missing in one answer
 DEDUP_PRUNE_INTERVAL_MS = 1_000                # the service calls prune() this often
 
-assert DEDUP_CLOCK_SKEW_MS_MAX < DEDUP_WINDOW_MS_MIN <= DEDUP_WINDOW_MS_DEFAULT <= DEDUP_WINDOW_MS_MAX
-assert DEDUP_PRUNE_INTERVAL_MS < DEDUP_WINDOW_MS_MIN
-assert PUT_TIMEOUT_S * 1000 < DEDUP_WINDOW_MS_MIN   # a client's retries fall inside the window
-assert DEDUP_KEY_BYTES_MAX < 256 and PRODUCER_ID_BYTES_MAX < 256   # one wire meta value each
-assert PUT_RECORDS_COUNT_MAX <= DEDUP_ENTRIES_PER_SESSION_MAX
-assert RECORD_HEADER_NAME_BYTES_MAX < 256 and RECORD_HEADERS_BYTES_MAX < 65_536 - 1   # sms/wire.py's TLV lengths
+relation("DEDUP_CLOCK_SKEW_MS_MAX < DEDUP_WINDOW_MS_MIN <= DEDUP_WINDOW_MS_DEFAULT <= DEDUP_WINDOW_MS_MAX")
+relation("DEDUP_PRUNE_INTERVAL_MS < DEDUP_WINDOW_MS_MIN")
+relation("PUT_TIMEOUT_S * 1000 < DEDUP_WINDOW_MS_MIN")   # a client's retries fall inside the window
+relation("DEDUP_KEY_BYTES_MAX < 256 and PRODUCER_ID_BYTES_MAX < 256")   # one wire meta value each
+relation("PUT_RECORDS_COUNT_MAX <= DEDUP_ENTRIES_PER_SESSION_MAX")
+relation("RECORD_HEADER_NAME_BYTES_MAX < 256 and RECORD_HEADERS_BYTES_MAX < 65_536 - 1")   # sms/wire.py's TLV lengths
 
 # --- producers (sms/producer.py) ----------------------------------------------------
 PRODUCER_LINGER_MS = 5                              # wait for more records this long
@@ -166,16 +184,16 @@ PRODUCER_EPOCH_VERDICT_S = 1.0                      # an ingestion node trusts a
 PRODUCER_EPOCHS_CACHED_MAX = 100_000                # (stream, producer id) epochs one ingestion node remembers
 METASTORE_CAS_ATTEMPTS_MAX = 16                     # read-check-write rounds of one conditional update
 
-assert PARTITION_KEY_CHARS_MIN <= PARTITION_KEY_CHARS_MAX
-assert RECORD_DATA_BYTES_MAX <= PUT_RECORDS_BYTES_MAX <= BATCH_BYTES_MAX
-assert BATCH_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX
-assert BATCH_BYTES_MAX <= CHAIN_INFLIGHT_BYTES_MAX <= LINK_INFLIGHT_BYTES_MAX
-assert LINK_FRAME_BYTES_MAX + BATCH_BYTES_MAX + 64 * 1024 < GRPC_MESSAGE_BYTES_MAX
-assert GET_RECORDS_BYTES_MAX + BATCH_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX
-assert PUT_RECORDS_COUNT_MAX <= BATCH_RECORDS_MAX <= GET_RECORDS_COUNT_MAX
-assert APPEND_INFLIGHT_BATCHES_MAX < HEAD_ORIGIN_BATCHES_MAX   # every resendable batch is remembered
-assert METASTORE_HEARTBEAT_INTERVAL_S * 3 <= METASTORE_SESSION_TTL_S
-assert METASTORE_POLL_INTERVAL_S < METASTORE_HEARTBEAT_INTERVAL_S
+relation("PARTITION_KEY_CHARS_MIN <= PARTITION_KEY_CHARS_MAX")
+relation("RECORD_DATA_BYTES_MAX <= PUT_RECORDS_BYTES_MAX <= BATCH_BYTES_MAX")
+relation("BATCH_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX")
+relation("BATCH_BYTES_MAX <= CHAIN_INFLIGHT_BYTES_MAX <= LINK_INFLIGHT_BYTES_MAX")
+relation("LINK_FRAME_BYTES_MAX + BATCH_BYTES_MAX + 64 * 1024 < GRPC_MESSAGE_BYTES_MAX")
+relation("GET_RECORDS_BYTES_MAX + BATCH_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX")
+relation("PUT_RECORDS_COUNT_MAX <= BATCH_RECORDS_MAX <= GET_RECORDS_COUNT_MAX")
+relation("APPEND_INFLIGHT_BATCHES_MAX < HEAD_ORIGIN_BATCHES_MAX")   # every resendable batch is remembered
+relation("METASTORE_HEARTBEAT_INTERVAL_S * 3 <= METASTORE_SESSION_TTL_S")
+relation("METASTORE_POLL_INTERVAL_S < METASTORE_HEARTBEAT_INTERVAL_S")
 
 # --- chain manager (control/chains.py, control/manager.py) ---------------------------
 CHAIN_MANAGER_INTERVAL_S = 0.25                # the leader re-checks chains so often while learners copy
@@ -226,7 +244,7 @@ LINK_PROBE_TIMEOUT_S = 0.15                    # the chain manager's NodeStatus 
 PROBE_CHANNELS_MAX = 1_024                     # (on a channel the manager keeps to each node: no handshake)
 LINK_REMOVAL_INTERVAL_S = 30.0                 # a node a link report took out of a chain stays out of it so
                                                # long, and that link removes nobody else from the chain meanwhile
-assert 2 * LINK_KEEPALIVE_INTERVAL_S < LINK_ACK_TIMEOUT_S
+relation("2 * LINK_KEEPALIVE_INTERVAL_S < LINK_ACK_TIMEOUT_S")
 DISK_FAILED_REPORT_ATTEMPTS = 50               # a node whose disk failed tries so often to say so
 CONTROL_ELECTION_RETRY_S = 0.2                 # a standby control node retries the leader entry
 CLIENT_LEADER_WAIT_S = 4 * METASTORE_SESSION_TTL_S   # admin calls wait so long for a new control leader
@@ -280,8 +298,8 @@ SPS_STATE_HAND_DOWN_DEPTH_MAX = 64             # generations of partitions that 
 STAGES_PER_GRAPH_MAX = 64
 SPARK_READ_WAIT_MS = 200                       # a Spark read task's long-poll for records not yet there
 SPARK_READ_STALL_S_MAX = 60.0                  # ... and how long its replica may stay behind the batch's end
-assert SPS_CHECKPOINT_INTERVAL_S_MAX * 1000 < DEDUP_WINDOW_MS_MIN
-assert (SPS_CHECKPOINT_INTERVAL_S_MAX + SPS_APPLY_BUDGET_S) * 1000 < DEDUP_WINDOW_MS_MIN
+relation("SPS_CHECKPOINT_INTERVAL_S_MAX * 1000 < DEDUP_WINDOW_MS_MIN")
+relation("(SPS_CHECKPOINT_INTERVAL_S_MAX + SPS_APPLY_BUDGET_S) * 1000 < DEDUP_WINDOW_MS_MIN")
 
 # credentials (control/auth.py): keys checked on every call to a TLS node's client port
 KEY_CACHE_TTL_S = 1.0                          # a node re-reads a key so often: a revoked key stops within it
@@ -324,7 +342,7 @@ NODE_RESTARTS_MAX = 5                          # `sms up` restarts a node that d
 NODE_RESTART_WINDOW_S = 300.0                  # ... within this window; past that it stays down (logged once)
 NODE_SUPERVISE_POLL_S = 0.5                    # `sms up` looks for nodes that exited this often
 UP_WATCH_INTERVAL_S = 2.0                      # `sms up` looks at drains and chains short of replicas this often
-assert NODE_SUPERVISE_POLL_S < NODE_START_TIMEOUT_S < NODE_RESTART_WINDOW_S
+relation("NODE_SUPERVISE_POLL_S < NODE_START_TIMEOUT_S < NODE_RESTART_WINDOW_S")
 
 # --- the archive tier (archive/; issue 18) ---
 ARCHIVE_URL_CHARS_MAX = 1024                   # a stream's archive url (file:///path or s3://bucket/prefix)
@@ -335,7 +353,7 @@ ARCHIVE_STORE_CONNECT_TIMEOUT_S = 5.0          # an S3 store's client connects w
 ARCHIVE_STORE_READ_TIMEOUT_S = 30.0            # ... and waits this long for bytes of an answer
 ARCHIVE_STORE_RETRY_ATTEMPTS = 3               # retries (after the first try) of one S3 call, boto3's standard mode
 ARCHIVE_STORE_PUT_ATTEMPTS = 3                 # a file store's put retries a directory pruned under it so often
-assert ARCHIVE_NAME_CHARS_MAX < ARCHIVE_S3_KEY_BYTES_MAX
+relation("ARCHIVE_NAME_CHARS_MAX < ARCHIVE_S3_KEY_BYTES_MAX")
 # writing (storage/archiver.py): a partition's chain tail archives its old batches
 ARCHIVE_AFTER_S_DEFAULT = 3600                 # committed records older than this go to the archive (archive_after_s)
 LOCAL_RETENTION_S_DEFAULT = 24 * 3600          # replicas keep records so long, once archived (local_retention_s)
@@ -361,8 +379,8 @@ ARCHIVE_PREFETCH_FRAGMENTS = 2                 # a read of fragment k fetches th
 ARCHIVE_PREFETCH_TASKS_MAX = 16                # prefetches in flight per node
 ARCHIVE_INDEX_REFRESH_S = 0.5                  # a partition's fragment list is read again at most this often
 ARCHIVE_INDEXES_MAX = 10_000                   # partitions whose fragment lists a node keeps
-assert ARCHIVE_FRAGMENT_RAW_BYTES_TARGET <= ARCHIVE_FRAGMENT_RAW_BYTES_MAX
-assert ARCHIVE_CACHE_BYTES_MAX >= (ARCHIVE_PREFETCH_FRAGMENTS + 2) * 2 * ARCHIVE_FRAGMENT_RAW_BYTES_TARGET
+relation("ARCHIVE_FRAGMENT_RAW_BYTES_TARGET <= ARCHIVE_FRAGMENT_RAW_BYTES_MAX")
+relation("ARCHIVE_CACHE_BYTES_MAX >= (ARCHIVE_PREFETCH_FRAGMENTS + 2) * 2 * ARCHIVE_FRAGMENT_RAW_BYTES_TARGET")
 # payloads by reference (sms/payloads.py): records over RECORD_DATA_BYTES_MAX, kept in the archive store
 PAYLOAD_CHUNK_BYTES = 4 << 20                  # a payload is uploaded and read in chunks of this
 PAYLOAD_BYTES_MAX = 5 << 30                    # the largest payload a record may carry by reference
@@ -371,7 +389,73 @@ PAYLOAD_INLINE_READ_BYTES_MAX = 64 << 20       # readers get payloads up to this
                                                # stay references (Record.payload; open_payload streams them)
 PAYLOAD_INLINE_PAGE_BYTES_MAX = 256 << 20      # payloads read into one page's records at most; the rest next page
 PAYLOAD_GC_INTERVAL_S = 60.0                   # a stream's archiver looks for payloads to delete this often
-assert RECORD_DATA_BYTES_MAX < PAYLOAD_CHUNK_BYTES <= PAYLOAD_INLINE_READ_BYTES_MAX <= PAYLOAD_INLINE_PAGE_BYTES_MAX
-assert PAYLOAD_INLINE_READ_BYTES_MAX <= PAYLOAD_BYTES_MAX
+relation("RECORD_DATA_BYTES_MAX < PAYLOAD_CHUNK_BYTES <= PAYLOAD_INLINE_READ_BYTES_MAX "
+         "<= PAYLOAD_INLINE_PAGE_BYTES_MAX")
+relation("PAYLOAD_INLINE_READ_BYTES_MAX <= PAYLOAD_BYTES_MAX")
 # replication traffic (storage/peerlink.py): "none", or "gzip" (gRPC's own message compression)
 REPLICATION_COMPRESSION = "none"
+
+# --- the producer's (sms/producer.py) -------------------------------------------------------
+# A record's last resend reaches the owner before the default dedup window forgets its first.
+relation("(PRODUCER_DELIVERY_TIMEOUT_S + PRODUCER_DEDUP_WINDOW_MARGIN_S) * 1000 + DEDUP_CLOCK_SKEW_MS_MAX "
+         "< DEDUP_WINDOW_MS_DEFAULT")
+# Even the shortest window leaves a record some time to be delivered.
+relation("PRODUCER_DEDUP_WINDOW_MARGIN_S * 1000 + DEDUP_CLOCK_SKEW_MS_MAX < DEDUP_WINDOW_MS_MIN")
+# One full request fits in a session's window; the owner's table never refuses the lowest SSSN.
+relation("PUT_RECORDS_COUNT_MAX <= PRODUCER_SESSION_WINDOW_MAX <= DEDUP_ENTRIES_PER_SESSION_MAX")
+relation("RECORD_DATA_BYTES_MAX < PRODUCER_PENDING_BYTES_MAX")
+relation("PRODUCER_RETRY_BACKOFF_MS <= PRODUCER_RETRY_BACKOFF_MS_CAP <= PRODUCER_RETRY_BACKOFF_MS_MAX")
+relation("0 < PRODUCER_ID_RANDOM_BYTES <= PRODUCER_ID_BYTES_MAX")
+
+# --- moved here from the modules that use them (issue 31: every limit in one place) ---------
+# metastore/zookeeper.py
+ZK_CONNECT_TIMEOUT_S = 15.0          # start(): the first session is up within this
+ZK_OPERATION_TIMEOUT_S = 30.0        # one operation, reconnect waits included
+ZK_NEW_SESSION_WAIT_S = 5.0          # SessionExpiredError waits this for the fresh one
+ZK_RECONNECT_DELAY_S = 0.05          # first delay between connection attempts...
+ZK_RECONNECT_DELAY_MAX_S = 0.5       # ...doubling up to this, well inside the TTL
+ZK_RETRY_DELAY_S = 0.02              # before an operation's retry after a reconnect
+ZK_RETRIES_MAX = 100                 # optimistic rounds of one operation
+ZK_MULTI_OPS_MAX = 1000              # ops in one multi of a recursive delete
+ZK_JUTE_MAXBUFFER_BYTES = 8 * 1024 * 1024   # servers must run with at least this
+ZK_REQUEST_BYTES_MAX = ZK_JUTE_MAXBUFFER_BYTES - 64 * 1024   # one commit, estimated
+ZK_OP_OVERHEAD_BYTES = 64            # per op of a multi, for the estimate
+# metastore/embedded.py (a path is an LMDB key there, at most 511 bytes with the session's id)
+METASTORE_PATH_BYTES_MAX = 400                 # UTF-8 bytes of one path, embedded store
+# node/console.py
+CONSOLE_STATE_TIMEOUT_S = 5.0      # gathering /api/state on the event loop, at most
+CONSOLE_STATE_REUSE_S = 1.0        # a state this young is answered again (several viewers, one gathering)
+CONSOLE_STREAMS_MAX = 200          # streams shown (by name); the state says when there are more
+CONSOLE_CHANGES_MAX = 50           # recent chain changes listed for the cluster
+CONSOLE_NODE_CHANGES_MAX = 10      # ... and for each node
+# node/cli.py
+NODE_DRAIN_WAIT_S = 600.0                # `sms node drain --wait` gives up after this
+NODE_DRAIN_POLL_S = 1.0                  # ... and looks again this often
+CLI_FOLLOW_WAIT_MS = 200                 # `sms read --follow` waits so long for records on each partition in turn
+CLI_GROUP_READ_WAIT_MS = 1000            # `sms read --group` waits so long for records
+REPARTITION_PHASE_POLL_S = 0.5      # how often a repartition shown in progress reads the stream's phase
+# storage/head.py
+HEAD_COMMIT_POLL_S = 0.5      # an ack's wait re-checks that its replica is still active this often
+# ingestion/partition.py
+DEDUP_REBUILD_TIMEOUT_S = 30.0      # a partition answers Unavailable until its table is rebuilt
+# control/admin.py
+STREAM_READY_TIMEOUT_S = 30.0            # CreateStream answers once every chain member holds its replica, or fails
+# sms/aio.py
+CLIENT_REDIRECT_BACKOFF_S = 0.05         # a client sent elsewhere (a new leader, owner) waits this before it retries
+# sms/partition_map.py
+PARTITION_MAP_INDEXES_CACHED_MAX = 256   # partition maps whose lookup index a process keeps
+# node/backup.py
+EXPORT_PAGE_RECORDS = 10_000          # records per read while exporting
+EXPORT_EMPTY_WAIT_MS = 500            # an empty page is read again, waiting so long for records
+EXPORT_CLOSED_WAIT_S = 60.0           # a closed partition must be read to its end within this
+# node/certs.py
+CA_VALID_DAYS = 3650                   # the CA's validity
+CERT_VALID_DAYS = 825                  # a node's or client's certificate (the CA/Browser Forum's old cap)
+CERT_RENEW_BEFORE_DAYS = 30           # `sms up` issues a node certificate anew this long before it expires
+# node/launcher.py
+NODE_STACK_DUMP_WAIT_S = 0.5          # a hung node writes its stacks to its log in this time, then is killed
+UP_STREAMS_NAMED_MAX = 8              # streams `sms up` names in its line about replicas
+# node/server.py
+TASK_STACK_FRAMES_MAX = 12         # frames of each asyncio task in a SIGUSR1 dump
+# control/revocation.py
+REVOCATION_REASON_CHARS_MAX = 200        # the reason given for a revoked certificate

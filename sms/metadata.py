@@ -68,7 +68,7 @@ def tenant_path(name: str) -> str:
 @dataclass(frozen=True, slots=True)
 class TenantConfig:
     """A tenant's entry (0: no limit). Throughput over all its partitions, shared evenly
-    by the live nodes that serve it (metastore/tenants.py), and caps on what it may hold
+    by the live nodes that serve it (kernel/tenants.py), and caps on what it may hold
     (control/quotas.py): streams, open partitions, and how long its records may be kept
     (retention, and what protect_unread holds)."""
     created_ms: int = 0
@@ -210,7 +210,7 @@ class StreamConfig:
     repartitions_ms: tuple[int, ...] = () # when recent splits and merges committed (rate limit)
     min_in_sync: int = 1                  # a chain takes and commits new batches only while it has
                                           # at least this many members (1..replication_factor)
-    # per-partition limits (0: none; sms/ratelimit.py): writes over them get Throttled,
+    # per-partition limits (0: none; kernel/ratelimit.py): writes over them get Throttled,
     # reads over them wait
     write_records_per_s: int = 0
     write_bytes_per_s: int = 0

@@ -65,7 +65,6 @@ class PartitionEntry:
 # id(map) -> (map, range starts, open entries): the map is frozen and slotted, so its
 # lookup index lives here; holding the map keeps its id from being reused
 _OPEN_INDEX: dict[int, tuple["PartitionMap", list[int], list[PartitionEntry]]] = {}
-_OPEN_INDEX_MAPS_MAX = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +99,7 @@ class PartitionMap:
         if index is None or index[0] is not self:
             opened = sorted(self.open_entries(), key=lambda e: e.hash_lo)
             index = (self, [e.hash_lo for e in opened], opened)
-            if len(_OPEN_INDEX) >= _OPEN_INDEX_MAPS_MAX:
+            if len(_OPEN_INDEX) >= limits.PARTITION_MAP_INDEXES_CACHED_MAX:
                 _OPEN_INDEX.clear()
             _OPEN_INDEX[id(self)] = index
         _map, los, opened = index

@@ -30,7 +30,6 @@ from sms import wire, errors, limits
 from sms.accumulator import HWM_NONE, SESSION_META_BYTES, Accumulator, Outcome, ProducerResult, PutRequest, Session
 from sms.records import PreparedRecord, needs_reference, prepare_record, prepare_records, record_fields
 from sms.limits import (
-    PRODUCER_DEDUP_WINDOW_MARGIN_S,
     PRODUCER_DELIVERY_TIMEOUT_S,
     PRODUCER_ID_RANDOM_BYTES,
     PRODUCER_LINGER_MS,
@@ -40,7 +39,6 @@ from sms.limits import (
     PRODUCER_RETRY_BACKOFF_MS,
     PRODUCER_RETRY_BACKOFF_MS_CAP,
     PRODUCER_RETRY_BACKOFF_MS_MAX,
-    PRODUCER_SESSION_WINDOW_MAX,
 )
 from sms.proto import sms_pb2
 from sms.payloads import PayloadRef
@@ -54,19 +52,6 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 # One record's outcome in a send_batch() result: its ProducerResult or its named error.
 RecordOutcome = ProducerResult | BaseException
-
-# --- limits of the producer -------------------------------------------------------------
-
-# A record's last resend reaches the owner before the default dedup window forgets its first.
-assert (PRODUCER_DELIVERY_TIMEOUT_S + PRODUCER_DEDUP_WINDOW_MARGIN_S) * 1000 + limits.DEDUP_CLOCK_SKEW_MS_MAX \
-    < limits.DEDUP_WINDOW_MS_DEFAULT
-# Even the shortest window leaves a record some time to be delivered.
-assert PRODUCER_DEDUP_WINDOW_MARGIN_S * 1000 + limits.DEDUP_CLOCK_SKEW_MS_MAX < limits.DEDUP_WINDOW_MS_MIN
-# One full request fits in a session's window; the owner's table never refuses the lowest SSSN.
-assert limits.PUT_RECORDS_COUNT_MAX <= PRODUCER_SESSION_WINDOW_MAX <= limits.DEDUP_ENTRIES_PER_SESSION_MAX
-assert limits.RECORD_DATA_BYTES_MAX < PRODUCER_PENDING_BYTES_MAX
-assert PRODUCER_RETRY_BACKOFF_MS <= PRODUCER_RETRY_BACKOFF_MS_CAP <= PRODUCER_RETRY_BACKOFF_MS_MAX
-assert 0 < PRODUCER_ID_RANDOM_BYTES <= limits.PRODUCER_ID_BYTES_MAX
 
 __all__ = ["HWM_NONE", "Producer", "ProducerClosed", "ProducerResult", "ProducerState", "SyncProducer",
            "producer_id_bytes"]

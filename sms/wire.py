@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import xxhash
 
 from sms import hashing, limits, seqno
-from sms.errors import (InternalError, InvalidArgument, InvalidPartitionKey, InvalidRecordHeader, RecordTooLarge,
+from sms.errors import (CorruptBatch, InvalidArgument, InvalidPartitionKey, InvalidRecordHeader, RecordTooLarge,
                         RequestTooLarge)
 from sms.types import Record
 
@@ -86,10 +86,6 @@ _SIG_KEY_LEN = struct.Struct("<H")
 # the largest meta a PutRecords entry may carry besides its headers
 _PUT_META_BYTES_MAX = 2 * 5 + 16 + 8 + 8 + 4 + limits.DEDUP_KEY_BYTES_MAX
 _HEADERS_META_BYTES_MAX = limits.RECORD_HEADERS_BYTES_MAX + limits.RECORD_HEADERS_MAX * 4
-
-
-class CorruptBatch(InternalError):
-    """A stored or received batch whose checksum or framing does not hold."""
 
 
 # --- meta TLVs --------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import json
 from dataclasses import dataclass, field
 
 from sms import limits
-from sms.errors import InvalidArgument
+from sms.errors import InvalidArgument, InvalidGraph
 from sms.metadata import validate_stream_name
 from sps.filters import FilterError, HeaderFilter, parse_filter
 from sps.state import StateError, StateSpec, parse_state, spec_from_doc
@@ -47,10 +47,6 @@ from sps.state import StateError, StateSpec, parse_state, spec_from_doc
 RECOVERY_POLICIES = ("checkpoint", "best_effort")
 PERSISTENCE = ("disk", "disk_async", "memory")
 ENGINES = ("spark", "python")
-
-
-class InvalidGraph(InvalidArgument):
-    """A graph file or stage spec that cannot run: the message names where and why."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,16 +49,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sms import errors, limits
+from sms.errors import StateError
 from sms.hashing import hash_key_of
 
 FUNCTIONS = ("count", "sum", "min", "max")
 EMIT = ("updates", "final")
 CHANGELOG_VERSION = 1
-
-
-class StateError(errors.InvalidArgument):
-    """A state spec that cannot run, or result rows the state cannot take: the message says
-    which and why."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from sms import aio, errors, limits, seqno
-from sms.aiotools import cancel_and_wait, raise_if_cancelling
+from kernel.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.types import PartitionState, Record
 from sps.graph import StageSpec, resolve
 from sms.consumer import AT_TIMESTAMP, Membership, StreamsLeases

@@ -18,7 +18,7 @@ stream with an archive:
    A fragment that is corrupt or missing is written again from this node's copy first.
    Replicas delete local batches only up to `verified_sn` (StorageNode.apply_retention).
 3. **Expire.** Fragments wholly below the partition's trim point (retention, trims,
-   unread-record protection: sms/retention.py) are deleted, file then index entry; so
+   unread-record protection: kernel/retention.py) are deleted, file then index entry; so
    are files no index entry names (orphans of a killed or out-raced writer).
 
 A step that fails (the store unreachable or full, a metadata hiccup) is retried with
@@ -39,8 +39,9 @@ from archive import fragment, index
 from archive.fragment import FragmentRef
 from sms.objectstore import open_store
 from metastore import BadVersionError, NodeExistsError, NoNodeError
-from sms import errors, limits, metrics, payloads, retention, seqno, wire
-from sms.aiotools import raise_if_cancelling
+from sms import errors, limits, payloads, seqno, wire
+from kernel import metrics, retention
+from kernel.aiotools import raise_if_cancelling
 from sms.errors import InvariantViolation
 from sms.metadata import StreamConfig
 

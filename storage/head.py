@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from sms.errors import PermissionDenied, SmsError
+from sms import limits
 from storage.replica import ReplicaState
 
 # refusals of an Append that go to the audit log (storage/service.py): a caller that is not
@@ -31,7 +32,6 @@ from storage.replica import ReplicaState
 # and HeadMoving follow every restart and chain change: routine, not audited.)
 AUDITED_REFUSALS = frozenset({"PermissionDenied", "CorruptBatch"})
 
-COMMIT_POLL_S = 0.5      # an ack's wait re-checks that its replica is still active this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,7 @@ class HeadSession:
                 self.pending.popleft()
                 yield AppendAck(batch_id, error_name=error.name, error_message=error.message)
                 continue
-            if not await replica.wait_committed(header.last_sn, timeout_s=COMMIT_POLL_S):
+            if not await replica.wait_committed(header.last_sn, timeout_s=limits.HEAD_COMMIT_POLL_S):
                 if replica.state is not ReplicaState.ACTIVE:
                     self.pending.popleft()
                     yield AppendAck(batch_id, error_name="PartitionClosed",

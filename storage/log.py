@@ -39,8 +39,9 @@ from dataclasses import dataclass
 import lmdb
 from sortedcontainers import SortedDict
 
-from sms import errors, wire, limits, metrics, seqno
-from sms.aiotools import cancel_and_wait
+from sms import errors, wire, limits, seqno
+from kernel import metrics
+from kernel.aiotools import cancel_and_wait
 from sms.errors import invariant
 from sms.types import Persistence
 

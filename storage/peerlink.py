@@ -49,7 +49,7 @@ import grpc
 
 from kernel import audit
 from sms import limits, security, seqno
-from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
+from kernel.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.proto import sms_pb2, sms_pb2_grpc
 from storage import link, linkdriver
 from storage.replica import Replica

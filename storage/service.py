@@ -22,8 +22,10 @@ import grpc
 
 from metastore import MetaStore, NodeExistsError, NoNodeError
 from metastore.reads import ChainConfigs, DecodedReads
-from sms import limits, metadata, retention, rpc, security, seqno
-from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
+from sms import limits, metadata, security, seqno
+from kernel import rpc
+from kernel import retention
+from kernel.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation, SmsError, WrongOwner
 from sms.metadata import ChainConfig, ConsumerRecord, StreamConfig
 from kernel import audit
@@ -89,8 +91,9 @@ def plan_sync(node_id: str, incarnation: int, held: dict[str, ChainConfig],
 
 class StorageNode:
     def __init__(self, node_id: str, data_dir: str, store: MetaStore, incarnation: int = 0,
-                 keys: StreamKeys | None = None):
+                 keys: StreamKeys | None = None, channels: rpc.NodeChannels | None = None):
         self.node_id = node_id
+        self.channels = channels or rpc.NodeChannels()      # to the peers' cluster ports, with this node's TLS
         self.keys = keys                      # the streams' data keys: heads seal encrypted streams' batches
         self.incarnation = incarnation        # this process's registration started_ms
         self.dormant: dict[str, float] = {}   # logs kept for a rejoin: chain id -> since (monotonic)
@@ -285,7 +288,7 @@ class StorageNode:
 
     async def apply_retention(self) -> int:
         """Delete, on every replica here, the committed records below the partition's trim
-        point (sms/retention.py), in bounded batches; returns the records deleted."""
+        point (kernel/retention.py), in bounded batches; returns the records deleted."""
         facts: dict[str, object] = {}
         now_ms = int(time.time() * 1000)
         deleted = 0
@@ -431,7 +434,7 @@ class StorageNode:
         """The one channel to the peer at `address` that every chain link to it shares."""
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = rpc.peer_channel(address)
+            channel = self._channels[address] = self.channels.peer_channel(address)
         return channel
 
     async def _close_unused_channels(self) -> None:
@@ -460,7 +463,7 @@ class StorageNode:
         return replica
 
     def committed_log(self, chain_id: str) -> "CommittedReplica":
-        """The port retrieval reads through (sms.ports.ReplicaReads)."""
+        """The port retrieval reads through (kernel.ports.ReplicaReads)."""
         return CommittedReplica(self.replica(chain_id), self.logs)
 
     def status(self, chain_ids=()) -> list[dict]:
@@ -548,7 +551,7 @@ class StorageService(sms_pb2_grpc.StorageServicer):
 
 
 class CommittedReplica:
-    """One replica as readers see it (sms.ports.CommittedLog): committed records only."""
+    """One replica as readers see it (kernel.ports.CommittedLog): committed records only."""
 
     __slots__ = ("replica", "logs")
 

@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from metastore.zookeeper import ZK_JUTE_MAXBUFFER_BYTES
+from sms.limits import ZK_JUTE_MAXBUFFER_BYTES
 from sms.limits import METASTORE_SESSION_TTL_S
 
 ZK_JAR = Path("/usr/share/java/zookeeper.jar")      # its manifest names its other jars

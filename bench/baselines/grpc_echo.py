@@ -15,7 +15,7 @@ cycling through them, each mode for about `duration_s`:
 * unary with 1 and with 16 calls in flight (calls/s, records/s, call latency);
 * the stream with a window of 16 messages in flight (messages/s, records/s).
 
-Channel and server options are SMS's own (sms.rpc.CHANNEL_OPTIONS / SERVER_OPTIONS:
+Channel and server options are SMS's own (sms.rpc.CHANNEL_OPTIONS / kernel.rpc.SERVER_OPTIONS:
 32 MiB message limits, keepalive settings, no retries, local subchannel pool).
 
 Prints one JSON document on stdout, progress on stderr. Never a test.
@@ -42,6 +42,7 @@ import grpc
 
 from bench import common
 from bench.baselines.raw_lmdb import packed_batches
+from kernel import rpc as server_rpc
 from sms import rpc
 
 SERVICE = "smsbench.Echo"
@@ -70,7 +71,7 @@ async def _ack_stream(request_iterator, context):
 
 
 async def serve(port: int) -> None:
-    server = grpc.aio.server(options=rpc.SERVER_OPTIONS)
+    server = grpc.aio.server(options=server_rpc.SERVER_OPTIONS)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
         "Echo": grpc.unary_unary_rpc_method_handler(_echo),
         "Ack": grpc.unary_unary_rpc_method_handler(_ack),
@@ -187,7 +188,7 @@ async def run(workdir: str, records: int = 500_000, size: int = 100, batch: int 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     result: dict = {"size": size, "batch": batch, "message_bytes_avg": round(sum(map(len, sealed)) / len(sealed), 1),
                     "duration_s_per_mode": duration_s,
-                    "channel_options": "sms.rpc.CHANNEL_OPTIONS (client), sms.rpc.SERVER_OPTIONS (server)",
+                    "channel_options": "sms.rpc.CHANNEL_OPTIONS (client), kernel.rpc.SERVER_OPTIONS (server)",
                     "server": "separate process, grpc.aio generic handlers"}
     with common.ServerProcess(argv, os.path.join(workdir, "echo-server.log"), cwd=root) as server:
         try:

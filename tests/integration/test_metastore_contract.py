@@ -51,7 +51,7 @@ from metastore import (
     ZooKeeperMetaStore,
     open_metastore,
 )
-from metastore.embedded import METASTORE_PATH_BYTES_MAX
+from sms.limits import METASTORE_PATH_BYTES_MAX
 from tests.zkserver import ZkServer, expire_session, skip_reason, zk_available
 from sms.limits import (
     METASTORE_POLL_INTERVAL_S,
@@ -910,7 +910,7 @@ def test_zk_recursive_delete_in_several_multis(zk_server: ZkServer,
     version of the subtree's root: a stale expected version deletes nothing."""
     from metastore import zookeeper
 
-    monkeypatch.setattr(zookeeper, "ZK_MULTI_OPS_MAX", 3)
+    monkeypatch.setattr(limits, "ZK_MULTI_OPS_MAX", 3)
     async def body() -> None:
         async with open_metastore(zk_server.url(fresh_prefix())) as store:
             paths = [f"/t/{a}/{b}" for a in "abc" for b in "xyz"]

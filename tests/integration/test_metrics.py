@@ -1,4 +1,4 @@
-"""Every node's Prometheus endpoint (node/metrics.py, sms/metrics.py) on a real cluster:
+"""Every node's Prometheus endpoint (node/metrics.py, kernel/metrics.py) on a real cluster:
 scraped over HTTPS with the cluster CA (plain HTTP on a plaintext cluster), its address
 in the node's registration and cluster.json, and its figures equal to what was done:
 records and bytes written per partition, records read, errors by name, each replica's

@@ -1,4 +1,4 @@
-"""Per-partition limits (issue 15 item 5; sms/ratelimit.py, ingestion/service.py,
+"""Per-partition limits (issue 15 item 5; kernel/ratelimit.py, ingestion/service.py,
 retrieval/service.py), on a real cluster under load.
 
 - A partition limited to R records/s acknowledges at most R * (t + burst) + one request

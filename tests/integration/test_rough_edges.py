@@ -4,7 +4,7 @@ the `sms` command as a user runs it (a separate `python -m node` process):
 - `sms stream describe` shows the retention the stream has: seconds when it is not whole
   hours ("retention 10 s"), not the hours it rounds to.
 - Error messages answered to a tenant's caller never show the tenant's prefix of the
-  stored stream names (sms/rpc.py for_caller, set by control/auth.py scope_request).
+  stored stream names (kernel/rpc.py for_caller, set by control/auth.py scope_request).
 - `sms key list` shows each key's tenant.
 - `sms node undrain` cancels a drain; `sms node remove` forgets a drained, stopped node,
   its draining mark too (refused by name while it runs or holds replicas).

@@ -22,7 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from metastore.zookeeper import ZK_JUTE_MAXBUFFER_BYTES
+from sms.limits import ZK_JUTE_MAXBUFFER_BYTES
 from tests.zkserver import (JVM_OPTIONS, MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS, POLL_INTERVAL_S,
                             SLF4J_BINDING_JAR, START_DEADLINE_S, STOP_DEADLINE_S, TICK_MS, ZK_JAR, _probe)
 

@@ -1,4 +1,4 @@
-"""sms.aiotools: a retry loop that catches the error a library raises in place of a
+"""kernel.aiotools: a retry loop that catches the error a library raises in place of a
 cancellation must still stop when cancelled (a chain link that swallowed its cancel
 once hung a node's config sync for good)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from sms.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
+from kernel.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 
 DEADLINE_S = 5.0
 

@@ -12,7 +12,7 @@ from cryptography import x509
 
 from control import revocation
 from node import certs
-from sms import errors, security
+from sms import errors, limits, security
 
 
 def _load(path: str) -> x509.Certificate:
@@ -89,7 +89,7 @@ def test_a_node_certificate_is_kept_while_good_and_renewed_when_not(tmp_path):
     assert _load(again.cert_file).serial_number != serial and "10.1.2.3" in _names(_load(again.cert_file))
     serial = _load(again.cert_file).serial_number
     # close to expiry: issued anew
-    certs.issue(ca_dir, out, node="n1", days=certs.RENEW_BEFORE_DAYS)
+    certs.issue(ca_dir, out, node="n1", days=limits.CERT_RENEW_BEFORE_DAYS)
     near = _load(first.cert_file).serial_number
     renewed = certs.ensure_node_cert(ca_dir, out, "n1")
     assert _load(renewed.cert_file).serial_number not in (serial, near)

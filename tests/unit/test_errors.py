@@ -1,4 +1,4 @@
-"""Unit tests of sms.errors (registry, flags, invariant) and the error mapping of sms.rpc."""
+"""Unit tests of sms.errors (registry, flags, invariant) and the error mapping of kernel.rpc (the server's edge) and sms.rpc (the client's)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 import sms.wire  # noqa: F401  (defines CorruptBatch, a registered subclass)
+from kernel import rpc as server_rpc
 from sms import errors, rpc
 
 
@@ -144,7 +145,7 @@ def test_uncaught_invariant_under_python_O_crashes_the_process():
     assert "InvariantViolation: crash me" in done.stderr
 
 
-# --- sms.rpc: server edge and client rebuild, with fakes (no sockets) ----------------------
+# --- kernel.rpc and sms.rpc: server edge and client rebuild, with fakes (no sockets) ----------------------
 
 class FakeAbort(Exception):
     pass
@@ -181,7 +182,7 @@ class Handler:
     def __init__(self, exc: BaseException | None):
         self.exc = exc
 
-    @rpc.rpc_errors
+    @server_rpc.rpc_errors
     async def Call(self, request, context):
         if self.exc is not None:
             raise self.exc
@@ -251,3 +252,26 @@ def test_unnamed_status_with_no_trailing_metadata():
 def test_unknown_error_name_from_a_newer_server_becomes_internal():
     err = FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "d", ((rpc.ERROR_KEY, "FromTheFuture"),))
     assert type(rpc.to_sms_error(err)) is errors.InternalError
+
+
+# --- every error class is defined in sms/errors.py ------------------------------------------------
+
+def test_every_error_class_is_defined_in_the_registry_module():
+    """A class derived from a registered error anywhere else would register only when its
+    module is imported: a client that never imported it could not rebuild the error."""
+    import ast
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    names = set(errors.registry()) | {"SmsError"}
+    outside = []
+    for package in ("sms", "metastore", "kernel", "archive", "storage", "ingestion", "retrieval", "control", "sps",
+                    "spark_sps", "node"):
+        for path in sorted((root / package).rglob("*.py")):
+            if path == root / "sms" / "errors.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef):
+                    bases = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases}
+                    if bases & names:
+                        outside.append(f"{path.relative_to(root)}:{node.lineno} {node.name}")
+    assert not outside, "error classes outside sms/errors.py:\n" + "\n".join(outside)

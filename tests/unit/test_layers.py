@@ -1,14 +1,20 @@
 """The import rule (docs/architecture.md, "Layout"): each package imports only the
-layers below it. `sms` is the client and shared kernel and imports no server package;
-`metastore` sits below every role, and `kernel` (what every server role shares) above it; a role never imports another role (co-located roles
-talk through the ports in sms/ports.py, wired by node/server.py); `spark_sps` is an
-engine for `sps`; only `node` (process setup: serve, CLI, launcher) imports them all.
-Imports inside functions count too."""
+layers below it. `sms` is the client and the data types it shares with servers, and
+imports no server package; `metastore` sits below every role, and `kernel` (what only
+servers use: ports, rate limits, retention, asyncio tools, Prometheus metrics, the server
+half of the gRPC edge, encryption, audit) above it; a role never imports another role
+(co-located roles talk through the ports in kernel/ports.py, wired by node/server.py);
+`spark_sps` is an engine for `sps`; only `node` (process setup: serve, CLI, launcher)
+imports them all. Imports inside functions count too; and an application that imports the
+client loads no server module and no prometheus_client (checked in a fresh process)."""
 
 from __future__ import annotations
 
 import ast
+import json
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -19,12 +25,12 @@ ALLOWED = {
     "sms": {"sms"},
     "metastore": {"sms", "metastore"},
     "kernel": {"sms", "metastore", "kernel"},        # what every server role shares and no client needs
-    "archive": {"sms", "metastore", "archive"},       # a library of the roles that keep or read the archive
+    "archive": {"sms", "metastore", "kernel", "archive"},   # a library of the roles that keep or read the archive
     "storage": {"sms", "metastore", "kernel", "archive", "storage"},
     "ingestion": {"sms", "metastore", "kernel", "ingestion"},
     "retrieval": {"sms", "metastore", "kernel", "archive", "retrieval"},
     "control": {"sms", "metastore", "kernel", "archive", "control"},
-    "sps": {"sms", "metastore", "sps"},
+    "sps": {"sms", "metastore", "kernel", "sps"},
     "spark_sps": {"sms", "sps", "spark_sps"},
     "node": OURS,
 }
@@ -54,6 +60,19 @@ def test_imports_follow_the_layers(package):
             if top not in ALLOWED[package]:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {top}")
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+SERVER_ONLY = ("prometheus_client", "kernel", "metastore", "archive", "storage", "ingestion", "retrieval",
+               "control", "sps", "spark_sps", "node")
+
+
+def test_the_client_loads_no_server_module():
+    code = ("import json, sys\n"
+            "import sms, sms.aio, sms.client, sms.producer, sms.consumer, sms.accumulator, sms.rpc\n"
+            f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {SERVER_ONLY!r})))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
 
 
 def test_the_checker_sees_a_violation(tmp_path):

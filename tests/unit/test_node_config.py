@@ -127,3 +127,18 @@ def test_link_liveness_settings_must_agree():
     with pytest.raises(config.ConfigError, match=r"link_keepalive_interval_s = 0.5 .* less than half "
                                                  r"replication.link_ack_timeout_s = 0.8"):
         config.load(env={"SMS_REPLICATION_LINK_ACK_TIMEOUT_S": "0.8", "SMS_REPLICATION_LINK_KEEPALIVE_INTERVAL_S": "0.5"})
+
+
+def test_a_configuration_that_breaks_how_limits_relate_is_refused(tmp_path, restore_limits):
+    """The setting is within its own range, but with the others it breaks a relation of
+    sms/limits.py (the archive's cache must hold the fragments a read prefetches): named,
+    not run."""
+    path = write(tmp_path, "[archive]\ncache_bytes_max = 16777216\n")
+    with pytest.raises(config.ConfigError, match=r"breaks how limits must relate .*ARCHIVE_CACHE_BYTES_MAX >="):
+        config.apply(config.load(path, env={}))
+    assert limits.broken() == ["ARCHIVE_CACHE_BYTES_MAX >= (ARCHIVE_PREFETCH_FRAGMENTS + 2) * 2 * "
+                               "ARCHIVE_FRAGMENT_RAW_BYTES_TARGET"]
+
+
+def test_every_relation_of_the_limits_holds_as_shipped():
+    assert len(limits.RELATIONS) >= 30 and limits.broken() == []

@@ -34,9 +34,9 @@ from ingestion.dedup import (DedupKeyTooLarge, DedupTable, DecisionKind, Invalid
                              SessionConflict, StaleSubmission, TableFull)
 from sms import wire, errors, hashing, limits, seqno
 from sms.proto import sms_pb2
-from sms.producer import (PRODUCER_DEDUP_WINDOW_MARGIN_S, PRODUCER_DELIVERY_TIMEOUT_S, PRODUCER_LINGER_MS,
-                          PRODUCER_PENDING_PER_PARTITION_MAX, PRODUCER_SESSION_WINDOW_MAX, Producer,
-                          ProducerClosed, ProducerResult, ProducerState, SyncProducer)
+from sms.limits import (PRODUCER_DEDUP_WINDOW_MARGIN_S, PRODUCER_DELIVERY_TIMEOUT_S, PRODUCER_LINGER_MS,
+                        PRODUCER_PENDING_PER_PARTITION_MAX, PRODUCER_SESSION_WINDOW_MAX)
+from sms.producer import Producer, ProducerClosed, ProducerResult, ProducerState, SyncProducer
 from sms.types import (ChainMember, IngestionPolicy, PartitionInfo, PartitionState, Persistence, StreamInfo,
                        StreamStatus)
 

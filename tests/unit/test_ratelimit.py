@@ -1,11 +1,11 @@
-"""sms/ratelimit.py: token buckets on an injected clock."""
+"""kernel/ratelimit.py: token buckets on an injected clock."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, strategies as st
 
-from sms.ratelimit import PartitionLimits, TokenBucket
+from kernel.ratelimit import PartitionLimits, TokenBucket
 
 
 def test_a_bucket_starts_full_and_refills_at_its_rate():
@@ -103,7 +103,7 @@ def test_admission_never_grants_more_than_rate_and_burst_plus_one_record(steps, 
 
 
 def test_read_budget_is_the_tightest_bucket():
-    from sms.ratelimit import budget
+    from kernel.ratelimit import budget
     a, b = TokenBucket(100, 1.0, now=0.0), TokenBucket(1000, 1.0, now=0.0)
     assert budget([a, b], 0.0) == 100 and budget([], 0.0) == float("inf")
     a.charge(150, 0.0)

@@ -1,4 +1,4 @@
-"""Unit tests of retention and trimming: the pure rules of sms.retention and LogStore.trim.
+"""Unit tests of retention and trimming: the pure rules of kernel.retention and LogStore.trim.
 
 `requested_cut` / `trim_point`: the retention cut moves with time, trim_stream's
 before-time and per-partition before-SN cuts, and, while a stream protects unread
@@ -22,7 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sms import limits, retention, seqno
+from sms import limits, seqno
+from kernel import retention
 from sms.metadata import ConsumerRecord, StreamConfig
 from sms.partition_map import PartitionMap
 from sms.types import IngestionPolicy, PartitionState, Persistence

@@ -21,7 +21,7 @@ from metastore.view import ClusterView
 from sms import limits
 from sms.errors import PermissionDenied, Throttled, Unavailable
 from sms.metadata import DEFAULT_TENANT, TenantConfig, tenant_path
-from sms.ratelimit import PartitionLimits, TokenBucket
+from kernel.ratelimit import PartitionLimits, TokenBucket
 
 
 class TenantShares:

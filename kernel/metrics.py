@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-# A registry of the node's own, not prometheus_client's default one: importing the client
-# library (sms/rpc.py imports this module) must not add server metrics to an application's
-# /metrics. node/metrics.py serves this registry, with the process collectors.
+# A registry of the node's own, not prometheus_client's default one: a process that imports
+# server modules (kernel/rpc.py imports this one; an application never needs to: the client,
+# sms/, imports no kernel module) must not add server metrics to its own /metrics. node/metrics.py serves this registry, with the process collectors.
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 # (seconds: from a millisecond to the longest a call may wait, GET_RECORDS_WAIT_MS_MAX)
