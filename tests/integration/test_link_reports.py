@@ -20,9 +20,9 @@ import pytest
 from control import manager as manager_module
 from control.admin import ensure_roots
 from control.manager import ChainManager
+from kernel import rpc
 from metastore import open_metastore
 from sms import metadata
-from sms.proto import sms_pb2
 from sms.metadata import ChainChange, ChainConfig, StreamConfig
 from sms.types import IngestionPolicy, NodeInfo, Persistence, StreamStatus
 
@@ -84,7 +84,7 @@ def run(body) -> None:
 def test_the_end_that_does_not_answer_leaves_only_the_reported_chain(url, monkeypatch):
     probed: list[str] = []
 
-    async def answers(address: str, *_channels) -> bool:
+    async def answers(_node_channels, address: str, *_channels) -> bool:
         probed.append(address)
         return address != _address("n2")               # n2 is paused
     monkeypatch.setattr(manager_module, "_answers", answers)
@@ -111,7 +111,7 @@ def test_the_end_that_does_not_answer_leaves_only_the_reported_chain(url, monkey
 
 @pytest.mark.parametrize("direction,reporter,peer", [("successor", "n1", "n2"), ("predecessor", "n2", "n1")])
 def test_both_ends_answer_the_successor_leaves(url, monkeypatch, direction, reporter, peer):
-    async def answers(address: str, *_channels) -> bool:
+    async def answers(_node_channels, address: str, *_channels) -> bool:
         return True
     monkeypatch.setattr(manager_module, "_answers", answers)
     monkeypatch.setattr(manager_module, "_status", _links_heard({}))        # the reporter hears nothing
@@ -140,9 +140,8 @@ def test_both_ends_answer_the_successor_leaves(url, monkeypatch, direction, repo
 
 def _links_heard(heard_ago_s: dict[str, float]):
     """A `control.manager._status` whose node heard each peer named so many seconds ago."""
-    async def status(address: str, *_channels) -> sms_pb2.NodeStatusResponse:
-        return sms_pb2.NodeStatusResponse(peer_links=[sms_pb2.PeerLinkStatus(peer=p, heard_ago_s=ago)
-                                                      for p, ago in heard_ago_s.items()])
+    async def status(_node_channels, address: str, *_channels) -> rpc.NodeReport:
+        return rpc.NodeReport(replicas=(), peers_heard_ago_s=tuple((p, False, ago) for p, ago in heard_ago_s.items()))
     return status
 
 
@@ -150,7 +149,7 @@ def test_a_link_heard_again_after_the_report_takes_nobody_out(url, monkeypatch):
     """Both ends answer, and the reporter heard from the peer since the report (the peer
     stalled a moment on a loaded machine, then acked again): nobody leaves. Heard only
     before the report: the successor leaves."""
-    async def answers(address: str, *_channels) -> bool:
+    async def answers(_node_channels, address: str, *_channels) -> bool:
         return True
     monkeypatch.setattr(manager_module, "_answers", answers)
 
@@ -175,7 +174,7 @@ def test_reports_the_manager_cannot_act_on_change_nothing(url, monkeypatch):
     change. Then a report it can act on does change the chain (the set-up would act)."""
     answering = {"n1", "n2", "n3"}
 
-    async def answers(address: str, *_channels) -> bool:
+    async def answers(_node_channels, address: str, *_channels) -> bool:
         return any(address == _address(n) for n in answering)
     monkeypatch.setattr(manager_module, "_answers", answers)
     monkeypatch.setattr(manager_module, "_status", _links_heard({}))
@@ -200,7 +199,7 @@ def test_reports_the_manager_cannot_act_on_change_nothing(url, monkeypatch):
 
 
 def test_the_last_member_never_leaves(url, monkeypatch):
-    async def answers(address: str, *_channels) -> bool:
+    async def answers(_node_channels, address: str, *_channels) -> bool:
         return address != _address("n1")
     monkeypatch.setattr(manager_module, "_answers", answers)
 

@@ -51,6 +51,7 @@ from metastore import (
     ZooKeeperMetaStore,
     open_metastore,
 )
+from sms import limits
 from sms.limits import METASTORE_PATH_BYTES_MAX
 from tests.zkserver import ZkServer, expire_session, skip_reason, zk_available
 from sms.limits import (
@@ -908,8 +909,6 @@ def test_zk_recursive_delete_in_several_multis(zk_server: ZkServer,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A subtree larger than one multi is deleted in several, each guarded by the
     version of the subtree's root: a stale expected version deletes nothing."""
-    from metastore import zookeeper
-
     monkeypatch.setattr(limits, "ZK_MULTI_OPS_MAX", 3)
     async def body() -> None:
         async with open_metastore(zk_server.url(fresh_prefix())) as store:
