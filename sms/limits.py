@@ -428,7 +428,7 @@ CONSOLE_STATE_REUSE_S = 1.0        # a state this young is answered again (sever
 CONSOLE_STREAMS_MAX = 200          # streams shown (by name); the state says when there are more
 CONSOLE_CHANGES_MAX = 50           # recent chain changes listed for the cluster
 CONSOLE_NODE_CHANGES_MAX = 10      # ... and for each node
-# node/cli.py
+# node/cli/
 NODE_DRAIN_WAIT_S = 600.0                # `sms node drain --wait` gives up after this
 NODE_DRAIN_POLL_S = 1.0                  # ... and looks again this often
 CLI_FOLLOW_WAIT_MS = 200                 # `sms read --follow` waits so long for records on each partition in turn
