@@ -62,7 +62,7 @@ class Client:
     def __getattr__(self, name: str) -> Any:
         """A coroutine method of `sms.aio.Client` that this class does not write out: the
         same call, run to its end on the client's loop. A new RPC's client method is
-        declared once, in sms/aio.py; the methods written out here add only their
+        declared once, in sms/aio/; the methods written out here add only their
         docstrings and types for editors (docs/contributing.md)."""
         method = getattr(aio.Client, name, None) if not name.startswith("_") else None
         if method is None or not inspect.iscoroutinefunction(method):

@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sms import errors, limits, seqno
 from sms.errors import LeaseLost
-from sms.leases import LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseTable, lease_key, plan_takes
+from sms.leases import LATEST, TRIM_HORIZON, ExpiryClock, Lease, LeaseTable, lease_key, plan_takes
 from sms.proto import sms_pb2
 from sms.tokens import peek
-from sms.types import Record, StartPosition, partition_id
+from sms.types import SHARD_END, Record, StartPosition, partition_id
 
 if TYPE_CHECKING:
     from sms import aio, client as sync_client

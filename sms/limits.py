@@ -440,7 +440,7 @@ HEAD_COMMIT_POLL_S = 0.5      # an ack's wait re-checks that its replica is stil
 DEDUP_REBUILD_TIMEOUT_S = 30.0      # a partition answers Unavailable until its table is rebuilt
 # control/admin.py
 STREAM_READY_TIMEOUT_S = 30.0            # CreateStream answers once every chain member holds its replica, or fails
-# sms/aio.py
+# sms/aio/
 CLIENT_REDIRECT_BACKOFF_S = 0.05         # a client sent elsewhere (a new leader, owner) waits this before it retries
 # sms/partition_map.py
 PARTITION_MAP_INDEXES_CACHED_MAX = 256   # partition maps whose lookup index a process keeps

@@ -84,7 +84,8 @@ class StartPosition:
         if timestamp_ms is not None and (isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int)
                                          or timestamp_ms < 0):
             raise InvalidArgument(f"timestamp {timestamp_ms!r}; expected >= 0 ms since the epoch")
-        return cls(kind, seqno.parse(sequence_number) if needs_sn else 0, timestamp_ms or 0)
+        sn = seqno.parse(sequence_number) if needs_sn and sequence_number is not None else 0
+        return cls(kind, sn, timestamp_ms or 0)
 
     @classmethod
     def parse(cls, text: str, ordinal: int | None = None) -> "StartPosition":

@@ -1,6 +1,6 @@
 """The sync client (sms/client.py) mirrors every coroutine method of the asyncio client,
 also those it does not write out: a new RPC's client method is declared once, in
-sms/aio.py (docs/contributing.md). No server: the method here is planted."""
+sms/aio/ (docs/contributing.md). No server: the method here is planted."""
 
 from __future__ import annotations
 
