@@ -251,7 +251,7 @@ class Groups:
             if checkpoint == LATEST and e.state is not PartitionState.OPEN:
                 checkpoint = SHARD_END           # (nothing after its end: its children go on)
             elif checkpoint == LATEST:
-                # (sms/aio.py reset_group names each open partition's last SN: one it did
+                # (sms/aio/admin.py reset_group names each open partition's last SN: one it did
                 # not name was empty then, and everything written since is to be read)
                 checkpoint = TRIM_HORIZON
             if position == "AT_TIMESTAMP" and checkpoint == start and e.state is not PartitionState.OPEN \
