@@ -31,11 +31,10 @@ from sms import limits, metadata, seqno
 from sms.errors import GroupNotFound, InvalidArgument, LeaseLost, LimitExceeded, StreamNotFound, Unavailable
 from sms.leases import LATEST, SHARD_END, TRIM_HORIZON, Lease
 from sms.metadata import ConsumerRecord
-from sms.types import PartitionState, StreamStatus, parse_partition_id
+from sms.types import PartitionState, StartPosition, StreamStatus, parse_partition_id
 
 _GROUP = re.compile(r"[A-Za-z0-9_.-]{1,%d}" % limits.STREAM_NAME_CHARS_MAX)
 _MEMBER = re.compile(r"[A-Za-z0-9_.:@-]{1,%d}" % limits.GROUP_MEMBER_CHARS_MAX)
-AT_TIMESTAMP = "AT_TIMESTAMP:"          # a reset's checkpoint: resume at the first record of that time
 
 
 def groups_path(stream: str) -> str:
@@ -60,9 +59,8 @@ def validate_group(group: str) -> str:
 def checkpoint_sn(checkpoint: str) -> int | None:
     """The SN a lease's checkpoint says was processed last, for the consumer's entry
     (None: nothing processed yet)."""
-    if checkpoint == SHARD_END:
-        return ConsumerRecord.SHARD_END_SN
-    return int(checkpoint) if checkpoint.isdigit() else None
+    position = StartPosition.parse(checkpoint)
+    return ConsumerRecord.SHARD_END_SN if position.ended else position.after_sn
 
 
 def _validate_entry(member: bool, key: str, value: bytes, delete: bool) -> Lease | None:
@@ -96,16 +94,10 @@ def _validate_entry(member: bool, key: str, value: bytes, delete: bool) -> Lease
         raise InvalidArgument(f"lease {key}: not a lease ({type(e).__name__}: {e})") from None
     if lease.ordinal != int(key):
         raise InvalidArgument(f"lease {key} names partition {lease.ordinal}")
-    checkpoint = lease.checkpoint
-    if checkpoint.isdigit():
-        if len(checkpoint) > seqno.SN_DIGITS_MAX or seqno.ordinal_of(int(checkpoint)) != lease.ordinal:
-            raise InvalidArgument(f"lease {key}: checkpoint {checkpoint[:60]} is not an SN of partition {key}")
-    elif checkpoint.startswith(AT_TIMESTAMP):
-        if not checkpoint[len(AT_TIMESTAMP):].isdigit():
-            raise InvalidArgument(f"lease {key}: checkpoint {checkpoint[:60]!r}; expected {AT_TIMESTAMP}<ms>")
-    elif checkpoint not in (TRIM_HORIZON, LATEST, SHARD_END):
-        raise InvalidArgument(f"lease {key}: checkpoint {checkpoint[:60]!r}; expected an SN, "
-                              f"{TRIM_HORIZON}, {LATEST} or {SHARD_END}")
+    try:
+        StartPosition.parse(lease.checkpoint, ordinal=lease.ordinal)
+    except InvalidArgument as e:
+        raise InvalidArgument(f"lease {key}: checkpoint: {e.message}") from None
     if lease.state and (not lease.state.isdigit() or len(lease.state) > seqno.SN_DIGITS_MAX):
         raise InvalidArgument(f"lease {key}: state {lease.state[:60]!r}; expected a changelog SN or nothing")
     return lease
@@ -248,9 +240,7 @@ class Groups:
         if position in (TRIM_HORIZON, LATEST) or (not position and sequence_numbers):
             start = position or TRIM_HORIZON
         elif position == "AT_TIMESTAMP":
-            if timestamp_ms < 0:
-                raise InvalidArgument(f"timestamp {timestamp_ms}; expected >= 0 ms since the epoch")
-            start = f"{AT_TIMESTAMP}{timestamp_ms}"
+            start = StartPosition.of(position, timestamp_ms=timestamp_ms).encode()
         else:
             raise InvalidArgument(f"reset position {position[:40]!r}; expected TRIM_HORIZON, LATEST, AT_TIMESTAMP "
                                   "or sequence numbers")
@@ -261,10 +251,10 @@ class Groups:
             if checkpoint == LATEST and e.state is not PartitionState.OPEN:
                 checkpoint = SHARD_END           # (nothing after its end: its children go on)
             elif checkpoint == LATEST:
-                # (sms/aio.py reset_group names each open partition's last SN: one it did
+                # (sms/aio/admin.py reset_group names each open partition's last SN: one it did
                 # not name was empty then, and everything written since is to be read)
                 checkpoint = TRIM_HORIZON
-            if checkpoint.startswith(AT_TIMESTAMP) and e.state is not PartitionState.OPEN \
+            if position == "AT_TIMESTAMP" and checkpoint == start and e.state is not PartitionState.OPEN \
                     and (e.valid_to_ms or 0) <= timestamp_ms:
                 checkpoint = SHARD_END
             # every partition named: 0 (nothing read) keeps all of it, where a checkpoint in a

@@ -8,6 +8,8 @@ the same arguments, results and named errors (`sms.errors`).
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import threading
 from collections.abc import Coroutine, Generator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -56,6 +58,25 @@ class Client:
 
     def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __getattr__(self, name: str) -> Any:
+        """A coroutine method of `sms.aio.Client` that this class does not write out: the
+        same call, run to its end on the client's loop. A new RPC's client method is
+        declared once, in sms/aio/; the methods written out here add only their
+        docstrings and types for editors (docs/contributing.md)."""
+        method = getattr(aio.Client, name, None) if not name.startswith("_") else None
+        if method is None or not inspect.iscoroutinefunction(method):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        bound = getattr(self._aio, name)
+
+        @functools.wraps(method)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._run(bound(*args, **kwargs))
+        return call
+
+    def __dir__(self) -> list[str]:
+        mirrored = [n for n, m in vars(aio.Client).items() if not n.startswith("_") and inspect.iscoroutinefunction(m)]
+        return sorted(set(super().__dir__()) | set(mirrored))
 
     def __enter__(self) -> "Client":
         return self

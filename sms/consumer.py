@@ -46,17 +46,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sms import errors, limits, seqno
 from sms.errors import LeaseLost
-from sms.leases import LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseTable, lease_key, plan_takes
+from sms.leases import LATEST, TRIM_HORIZON, ExpiryClock, Lease, LeaseTable, lease_key, plan_takes
 from sms.proto import sms_pb2
 from sms.tokens import peek
-from sms.types import Record, partition_id
+from sms.types import SHARD_END, Record, StartPosition, partition_id
 
 if TYPE_CHECKING:
     from sms import aio, client as sync_client
 
 log = logging.getLogger(__name__)
 
-AT_TIMESTAMP = "AT_TIMESTAMP:"        # a checkpoint that says: from the first record of that time (control/groups.py)
 _STOP = object()
 
 
@@ -258,10 +257,9 @@ class GroupConsumer:
                  start: str = TRIM_HORIZON, timestamp_ms: int | None = None, auto_checkpoint: bool = True,
                  failover_s: float = limits.CONSUMER_FAILOVER_S_DEFAULT, max_records: int = 1000,
                  wait_ms: int = 1000, skip_trimmed: bool = False) -> None:
-        if start not in (TRIM_HORIZON, LATEST, "AT_TIMESTAMP"):
+        if str(start).upper() not in (TRIM_HORIZON, LATEST, "AT_TIMESTAMP"):
             raise errors.InvalidArgument(f"start {start!r}; expected TRIM_HORIZON, LATEST or AT_TIMESTAMP")
-        if (start == "AT_TIMESTAMP") != (timestamp_ms is not None):
-            raise errors.InvalidArgument("start=AT_TIMESTAMP goes with timestamp_ms, and only it")
+        position = StartPosition.of(start, timestamp_ms=timestamp_ms)     # (AT_TIMESTAMP needs timestamp_ms)
         if failover_s < limits.CONSUMER_FAILOVER_S_MIN:
             raise errors.InvalidArgument(f"failover_s {failover_s}; at least {limits.CONSUMER_FAILOVER_S_MIN}")
         if not 1 <= max_records <= limits.GET_RECORDS_COUNT_MAX:
@@ -270,7 +268,7 @@ class GroupConsumer:
         self.stream = stream
         self.group = group
         self.member_id = member_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.start = f"{AT_TIMESTAMP}{timestamp_ms}" if start == "AT_TIMESTAMP" else start
+        self.start = position.encode()            # a new lease's checkpoint
         self.auto_checkpoint = auto_checkpoint
         self.failover_s = failover_s
         self.max_records = max_records
@@ -583,16 +581,11 @@ class GroupConsumer:
         return str(last) if last > 0 and seqno.ordinal_of(last) == ordinal else TRIM_HORIZON
 
     async def _iterator(self, lease: Lease) -> str | None:
-        checkpoint = lease.checkpoint
-        if checkpoint == SHARD_END:
+        position = StartPosition.parse(lease.checkpoint)
+        if position.ended:
             return None
-        if checkpoint.isdigit():
-            return await self.client.get_iterator(self.stream, lease.ordinal, "AFTER_SEQUENCE_NUMBER",
-                                                  sequence_number=checkpoint)
-        if checkpoint.startswith(AT_TIMESTAMP):
-            return await self.client.get_iterator(self.stream, lease.ordinal, "AT_TIMESTAMP",
-                                                  timestamp_ms=int(checkpoint[len(AT_TIMESTAMP):]))
-        return await self.client.get_iterator(self.stream, lease.ordinal, checkpoint)
+        kind, options = position.iterator()
+        return await self.client.get_iterator(self.stream, lease.ordinal, kind, **options)
 
     async def _read(self, owned: _Owned) -> None:
         """Read the partition into the queue until its end, for as long as the lease is

@@ -28,10 +28,11 @@ from typing import Any, Protocol
 
 from sms import limits
 from sms.errors import LeaseLost
+from sms.types import SHARD_END, IteratorType
 
-TRIM_HORIZON = "TRIM_HORIZON"
-LATEST = "LATEST"
-SHARD_END = "SHARD_END"
+TRIM_HORIZON = IteratorType.TRIM_HORIZON.value
+LATEST = IteratorType.LATEST.value
+# (checkpoints are sms.types.StartPosition's text form)
 
 
 def lease_key(stream: str, ordinal: int) -> str:

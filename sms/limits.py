@@ -428,7 +428,7 @@ CONSOLE_STATE_REUSE_S = 1.0        # a state this young is answered again (sever
 CONSOLE_STREAMS_MAX = 200          # streams shown (by name); the state says when there are more
 CONSOLE_CHANGES_MAX = 50           # recent chain changes listed for the cluster
 CONSOLE_NODE_CHANGES_MAX = 10      # ... and for each node
-# node/cli.py
+# node/cli/
 NODE_DRAIN_WAIT_S = 600.0                # `sms node drain --wait` gives up after this
 NODE_DRAIN_POLL_S = 1.0                  # ... and looks again this often
 CLI_FOLLOW_WAIT_MS = 200                 # `sms read --follow` waits so long for records on each partition in turn
@@ -440,7 +440,7 @@ HEAD_COMMIT_POLL_S = 0.5      # an ack's wait re-checks that its replica is stil
 DEDUP_REBUILD_TIMEOUT_S = 30.0      # a partition answers Unavailable until its table is rebuilt
 # control/admin.py
 STREAM_READY_TIMEOUT_S = 30.0            # CreateStream answers once every chain member holds its replica, or fails
-# sms/aio.py
+# sms/aio/
 CLIENT_REDIRECT_BACKOFF_S = 0.05         # a client sent elsewhere (a new leader, owner) waits this before it retries
 # sms/partition_map.py
 PARTITION_MAP_INDEXES_CACHED_MAX = 256   # partition maps whose lookup index a process keeps

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from sms import seqno
-from sms.errors import PartitionNotFound
+from sms.errors import InvalidArgument, PartitionNotFound
 
 if TYPE_CHECKING:
     from sms.batch import RecordBatch
@@ -46,6 +46,106 @@ class IteratorType(str, enum.Enum):
     AT_SEQUENCE_NUMBER = "AT_SEQUENCE_NUMBER"
     AFTER_SEQUENCE_NUMBER = "AFTER_SEQUENCE_NUMBER"
     AT_TIMESTAMP = "AT_TIMESTAMP"
+
+
+SHARD_END = "SHARD_END"          # a checkpoint: the partition was read to its end
+
+
+@dataclass(frozen=True, slots=True)
+class StartPosition:
+    """Where reading a partition starts: an iterator type with what it needs, or SHARD_END
+    (it was read to its end: nothing is left). The one parser and printer of positions:
+    consumer groups and SPS leases store one as their checkpoint (`encode`), clients take
+    one as a start (`of`), and each turns it into a GetIterator call (`iterator`).
+
+    Its text form: "TRIM_HORIZON", "LATEST", "SHARD_END", "AT_TIMESTAMP:<ms>",
+    "AT_SEQUENCE_NUMBER:<sn>", or a bare SN, which reads after it (AFTER_SEQUENCE_NUMBER:
+    the checkpoint of what was processed last)."""
+
+    kind: str                           # an IteratorType's value, or SHARD_END
+    sequence_number: int = 0            # AT_ / AFTER_SEQUENCE_NUMBER
+    timestamp_ms: int = 0               # AT_TIMESTAMP
+
+    KINDS = tuple(t.value for t in IteratorType) + (SHARD_END,)
+
+    @classmethod
+    def of(cls, kind: "str | IteratorType", *, sequence_number: "int | str | None" = None,
+           timestamp_ms: int | None = None) -> "StartPosition":
+        """A position from its parts, as a caller names them; InvalidArgument when they do
+        not go together."""
+        kind = kind.value if isinstance(kind, IteratorType) else str(kind).upper()
+        if kind not in cls.KINDS:
+            raise InvalidArgument(f"position {kind[:40]!r}; expected one of {', '.join(cls.KINDS)}")
+        needs_sn = kind in (IteratorType.AT_SEQUENCE_NUMBER.value, IteratorType.AFTER_SEQUENCE_NUMBER.value)
+        if needs_sn != (sequence_number not in (None, "")):
+            raise InvalidArgument(f"position {kind} {'needs' if needs_sn else 'takes no'} sequence number")
+        if (kind == IteratorType.AT_TIMESTAMP.value) != (timestamp_ms is not None):
+            raise InvalidArgument(f"position {kind} {'needs' if kind == 'AT_TIMESTAMP' else 'takes no'} timestamp")
+        if timestamp_ms is not None and (isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int)
+                                         or timestamp_ms < 0):
+            raise InvalidArgument(f"timestamp {timestamp_ms!r}; expected >= 0 ms since the epoch")
+        sn = seqno.parse(sequence_number) if needs_sn and sequence_number is not None else 0
+        return cls(kind, sn, timestamp_ms or 0)
+
+    @classmethod
+    def parse(cls, text: str, ordinal: int | None = None) -> "StartPosition":
+        """A stored checkpoint or a position's text form; with `ordinal`, an SN must be one
+        of that partition. InvalidArgument, naming what was expected, otherwise."""
+        if not isinstance(text, str):
+            raise InvalidArgument(f"position {text!r}; expected text")
+        if text.isascii() and text.isdigit():
+            sn = cls._sn(text, ordinal)
+            return cls(IteratorType.AFTER_SEQUENCE_NUMBER.value, sn)
+        kind, colon, value = text.partition(":")
+        if kind == IteratorType.AT_TIMESTAMP.value and colon:
+            if not (value.isascii() and value.isdigit() and len(value) <= 16):
+                raise InvalidArgument(f"position {text[:60]!r}; expected AT_TIMESTAMP:<ms>")
+            return cls(kind, 0, int(value))
+        if kind == IteratorType.AT_SEQUENCE_NUMBER.value and colon:
+            return cls(kind, cls._sn(value, ordinal))
+        if not colon and kind in (IteratorType.TRIM_HORIZON.value, IteratorType.LATEST.value, SHARD_END):
+            return cls(kind)
+        raise InvalidArgument(f"position {text[:60]!r}; expected an SN, TRIM_HORIZON, LATEST, SHARD_END, "
+                              "AT_TIMESTAMP:<ms> or AT_SEQUENCE_NUMBER:<sn>")
+
+    @staticmethod
+    def _sn(text: str, ordinal: int | None) -> int:
+        if not (text.isascii() and text.isdigit()) or len(text) > seqno.SN_DIGITS_MAX:
+            raise InvalidArgument(f"position {text[:60]!r}; expected a sequence number")
+        sn = int(text)
+        if ordinal is not None and seqno.ordinal_of(sn) != ordinal:
+            raise InvalidArgument(f"position {text[:60]} is not an SN of partition {ordinal}")
+        return sn
+
+    def encode(self) -> str:
+        """The text form (what `parse` reads back)."""
+        if self.kind == IteratorType.AFTER_SEQUENCE_NUMBER.value:
+            return str(self.sequence_number)
+        if self.kind == IteratorType.AT_SEQUENCE_NUMBER.value:
+            return f"{self.kind}:{self.sequence_number}"
+        if self.kind == IteratorType.AT_TIMESTAMP.value:
+            return f"{self.kind}:{self.timestamp_ms}"
+        return self.kind
+
+    @property
+    def ended(self) -> bool:
+        return self.kind == SHARD_END
+
+    @property
+    def after_sn(self) -> int | None:
+        """The SN a checkpoint says was processed last (None: none named)."""
+        return self.sequence_number if self.kind == IteratorType.AFTER_SEQUENCE_NUMBER.value else None
+
+    def iterator(self) -> tuple[str, dict[str, Any]]:
+        """(iterator type, keyword arguments) of the GetIterator call that starts here; not
+        for SHARD_END, where there is nothing to read."""
+        if self.kind == SHARD_END:
+            raise InvalidArgument("SHARD_END: the partition was read to its end; nothing starts there")
+        if self.kind == IteratorType.AT_TIMESTAMP.value:
+            return self.kind, {"timestamp_ms": self.timestamp_ms}
+        if self.sequence_number:
+            return self.kind, {"sequence_number": str(self.sequence_number)}
+        return self.kind, {}
 
 
 class PartitionState(str, enum.Enum):

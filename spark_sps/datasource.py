@@ -87,7 +87,7 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
 
 from sms import limits, seqno
 from sms.errors import SmsError
-from sms.types import PartitionInfo, PartitionState, StreamInfo
+from sms.types import PartitionInfo, PartitionState, StartPosition, StreamInfo
 from spark_sps import offsets
 from spark_sps.offsets import END, NONE_READ
 from spark_sps.options import (AT_TIMESTAMP, LATEST, TRIM_HORIZON, WRITE_ID_HEX_CHARS, Connection, SourceOptions,
@@ -163,8 +163,9 @@ async def _info_and_marks(client, stream: str) -> tuple[StreamInfo, dict[int, in
 def _iterator_args(position: str) -> tuple[str, dict]:
     kind, sn = offsets.parse(position)
     if kind == "at":
-        return "AT_SEQUENCE_NUMBER", {"sequence_number": sn}
-    return ("AFTER_SEQUENCE_NUMBER", {"sequence_number": sn}) if sn else ("TRIM_HORIZON", {})
+        return StartPosition.of("AT_SEQUENCE_NUMBER", sequence_number=sn).iterator()
+    return (StartPosition.of("AFTER_SEQUENCE_NUMBER", sequence_number=sn) if sn
+            else StartPosition.of(TRIM_HORIZON)).iterator()
 
 
 async def _first_record(client, stream: str, ordinal: int, kind: str, kw: dict) -> tuple[int | None, bool]:
@@ -235,11 +236,12 @@ async def _resolve(client, stream: str, p: PartitionInfo, how, fail: bool) -> st
     if closed and not committed:
         return END                                   # a closed partition that never held a record
     if how == TRIM_HORIZON:
-        kind, kw = "TRIM_HORIZON", {}
+        start = StartPosition.of(TRIM_HORIZON)
     elif isinstance(how, tuple):
-        kind, kw = "AT_TIMESTAMP", {"timestamp_ms": how[1]}
+        start = StartPosition.of(AT_TIMESTAMP, timestamp_ms=how[1])
     else:
-        kind, kw = "AT_SEQUENCE_NUMBER", {"sequence_number": how}
+        start = StartPosition.of("AT_SEQUENCE_NUMBER", sequence_number=how)
+    kind, kw = start.iterator()
     first, ended = await _first_record(client, stream, p.ordinal, kind, kw)
     if isinstance(how, int):
         await _check_start_sn(client, stream, p, how, first, committed, fail)

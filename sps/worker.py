@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 
 from sms import aio, errors, limits, seqno
 from kernel.aiotools import cancel_and_wait, raise_if_cancelling
-from sms.types import PartitionState, Record
+from sms.types import PartitionState, Record, StartPosition
 from sps.graph import StageSpec, resolve
-from sms.consumer import AT_TIMESTAMP, Membership, StreamsLeases
+from sms.consumer import Membership, StreamsLeases
 from sms.leases import (LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, LeaseTable, lease_key,
                         plan_takes)
 from sps.engine import Engine, InputBatch, PythonEngine
@@ -358,13 +358,11 @@ class Worker:
         the partition before this stage read it to its end."""
         lease = owned.lease
         stream, ordinal, done = lease.stream, lease.ordinal, lease.checkpoint
+        # (an SN: after the batch processed last; AT_TIMESTAMP: `sms consumer reset
+        # --timestamp-ms` on the stage)
+        kind, options = StartPosition.parse(done).iterator()
         try:
-            if done in (TRIM_HORIZON, LATEST):
-                return await self.client.get_iterator(stream, ordinal, done)
-            if done.startswith(AT_TIMESTAMP):          # (`sms consumer reset --timestamp-ms` on the stage)
-                return await self.client.get_iterator(stream, ordinal, "AT_TIMESTAMP",
-                                                      timestamp_ms=int(done[len(AT_TIMESTAMP):]))
-            return await self.client.get_iterator(stream, ordinal, "AFTER_SEQUENCE_NUMBER", sequence_number=done)
+            return await self.client.get_iterator(stream, ordinal, kind, **options)
         except errors.PartitionNotFound:
             if any(p.ordinal == ordinal for p in (await self.client.get_stream_info(stream)).partitions):
                 raise                      # (a map that lagged: released, and claimed again)

@@ -1,4 +1,4 @@
-"""Progress on long `sms` work (node/cli.py, `_progress`): drawn on stderr when it is a
+"""Progress on long `sms` work (node/cli/common.py, `_progress`): drawn on stderr when it is a
 terminal, here a real pseudo-terminal; with stderr a pipe, nothing on it; stdout the same
 either way.
 """

@@ -1,5 +1,5 @@
 """Every `sms` subcommand, option and positional argument has help text, and the shell
-completes them (node/cli.py).
+completes them (node/cli/).
 
 Walks the parser that `sms` builds: each subcommand listed with a help line, and each
 argument of each (sub)parser with a non-empty help, except argparse's own --help.
@@ -24,7 +24,7 @@ from node.cli import build_parser
 
 COMMAND_TIMEOUT_S = 30
 SMS = [sys.executable, "-m", "node"]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(node.cli.__file__)))    # (where `-m node` is found)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(node.cli.__file__))))   # (where `-m node` is found)
 
 
 def _parsers(parser: argparse.ArgumentParser, path: str = "sms") -> Iterator[tuple[str, argparse.ArgumentParser]]:

@@ -16,6 +16,7 @@ import pytest
 from control import chains
 from control.admin import validate_create
 from node import cli
+from node.cli import streams
 from sms import convert, errors, metadata
 from sms.aio import Client
 from sms.metadata import ChainConfig, StreamConfig
@@ -136,12 +137,12 @@ def test_stream_description_carries_min_in_sync():
 
 
 def test_describe_shows_min_in_sync_and_a_partition_that_refuses_records():
-    degraded = cli._describe_text(cli._describe(_info(3, chain=("n1", "n2"))))
+    degraded = streams._describe_text(streams._describe(_info(3, chain=("n1", "n2"))))
     assert "replication 3 (min in-sync 3)" in degraded
     assert "refusing new records (NotEnoughReplicas): 2 member(s), min in-sync 3" in degraded
-    whole = cli._describe_text(cli._describe(_info(2, chain=("n1", "n2"))))
+    whole = streams._describe_text(streams._describe(_info(2, chain=("n1", "n2"))))
     assert "(min in-sync 2)" in whole and "refusing" not in whole
-    assert cli._describe(_info(2))["min_in_sync"] == 2
+    assert streams._describe(_info(2))["min_in_sync"] == 2
 
 
 def test_create_parser_takes_min_in_sync():

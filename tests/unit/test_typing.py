@@ -30,8 +30,15 @@ def test_py_typed_marker_is_there():
 
 
 def _public_methods(cls: type) -> list[str]:
-    return [name for name, member in vars(cls).items()
-            if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, classmethod))]
+    """Its own and those of the parts it is made of (sms.aio.Client is a facade over
+    sms/aio/'s parts)."""
+    names = []
+    for part in cls.__mro__[:-1]:
+        if part.__module__.split(".")[0] != "sms":
+            continue
+        names += [name for name, member in vars(part).items() if name not in names
+                  and not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, classmethod))]
+    return names
 
 
 @pytest.mark.parametrize("cls", [client.Client, aio.Client, producer.Producer, producer.SyncProducer],

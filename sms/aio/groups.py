@@ -1,0 +1,124 @@
+"""The asyncio client's consumer groups (sms/consumer.py) and registered consumers: members,
+checkpoints, lag, resets."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from sms import errors, seqno
+from sms.consumer import GroupConsumer, GroupLeases
+from sms.proto import sms_pb2
+from sms.tokens import peek
+from sms.types import PartitionState, parse_partition_id, partition_id
+
+if TYPE_CHECKING:
+    from sms.aio import Client
+from sms.aio.writes import Writes
+
+
+class Groups(Writes):
+    """The groups part of `sms.aio.Client` (sms/aio/__init__.py); each part builds on the
+    ones before it: transport, admin, reads, writes, groups."""
+
+    # --- consumer groups (sms/consumer.py) ------------------------------------------------
+    def consumer(self, stream: str, group: str, **options: Any) -> GroupConsumer:
+        """A member of the consumer group `group` of `stream`: `async with` it and iterate
+        for ConsumerBatch-es. Options: member_id, start (TRIM_HORIZON, LATEST or
+        AT_TIMESTAMP with timestamp_ms) for partitions the group has not read yet,
+        auto_checkpoint (True), failover_s, max_records, wait_ms, skip_trimmed (False).
+
+        Raises:
+            InvalidArgument: a bad option (the stream is checked when it is opened:
+                StreamNotFound)."""
+        return GroupConsumer(cast("Client", self), stream, group, **options)
+
+    async def list_groups(self, stream: str) -> list[str]:
+        """The names of the stream's consumer groups. Raises StreamNotFound."""
+        return list((await self._discovery_call("ListGroups", sms_pb2.ListGroupsRequest(stream=stream))).groups)
+
+    async def describe_group(self, stream: str, group: str) -> dict[str, Any]:
+        """The group's members and, per partition of its lease table, the owner, the
+        checkpoint, records processed under the lease, and how far the checkpoint is
+        behind the partition's last committed record (ms; 0 at its end).
+
+        Raises:
+            GroupNotFound, StreamNotFound."""
+        state = await GroupLeases(cast("Client", self), stream, group).state()
+        if not state.leases and not state.members:
+            raise errors.GroupNotFound(f"stream {stream!r} has no consumer group {group!r}")
+        now_ms = int(time.time() * 1000)
+        members = []
+        for m in state.members:
+            d = json.loads(m.value)
+            members.append({"member": m.key, "host": d.get("host", ""), "pid": d.get("pid", 0),
+                            "heartbeat_age_ms": max(0, now_ms - int(d.get("heartbeat_ms", 0)))})
+        info = await self.get_stream_info(stream)
+        by = {p.ordinal: p for p in info.partitions}
+        partitions = []
+        for e in sorted(state.leases, key=lambda e: int(e.key)):
+            d = json.loads(e.value)
+            ordinal = int(e.key)
+            checkpoint = str(d.get("checkpoint", ""))
+            lag_ms = 0
+            if checkpoint != "SHARD_END" and ordinal in by:
+                latest = peek(await self.get_iterator(stream, ordinal, "LATEST")).position_sn - 1
+                done = int(checkpoint) if checkpoint.isdigit() else 0
+                if latest > done:
+                    lag_ms = max(0, seqno.timestamp_ms_of(latest) - (seqno.timestamp_ms_of(done) if done else
+                                                                      by[ordinal].valid_from_ms))
+            partitions.append({"partition_id": partition_id(ordinal), "owner": d.get("owner", ""),
+                               "checkpoint": checkpoint, "records": int(d.get("records", 0)),
+                               "lag_ms": lag_ms, "state": by[ordinal].state.value if ordinal in by else "DROPPED"})
+        return {"stream": stream, "group": group, "members": members, "partitions": partitions}
+
+    async def reset_group(self, stream: str, group: str, *, to: str = "TRIM_HORIZON", timestamp_ms: int = 0,
+                          sequence_numbers: dict[str, str] | None = None) -> None:
+        """Move the group's checkpoints: to TRIM_HORIZON, LATEST, AT_TIMESTAMP
+        (`timestamp_ms`), or per-partition SNs to resume after (`sequence_numbers`,
+        partition id -> SN; partitions not named from TRIM_HORIZON). LATEST is the end of
+        each partition now, as Kafka's --to-latest: what is written after the reset is
+        read. Running members lose their leases at their next write and resume from the
+        new checkpoints.
+
+        Raises:
+            StreamNotFound, GroupNotFound, InvalidArgument, InvalidSequenceNumber."""
+        if to == "LATEST" and not sequence_numbers:
+            sequence_numbers = {}
+            for p in (await self.get_stream_info(stream)).partitions:
+                if p.state is PartitionState.OPEN:
+                    last = peek(await self.get_iterator(stream, p.ordinal, "LATEST")).position_sn - 1
+                    if last > 0 and seqno.ordinal_of(last) == p.ordinal:
+                        sequence_numbers[p.partition_id] = str(last)
+        await self._discovery_call("ResetGroup", sms_pb2.ResetGroupRequest(
+            stream=stream, group=group, position=to, timestamp_ms=timestamp_ms,
+            sequence_numbers={k: str(v) for k, v in (sequence_numbers or {}).items()}))
+
+    async def delete_group(self, stream: str, group: str) -> None:
+        """Delete a consumer group: its leases, checkpoints and members. Raises
+        GroupNotFound, StreamNotFound."""
+        await self._discovery_call("DeleteGroup", sms_pb2.GroupRequest(stream=stream, group=group))
+
+    async def register_consumer(self, stream: str, consumer: str) -> None:
+        """Register a consumer: while the stream protects unread records, nothing it has not
+        checkpointed past is trimmed. Raises StreamNotFound."""
+        await self.checkpoint_consumer(stream, consumer, {})
+
+    async def checkpoint_consumer(self, stream: str, consumer: str,
+                                  checkpoints: Mapping[int, int | str] | Mapping[str, int | str]) -> None:
+        """Record, per partition (ordinal or id), the SN of the last record processed, or
+        "SHARD_END" once a closed partition is read to its end.
+
+        Raises:
+            StreamNotFound, PartitionNotFound (a bad partition id), InvalidSequenceNumber."""
+        pb = {(p if isinstance(p, int) else parse_partition_id(p)): str(sn) for p, sn in checkpoints.items()}
+        await self._admin_call("UpdateConsumer", sms_pb2.UpdateConsumerRequest(
+            stream=stream, consumer=consumer, checkpoints=pb))
+
+    async def deregister_consumer(self, stream: str, consumer: str) -> None:
+        """Forget a registered consumer: its unread records no longer hold retention back.
+        Raises StreamNotFound."""
+        await self._admin_call("UpdateConsumer", sms_pb2.UpdateConsumerRequest(
+            stream=stream, consumer=consumer, remove=True))
