@@ -137,6 +137,9 @@ SETTINGS: tuple[Setting, ...] = (
             16 * 1024 * 1024, 64 * GiB),
     Setting("metrics.scrape_timeout_s", float, limits.METRICS_SCRAPE_TIMEOUT_S,
             "a metrics scrape reads the node's state within this", "METRICS_SCRAPE_TIMEOUT_S", 0.1, 60.0),
+    Setting("metrics.lag_refresh_s", float, limits.METRICS_LAG_REFRESH_S,
+            "consumer lag (metadata reads) is computed at most this often per node; scrapes between reuse it",
+            "METRICS_LAG_REFRESH_S", 0.5, 3600.0),
     Setting("encryption.master_key_file", str, "",
             "the cluster's master keys (JSON, mode 0600): they wrap encrypted streams' data keys; every node "
             "needs the same file (else $SMS_MASTER_KEY; `sms up` makes DIR/tls/master.key)"),

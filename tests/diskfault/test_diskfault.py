@@ -2,8 +2,8 @@
 each kind -- a storage node's disk fills (ENOSPC, StorageFull) and a storage node's disk
 fails an fsync (EIO, StorageFailed fence) -- each on a fresh cluster under
 de-duplicating producers and a tailing consumer, checked by the fault trials' history
-checker. Marked slow: DISK_TRIALS (default 5) trials of each kind and their table
-(`pytest -s -m slow tests/diskfault`). Everything skips with the reason when it cannot
+checker. Marked slow and sweep (`make test-full`): DISK_TRIALS (default 5) trials of each
+kind and their table (`pytest -s -m slow tests/diskfault`). Everything skips with the reason when it cannot
 run here: not root, no ZooKeeper (java and Debian's zookeeper), and for fsync_fails no
 FUSE (/dev/fuse, fuse3, mfusepy). The ZooKeeper server is shared by the module's trials;
 each cluster has a prefix of its own."""
@@ -64,6 +64,7 @@ def test_disk_fault_trial(kind, tmp_path, zk_for):
 
 
 @pytest.mark.slow
+@pytest.mark.sweep          # (`make test` runs each kind once, above; `make test-full` the table)
 def test_disk_fault_table(tmp_path, zk_for):
     """DISK_TRIALS trials of each kind that can run here; the tables."""
     count = int(os.environ.get("DISK_TRIALS", DISK_TRIALS_DEFAULT))

@@ -246,6 +246,26 @@ def _rejoined(client, stream: str, victim: str, epochs: dict[int, int]) -> bool:
                and p.chain_epoch > epochs[p.ordinal] and all(m.address for m in p.chain) for p in info.partitions)
 
 
+def _chains_now(client, cluster: LocalCluster, stream: str) -> str:
+    """Each chain's epoch, members, learners and last changes, and the control node's last
+    log lines about the victim: what a failed wait for the rejoin needs to be understood."""
+    lines = []
+    try:
+        for p in client.get_stream_info(stream, refresh=True).partitions:
+            lines.append(f"p{p.ordinal}: epoch {p.chain_epoch} chain {[m.node_id for m in p.chain]} "
+                         f"learners {[m.node_id for m in p.learners]} history {list(p.history)[-4:]}")
+    except errors.SmsError as e:
+        lines.append(f"the stream's map: {e.name}: {e.message}")
+    path = os.path.join(cluster.data_dir, "logs", "control.log")
+    try:
+        with open(path, errors="replace") as f:
+            about = [ln.rstrip() for ln in f if VICTIM in ln]
+        lines += ["control.log about " + VICTIM + ":"] + about[-15:]
+    except OSError as e:
+        lines.append(f"{path}: {e}")
+    return "\n".join(lines)
+
+
 def test_a_failed_fsync_on_a_chain_member_under_load_acks_nothing_unpersisted(tmp_path):
     data = tmp_path / "cluster"
     with FaultyDisk(tmp_path / "disk-n2", data / VICTIM / "storage") as disk:
@@ -320,8 +340,11 @@ def _run_fsync_trial(cluster: LocalCluster, disk: FaultyDisk) -> None:
             t_resumed = time.monotonic()
             load.wait_acks(acked + AFTER_ACKS, ACK_TIMEOUT_S)
             epochs = {p.ordinal: p.chain_epoch for p in info.partitions}
-            wait_until(lambda: _rejoined(client, stream, VICTIM, epochs), HEAL_TIMEOUT_S,
-                       f"{VICTIM} removed and back in every chain, its log checked and copied")
+            try:
+                wait_until(lambda: _rejoined(client, stream, VICTIM, epochs), HEAL_TIMEOUT_S,
+                           f"{VICTIM} removed and back in every chain, its log checked and copied")
+            except AssertionError as e:    # (seen twice in parallel suite runs: say where each chain stands)
+                raise AssertionError(f"{e}\n{_chains_now(client, cluster, stream)}") from None
             t_healed = time.monotonic()
             print(f"fenced {t_fenced - t_fault:.2f}s after the fault, out of its chains and acks resumed "
                   f"{t_resumed_fenced - t_fenced:.2f}s later; restart took {t_up - t_restart:.2f}s; "

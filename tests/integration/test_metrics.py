@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import sms
 from node.launcher import LocalCluster
+from tests.conftest import env_cluster
 from sms import errors
 
 pytestmark = pytest.mark.integration
@@ -49,7 +50,9 @@ def total(samples: dict, name: str, **labels) -> float:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(str(tmp_path_factory.mktemp("metrics")), nodes=3) as c:
+    # consumer lag computed every second, not every ten (node/config.py metrics.lag_refresh_s):
+    # the lag tests wait for it five times
+    with env_cluster(tmp_path_factory, {"SMS_METRICS_LAG_REFRESH_S": "1"}, "metrics", nodes=3) as c:
         yield c
 
 
