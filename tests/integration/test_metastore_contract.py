@@ -24,8 +24,6 @@ import os
 import signal
 import sys
 import time
-import urllib.parse
-import uuid
 from pathlib import Path
 from typing import Awaitable, Callable, Iterator
 
@@ -38,7 +36,6 @@ from metastore import (
     Delete,
     EmbeddedMetaStore,
     Entry,
-    MetaStore,
     MetaStoreError,
     MetaStoreClosedError,
     NoChildrenForEphemeralsError,
@@ -53,6 +50,7 @@ from metastore import (
 )
 from sms import limits
 from sms.limits import METASTORE_PATH_BYTES_MAX
+from tests.metastores import StoreFactory, fresh_prefix, store_factory, zk_server  # noqa: F401 (fixtures)
 from tests.zkserver import ZkServer, expire_session, skip_reason, zk_available
 from sms.limits import (
     METASTORE_POLL_INTERVAL_S,
@@ -73,35 +71,6 @@ ZK_PAUSE_S = METASTORE_SESSION_TTL_S / 3    # a server pause the session must su
 
 # --- fixtures and helpers -------------------------------------------------------------
 
-class StoreFactory:
-    """Opens clients (unstarted) of one fresh store; `url` is what child processes
-    pass to open_metastore()."""
-
-    def __init__(self, backend: str, url: str) -> None:
-        self.backend = backend
-        self.url = url
-
-    def client(self) -> MetaStore:
-        return open_metastore(self.url)
-
-
-def fresh_prefix() -> str:
-    return f"/test-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture(scope="module")
-def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZkServer]:
-    """One real ZooKeeper server for the module's tests (each uses its own prefix)."""
-    if not zk_available():
-        pytest.skip(skip_reason())
-    server = ZkServer(tmp_path_factory.mktemp("zk"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def dedicated_zk(tmp_path: Path) -> Iterator[ZkServer]:
     """A server of one test's own, for tests that pause or restart it."""
@@ -113,17 +82,6 @@ def dedicated_zk(tmp_path: Path) -> Iterator[ZkServer]:
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture(params=["embedded", "zk"])
-def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
-    if request.param == "embedded":
-        path = urllib.parse.quote(str(tmp_path / "meta.lmdb"))
-        return StoreFactory("embedded", f"embedded://{path}")
-    if request.param == "zk":
-        server: ZkServer = request.getfixturevalue("zk_server")
-        return StoreFactory("zk", server.url(fresh_prefix()))
-    raise AssertionError(f"unknown backend {request.param!r}")
 
 
 def run(body: Awaitable[None]) -> None:

@@ -20,17 +20,13 @@ import asyncio
 import dataclasses
 import json
 import time
-import urllib.parse
-import uuid
 from collections import Counter
-from pathlib import Path
-from typing import Awaitable, Callable, Iterator
+from typing import Awaitable, Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metastore import MetaStore, open_metastore
 from sms import limits
 from sps.leases import (
     LATEST,
@@ -44,43 +40,13 @@ from sps.leases import (
     leases_path,
     plan_takes,
 )
-from tests.zkserver import ZkServer, skip_reason, zk_available
+from tests.metastores import StoreFactory, store_factory, zk_server  # noqa: F401 (fixtures)
 
 TEST_TIMEOUT_S = 30.0
 FAR_PAST_S = 1e6          # observed this long ago: expired for any failover time used here
 
 
 # --- real stores ---------------------------------------------------------------------------
-
-class StoreFactory:
-    def __init__(self, backend: str, url: str) -> None:
-        self.backend = backend
-        self.url = url
-
-    def client(self) -> MetaStore:
-        return open_metastore(self.url)
-
-
-@pytest.fixture(scope="module")
-def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZkServer]:
-    if not zk_available():
-        pytest.skip(skip_reason())
-    server = ZkServer(tmp_path_factory.mktemp("zk"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(params=["embedded", "zk"])
-def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
-    if request.param == "embedded":
-        path = urllib.parse.quote(str(tmp_path / "meta.lmdb"))
-        return StoreFactory("embedded", f"embedded://{path}")
-    server: ZkServer = request.getfixturevalue("zk_server")
-    return StoreFactory("zk", server.url(f"/test-{uuid.uuid4().hex[:12]}"))
-
 
 def run(body: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(body(), TEST_TIMEOUT_S))
