@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sms import limits, wire
-from sms.errors import FailedPrecondition, PermissionDenied, SmsError, StaleEpoch, WrongOwner
+from sms.errors import FailedPrecondition, PermissionDenied, SmsError, StaleEpoch, WrongOwner, invariant
 from sms.metadata import ChainConfig
 
 
@@ -281,6 +281,21 @@ class SenderState(enum.Enum):
     STOPPED = "stopped"            # for good (the link was stopped or its replica closed)
 
 
+# Every transition a sender may make (`Sender._to` holds it to this table: any other is a
+# bug, an InvariantViolation). docs/architecture.md, "The chain link protocol", shows it.
+SENDER_TRANSITIONS: dict[SenderState, frozenset[SenderState]] = {
+    SenderState.IDLE: frozenset({SenderState.CONNECTING, SenderState.STOPPED}),                  # start, stop
+    SenderState.CONNECTING: frozenset({SenderState.HELLO_SENT, SenderState.BROKEN,                # opened, open failed
+                                       SenderState.STOPPED}),
+    SenderState.HELLO_SENT: frozenset({SenderState.STREAMING, SenderState.RESETTING,              # answered
+                                       SenderState.BROKEN, SenderState.STOPPED}),
+    SenderState.RESETTING: frozenset({SenderState.BROKEN, SenderState.STOPPED}),                  # the successor ended
+    SenderState.STREAMING: frozenset({SenderState.BROKEN, SenderState.STOPPED}),                  # lost, refused, stale
+    SenderState.BROKEN: frozenset({SenderState.CONNECTING, SenderState.STOPPED}),                 # the retry timer
+    SenderState.STOPPED: frozenset(),
+}
+
+
 class Sender:
     """The predecessor's side of one link: ships `view`'s log to `successor`.
 
@@ -323,14 +338,14 @@ class Sender:
     def start(self, now: float) -> list[Action]:
         if self.state is not SenderState.IDLE:
             return []
-        self.state = SenderState.CONNECTING
+        self._to(SenderState.CONNECTING)
         return [Open()]
 
     def opened(self, now: float) -> list[Action]:
         """The transport opened a stream: say hello in the replica's current epoch."""
         if self.state is not SenderState.CONNECTING:
             return []
-        self.state = SenderState.HELLO_SENT
+        self._to(SenderState.HELLO_SENT)
         self.epoch = self.view.config.epoch
         self.generation = self.view.generation
         self.deadline = None
@@ -392,11 +407,11 @@ class Sender:
         if answer.last_sn and not view.holds_batch(answer.last_first_sn, answer.last_sn, answer.last_checksum):
             # its log is not a prefix of ours (a restarted node that had taken writes we never
             # saw, or lost some): it is wiped and copied from the start
-            self.state = SenderState.RESETTING
+            self._to(SenderState.RESETTING)
             self.deadline = now + limits.LINK_RESET_TIMEOUT_S
             self.waiting_since = None
             return [Send(Reset(self.chain_id, self.epoch)), FinishSending(), SetTimer(self.deadline)]
-        self.state = SenderState.STREAMING
+        self._to(SenderState.STREAMING)
         self.acked_sn = self.sent_sn = answer.last_sn
         self._drop_inflight()
         # the progress first: a learner's gate is settled before it hears it is verified
@@ -440,7 +455,7 @@ class Sender:
         if self.deadline is not None and now >= self.deadline:
             if state is SenderState.BROKEN:
                 self.deadline = None
-                self.state = SenderState.CONNECTING
+                self._to(SenderState.CONNECTING)
                 return [Open()]
             if state is SenderState.RESETTING:
                 return self._break(now, f"the successor did not end the stream within "
@@ -475,12 +490,17 @@ class Sender:
         if self.state is SenderState.STOPPED:
             return []
         had_stream = self.state in (SenderState.HELLO_SENT, SenderState.RESETTING, SenderState.STREAMING)
-        self.state = SenderState.STOPPED
+        self._to(SenderState.STOPPED)
         self.deadline = None
         self._drop_inflight()
         return [Close(reason)] if had_stream else []
 
     # --- helpers -----------------------------------------------------------------------
+    def _to(self, state: SenderState) -> None:
+        invariant(state in SENDER_TRANSITIONS[self.state],
+                  f"link {self.name()}: {self.state.value} -> {state.value} is not a sender's transition")
+        self.state = state
+
     def _room(self) -> bool:
         return len(self.inflight) < limits.CHAIN_INFLIGHT_BATCHES_MAX and \
             self.inflight_bytes < limits.CHAIN_INFLIGHT_BYTES_MAX and self.budget.room()
@@ -520,7 +540,7 @@ class Sender:
 
     def _break(self, now: float, reason: str, suspect: bool, silent: bool = False,
                retry_s: float | None = None) -> list[Action]:
-        self.state = SenderState.BROKEN
+        self._to(SenderState.BROKEN)
         self.broken_reason = reason
         self.deadline = now + (limits.LINK_RETRY_INTERVAL_S if retry_s is None else retry_s)
         self._drop_inflight()
@@ -535,6 +555,15 @@ class ReceiverState(enum.Enum):
     VERIFYING = "verifying"        # answered; waits for Verified or Reset
     STREAMING = "streaming"        # verified: stores batches, acks progress
     CLOSED = "closed"              # the stream ends (or ended)
+
+
+# Every transition a receiver may make (`Receiver._to` holds it to this table).
+RECEIVER_TRANSITIONS: dict[ReceiverState, frozenset[ReceiverState]] = {
+    ReceiverState.AWAIT_HELLO: frozenset({ReceiverState.VERIFYING, ReceiverState.CLOSED}),     # answered, refused
+    ReceiverState.VERIFYING: frozenset({ReceiverState.STREAMING, ReceiverState.CLOSED}),       # verified, reset
+    ReceiverState.STREAMING: frozenset({ReceiverState.CLOSED}),
+    ReceiverState.CLOSED: frozenset(),
+}
 
 
 class Receiver:
@@ -579,10 +608,10 @@ class Receiver:
         if isinstance(message, Verified):
             if state is ReceiverState.STREAMING:
                 return []                       # (a duplicate: harmless)
-            self.state = ReceiverState.STREAMING
+            self._to(ReceiverState.STREAMING)
             return [MarkVerified()]
         if isinstance(message, Reset) and state is ReceiverState.VERIFYING:
-            self.state = ReceiverState.CLOSED
+            self._to(ReceiverState.CLOSED)
             return [ResetLog(), Close("log wiped at the predecessor's request; it copies anew")]
         return self._refuse(_protocol_error(f"{_kind(message)} in state {state.value}"))
 
@@ -603,7 +632,7 @@ class Receiver:
         if self.sender and self.sender != predecessor:
             return self._refuse(PermissionDenied(f"{config.chain_id}: {self.node_id} takes this chain's log only "
                                                  f"from its predecessor {predecessor}, not from node {self.sender}"))
-        self.state = ReceiverState.VERIFYING
+        self._to(ReceiverState.VERIFYING)
         self.predecessor = predecessor
         self.generation = view.generation
         self.sent = (view.last_sn, view.committed_sn)
@@ -645,13 +674,19 @@ class Receiver:
         self.sent = now
         return [Send(Ack(self.chain_id, self.epoch, now[0], now[1]))]
 
+    def _to(self, state: ReceiverState) -> None:
+        invariant(state in RECEIVER_TRANSITIONS[self.state],
+                  f"receiver of {self.chain_id or '?'} on {self.node_id}: {self.state.value} -> {state.value} is "
+                  "not a receiver's transition")
+        self.state = state
+
     def _refuse(self, error: SmsError) -> list[Action]:
-        self.state = ReceiverState.CLOSED
+        self._to(ReceiverState.CLOSED)
         return [Send(Refusal(self.chain_id, self.epoch, error.name, error.message)),
                 Close(f"refused: {error.name}: {error.message}")]
 
     def _close(self, reason: str, suspect: str = "") -> list[Action]:
-        self.state = ReceiverState.CLOSED
+        self._to(ReceiverState.CLOSED)
         return [Close(reason, suspect)]
 
 

@@ -14,11 +14,13 @@ own tests are tests/unit/test_linkdriver.py.
 from __future__ import annotations
 
 import collections
+import enum
+import pathlib
 
 import pytest
 
 from sms import limits, seqno, wire
-from sms.errors import LogDiverged
+from sms.errors import InvariantViolation, LogDiverged
 from sms.metadata import ChainConfig
 from sms.types import Persistence
 from storage import link
@@ -736,3 +738,48 @@ def test_a_batch_that_does_not_chain_is_refused_with_log_diverged():
     w.run()
     assert w.sender.broken_reason.startswith("the successor's log was not a prefix")
     assert successor.batches == rewritten and successor.generation == 1
+
+
+# --- the transition tables ---------------------------------------------------------------------
+
+def test_a_transition_outside_the_table_is_a_bug():
+    s = Sender(FakeView("n1", config()), "n2")
+    s.start(T)
+    with pytest.raises(InvariantViolation, match="connecting -> streaming is not a sender's transition"):
+        s._to(SenderState.STREAMING)
+    r, _view = receiver_at()
+    with pytest.raises(InvariantViolation, match="await_hello -> streaming is not a receiver's transition"):
+        r._to(ReceiverState.STREAMING)
+    assert link.SENDER_TRANSITIONS[SenderState.STOPPED] == frozenset()
+    assert link.RECEIVER_TRANSITIONS[ReceiverState.CLOSED] == frozenset()
+    assert set(link.SENDER_TRANSITIONS) == set(SenderState) and set(link.RECEIVER_TRANSITIONS) == set(ReceiverState)
+
+
+def _documented(title: str, states: type[enum.Enum], with_stream: set) -> set[tuple]:
+    """The (from, to) pairs of a state table in docs/architecture.md ("any with a stream"
+    and "any" stand for the states they name; a row that stays is no transition)."""
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    rows = text[text.index(title):].split("\n\n")[1].splitlines()[2:]
+    by_name = {s.name: s for s in states}
+    pairs = set()
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        sources, target = cells[0], cells[2]
+        if sources == "any with a stream":
+            froms = with_stream
+        elif sources == "any":
+            froms = {s for s in states if s.name not in ("STOPPED", "CLOSED")}
+        else:
+            froms = {by_name[n.strip()] for n in sources.split(",")}
+        if target in ("same",):
+            continue
+        pairs |= {(f, by_name[target]) for f in froms if f is not by_name[target]}
+    return pairs
+
+
+def test_the_documented_tables_are_the_code_tables():
+    code = {(f, t) for f, ts in link.SENDER_TRANSITIONS.items() for t in ts}
+    stream = {SenderState.HELLO_SENT, SenderState.RESETTING, SenderState.STREAMING}
+    assert _documented("**The sender**", SenderState, stream) == code
+    code = {(f, t) for f, ts in link.RECEIVER_TRANSITIONS.items() for t in ts}
+    assert _documented("**The receiver**", ReceiverState, set()) == code
