@@ -211,7 +211,10 @@ def page_errors(driver) -> list[str]:
 
 
 def test_page_lists_the_nodes(cluster, browser):
-    assert browser.current_url.endswith("/console/")
+    # the page drops ?token= from the address bar (history.replaceState, console.js); the
+    # browser reports the new address a moment later on a loaded machine: waited for
+    wait_until(lambda: browser.current_url.endswith("/console/"), PAGE_LOAD_TIMEOUT_S,
+               f"the address bar without the token: {browser.current_url}")
     for node_id in cluster.procs:
         wait_for(browser, f'#nodes-table tr[data-node="{node_id}"]', f"node {node_id}")
     assert wait_for(browser, "#role", "the leader badge")[0].text == "leader"
