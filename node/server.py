@@ -91,90 +91,150 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     a cluster port, and every client call's key checked); None: one plaintext port for
     everything, no credentials. `bootstrap_token`: the cluster's first admin key, made
     once in its life (`sms up`). `metrics_listen`: where /metrics is served (default: the
-    client port's host, any free port), over HTTPS with `tls_files` (certificate, key)."""
-    from control.admin import StreamAdmin, ensure_roots
-    from control.election import LeaderElection
-    from control.manager import ChainManager
-    from control.repartition import Repartitioner
-    from metastore import MetaStoreError, NodeExistsError, open_metastore
-    from metastore.view import ClusterView
-    from control.service import ControlService
-    from ingestion.service import IngestionService
-    from node.console import Console
-    from node.health import NodeHealth
-    from node.metrics import NodeCollector, serve_metrics, stop_metrics
-    from retrieval.service import RetrievalService
-    from sms.tokens import TokenCodec
-    from sms.proto import sms_pb2_grpc
-    from storage.head import HeadSession
-    from storage.service import StorageNode, StorageService
+    client port's host, any free port), over HTTPS with `tls_files` (certificate, key).
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGUSR1, _log_tasks)
-    parent_watch = (loop.create_task(_watch_parent(exit_with_pid, stop, any_process=True)) if exit_with_pid
-                    else loop.create_task(_watch_parent(os.getppid(), stop)) if exit_with_parent else None)
+    The steps, in order (`_Node`): the metadata store, the ports, the services of the
+    roles, the servers started, metrics and the console, the registration, the control
+    role's election, serving; then, once stopped, the same taken down."""
+    node = _Node(node_id, roles, data_dir, tls, master_keys, master_key_file)
+    stop = node.watch_signals(exit_with_pid, exit_with_parent)
+    await node.open_store(metastore_url)
+    await node.open_ports(listen, cluster_listen, bootstrap_token)
+    await node.add_services()
+    await node.start_servers()
+    node.serve_metrics(metrics_listen, tls_files)
+    await node.register()
+    node.start_control()
+    await node.serving(session_file, ready_file)
+    await stop.wait()
+    await node.stop()
 
-    store = open_metastore(metastore_url)
-    await store.start()
-    await ensure_roots(store)
-    view = ClusterView(store)
-    await view.start()
 
-    channels = rpc.NodeChannels(tls)       # this node's TLS, for its calls to other nodes
-    host = listen.rsplit(":", 1)[0]
-    cluster_address = ""
-    revoked = None
-    if tls is None:
-        server = grpc.aio.server(options=rpc.SERVER_OPTIONS)
-        servers = [server]
-        port = server.add_insecure_port(listen)
-    else:
-        # a TLS node checks every client call's key (control/auth.py)
-        keys = auth.KeyTable(store)
-        if bootstrap_token:
-            if await auth.bootstrap_admin_key(store, bootstrap_token):
-                log.info("created the cluster's first admin key (%s)", auth.parse_token(bootstrap_token)[0])
-        server = grpc.aio.server(options=rpc.SERVER_OPTIONS, interceptors=[node_tls.ClientPortGuard(keys)])
-        port = server.add_secure_port(listen, node_tls.client_port_credentials(tls))
-        revoked = RevokedCerts(store)
-        await revoked.start()
-        inner = grpc.aio.server(options=rpc.SERVER_OPTIONS, interceptors=[node_tls.ClusterPortGuard(revoked)])
-        servers = [server, inner]
-        cluster_listen = cluster_listen or f"{host}:0"
-        cluster_port = inner.add_secure_port(cluster_listen, node_tls.cluster_port_credentials(tls))
-        if cluster_port == 0:
-            raise SystemExit(f"cannot listen on {cluster_listen}")
-        cluster_address = f"{cluster_listen.rsplit(':', 1)[0]}:{cluster_port}"
-    if port == 0:
-        raise SystemExit(f"cannot listen on {listen}")
-    address = f"{host}:{port}"
+class _Node:
+    """One node process's parts, made by `serve` in steps and taken down by `stop`."""
 
-    started_ms = int(time.time() * 1000)      # this process's incarnation
-    control = ControlService(view, None, control_role="control" in roles)
-    # the cluster port (servers[1:]) serves what nodes call of each other: the chain's
-    # protocols and reads of other replicas; admin and client calls need the client port
-    # and a key, even for a holder of a node certificate
-    sms_pb2_grpc.add_ControlServicer_to_server(control, server)
-    # (every node serves the Control service: discovery calls, whatever its roles)
-    health = NodeHealth(("control",) + tuple(r for r in ("storage", "ingestion", "retrieval") if r in roles))
-    health.add_to(server)
-    await health.starting()
-    background: set[asyncio.Task] = set()
+    def __init__(self, node_id: str, roles: tuple[str, ...], data_dir: str, tls: security.TlsConfig | None,
+                 master_keys: "encryption.MasterKeys | None", master_key_file: str) -> None:
+        self.node_id = node_id
+        self.roles = roles
+        self.data_dir = data_dir
+        self.tls = tls
+        self.master_keys = master_keys
+        self.master_key_file = master_key_file
+        self.loop = asyncio.get_running_loop()
+        self.started_ms = int(time.time() * 1000)       # this process's incarnation
+        self.channels = rpc.NodeChannels(tls)            # this node's TLS, for its calls to other nodes
+        self.parent_watch: asyncio.Task | None = None
+        self.background: set[asyncio.Task] = set()
+        self.keys = self.revoked = None
+        self.storage = self.ingestion = self.retrieval = self.election = None
+        self.registrations: list[tuple[str, bytes]] = []
 
-    def in_background(coroutine) -> None:
-        task = loop.create_task(coroutine)
-        background.add(task)
-        task.add_done_callback(background.discard)
-    storage = ingestion = election = retrieval = None
-    stream_keys = encryption.StreamKeys(store, master_keys or encryption.MasterKeys.none(), master_key_file)
-    if "storage" in roles:
-        storage = StorageNode(node_id, data_dir, store, incarnation=started_ms, keys=stream_keys, channels=channels)
-        storage_service = StorageService(storage, roles, os.getpid())
-        control.storage_service = storage_service
-        for srv in servers:
+    def in_background(self, coroutine) -> None:
+        task = self.loop.create_task(coroutine)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    def watch_signals(self, exit_with_pid: int, exit_with_parent: bool) -> asyncio.Event:
+        """The event that stops the node: SIGTERM, SIGINT, or its launcher gone."""
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, stop.set)
+        self.loop.add_signal_handler(signal.SIGUSR1, _log_tasks)
+        if exit_with_pid:
+            self.parent_watch = self.loop.create_task(_watch_parent(exit_with_pid, stop, any_process=True))
+        elif exit_with_parent:
+            self.parent_watch = self.loop.create_task(_watch_parent(os.getppid(), stop))
+        return stop
+
+    async def open_store(self, metastore_url: str) -> None:
+        from control.admin import ensure_roots
+        from metastore import open_metastore
+        from metastore.view import ClusterView
+        self.store = open_metastore(metastore_url)
+        await self.store.start()
+        await ensure_roots(self.store)
+        self.view = ClusterView(self.store)
+        await self.view.start()
+
+    async def open_ports(self, listen: str, cluster_listen: str, bootstrap_token: str) -> None:
+        """The client port, and on a TLS node the cluster port (servers[1:]), which serves
+        what nodes call of each other: the chain's protocols and reads of other replicas;
+        admin and client calls need the client port and a key, even for a holder of a node
+        certificate."""
+        self.host = listen.rsplit(":", 1)[0]
+        self.cluster_address = ""
+        if self.tls is None:
+            self.server = grpc.aio.server(options=rpc.SERVER_OPTIONS)
+            self.servers = [self.server]
+            port = self.server.add_insecure_port(listen)
+        else:
+            # a TLS node checks every client call's key (control/auth.py)
+            self.keys = auth.KeyTable(self.store)
+            if bootstrap_token:
+                if await auth.bootstrap_admin_key(self.store, bootstrap_token):
+                    log.info("created the cluster's first admin key (%s)", auth.parse_token(bootstrap_token)[0])
+            self.server = grpc.aio.server(options=rpc.SERVER_OPTIONS,
+                                          interceptors=[node_tls.ClientPortGuard(self.keys)])
+            port = self.server.add_secure_port(listen, node_tls.client_port_credentials(self.tls))
+            self.revoked = RevokedCerts(self.store)
+            await self.revoked.start()
+            inner = grpc.aio.server(options=rpc.SERVER_OPTIONS, interceptors=[node_tls.ClusterPortGuard(self.revoked)])
+            self.servers = [self.server, inner]
+            cluster_listen = cluster_listen or f"{self.host}:0"
+            cluster_port = inner.add_secure_port(cluster_listen, node_tls.cluster_port_credentials(self.tls))
+            if cluster_port == 0:
+                raise SystemExit(f"cannot listen on {cluster_listen}")
+            self.cluster_address = f"{cluster_listen.rsplit(':', 1)[0]}:{cluster_port}"
+        if port == 0:
+            raise SystemExit(f"cannot listen on {listen}")
+        self.address = f"{self.host}:{port}"
+
+    async def add_services(self) -> None:
+        """Control (every node serves its discovery calls, whatever its roles), health, and
+        the services of this node's roles."""
+        from control.service import ControlService
+        from node.health import NodeHealth
+        from sms.proto import sms_pb2_grpc
+        roles = self.roles
+        self.control = ControlService(self.view, None, control_role="control" in roles)
+        sms_pb2_grpc.add_ControlServicer_to_server(self.control, self.server)
+        self.health = NodeHealth(("control",) + tuple(r for r in ("storage", "ingestion", "retrieval") if r in roles))
+        self.health.add_to(self.server)
+        await self.health.starting()
+        self.stream_keys = encryption.StreamKeys(self.store, self.master_keys or encryption.MasterKeys.none(),
+                                                 self.master_key_file)
+        if "storage" in roles:
+            self._add_storage()
+        if "ingestion" in roles:
+            from ingestion.service import IngestionService
+            from storage.head import HeadSession
+            # the chain heads this node ingests for are its own storage role's replicas:
+            # batches reach them by a direct call (storage/head.py), not over loopback gRPC
+            storage = self.storage
+            local_head = (lambda: HeadSession(storage)) if storage is not None else None
+            self.ingestion = IngestionService(self.node_id, self.view, local_head=local_head, channels=self.channels)
+            self.ingestion.start()
+            sms_pb2_grpc.add_IngestionServicer_to_server(self.ingestion, self.server)
+        if "retrieval" in roles:
+            from retrieval.service import RetrievalService
+            from sms.tokens import TokenCodec
+            secret = await self.store.get(metadata.CLUSTER_SECRET)
+            tokens = TokenCodec(bytes.fromhex(secret.value.decode()))
+            self.retrieval = RetrievalService(self.storage, self.view, tokens, keys=self.stream_keys)
+            for srv in self.servers:
+                sms_pb2_grpc.add_RetrievalServicer_to_server(self.retrieval, srv)
+
+    def _add_storage(self) -> None:
+        from metastore import MetaStoreError, NodeExistsError
+        from sms.proto import sms_pb2_grpc
+        from storage.service import StorageNode, StorageService
+        node_id, store, started_ms = self.node_id, self.store, self.started_ms
+        self.storage = StorageNode(node_id, self.data_dir, store, incarnation=started_ms, keys=self.stream_keys,
+                                   channels=self.channels)
+        storage_service = StorageService(self.storage, self.roles, os.getpid())
+        self.control.storage_service = storage_service
+        for srv in self.servers:
             sms_pb2_grpc.add_StorageServicer_to_server(storage_service, srv)
 
         async def report_disk_failed() -> None:
@@ -192,67 +252,71 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
                     log.exception("reporting the failed disk failed; retrying")
                     await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
 
-        reports: set[asyncio.Task] = set()
-
-        def report() -> None:
-            task = loop.create_task(report_disk_failed())
-            reports.add(task)
-            task.add_done_callback(reports.discard)
         def fenced() -> None:
-            report()
-            in_background(health.failed_disk())
+            self.in_background(report_disk_failed())
+            self.in_background(self.health.failed_disk())
         # called on the thread that found the failure
-        storage.logs.health.on_fence = lambda: loop.call_soon_threadsafe(fenced)
-    if "ingestion" in roles:
-        # the chain heads this node ingests for are its own storage role's replicas: batches
-        # reach them by a direct call (storage/head.py), not over loopback gRPC
-        local_head = (lambda: HeadSession(storage)) if storage is not None else None
-        ingestion = IngestionService(node_id, view, local_head=local_head, channels=channels)
-        ingestion.start()
-        sms_pb2_grpc.add_IngestionServicer_to_server(ingestion, server)
-    if "retrieval" in roles:
-        secret = await store.get(metadata.CLUSTER_SECRET)
-        tokens = TokenCodec(bytes.fromhex(secret.value.decode()))
-        retrieval = RetrievalService(storage, view, tokens, keys=stream_keys)
-        for srv in servers:
-            sms_pb2_grpc.add_RetrievalServicer_to_server(retrieval, srv)
-    for srv in servers:
-        await srv.start()
-    if storage is not None:
-        await storage.start()
+        self.storage.logs.health.on_fence = lambda: self.loop.call_soon_threadsafe(fenced)
 
-    collector = NodeCollector(loop, node_id, roles, data_dir, storage=storage, ingestion=ingestion, view=view,
-                              is_leader=lambda: control.admin is not None, groups=control.groups)
-    # the web console (node/console.py), read-only, on the metrics port of a control node
-    # (on a secure cluster, /api/state wants a cluster admin's key, as the gRPC API would)
-    console = (Console(loop, node_id, view, control.groups, is_leader=lambda: control.admin is not None,
-                       keys=keys if tls is not None else None)
-               if "control" in roles else None)
-    metrics_server, metrics_address = serve_metrics(metrics_listen or f"{host}:0", collector,
-                                                    *(tls_files if tls is not None else ("", "")), app=console,
-                                                    keys=keys if tls is not None else None)
-    info = NodeInfo(node_id=node_id, address=address, roles=roles, pid=os.getpid(), started_ms=started_ms,
-                    cluster_address=cluster_address, metrics_address=metrics_address)
-    async def register(path: str, value: bytes) -> None:
+    async def start_servers(self) -> None:
+        for srv in self.servers:
+            await srv.start()
+        if self.storage is not None:
+            await self.storage.start()
+
+    def serve_metrics(self, metrics_listen: str, tls_files: tuple[str, str]) -> None:
+        """/metrics, and on a control node the web console (node/console.py), read-only, on
+        the same port (on a secure cluster, /api/state wants a cluster admin's key, as the
+        gRPC API would)."""
+        from node.console import Console
+        from node.metrics import NodeCollector, serve_metrics
+        control = self.control
+        self.collector = NodeCollector(self.loop, self.node_id, self.roles, self.data_dir, storage=self.storage,
+                                       ingestion=self.ingestion, view=self.view,
+                                       is_leader=lambda: control.admin is not None, groups=control.groups)
+        keys = self.keys if self.tls is not None else None
+        console = (Console(self.loop, self.node_id, self.view, control.groups,
+                           is_leader=lambda: control.admin is not None, keys=keys)
+                   if "control" in self.roles else None)
+        self.metrics_server, self.metrics_address = serve_metrics(
+            metrics_listen or f"{self.host}:0", self.collector, *(tls_files if self.tls is not None else ("", "")),
+            app=console, keys=keys)
+
+    async def _register_once(self, path: str, value: bytes) -> None:
         """Create our ephemeral entry; an entry left by our own killed predecessor
         vanishes when its session expires, so wait that long before giving up."""
+        from metastore import NodeExistsError
         deadline = time.monotonic() + 2 * limits.METASTORE_SESSION_TTL_S
         while True:
             try:
-                await store.create(path, value, ephemeral=True)
+                await self.store.create(path, value, ephemeral=True)
                 return
             except NodeExistsError:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"{path} is held by another live process")
                 await asyncio.sleep(limits.METASTORE_POLL_INTERVAL_S)
 
-    registrations = [(metadata.node_path(node_id), metadata.node_to_bytes(info))]
-    for path, value in registrations:
-        await register(path, value)
-    if "control" in roles:
-        manager = ChainManager(store, channels)
-        repartitioner = Repartitioner(store, channels)
-        admin = StreamAdmin(store, view, master_keys=master_keys, channels=channels)
+    async def register(self) -> None:
+        info = NodeInfo(node_id=self.node_id, address=self.address, roles=self.roles, pid=os.getpid(),
+                        started_ms=self.started_ms, cluster_address=self.cluster_address,
+                        metrics_address=self.metrics_address)
+        self.registrations = [(metadata.node_path(self.node_id), metadata.node_to_bytes(info))]
+        for path, value in self.registrations:
+            await self._register_once(path, value)
+
+    def start_control(self) -> None:
+        """The control role: it takes part in the election; the leader runs the chain
+        manager, the repartitioner and stream admin."""
+        if "control" not in self.roles:
+            return
+        from control.admin import StreamAdmin
+        from control.election import LeaderElection
+        from control.manager import ChainManager
+        from control.repartition import Repartitioner
+        store, control = self.store, self.control
+        manager = ChainManager(store, self.channels)
+        repartitioner = Repartitioner(store, self.channels)
+        admin = StreamAdmin(store, self.view, master_keys=self.master_keys, channels=self.channels)
         admin.poke_repartitioner = repartitioner.poke
 
         async def elected() -> None:
@@ -265,57 +329,59 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
             await manager.stop()
             await repartitioner.stop()
 
-        election = LeaderElection(store, node_id, address, started_ms, elected, deposed)
-        election.start()
+        self.election = LeaderElection(store, self.node_id, self.address, self.started_ms, elected, deposed)
+        self.election.start()
 
-    async def register_again() -> None:
-        await health.unregistered()
-        while True:               # (until it holds: a node that is not registered serves no chain)
+    async def _register_again(self, session_file: str) -> None:
+        """Our session expired (we were paused): register again, with the same
+        incarnation, until it holds (a node that is not registered serves no chain)."""
+        from metastore import MetaStoreError
+        await self.health.unregistered()
+        while True:
             try:
-                for path, value in registrations:
-                    await register(path, value)
+                for path, value in self.registrations:
+                    await self._register_once(path, value)
                 break
             except (MetaStoreError, SystemExit) as e:
                 log.error("registering again after the session expired failed (%s); retrying", e)
                 await asyncio.sleep(limits.METASTORE_SESSION_TTL_S)
-        _write_session_file(session_file, store)
-        await health.serving()
+        _write_session_file(session_file, self.store)
+        await self.health.serving()
 
-    def reregister() -> None:   # our session expired (we were paused): register again
-        in_background(register_again())
+    async def serving(self, session_file: str, ready_file: str | None) -> None:
+        self.store.on_session_lost(lambda: self.in_background(self._register_again(session_file)))
+        _write_session_file(session_file, self.store)
+        await self.health.serving()
+        log.info("node %s serving %s on %s (%s; wire codec: %s; metrics on %s)", self.node_id, ",".join(self.roles),
+                 self.address, f"TLS, cluster port {self.cluster_address}" if self.tls else "plaintext: --insecure",
+                 wire.IMPLEMENTATION, self.metrics_address)
+        if ready_file:
+            tmp = ready_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"node_id": self.node_id, "address": self.address, "cluster_address": self.cluster_address,
+                           "metrics_address": self.metrics_address, "pid": os.getpid()}, f)
+            os.replace(tmp, ready_file)
 
-    store.on_session_lost(reregister)
-    _write_session_file(session_file, store)
-    await health.serving()
-    log.info("node %s serving %s on %s (%s; wire codec: %s; metrics on %s)", node_id, ",".join(roles), address,
-             f"TLS, cluster port {cluster_address}" if tls else "plaintext: --insecure", wire.IMPLEMENTATION,
-             metrics_address)
-    if ready_file:
-        tmp = ready_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"node_id": node_id, "address": address, "cluster_address": cluster_address,
-                       "metrics_address": metrics_address, "pid": os.getpid()}, f)
-        os.replace(tmp, ready_file)
-
-    await stop.wait()
-    log.info("node %s stopping", node_id)
-    await health.stopping()
-    if election is not None:      # first: a stopping cluster must not look like failing nodes
-        await election.stop()
-    if parent_watch is not None:
-        parent_watch.cancel()
-    await asyncio.gather(*(srv.stop(grace=1.0) for srv in servers))
-    await asyncio.to_thread(stop_metrics, metrics_server, collector)
-    if revoked is not None:
-        await revoked.close()
-    if ingestion is not None:
-        await ingestion.close()
-    if storage is not None:
-        await storage.close()
-    if retrieval is not None:
-        retrieval.archive.close()
-    view.close()
-    await store.close()
+    async def stop(self) -> None:
+        from node.metrics import stop_metrics
+        log.info("node %s stopping", self.node_id)
+        await self.health.stopping()
+        if self.election is not None:      # first: a stopping cluster must not look like failing nodes
+            await self.election.stop()
+        if self.parent_watch is not None:
+            self.parent_watch.cancel()
+        await asyncio.gather(*(srv.stop(grace=1.0) for srv in self.servers))
+        await asyncio.to_thread(stop_metrics, self.metrics_server, self.collector)
+        if self.revoked is not None:
+            await self.revoked.close()
+        if self.ingestion is not None:
+            await self.ingestion.close()
+        if self.storage is not None:
+            await self.storage.close()
+        if self.retrieval is not None:
+            self.retrieval.archive.close()
+        self.view.close()
+        await self.store.close()
 
 
 def _log_tasks() -> None:
