@@ -48,9 +48,13 @@ class ClusterView:
         self._streams.clear()
         self._nodes = None
 
-    async def stream(self, name: str) -> StreamView:
+    async def stream(self, name: str, max_age_s: float | None = None) -> StreamView:
+        """The stream's config, map and chains, read at most `max_age_s` ago (default
+        CONFIG_REFRESH_INTERVAL_S; the watches of /streams, /chains and /nodes drop what
+        they see change sooner)."""
         cached = self._streams.get(name)
-        if cached and time.monotonic() - cached[0] < limits.CONFIG_REFRESH_INTERVAL_S:
+        age_max = limits.CONFIG_REFRESH_INTERVAL_S if max_age_s is None else max_age_s
+        if cached and time.monotonic() - cached[0] < age_max:
             return cached[1]
         metadata.validate_stream_name(name)
         entry = await self.store.get(metadata.stream_path(name))

@@ -107,10 +107,15 @@ class RetrievalService(sms_pb2_grpc.RetrievalServicer):
         self.keys = keys               # the streams' data keys: sealed batches are opened before answering
 
     async def _entry(self, stream: str, ordinal: int):
-        view = await self.view.stream(stream)
-        for e in view.map.entries:
-            if e.ordinal == ordinal:
-                return e
+        """The partition's map entry. A partition the cached map does not have is looked
+        for again in a map read at most VIEW_MISS_REFRESH_S ago: a client that learned of
+        a new partition (a split, a scale) from a fresher map than this node's must not
+        hear PartitionNotFound for it (seen after a scale under a control kill)."""
+        for max_age_s in (None, limits.VIEW_MISS_REFRESH_S):
+            view = await self.view.stream(stream, max_age_s)
+            for e in view.map.entries:
+                if e.ordinal == ordinal:
+                    return e
         raise PartitionNotFound(f"stream {stream!r} has no partition p{ordinal:04d}")
 
     async def _within_read_limits(self, pos: Position) -> list[TokenBucket]:

@@ -123,6 +123,7 @@ NODE_START_TIMEOUT_S = 30.0                    # `sms up` waits this long for a 
 NODE_STOP_TIMEOUT_S = 10.0                     # SIGTERM, then SIGKILL after this
 PARENT_CHECK_INTERVAL_S = 0.5                  # a launched node notices its launcher died
 CONFIG_REFRESH_INTERVAL_S = 1.0                # nodes re-read chain configs at least so often
+VIEW_MISS_REFRESH_S = 0.2                     # a partition a cached map lacks is looked for in a map read this recently
 RPC_TIMEOUT_S = 10.0                           # unary RPCs between processes
 LINK_RETRY_INTERVAL_S = 0.2                    # a broken chain link reconnects after this
 METADATA_READ_WAIT_S = METASTORE_SESSION_TTL_S      # client calls wait so long for metadata, then Unavailable
