@@ -11,17 +11,10 @@ import pytest
 from sms.errors import InvariantViolation, LogDiverged
 from storage import link
 from storage.linkdriver import OPENED, PENDING, Observer, ReceiverDriver, SenderDriver
+from tests.unit.test_link import run_now
 
 CHAIN = "s:1"
 NOW = 50.0
-
-
-def run_now(coro):
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    raise AssertionError("the driver waited on something")
 
 
 class Transport(Observer):
