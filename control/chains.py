@@ -61,7 +61,9 @@ the console and the metrics (`sms_under_replicated_partitions`) count them.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sms import limits
 from sms.metadata import ChainChange, ChainConfig
@@ -71,6 +73,41 @@ from sms.metadata import ChainChange, ChainConfig
 class LearnerProgress:
     verified: bool             # its log matched the tail's (or was wiped) at the link's hello
     lag_records: int           # tail's records minus the learner's
+
+
+def learner_progress(config: ChainConfig, reports: Mapping[str, Any]) -> dict[str, LearnerProgress]:
+    """What ChainManager.round tells `plan` of each learner, from the replicas' reports
+    (node -> its replica of this chain as NodeStatus reports it, a kernel.rpc.ReplicaReport;
+    absent or None: no answer, or no replica there). Only a replica that knows it is this
+    chain's learner at the current epoch, and holds no more than the tail, reports progress;
+    it is promotable ("verified" in the planner's terms) only once the tail gates its
+    commits on it, and then holds every committed batch."""
+    tail = reports.get(config.tail)
+    progress: dict[str, LearnerProgress] = {}
+    if tail is None:
+        return progress
+    for learner in config.learners:
+        mine = reports.get(learner)
+        if mine is not None and mine.role == "learner" and mine.epoch == config.epoch \
+                and mine.last_sn <= tail.last_sn:
+            gated = tail.epoch == config.epoch and learner in tail.gated_learners
+            progress[learner] = LearnerProgress(verified=mine.verified and gated,
+                                                lag_records=tail.records - mine.records)
+    return progress
+
+
+def count_change(load: Counter, learning: Counter, old: ChainConfig, new: ChainConfig) -> None:
+    """A round's running counts after it changed one chain: each node's places (`load`, as
+    placement counts them) and the chains it is learning (`learning`), so that the chains
+    planned after it see them."""
+    for n in set(new.members) | set(new.learners):
+        if not old.holds(n):
+            load[n] += 1
+    for n in set(old.members) | set(old.learners):
+        if not new.holds(n):
+            load[n] -= 1
+    for n in set(new.learners) - set(old.learners):
+        learning[n] += 1
 
 
 def failed_members(config: ChainConfig, live: dict[str, int], down: dict[str, str] | None = None) -> dict[str, str]:

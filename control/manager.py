@@ -395,21 +395,13 @@ class ChainManager:
             stream = await self._stream(config.stream, streams)
             if stream is None or stream.status is StreamStatus.DELETING:
                 continue
-            progress = {}
+            reports = {}
             if config.learners and config.tail in nodes:
-                tail = (await self._replica_status(nodes[config.tail], statuses)).get(config.chain_id)
+                reports[config.tail] = (await self._replica_status(nodes[config.tail], statuses)).get(config.chain_id)
                 for learner in config.learners:
-                    if learner not in nodes or tail is None:
-                        continue
-                    mine = (await self._replica_status(nodes[learner], statuses)).get(config.chain_id)
-                    # only a replica that knows it is this chain's learner reports its own progress
-                    if mine is not None and mine.role == "learner" and mine.epoch == config.epoch \
-                            and mine.last_sn <= tail.last_sn:
-                        # promotable only once the tail gates its commits on it (it then holds
-                        # every committed batch): "verified" in the planner's terms
-                        gated = tail.epoch == config.epoch and learner in tail.gated_learners
-                        progress[learner] = chains.LearnerProgress(verified=mine.verified and gated,
-                                                                   lag_records=tail.records - mine.records)
+                    if learner in nodes and reports[config.tail] is not None:
+                        reports[learner] = (await self._replica_status(nodes[learner], statuses)).get(config.chain_id)
+            progress = chains.learner_progress(config, reports)
             ready = bool(config.handoff) and await self._handoff_ready(config, nodes, statuses)
             live_here, reasons_here = self._live_for(config, live, down_reasons)
             new = chains.plan(config, live_here, stream.replication_factor, load, progress, now_ms, learning,
@@ -436,14 +428,7 @@ class ChainManager:
                 metrics.CHAIN_CHANGES.labels(change.action).inc()
                 log.warning("chain %s epoch %d: %s %s (%s)", config.chain_id, change.epoch, change.action,
                             change.node, change.reason)
-            for n in set(new.members) | set(new.learners):
-                if not config.holds(n):
-                    load[n] += 1
-            for n in set(config.members) | set(config.learners):
-                if not new.holds(n):
-                    load[n] -= 1
-            for n in set(new.learners) - set(config.learners):
-                learning[n] += 1
+            chains.count_change(load, learning, config, new)
             if not config.sealed:      # heads as reads.load_of counts them, so one round moves no more
                 heads[config.handoff or config.head] -= 1
                 heads[new.handoff or new.head] += 1

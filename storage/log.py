@@ -255,14 +255,19 @@ class GroupCommitWriter:
 class LogStore:
     """All partition logs of a node, by name (the chain id)."""
 
-    def __init__(self, data_dir: str):
-        self.data_dir = data_dir
-        os.makedirs(data_dir, exist_ok=True)
+    def __init__(self, data_dir: str | None):
+        """`data_dir` None: a store of memory logs only, with no LMDB environment (the
+        simulation's, tests/sim/harness.py); opening a durable log there is an invariant
+        violation."""
+        self.data_dir = data_dir or ""
         self.envs: dict[Persistence, lmdb.Environment] = {}
         self.dbs: dict[Persistence, tuple] = {}
         self.writers: dict[Persistence, GroupCommitWriter] = {}
         self.logs: dict[str, PartitionLog] = {}
         self.health = StorageHealth()
+        if data_dir is None:
+            return
+        os.makedirs(data_dir, exist_ok=True)
         for persistence, sync in ((Persistence.DISK, True), (Persistence.DISK_ASYNC, False)):
             env = lmdb.open(os.path.join(data_dir, f"log-{persistence.value}.lmdb"), subdir=True,
                             map_size=limits.LMDB_MAP_BYTES, max_dbs=4, max_readers=limits.LMDB_MAX_READERS,
@@ -332,6 +337,7 @@ class LogStore:
         if persistence is Persistence.MEMORY:
             plog = PartitionLog(name, persistence, 0)
         else:
+            errors.invariant(persistence in self.envs, f"log {name}: a {persistence.value} log in a memory-only store")
             plog = PartitionLog(name, persistence, self._local_id(name, persistence))
             self._recover(plog)
         self.logs[name] = plog

@@ -47,8 +47,10 @@ What a step can be (each enabled event has a weight; the seed picks one):
   expires, it acts on nothing, its streams hold) and resume (it registers again with the
   SAME incarnation, as node/server.py `reregister` does, and carries on from its stale
   state until it syncs).
-* a chain manager round (mirror of control/manager.py `ChainManager.round`: live nodes,
-  load, learner progress from NodeStatus, then `control.chains.plan`), and per node a
+* a chain manager round (control/manager.py `ChainManager.round`: the simulation gives it
+  the live nodes and the load; what it decides is the round's own code:
+  `chains.learner_progress` from the replicas' reports, `chains.plan` and
+  `chains.count_change` over every chain), and per node a
   config sync (storage/service.py `StorageNode.sync`'s own decision, `plan_sync`: close,
   open or reconfigure the replica, restart links when epoch or membership changed). Nodes and the writer see a
   new config only when their sync/refresh event fires, so stale epochs happen.
@@ -90,6 +92,11 @@ is not a prefix (`false_verifies`); which nodes held each batch when it was firs
 (`commit_copies`) and which crashes lost a log (`log_losses`), which tell a chain degraded
 to one member apart from every copy lost. None of it changes what the run does.
 
+Several chains (`chains=N`, `Chain` each) can share the nodes: one sync and one manager
+round cover them all, each keeps its own invariants, a node pair's links share one stream
+(a fault on it breaks every chain's session) and, with `link_budget`, one `LinkBudget`
+(I8: its count of bytes in flight is exact). tests/sim/README.md, "Several chains".
+
 The chain's `min_in_sync` is an option (`min_in_sync=2`; default 1, the product's default):
 the head refuses new batches while its chain has fewer members (NotEnoughReplicas, which
 the writer, as the real one, fails rather than resends) and its tail commits nothing new.
@@ -113,13 +120,14 @@ from control import chains
 from sms import wire, limits, seqno
 from sms.errors import InvariantViolation, PartitionClosed, SmsError, WrongOwner
 from sms.metadata import ChainConfig
+from kernel.rpc import ReplicaReport
 from sms.types import Persistence
 from storage import link as chainlink
 from storage.linkdriver import PENDING, Observer, ReceiverDriver, SenderDriver
 from storage.service import link_targets
 from storage.log import LogStore, PartitionLog
 from storage.replica import Replica, ReplicaState
-from storage.service import SyncPlan, is_mine, plan_sync
+from storage.service import SyncPlan, plan_sync
 
 CHAIN_ID = "sim:3"
 STREAM, ORDINAL = "sim", 3
@@ -163,6 +171,9 @@ class Options:
     skip: str = ""                # invariants only logged, not raised ("I1+I6"): to see what follows
     heal_steps: int = 4000
     liveness: bool = False        # senders with their ack bound (LINK_ACK_TIMEOUT_S): links may go silent
+    chains: int = 1               # chains over the same nodes: node pairs carry several chains' links
+    link_budget: int | None = None   # bytes in flight per node pair's stream, over every chain it carries
+                                     # (PeerLink.budget; None: each sender its own, LINK_INFLIGHT_BYTES_MAX)
 
     def describe(self, base: "Options | None" = None) -> str:
         """The fields that differ from `base` (default: Options()), as 'name=value,...'."""
@@ -207,16 +218,16 @@ def replay_command(seed: int, steps: int, options: Options) -> str:
 # --- storage -----------------------------------------------------------------------------------
 
 class SimLogStore(LogStore):
-    """`LogStore` for memory logs without its two LMDB environments (opening them costs
-    ~20 ms, hundreds of times per sweep): every method the simulation reaches (open_log,
-    append, set_committed, read, read_batches_from, last_batches, drop_log) is LogStore's
-    own memory code path. It also records the commit watermark a durable store would have
-    written in each append's transaction (the watermark at that moment: LogStore writes
-    `plog.committed_sn` with the batch), which is what a crashed durable node recovers."""
+    """`LogStore` with memory logs only (`LogStore(None)`: no LMDB environment; opening
+    them costs ~20 ms, hundreds of times per sweep): every method the simulation reaches
+    (open_log, append, set_committed, read, read_batches_from, last_batches, drop_log) is
+    LogStore's own memory code path. It also records the commit watermark a durable store
+    would have written in each append's transaction (the watermark at that moment: LogStore
+    writes `plog.committed_sn` with the batch), which is what a crashed durable node
+    recovers."""
 
-    def __init__(self) -> None:       # no super().__init__: that opens the LMDB envs
-        self.data_dir = ""
-        self.envs, self.dbs, self.writers, self.logs = {}, {}, {}, {}
+    def __init__(self) -> None:
+        super().__init__(None)
         self.watermarks: dict[str, int] = {}
 
     async def append(self, plog: PartitionLog, batch: bytes) -> wire.BatchHeader:
@@ -264,7 +275,8 @@ class SimNode:
         self.paused = False
         self.incarnation = 0
         self.store: SimLogStore | None = None
-        self.replica: Replica | None = None
+        self.replicas: dict[str, Replica] = {}   # chain id -> its replica here
+        self.budgets: dict[str, chainlink.LinkBudget] = {}   # successor -> its stream's budget (link_budget)
         self.disk: dict[str, DiskImage] = {}     # while crashed (durable variant)
         self.skew_ms = 0
 
@@ -305,7 +317,7 @@ class Handler:
     (storage/linkdriver.py `ReceiverDriver`, as storage/peerlink.py IncomingLinks runs it),
     with the replica captured at the hello; `SimReceiverEnd` is its transport."""
 
-    def __init__(self, sim: "Simulation", session: "Session", node_id: str, replica: Replica | None):
+    def __init__(self, sim: "Chain", session: "Session", node_id: str, replica: Replica | None):
         self.receiver = chainlink.Receiver(node_id)
         self.replica = replica
         end = SimReceiverEnd(sim, session, self)
@@ -321,7 +333,7 @@ class SimReceiverEnd(Observer):
     """The receiver's transport in the simulation: answers go on the session's up queue
     (lost once the stream broke); the hooks keep the simulation's story and statistics."""
 
-    def __init__(self, sim: "Simulation", session: "Session", handler: Handler):
+    def __init__(self, sim: "Chain", session: "Session", handler: Handler):
         self.sim, self.session, self.handler = sim, session, handler
         self._before = 0
 
@@ -333,7 +345,7 @@ class SimReceiverEnd(Observer):
     def close(self, action: chainlink.Close) -> None:
         session = self.session
         if session.connected:
-            session.up.append(chainlink.End(CHAIN_ID))
+            session.up.append(chainlink.End(self.sim.cid))
         if action.suspect:
             self.sim.stats["suspects"] += 1
         self.sim.log(f"  {session.receiver} ends {session.name()} ({action.reason})"
@@ -385,7 +397,8 @@ class SimLink(Observer):
     object is their transport, over the simulated network. It lives in `replica.links`, so
     Replica.stop_links/close stop it."""
 
-    def __init__(self, sim: "Simulation", replica: Replica, node_id: str, successor: str, learner: bool):
+    def __init__(self, sim: "Chain", replica: Replica, node_id: str, successor: str, learner: bool,
+                 budget: chainlink.LinkBudget | None = None):
         self.sim = sim
         self.replica = replica
         self.node_id = node_id
@@ -394,7 +407,7 @@ class SimLink(Observer):
         # without `liveness`, the timers the pinned seeds were found with: no ack bound, and the
         # plain retry after a hello refused for its epoch
         live = sim.options.liveness
-        self.sender = chainlink.Sender(replica, successor, learner,
+        self.sender = chainlink.Sender(replica, successor, learner, budget,
                                        ack_timeout_s=limits.LINK_ACK_TIMEOUT_S if live else None,
                                        stale_retry_s=limits.LINK_STALE_RETRY_S if live else limits.LINK_RETRY_INTERVAL_S)
         self.driver = SenderDriver(self.sender, replica, self, observer=self)
@@ -523,28 +536,24 @@ def sn_range(first: int, last: int) -> str:
 
 # --- the simulation ----------------------------------------------------------------------------
 
-class Simulation:
-    def __init__(self, seed: int, steps: int, options: Options | None = None):
-        self.seed = seed
-        self.steps = steps
-        self.options = options if options is not None else options_for_seed(seed)
-        self.rng = random.Random(seed)
-        self.trace: list[str] = []
-        self.stats: Counter = Counter()
-        self.step = 0
-        self.healing = False
-        self.now_ms = T0_MS
-        self.node_ids = [f"n{i}" for i in range(1, self.options.nodes + 1)]
-        self.nodes = {n: SimNode(n) for n in self.node_ids}
-        self.registered: dict[str, int] = {}          # /nodes: node -> incarnation
-        self.next_incarnation = 100
-        self.background = Counter({n: self.rng.randint(0, 3) for n in self.node_ids})
-        self.persistence = Persistence.MEMORY
+class Chain:
+    """One chain of the simulation (`Options.chains` of them share the nodes): the chain
+    manager's config of it, its replicas (one per node, `SimNode.replicas`), its links and
+    streams, its ingestion writer, and the state its invariants are checked with. Several
+    chains over the same nodes share each node pair's link budget (`link_budget`) and each
+    node pair's stream: a stream fault breaks every chain's session on it, as it breaks
+    every chain link a PeerLink carries."""
+
+    def __init__(self, sim: "Simulation", index: int):
+        self.sim = sim
+        self.index = index
+        self.cid = CHAIN_ID if index == 0 else f"{STREAM}:{ORDINAL + index}"
+        self.ordinal = ORDINAL + index
+        self.tag = "" if sim.options.chains == 1 else f"[{self.cid}] "
         self.meta: ChainConfig | None = None          # /chains/<id>: the chain manager's config
         self.sessions: list[Session] = []
-        self.next_sid = 1
         # writer (ingestion) state
-        self.origin_id = (self.seed * 2654435761 + 12345) % (1 << 62) | 1
+        self.origin_id = ((sim.seed * 2654435761 + 12345) % (1 << 62) | 1) + 2 * index
         self.next_seq = 1
         self.inflight: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self.failed: set[int] = set()
@@ -579,50 +588,68 @@ class Simulation:
         # I3: each replica object's commit watermark at the last check (id -> (replica, sn))
         self.seen_committed: dict[int, tuple[Replica, int]] = {}
 
-    # --- the clock -----------------------------------------------------------------------------
+    # --- what the chains share: the simulation's ------------------------------------------------
+    @property
+    def options(self) -> "Options":
+        return self.sim.options
+
+    @property
+    def rng(self) -> random.Random:
+        return self.sim.rng
+
+    @property
+    def nodes(self) -> dict[str, SimNode]:
+        return self.sim.nodes
+
+    @property
+    def node_ids(self) -> list[str]:
+        return self.sim.node_ids
+
+    @property
+    def registered(self) -> dict[str, int]:
+        return self.sim.registered
+
+    @property
+    def stats(self) -> Counter:
+        return self.sim.stats
+
+    @property
+    def step(self) -> int:
+        return self.sim.step
+
+    @property
+    def healing(self) -> bool:
+        return self.sim.healing
+
+    @property
+    def now_ms(self) -> int:
+        return self.sim.now_ms
+
+    @now_ms.setter
+    def now_ms(self, value: int) -> None:
+        self.sim.now_ms = value
+
+    def now(self) -> float:
+        return self.sim.now()
+
+    def next_id(self) -> int:
+        return self.sim.next_id()
+
     def wall_clock(self, node: SimNode) -> float:
-        """A node's wall clock (seconds), skewed: what its replicas' sequencer reads
-        (Replica(clock=...)); the links read the unskewed `now`."""
-        return (self.now_ms + node.skew_ms + 0.5) / 1000.0
+        return self.sim.wall_clock(node)
 
     def log(self, text: str) -> None:
-        self.trace.append(f"{self.step:5d} {text}")
+        if self.tag:
+            body = text.lstrip(" ")
+            text = text[:len(text) - len(body)] + self.tag + body
+        self.sim.log(text)
 
     def fail(self, message: str) -> None:
-        kind = message.split(" ", 1)[0]
-        if kind in self.options.skip.split("+"):
-            if self.stats[f"skipped_{kind}"] == 0:
-                self.log(f"VIOLATION (not raised: skip={self.options.skip}) {message}")
-            self.stats[f"skipped_{kind}"] += 1
-            return
-        raise SimViolation(self.seed, self.steps, self.options, self.step, message, self.trace, self)
+        self.sim.fail(message, self)
 
-    # --- setup ---------------------------------------------------------------------------------
-    async def setup(self) -> None:
-        for node in self.nodes.values():
-            self._boot(node)
-        members = tuple(self.rng.sample(self.node_ids, self.options.rf))
-        self.meta = ChainConfig(chain_id=CHAIN_ID, stream=STREAM, ordinal=ORDINAL, epoch=1, members=members,
-                                persistence=self.persistence, min_in_sync=self.options.min_in_sync,
-                                incarnations=tuple(sorted((m, self.registered[m]) for m in members)))
-        self.writer_view = self.meta
-        self.log(f"chain e1 members={','.join(members)} variant={self.options.describe() or 'default'}")
-        for node in self.nodes.values():
-            await self.sync(node)
-
-    def _boot(self, node: SimNode) -> None:
-        node.up, node.paused = True, False
-        node.incarnation = self.next_incarnation
-        self.next_incarnation += 1
-        node.skew_ms = self.rng.choice((0, 0, -1, 1, -3, 5, -20))
-        node.store = SimLogStore()
-        if self.options.durable:
-            for name, image in node.disk.items():
-                node.store.logs[name] = recovered_log(name, image)
-                node.store.watermarks[name] = image.watermark
-        node.disk = {}
-        node.replica = None
-        self.registered[node.id] = node.incarnation
+    def replica_of(self, node: SimNode) -> Replica | None:
+        """The node's replica of this chain."""
+        return node.replicas.get(self.cid)
 
     def story(self, r: Replica) -> list[str]:
         """What this Replica object went through: roles it was configured with, resets."""
@@ -698,85 +725,77 @@ class Simulation:
             return True
         return r.state is ReplicaState.ACTIVE and self.meta.holds(r.node_id)
 
-    # --- config sync (StorageNode.sync, one chain) ---------------------------------------------
-    def is_mine(self, node: SimNode, config: ChainConfig) -> bool:
-        return is_mine(node.id, node.incarnation, config)
+    # --- config sync (StorageNode.sync carries out plan_sync per chain) ----------------------------
+    def setup(self) -> None:
+        members = tuple(self.rng.sample(self.node_ids, self.options.rf))
+        self.meta = ChainConfig(chain_id=self.cid, stream=STREAM, ordinal=self.ordinal, epoch=1, members=members,
+                                persistence=self.sim.persistence, min_in_sync=self.options.min_in_sync,
+                                incarnations=tuple(sorted((m, self.registered[m]) for m in members)))
+        self.writer_view = self.meta
+        self.log(f"chain e1 members={','.join(members)} variant={self.options.describe() or 'default'}")
 
-    def sync_plan(self, node: SimNode) -> SyncPlan:
-        r = node.replica
-        return plan_sync(node.id, node.incarnation, {CHAIN_ID: r.config} if r is not None else {},
-                         {CHAIN_ID: self.meta})
+    async def close_replica(self, node: SimNode) -> None:
+        r = node.replicas.pop(self.cid)
+        await r.close()
+        self.log(f"{node.id} sync e{self.meta.epoch}: closes its replica (not a member)")
 
-    def needs_sync(self, node: SimNode) -> bool:
-        return self.sync_plan(node) != SyncPlan()
+    async def open_replica(self, node: SimNode, config: ChainConfig) -> None:
+        plog = node.store.open_log(self.cid, config.persistence)
+        r = Replica(node.id, config, node.store, plog, clock=lambda node=node: self.wall_clock(node))
+        self.replica_story[id(r)] = (r, [f"e{config.epoch}:{config.role_of(node.id)}"])
+        self.born[id(r)] = self.cfg_version
+        node.replicas[self.cid] = r
+        await self._start_links(node, r)
+        self.log(f"{node.id} sync e{config.epoch}: opens replica as {config.role_of(node.id)} "
+                 f"last={fmt_sn(r.last_sn)} c={fmt_sn(r.committed_sn)}")
 
-    async def sync(self, node: SimNode) -> None:
-        """StorageNode.sync for the one chain: the real decision (`plan_sync`), carried out
-        as the node does."""
-        config = self.meta
-        plan = self.sync_plan(node)
-        r = node.replica
-        if plan.close:
-            node.replica = None
-            await r.close()
-            self.log(f"{node.id} sync e{config.epoch}: closes its replica (not a member)")
-        for _cid, config in plan.open:
-            plog = node.store.open_log(CHAIN_ID, config.persistence)
-            r = Replica(node.id, config, node.store, plog, clock=lambda node=node: self.wall_clock(node))
-            self.replica_story[id(r)] = (r, [f"e{config.epoch}:{config.role_of(node.id)}"])
-            self.born[id(r)] = self.cfg_version
-            node.replica = r
+    async def reconfigure(self, node: SimNode, config: ChainConfig, relink: bool) -> None:
+        r = node.replicas[self.cid]
+        if relink:
+            await r.stop_links()
+        old = r.config.epoch
+        r.apply_config(config)
+        self.story(r).append(f"e{config.epoch}:{config.role_of(node.id)}")
+        self.applied[id(r)].append(self.cfg_version)
+        if relink:
             await self._start_links(node, r)
-            self.log(f"{node.id} sync e{config.epoch}: opens replica as {config.role_of(node.id)} "
-                     f"last={fmt_sn(r.last_sn)} c={fmt_sn(r.committed_sn)}")
-        for _cid, config, relink in plan.reconfigure:
-            if relink:
-                await r.stop_links()
-            old = r.config.epoch
-            r.apply_config(config)
-            self.story(r).append(f"e{config.epoch}:{config.role_of(node.id)}")
-            self.applied[id(r)].append(self.cfg_version)
-            if relink:
-                await self._start_links(node, r)
-            await r.notify()
-            self.log(f"{node.id} sync e{old}->e{config.epoch}: {config.role_of(node.id)} "
-                     f"last={fmt_sn(r.last_sn)} c={fmt_sn(r.committed_sn)} verified={r.verified}")
-        if plan == SyncPlan():
-            self.log(f"{node.id} sync e{config.epoch}: nothing to do")
+        await r.notify()
+        self.log(f"{node.id} sync e{old}->e{config.epoch}: {config.role_of(node.id)} "
+                 f"last={fmt_sn(r.last_sn)} c={fmt_sn(r.committed_sn)} verified={r.verified}")
 
     async def _start_links(self, node: SimNode, r: Replica) -> None:   # StorageNode._start_links
         for successor, learner in link_targets(r.config, node.id):
-            link = r.links[successor] = SimLink(self, r, node.id, successor, learner=learner)
+            link = r.links[successor] = SimLink(self, r, node.id, successor, learner=learner,
+                                                budget=self.sim.budget_of(node, successor))
             await link.driver.start(self.now())
 
-    # --- chain manager (ChainManager.round, one chain) ------------------------------------------
-    def node_status(self, node_id: str) -> tuple | None:
+    def report_of(self, node_id: str) -> ReplicaReport | None:
+        """The node's replica of this chain as NodeStatus reports it (None: the node does
+        not answer, or holds no replica of the chain)."""
         node = self.nodes[node_id]
-        if not node.acts or node.replica is None:
-            return None          # NodeStatus unanswered, or no replica of the chain there
-        s = node.replica.status()
-        return s["records"], s["verified"], s["last_sn"], s["role"], s["epoch"], tuple(s["gated"])
+        r = self.replica_of(node)
+        if not node.acts or r is None:
+            return None
+        s = r.status()
+        return ReplicaReport(self.cid, s["epoch"], s["role"], s["records"], s["verified"], s["last_sn"],
+                             s["committed_sn"], tuple(s["gated"]), s["sealed"], s["frozen"])
 
-    def manager_plan(self) -> ChainConfig | None:
+    def manager_plan(self, load: Counter, learning: Counter) -> ChainConfig | None:
+        """ChainManager.round's plan of this chain (its `learner_progress` and `plan`), with
+        the load and learners of every chain as the round counts them."""
         config = self.meta
         live = dict(self.registered)
-        load = Counter(config.members) + Counter(config.learners) + self.background
-        learning = Counter(config.learners)
-        progress = {}
-        if config.learners and config.tail in live:
-            tail = self.node_status(config.tail)
+        reports = {}
+        if config.learners and config.tail in live:           # as ChainManager.round asks them
+            reports[config.tail] = self.report_of(config.tail)
             for learner in config.learners:
-                if learner not in live or tail is None:
-                    continue
-                mine = self.node_status(learner)
-                if mine is not None and mine[3] == "learner" and mine[4] == config.epoch and mine[2] <= tail[2]:
-                    gated = tail[4] == config.epoch and learner in tail[5]      # ChainManager.round
-                    progress[learner] = chains.LearnerProgress(verified=mine[1] and gated,
-                                                               lag_records=tail[0] - mine[0])
+                if learner in live and reports[config.tail] is not None:
+                    reports[learner] = self.report_of(learner)
+        progress = chains.learner_progress(config, reports)
         return chains.plan(config, live, self.options.rf, load, progress, self.now_ms, learning)
 
-    async def manager_round(self) -> None:
-        new = self.manager_plan()
+    async def manager_round(self, load: Counter, learning: Counter) -> None:
+        new = self.manager_plan(load, learning)
         if new is None:
             self.log("manager: no change")
             return
@@ -794,11 +813,6 @@ class Simulation:
             self.stats[f"cfg_{c.action.replace(' ', '_')}"] += 1
         self.log(f"manager: e{old.epoch}->e{new.epoch} members={','.join(new.members)} "
                  f"learners={','.join(new.learners) or '-'} ({what})")
-
-    # --- streams: the real link state machines (storage/link.py), delivered by the simulation ----
-    def now(self) -> float:
-        """The links' clock (seconds): the simulated time, as loop.time() is PeerLink's."""
-        return self.now_ms / 1000.0
 
     def disconnect(self, session: Session, why: str, keep_late: bool | None = None) -> None:
         """The stream breaks: the predecessor stops reading; in-flight acks are lost; the
@@ -819,7 +833,7 @@ class Simulation:
     def links(self) -> list[SimLink]:
         out = []
         for n in self.node_ids:
-            r = self.nodes[n].replica
+            r = self.replica_of(self.nodes[n])
             if r is not None:
                 out.extend(r.links.values())
         return out
@@ -827,8 +841,7 @@ class Simulation:
     async def link_connect(self, link: SimLink) -> None:
         """The transport opened the stream the link asked for (its Open action)."""
         self.stats["hello"] += 1
-        session = Session(self.next_sid, link)
-        self.next_sid += 1
+        session = Session(self.next_id(), link)
         self.sessions.append(session)
         link.session = session
         self.log(f"{link.name()} connects {session.name()}")
@@ -865,7 +878,7 @@ class Simulation:
         self.log(f"{session.name()} delivers {show(msg)} to {node.id}{late}{dup}")
         h = session.handler
         if h is None:                       # the first request of the stream, whatever it is
-            r = node.replica
+            r = self.replica_of(node)
             h = session.handler = Handler(self, session, node.id, r if r is not None and r.active else None)
         elif h.closed:
             self.log("  dropped: the handler no longer reads")
@@ -903,9 +916,8 @@ class Simulation:
         h = session.handler
         session.down.clear()
         self.log(f"{session.name()} handler on {session.receiver} sees the cancellation")
-        h.driver.end(chainlink.Lost(CHAIN_ID, "call cancelled"))
+        h.driver.end(chainlink.Lost(self.cid, "call cancelled"))
 
-    # --- the writer (ingestion PartitionWriter + Storage.Append handler) ------------------------
     def writer_break(self, why: str) -> None:
         if self.writer is not None:
             self.log(f"  writer stream w{self.writer.sid} to {self.writer.head} broken ({why}); "
@@ -916,8 +928,7 @@ class Simulation:
         view = self.writer_view
         head = self.nodes[view.head]
         self.stats["writer_sessions"] += 1
-        self.writer = WriterSession(self.next_sid, view.head, view.epoch)
-        self.next_sid += 1
+        self.writer = WriterSession(self.next_id(), view.head, view.epoch)
         self.writer.queue.extend(self.inflight.keys())
         self.stats["writer_resends"] += len(self.inflight)
         self.log(f"writer connects w{self.writer.sid} to {head.id} at e{view.epoch}, resends "
@@ -941,9 +952,9 @@ class Simulation:
             self.log(f"w{w.sid} o{seq}: settled already")
             return
         try:
-            r = node.replica
+            r = self.replica_of(node)
             if r is None or r.state is not ReplicaState.ACTIVE:
-                raise WrongOwner(f"node {node.id} holds no replica of {CHAIN_ID}")
+                raise WrongOwner(f"node {node.id} holds no replica of {self.cid}")
             header = await r.append_as_head(w.epoch, batch)
             w.pending.append((seq, r, header, None))
             self.stats["head_appends"] += 1
@@ -964,7 +975,7 @@ class Simulation:
                 if r.committed_sn < header.last_sn:
                     if r.state is ReplicaState.ACTIVE:
                         return
-                    error = PartitionClosed(f"{CHAIN_ID} closed before commit")
+                    error = PartitionClosed(f"{self.cid} closed before commit")
             w.pending.popleft()
             if error is not None:
                 # StaleEpoch/PartitionClosed: the real writer resends; WrongOwner: the real
@@ -1007,16 +1018,8 @@ class Simulation:
                 out.append(n)
         return tuple(out)
 
-    # --- faults --------------------------------------------------------------------------------
-    def down_count(self) -> int:
-        return sum(1 for n in self.nodes.values() if not n.acts)
-
-    def may_take_down(self, node: SimNode) -> bool:
-        if self.down_count() + 1 > self.options.rf - 1:
-            return False
-        if self.options.bound == "rf":
-            return True
-        # holder bound: another live member (pinned incarnation) keeps every acked batch
+    def holder_survives(self, node: SimNode) -> bool:
+        """The holder bound: another live member (pinned incarnation) keeps every acked batch."""
         for m in self.meta.members:
             other = self.nodes[m]
             if m == node.id or not other.acts or self.registered.get(m) != self.meta.incarnation_of(m):
@@ -1026,27 +1029,8 @@ class Simulation:
                 return True
         return False
 
-    async def crash(self, node: SimNode) -> None:
-        self.stats["crash"] += 1
-        images = {}
-        if self.options.durable and node.store is not None:
-            for name, plog in node.store.logs.items():
-                images[name] = DiskImage(list(plog.memory.items()), node.store.watermarks.get(name, 0))
-        self.log(f"CRASH {node.id} (inc {node.incarnation}, {node.state()}, replica "
-                 f"{'last=' + fmt_sn(node.replica.last_sn) if node.replica else '-'}); "
-                 f"{'log kept' if self.options.durable else 'log lost'}")
-        await self._kill_streams(node)
-        if not self.options.durable and node.store is not None and CHAIN_ID in node.store.logs:
-            self.log_losses[node.id].append(self.step)
-        if node.replica is not None:
-            node.replica.state = ReplicaState.CLOSED      # the process is gone: nothing runs it
-        node.replica = None
-        node.store = None
-        node.disk = images
-        node.up, node.paused = False, False
-        self.registered.pop(node.id, None)
-
-    async def _kill_streams(self, node: SimNode) -> None:
+    async def kill_streams(self, node: SimNode) -> None:
+        """The node crashed: its streams, both ways, and its writer's."""
         for s in list(self.sessions):
             if s.receiver == node.id:
                 s.connected = False
@@ -1055,55 +1039,30 @@ class Simulation:
                 if s.handler is not None:
                     s.handler.gone = True
                 if s.link.session is s:                 # connection reset
-                    await s.link.driver.receive(chainlink.Lost(CHAIN_ID, f"connection reset: {node.id} crashed"),
+                    await s.link.driver.receive(chainlink.Lost(self.cid, f"connection reset: {node.id} crashed"),
                                                 self.now())
             elif s.sender == node.id:
                 self.disconnect(s, f"{node.id} crashed")
         if self.writer is not None and self.writer.head == node.id:
             self.writer_break(f"{node.id} crashed")
 
-    async def restart(self, node: SimNode) -> None:
-        self.stats["restart"] += 1
-        self._boot(node)
-        self.log(f"RESTART {node.id} as incarnation {node.incarnation} skew={node.skew_ms}ms "
-                 f"logs={ {n: fmt_sn(p.last_sn) for n, p in node.store.logs.items()} }")
-        await self.sync(node)                   # StorageNode.start syncs at once
-
-    async def pause(self, node: SimNode) -> None:
-        self.stats["pause"] += 1
-        node.paused = True
-        self.registered.pop(node.id, None)      # its session expires
-        self.log(f"PAUSE {node.id} (its registration expires)")
-
-    async def resume(self, node: SimNode) -> None:
-        self.stats["resume"] += 1
-        node.paused = False
-        self.registered[node.id] = node.incarnation     # reregister(): same started_ms
-        self.log(f"RESUME {node.id} (registers again as incarnation {node.incarnation})")
-
-    # --- scheduling ----------------------------------------------------------------------------
-    def enabled(self) -> list[tuple[float, str, object]]:
-        out: list[tuple[float, str, object]] = []
-        chaos = 0.0 if self.healing else self.options.chaos
-
-        def add(weight, label, fn):
-            if weight > 0:
-                out.append((weight, label, fn))
-
+    def enabled(self, add, chaos: float) -> None:
+        """This chain's events (its writer, links and streams), each given to `add`."""
+        tag = self.tag
         # writer
         if self.writer is None:
             view = self.writer_view
             if view.head in self.registered and self.nodes[view.head].up:
-                add(3, "writer-connect", self.writer_connect)
+                add(3, f"{tag}writer-connect", self.writer_connect)
         else:
             w = self.writer
             if not self.healing and len(self.inflight) < self.append_window:
-                add(3, "writer-new", self.writer_new_batch)
+                add(3, f"{tag}writer-new", self.writer_new_batch)
             if w.queue and self.nodes[w.head].acts:
-                add(4, "writer-deliver", self.writer_deliver)
-            add(0.15 * chaos, "writer-stream-break", self._writer_fault)
+                add(4, f"{tag}writer-deliver", self.writer_deliver)
+            add(0.15 * chaos, f"{tag}writer-stream-break", self._writer_fault)
         if self.writer_view != self.meta:
-            add(1, "writer-refresh", self.writer_refresh)
+            add(1, f"{tag}writer-refresh", self.writer_refresh)
         # links
         now = self.now()
         for link in self.links():
@@ -1135,26 +1094,10 @@ class Simulation:
             if self.handler_due(s) and self.nodes[s.receiver].acts:
                 add(4, f"handler {s.name()}", lambda s=s: self.handler_tick(s))
             if s.connected:
-                add(0.1 * chaos, f"drop {s.name()}", lambda s=s: self._stream_fault(s, keep=False))
-                add(0.1 * chaos, f"reorder {s.name()}", lambda s=s: self._stream_fault(s, keep=True))
+                add(0.1 * chaos, f"drop {s.name()}", lambda s=s: self.sim.stream_fault(s, keep=False))
+                add(0.1 * chaos, f"reorder {s.name()}", lambda s=s: self.sim.stream_fault(s, keep=True))
             elif s.handler is not None and not s.handler.closed and self.nodes[s.receiver].acts:
                 add(0.8, f"linger-close {s.name()}", lambda s=s: self.linger_close(s))
-        # control
-        for node in self.nodes.values():
-            if node.acts and self.needs_sync(node):
-                add(2, f"sync {node.id}", lambda node=node: self.sync(node))
-        add(1.2, "manager", self.manager_round)
-        # processes
-        for node in self.nodes.values():
-            if not node.up:
-                add(0.5 if not self.healing else 3, f"restart {node.id}", lambda node=node: self.restart(node))
-            elif node.paused:
-                add(0.5 if not self.healing else 3, f"resume {node.id}", lambda node=node: self.resume(node))
-            elif chaos and self.may_take_down(node):
-                add(0.06 * chaos, f"crash {node.id}", lambda node=node: self.crash(node))
-                if self.options.pauses:
-                    add(0.05 * chaos, f"pause {node.id}", lambda node=node: self.pause(node))
-        return out
 
     async def writer_refresh(self) -> None:
         """The writer's view of the chain catches up. A head that moved elsewhere ends the
@@ -1170,65 +1113,15 @@ class Simulation:
         self.log("FAULT writer stream breaks")
         self.writer_break("connection lost")
 
-    async def _stream_fault(self, session: Session, keep: bool) -> None:
-        self.stats["fault_drop" if not keep else "fault_reorder"] += 1
-        self.log(f"FAULT {'reorder' if keep else 'drop'} on {session.name()}")
+    async def break_session(self, session: Session, keep: bool) -> None:
+        """A stream fault (`Simulation.stream_fault`) breaks this session: drop, or reorder."""
         link = session.link
         self.disconnect(session, "dropped" if not keep else "broken, old stream lingers", keep_late=keep)
         if link.session is session:
-            await link.driver.receive(chainlink.Lost(CHAIN_ID, "connection lost"), self.now())
-
-    # --- the run -------------------------------------------------------------------------------
-    async def main(self) -> "Result":
-        await self.setup()
-        self.check()
-        for self.step in range(1, self.steps + 1):
-            await self.one_step()
-        if self.options.heal:
-            await self.heal()
-        return Result(self.seed, self.steps, self.options, self.trace, self.stats, self.digest())
-
-    async def one_step(self) -> None:
-        self.now_ms += self.rng.choice((0, 0, 1, 1, 2, 7))
-        choices = self.enabled()
-        total = sum(w for w, _, _ in choices)
-        x = self.rng.random() * total
-        for weight, label, fn in choices:
-            x -= weight
-            if x < 0:
-                break
-        self.stats["steps"] += 1
-        try:
-            await fn()
-            self.writer_acks()
-        except InvariantViolation as e:
-            self.fail(f"product invariant: {e}")
-        self.sessions = [s for s in self.sessions if s.connected or s.down or
-                         (s.handler is not None and not s.handler.closed)]
-        self.check()
-
-    async def heal(self) -> None:
-        self.healing = True
-        self.log("HEAL: faults stop; every node comes back")
-        start = self.step
-        while self.step < start + self.options.heal_steps:
-            if self.converged():
-                self.stats["heal_steps"] = self.step - start
-                self.log("converged")
-                self.check(final=True)
-                return
-            self.step += 1
-            await self.one_step()
-        self.fail(f"liveness: not converged {self.options.heal_steps} fault-free steps after the faults stopped: "
-                  f"{self.why_not_converged()}")
-
-    def converged(self) -> bool:
-        return self.why_not_converged() is None
+            await link.driver.receive(chainlink.Lost(self.cid, "connection lost"), self.now())
 
     def why_not_converged(self) -> str | None:
         cfg = self.meta
-        if any(not n.acts for n in self.nodes.values()):
-            return "a node is down"
         want = min(self.options.rf, self.options.nodes)
         if len(cfg.members) != want or cfg.learners:
             return f"config e{cfg.epoch} members={cfg.members} learners={cfg.learners}"
@@ -1239,18 +1132,17 @@ class Simulation:
         logs = []
         for m in cfg.members:
             node = self.nodes[m]
-            r = node.replica
+            r = self.replica_of(node)
             if r is None or r.config != cfg:
                 return f"{m} not synced to e{cfg.epoch}"
             logs.append(self.info_of(node).headers)
         if any(h != logs[0] for h in logs):
             return "member logs differ: " + ", ".join(f"{m}:{len(h)}" for m, h in zip(cfg.members, logs))
-        head = self.nodes[cfg.head].replica
+        head = self.replica_of(self.nodes[cfg.head])
         if head.committed_sn != head.last_sn:
             return "head not fully committed"
         return None
 
-    # --- invariants ----------------------------------------------------------------------------
     def _info_for(self, key_obj: object, owner: str) -> LogInfo:
         entry = self.infos.get(id(key_obj))
         if entry is None or entry[0] is not key_obj:
@@ -1261,13 +1153,13 @@ class Simulation:
     def info_of(self, node: SimNode) -> LogInfo | None:
         """The node's log of the chain as it stands (on disk, for a crashed durable node)."""
         if node.up:
-            plog = node.store.logs.get(CHAIN_ID)
+            plog = node.store.logs.get(self.cid)
             if plog is None:
                 return None
             info = self._info_for(plog, node.id)
             self._scan(info, plog.memory, node.id)
             return info
-        image = node.disk.get(CHAIN_ID)
+        image = node.disk.get(self.cid)
         if image is None:
             return None
         info = self._info_for(image, node.id)
@@ -1339,12 +1231,12 @@ class Simulation:
         # every log: I4, I5 (in _scan); replicas: I3, I6
         for node in self.nodes.values():
             info = self.info_of(node)
-            r = node.replica
+            r = self.replica_of(node)
             if not node.up or r is None or r.state is not ReplicaState.ACTIVE:
                 continue
-            plog = node.store.logs.get(CHAIN_ID)
+            plog = node.store.logs.get(self.cid)
             if r.log is not plog:
-                self.fail(f"I3 {node.id}: its replica's log is not its store's log of {CHAIN_ID} "
+                self.fail(f"I3 {node.id}: its replica's log is not its store's log of {self.cid} "
                           f"(replica last={fmt_sn(r.log.last_sn)} batches={len(r.log.memory)}; store "
                           f"{'none' if plog is None else 'last=' + fmt_sn(plog.last_sn)})")
             if r.committed_sn > r.last_sn:
@@ -1388,7 +1280,7 @@ class Simulation:
         checked = [(m, i) for m, i in member_infos if i is not None]
         for learner in cfg.learners:
             node = self.nodes[learner]
-            r = node.replica
+            r = self.replica_of(node)
             if not self.options.learner_check:
                 break
             if not node.up or r is None or r.state is not ReplicaState.ACTIVE or not r.verified \
@@ -1454,6 +1346,329 @@ class Simulation:
             info = self.info_of(self.nodes[n])
             parts.append(f"{n}:{len(info.headers) if info else '-'}:{fmt_sn(info.last_sn) if info else '-'}")
         return f"e{self.meta.epoch} {','.join(self.meta.members)} acked={len(self.acked)} " + " ".join(parts)
+
+
+class Simulation:
+    """The nodes, the clock, the seeded choice of each step, and the chains
+    (`Options.chains`, each a `Chain`) over those nodes."""
+
+    def __init__(self, seed: int, steps: int, options: Options | None = None):
+        self.seed = seed
+        self.steps = steps
+        self.options = options if options is not None else options_for_seed(seed)
+        self.rng = random.Random(seed)
+        self.trace: list[str] = []
+        self.stats: Counter = Counter()
+        self.step = 0
+        self.healing = False
+        self.now_ms = T0_MS
+        self.node_ids = [f"n{i}" for i in range(1, self.options.nodes + 1)]
+        self.nodes = {n: SimNode(n) for n in self.node_ids}
+        self.registered: dict[str, int] = {}          # /nodes: node -> incarnation
+        self.next_incarnation = 100
+        self.background = Counter({n: self.rng.randint(0, 3) for n in self.node_ids})
+        self.persistence = Persistence.MEMORY
+        self.next_sid = 1
+        self.chains = [Chain(self, i) for i in range(self.options.chains)]
+
+    def next_id(self) -> int:
+        """A stream's number (links' sessions and writers' streams share them)."""
+        sid = self.next_sid
+        self.next_sid += 1
+        return sid
+
+    # --- the clock -----------------------------------------------------------------------------
+    def wall_clock(self, node: SimNode) -> float:
+        """A node's wall clock (seconds), skewed: what its replicas' sequencer reads
+        (Replica(clock=...)); the links read the unskewed `now`."""
+        return (self.now_ms + node.skew_ms + 0.5) / 1000.0
+
+    def now(self) -> float:
+        """The links' clock (seconds): the simulated time, as loop.time() is PeerLink's."""
+        return self.now_ms / 1000.0
+
+    def log(self, text: str) -> None:
+        self.trace.append(f"{self.step:5d} {text}")
+
+    def fail(self, message: str, chain: "Chain | None" = None) -> None:
+        kind = message.split(" ", 1)[0]
+        if kind in self.options.skip.split("+"):
+            if self.stats[f"skipped_{kind}"] == 0:
+                self.log(f"VIOLATION (not raised: skip={self.options.skip}) {message}")
+            self.stats[f"skipped_{kind}"] += 1
+            return
+        raise SimViolation(self.seed, self.steps, self.options, self.step, message, self.trace,
+                           chain if chain is not None else self.chains[0])
+
+    # --- setup ---------------------------------------------------------------------------------
+    async def setup(self) -> None:
+        for node in self.nodes.values():
+            self._boot(node)
+        for chain in self.chains:
+            chain.setup()
+        for node in self.nodes.values():
+            await self.sync(node)
+
+    def _boot(self, node: SimNode) -> None:
+        node.up, node.paused = True, False
+        node.incarnation = self.next_incarnation
+        self.next_incarnation += 1
+        node.skew_ms = self.rng.choice((0, 0, -1, 1, -3, 5, -20))
+        node.store = SimLogStore()
+        if self.options.durable:
+            for name, image in node.disk.items():
+                node.store.logs[name] = recovered_log(name, image)
+                node.store.watermarks[name] = image.watermark
+        node.disk = {}
+        node.replicas = {}
+        node.budgets = {}
+        self.registered[node.id] = node.incarnation
+
+    # --- config sync (StorageNode.sync) ----------------------------------------------------------
+    def sync_plan(self, node: SimNode) -> SyncPlan:
+        """StorageNode.sync's decision over every chain (`plan_sync`)."""
+        held = {cid: r.config for cid, r in node.replicas.items()}
+        return plan_sync(node.id, node.incarnation, held, {c.cid: c.meta for c in self.chains})
+
+    def needs_sync(self, node: SimNode) -> bool:
+        return self.sync_plan(node) != SyncPlan()
+
+    async def sync(self, node: SimNode) -> None:
+        """StorageNode.sync: the real decision (`plan_sync`, over every chain), carried out
+        as the node does: closes, then opens, then reconfigurations."""
+        plan = self.sync_plan(node)
+        by_id = {c.cid: c for c in self.chains}
+        for cid in plan.close:
+            await by_id[cid].close_replica(node)
+        for cid, config in plan.open:
+            await by_id[cid].open_replica(node, config)
+        for cid, config, relink in plan.reconfigure:
+            await by_id[cid].reconfigure(node, config, relink)
+        if plan == SyncPlan():
+            if len(self.chains) == 1:
+                self.log(f"{node.id} sync e{self.chains[0].meta.epoch}: nothing to do")
+            else:
+                self.log(f"{node.id} sync: nothing to do")
+
+    # --- chain manager (ChainManager.round) ------------------------------------------------------
+    async def manager_round(self) -> None:
+        """One round plans every chain, each with the load (places in every chain, and the
+        background of chains not simulated) and learners as they stand after the chains
+        planned before it, as ChainManager.round counts them."""
+        load: Counter = Counter()
+        learning: Counter = Counter()
+        for chain in self.chains:
+            load += Counter(chain.meta.members) + Counter(chain.meta.learners)
+            learning.update(chain.meta.learners)
+        load = load + self.background
+        for chain in self.chains:
+            old = chain.meta
+            await chain.manager_round(load, learning)
+            if chain.meta is not old:
+                chains.count_change(load, learning, old, chain.meta)
+
+    # --- link budgets (PeerLink.budget) ----------------------------------------------------------
+    def budget_of(self, node: SimNode, successor: str) -> chainlink.LinkBudget | None:
+        """The budget of the node's stream to `successor`, which every chain's link to it
+        shares (one PeerLink per node pair); None (each sender its own, as with one chain)
+        unless `link_budget` is set."""
+        if self.options.link_budget is None:
+            return None
+        budget = node.budgets.get(successor)
+        if budget is None:
+            budget = node.budgets[successor] = chainlink.LinkBudget(self.options.link_budget)
+        return budget
+
+    def links_to(self, node_id: str, successor: str) -> list["SimLink"]:
+        """Every chain's links from `node_id` to `successor` (a PeerLink's chains)."""
+        node = self.nodes[node_id]
+        return [link for r in node.replicas.values() for link in r.links.values() if link.successor == successor]
+
+    # --- faults --------------------------------------------------------------------------------
+    def down_count(self) -> int:
+        return sum(1 for n in self.nodes.values() if not n.acts)
+
+    def may_take_down(self, node: SimNode) -> bool:
+        if self.down_count() + 1 > self.options.rf - 1:
+            return False
+        if self.options.bound == "rf":
+            return True
+        return all(chain.holder_survives(node) for chain in self.chains)
+
+    async def crash(self, node: SimNode) -> None:
+        self.stats["crash"] += 1
+        images = {}
+        if self.options.durable and node.store is not None:
+            for name, plog in node.store.logs.items():
+                images[name] = DiskImage(list(plog.memory.items()), node.store.watermarks.get(name, 0))
+        held = " ".join(f"{c.tag}last={fmt_sn(c.replica_of(node).last_sn)}" for c in self.chains
+                        if c.replica_of(node) is not None)
+        self.log(f"CRASH {node.id} (inc {node.incarnation}, {node.state()}, replica {held or '-'}); "
+                 f"{'log kept' if self.options.durable else 'log lost'}")
+        for chain in self.chains:
+            await chain.kill_streams(node)
+        for chain in self.chains:
+            if not self.options.durable and node.store is not None and chain.cid in node.store.logs:
+                chain.log_losses[node.id].append(self.step)
+        for r in node.replicas.values():
+            r.state = ReplicaState.CLOSED      # the process is gone: nothing runs it
+        node.replicas = {}
+        node.budgets = {}
+        node.store = None
+        node.disk = images
+        node.up, node.paused = False, False
+        self.registered.pop(node.id, None)
+
+    async def restart(self, node: SimNode) -> None:
+        self.stats["restart"] += 1
+        self._boot(node)
+        self.log(f"RESTART {node.id} as incarnation {node.incarnation} skew={node.skew_ms}ms "
+                 f"logs={ {n: fmt_sn(p.last_sn) for n, p in node.store.logs.items()} }")
+        await self.sync(node)                   # StorageNode.start syncs at once
+
+    async def pause(self, node: SimNode) -> None:
+        self.stats["pause"] += 1
+        node.paused = True
+        self.registered.pop(node.id, None)      # its session expires
+        self.log(f"PAUSE {node.id} (its registration expires)")
+
+    async def resume(self, node: SimNode) -> None:
+        self.stats["resume"] += 1
+        node.paused = False
+        self.registered[node.id] = node.incarnation     # reregister(): same started_ms
+        self.log(f"RESUME {node.id} (registers again as incarnation {node.incarnation})")
+
+    async def stream_fault(self, session: "Session", keep: bool) -> None:
+        """A fault on the stream that carries `session`: with several chains it is the node
+        pair's one stream (PeerLink), so every chain's session on it breaks (`_lost`)."""
+        self.stats["fault_drop" if not keep else "fault_reorder"] += 1
+        chain = session.link.sim
+        chain.log(f"FAULT {'reorder' if keep else 'drop'} on {session.name()}")
+        await chain.break_session(session, keep)
+        if len(self.chains) > 1:
+            for other in self.chains:
+                for s in list(other.sessions):
+                    if s is not session and s.connected and (s.sender, s.receiver) == (session.sender, session.receiver):
+                        other.log(f"  {s.name()} shares the stream")
+                        await other.break_session(s, keep)
+
+    # --- scheduling ----------------------------------------------------------------------------
+    def enabled(self) -> list[tuple[float, str, object]]:
+        out: list[tuple[float, str, object]] = []
+        chaos = 0.0 if self.healing else self.options.chaos
+
+        def add(weight, label, fn):
+            if weight > 0:
+                out.append((weight, label, fn))
+
+        for chain in self.chains:
+            chain.enabled(add, chaos)
+        # control
+        for node in self.nodes.values():
+            if node.acts and self.needs_sync(node):
+                add(2, f"sync {node.id}", lambda node=node: self.sync(node))
+        add(1.2, "manager", self.manager_round)
+        # processes
+        for node in self.nodes.values():
+            if not node.up:
+                add(0.5 if not self.healing else 3, f"restart {node.id}", lambda node=node: self.restart(node))
+            elif node.paused:
+                add(0.5 if not self.healing else 3, f"resume {node.id}", lambda node=node: self.resume(node))
+            elif chaos and self.may_take_down(node):
+                add(0.06 * chaos, f"crash {node.id}", lambda node=node: self.crash(node))
+                if self.options.pauses:
+                    add(0.05 * chaos, f"pause {node.id}", lambda node=node: self.pause(node))
+        return out
+
+    # --- the run -------------------------------------------------------------------------------
+    async def main(self) -> "Result":
+        await self.setup()
+        self.check()
+        for self.step in range(1, self.steps + 1):
+            await self.one_step()
+        if self.options.heal:
+            await self.heal()
+        return Result(self.seed, self.steps, self.options, self.trace, self.stats, self.digest())
+
+    async def one_step(self) -> None:
+        self.now_ms += self.rng.choice((0, 0, 1, 1, 2, 7))
+        choices = self.enabled()
+        total = sum(w for w, _, _ in choices)
+        x = self.rng.random() * total
+        for weight, label, fn in choices:
+            x -= weight
+            if x < 0:
+                break
+        self.stats["steps"] += 1
+        try:
+            await fn()
+            for chain in self.chains:
+                chain.writer_acks()
+        except InvariantViolation as e:
+            self.fail(f"product invariant: {e}")
+        for chain in self.chains:
+            chain.sessions = [s for s in chain.sessions if s.connected or s.down or
+                              (s.handler is not None and not s.handler.closed)]
+        self.check()
+
+    async def heal(self) -> None:
+        self.healing = True
+        self.log("HEAL: faults stop; every node comes back")
+        start = self.step
+        while self.step < start + self.options.heal_steps:
+            if self.converged():
+                self.stats["heal_steps"] = self.step - start
+                self.log("converged")
+                self.check(final=True)
+                return
+            self.step += 1
+            await self.one_step()
+        self.fail(f"liveness: not converged {self.options.heal_steps} fault-free steps after the faults stopped: "
+                  f"{self.why_not_converged()}")
+
+    def converged(self) -> bool:
+        return self.why_not_converged() is None
+
+    def why_not_converged(self) -> str | None:
+        if any(not n.acts for n in self.nodes.values()):
+            return "a node is down"
+        for chain in self.chains:
+            why = chain.why_not_converged()
+            if why is not None:
+                return chain.tag + why
+        return None
+
+    # --- invariants ----------------------------------------------------------------------------
+    def check(self, final: bool = False) -> None:
+        for chain in self.chains:
+            chain.check(final)
+        if self.options.link_budget is not None:
+            self.check_budgets()
+
+    def check_budgets(self) -> None:
+        """I8 budgets: a node pair's stream budget holds exactly the bytes in flight of the
+        senders sharing it (every chain's live link to that successor), never less than 0."""
+        for node in self.nodes.values():
+            if not node.up:
+                continue
+            for successor, budget in node.budgets.items():
+                inflight = sum(link.sender.inflight_bytes for link in self.links_to(node.id, successor)
+                               if link.sender.budget is budget and link.state is not chainlink.SenderState.STOPPED)
+                sharing = sum(1 for link in self.links_to(node.id, successor)
+                              if link.state is not chainlink.SenderState.STOPPED)
+                if sharing > 1:
+                    self.stats["shared_stream_checks"] += 1
+                    for link in self.links_to(node.id, successor):
+                        sender = link.sender
+                        if sender.state is chainlink.SenderState.STREAMING and not sender.inflight_bytes \
+                                and budget.bytes and sender.view.last_sn > sender.sent_sn:
+                            self.stats["held_by_other_chains"] += 1    # another chain's bytes hold it back
+                if budget.bytes != inflight or budget.bytes < 0:
+                    self.fail(f"I8 {node.id}->{successor}: the stream's budget counts {budget.bytes} bytes in "
+                              f"flight, its senders {inflight}")
+
+    def digest(self) -> str:
+        return " | ".join(chain.digest() for chain in self.chains)
 
 
 def first_difference(longer: list, shorter: list) -> str:

@@ -109,7 +109,7 @@ def classify(v: SimViolation) -> str | None:
         return None
     nodes = re.findall(r"\b(n\d+)\b", msg)[:2]
     seqs = [int(x) for x in re.findall(r"\bo(\d+)\b", msg)][:1]
-    if any(sim.survived_removal(sim.nodes[n].replica) for n in nodes) or \
+    if any(sim.survived_removal(sim.replica_of(sim.nodes[n])) for n in nodes) or \
             any(sim.survived_removal(sim.acked_by.get(q)) for q in seqs):
         return "replica-reuse"
     if any(sim.splices.get(n) for n in nodes):
@@ -393,11 +393,13 @@ def test_liveness_sweep(start):
 PLANTED_BUG_SEEDS = range(0, 120)
 
 
-def test_a_bug_planted_in_the_link_driver_fails_the_sweep(monkeypatch):
+@pytest.mark.parametrize("variant", ["", "MULTI_CHAIN"], ids=["one-chain", "several-chains"])
+def test_a_bug_planted_in_the_link_driver_fails_the_sweep(monkeypatch, variant):
     """The simulation runs the production driver of the link machines (storage/linkdriver.py),
-    so a bug there is a bug the sweep finds. Planted here: the sender's driver commits up to
-    its own last SN instead of the SN its successor acked, so a head acknowledges batches
-    the rest of the chain does not hold yet."""
+    so a bug there is a bug the sweep finds, with one chain and with several chains per node
+    pair. Planted here: the sender's driver commits up to its own last SN instead of the SN
+    its successor acked, so a head acknowledges batches the rest of the chain does not hold
+    yet."""
     from storage import link, linkdriver
     act = linkdriver.SenderDriver.act
 
@@ -409,11 +411,62 @@ def test_a_bug_planted_in_the_link_driver_fails_the_sweep(monkeypatch):
     found = []
     for seed in PLANTED_BUG_SEEDS:
         try:
-            run(seed, SWEEP_STEPS)
+            run(seed, SWEEP_STEPS, options_for_seed(seed).parse(MULTI_CHAIN if variant else ""))
         except SimViolation as e:
             found.append(e.message)
             break
     assert found and found[0].startswith(("I2", "I6")), found
+
+
+# --- several chains per node pair -----------------------------------------------------------------
+# Three chains over four nodes: node pairs carry links of several chains, which share the
+# pair's stream (a fault on it breaks every chain's session, as PeerLink._lost does) and its
+# budget of bytes in flight (PeerLink.budget, one link.LinkBudget for every chain's sender;
+# 100 bytes: a second batch waits for the first's ack, whichever chain sent it). I8 checks
+# the budget's accounting after every step.
+
+MULTI_CHAIN = "chains=3,nodes=4,link_budget=100,append_inflight=4"
+MULTI_CHAIN_SEEDS = range(0, 160)
+
+
+@pytest.mark.parametrize("start", range(MULTI_CHAIN_SEEDS.start, MULTI_CHAIN_SEEDS.stop, CHUNK))
+def test_multi_chain_sweep(start):
+    """MULTI_CHAIN_SEEDS with three chains sharing node pairs (every other seed with the
+    senders' ack bound on): no invariant of any chain breaks, the budget's count is exact,
+    every run converges; and chains do share streams, and hold each other back."""
+    failures, stats = [], collections.Counter()
+    for seed in range(start, min(start + CHUNK, MULTI_CHAIN_SEEDS.stop)):
+        options = options_for_seed(seed).parse(MULTI_CHAIN + (",liveness=true" if seed % 2 else ""))
+        try:
+            stats += run(seed, SWEEP_STEPS, options).stats
+        except SimViolation as e:
+            failures.append(e)
+    if failures:
+        raise AssertionError(f"{len(failures)} seeds failed ({[e.seed for e in failures]})\n{failures[0]}")
+    assert stats["acked"] > 0 and stats["fault_drop"] > 0 and stats["shared_stream_checks"] > 0 \
+        and stats["held_by_other_chains"] > 0, dict(stats)
+
+
+def test_a_budget_leak_planted_in_the_link_machine_fails_the_multi_chain_sweep(monkeypatch):
+    """A sender that forgets to give its bytes back to the stream's budget when it drops
+    what it had in flight (a break, a stop): the budget over-counts, and the chains that
+    share the stream would starve. I8 finds it."""
+    from storage import link
+
+    def keeps_the_budget(self):
+        self.inflight.clear()
+        self.inflight_bytes = 0
+        self.waiting_since = None
+
+    monkeypatch.setattr(link.Sender, "_drop_inflight", keeps_the_budget)
+    found = []
+    for seed in MULTI_CHAIN_SEEDS:
+        try:
+            run(seed, SWEEP_STEPS, options_for_seed(seed).parse(MULTI_CHAIN))
+        except SimViolation as e:
+            found.append(e.message)
+            break
+    assert found and found[0].startswith("I8"), found
 
 
 # --- determinism and replay ---------------------------------------------------------------------
@@ -433,6 +486,8 @@ def test_same_seed_same_trace():
         except SimViolation as e:
             violations.append((e.message, e.trace))
     assert len(violations) == 2 and violations[0] == violations[1]
+    multi = [run(7, 250, options_for_seed(7).parse(MULTI_CHAIN)) for _ in range(2)]
+    assert multi[0].trace == multi[1].trace and multi[0].digest.count("|") == 2
     # and in fresh processes, whatever their hash seed
     code = ("import hashlib,sys; from tests.sim.harness import run; "
             "r = run(11, 250); sys.stdout.write(hashlib.sha256(chr(10).join(r.trace).encode()).hexdigest())")
@@ -471,25 +526,30 @@ LONG_SWEEP_STEPS = 500
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stride", [pytest.param(LONG_SWEEP_SLICE_STRIDE, id="slice"),
-                                    pytest.param(LONG_SWEEP_STRIDE, id="full", marks=pytest.mark.sweep)])
-def test_long_sweep(stride):
+@pytest.mark.parametrize("stride,variant", [
+    pytest.param(LONG_SWEEP_SLICE_STRIDE, "", id="slice"),
+    pytest.param(LONG_SWEEP_STRIDE, "", id="full", marks=pytest.mark.sweep),
+    pytest.param(2 * LONG_SWEEP_SLICE_STRIDE, MULTI_CHAIN, id="several-chains-slice"),
+    pytest.param(LONG_SWEEP_STRIDE, MULTI_CHAIN, id="several-chains-full", marks=pytest.mark.sweep)])
+def test_long_sweep(stride, variant):
     """Seeds of 10,000..19,999 (every `stride`-th) x 500 steps: no violation that no known
-    bug explains. The slice runs in `make test`, the whole in `make test-full`."""
+    bug explains. The slices run in `make test`, the whole in `make test-full`; the
+    several-chains variant runs MULTI_CHAIN (every other seed with the ack bound on)."""
     hits: dict[str | None, list[int]] = collections.defaultdict(list)
     unexplained = []
     start = time.monotonic()
     seeds = range(LONG_SWEEP_SEEDS.start, LONG_SWEEP_SEEDS.stop, stride)
     for seed in seeds:
         try:
-            run(seed, LONG_SWEEP_STEPS)
+            overrides = variant + (",liveness=true" if variant and seed % 2 else "")
+            run(seed, LONG_SWEEP_STEPS, options_for_seed(seed).parse(overrides))
         except SimViolation as e:
             bug = classify(e)
             hits[bug].append(seed)
             if bug is None:
                 unexplained.append(e)
-    print(f"long sweep: {len(seeds)} seeds x {LONG_SWEEP_STEPS} steps in {time.monotonic() - start:.0f}s; "
-          f"{len(unexplained)} unexplained violations; known bugs hit: "
+    print(f"long sweep{' (' + variant + ')' if variant else ''}: {len(seeds)} seeds x {LONG_SWEEP_STEPS} steps "
+          f"in {time.monotonic() - start:.0f}s; {len(unexplained)} unexplained violations; known bugs hit: "
           + ", ".join(f"{b}: {len(s)} (e.g. {s[:5]})" for b, s in hits.items() if b))
     if unexplained:
         raise AssertionError(f"{len(unexplained)} violations no known bug explains "

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control.chains import LearnerProgress, failed_members, plan, under_replicated
+from control.chains import LearnerProgress, count_change, failed_members, plan, under_replicated
 from sms import limits
 from sms.metadata import ChainChange, ChainConfig
 from sms.types import Persistence
@@ -811,12 +811,7 @@ def _settle(configs: list[ChainConfig], live: dict[str, int], rf: int, draining=
             if new.handoff and not c.handoff:
                 heads[c.head] -= 1
                 heads[new.handoff] += 1
-            for n in set(new.members) | set(new.learners):
-                if not c.holds(n):
-                    load[n] += 1
-            for n in set(c.members) | set(c.learners):
-                if not new.holds(n):
-                    load[n] -= 1
+            count_change(load, learning, c, new)
             changed = True
             out.append(new)
         configs = out
@@ -907,3 +902,35 @@ def test_a_chain_changed_lately_is_not_moved_for_balance_but_is_drained():
     assert plan(recent, alive("a", "b", "c", "d"), 3, load, {}, later, move=True).learners == ("d",)
     assert plan(recent, alive("a", "b", "c", "d"), 3, load, {}, NOW, move=True,
                 draining=frozenset({"a"})).learners == ("d",)
+
+
+# --- the round's other decisions: learner progress from reports, running counts -------------------
+
+def _report(role, epoch=7, last_sn=100, records=50, verified=True, gated=()):
+    from kernel.rpc import ReplicaReport
+    return ReplicaReport("s:0", epoch, role, records, verified, last_sn, last_sn, tuple(gated), False, False)
+
+
+def test_learner_progress_trusts_only_a_learner_of_this_epoch_that_the_tail_gates():
+    from control.chains import learner_progress
+    config = chain(["a", "b"], ["c", "d", "e", "f"])
+    reports = {"b": _report("tail", records=80, gated=("c", "d")),
+               "c": _report("learner", records=80),                 # gated, caught up: promotable
+               "d": _report("learner", records=30, verified=False),  # gated, not verified at its hello
+               "e": _report("learner", epoch=6, records=80),         # not yet at this epoch: no progress
+               "f": _report("member", records=80)}                   # an old role: no progress
+    assert learner_progress(config, reports) == {
+        "c": LearnerProgress(verified=True, lag_records=0),
+        "d": LearnerProgress(verified=False, lag_records=50)}
+    ungated = {**reports, "b": _report("tail", records=80)}
+    assert learner_progress(config, ungated)["c"] == LearnerProgress(verified=False, lag_records=0)
+    ahead = {**reports, "c": _report("learner", last_sn=101, records=81)}   # holds more than the tail
+    assert "c" not in learner_progress(config, ahead)
+    assert learner_progress(config, {k: v for k, v in reports.items() if k != "b"}) == {}   # tail silent
+
+
+def test_count_change_moves_load_and_learning_as_a_round_goes_on():
+    old, new = chain(["a", "b"], ["c"]), chain(["a", "c"], ["d"])
+    load, learning = Counter({"a": 1, "b": 1, "c": 1}), Counter({"c": 1})
+    count_change(load, learning, old, new)
+    assert load == Counter({"a": 1, "b": 0, "c": 1, "d": 1}) and learning == Counter({"c": 1, "d": 1})

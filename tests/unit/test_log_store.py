@@ -599,3 +599,15 @@ def test_statistics_shape(tmp_path):
             assert set(stats["write_queue"]) == {p.value for p in DURABLE}
 
     asyncio.run(scenario())
+
+
+def test_a_memory_only_store_opens_memory_logs_and_refuses_durable_ones():
+    """LogStore(None), the simulation's store: no LMDB environment, the memory path whole."""
+    store = LogStore(None)
+    assert store.envs == {} and store.data_dir == ""
+    plog = store.open_log("p", Persistence.MEMORY)
+    asyncio.run(fill(store, plog, LAYOUT))
+    assert read_all(store, plog) == expected_records(LAYOUT) and store.open_log("p", Persistence.MEMORY) is plog
+    with pytest.raises(InvariantViolation, match="memory-only"):
+        store.open_log("q", Persistence.DISK)
+    assert "q" not in store.logs
