@@ -4,7 +4,7 @@ Callers import everything from here: the `MetaStore` interface and its types and
 errors (base.py), and `open_metastore(url)`, which picks the backend from a URL:
 `embedded:///abs/path/meta.lmdb` (or a plain filesystem path) opens the embedded LMDB
 backend (embedded.py); `zk://host:port[,host:port...][/prefix]` opens the ZooKeeper
-backend (zookeeper.py, over kazoo; the prefix is a chroot, created if missing). The
+backend (zookeeper/, over kazoo; the prefix is a chroot, created if missing). The
 ZooKeeper module is imported on first use (`ZooKeeperMetaStore` is importable from
 here too), so embedded users do not load kazoo. The store returned is not started:
 `await store.start()` (or `async with store:`) on the loop that will use it.

@@ -409,7 +409,7 @@ relation("PRODUCER_RETRY_BACKOFF_MS <= PRODUCER_RETRY_BACKOFF_MS_CAP <= PRODUCER
 relation("0 < PRODUCER_ID_RANDOM_BYTES <= PRODUCER_ID_BYTES_MAX")
 
 # --- moved here from the modules that use them (issue 31: every limit in one place) ---------
-# metastore/zookeeper.py
+# metastore/zookeeper/
 ZK_CONNECT_TIMEOUT_S = 15.0          # start(): the first session is up within this
 ZK_OPERATION_TIMEOUT_S = 30.0        # one operation, reconnect waits included
 ZK_NEW_SESSION_WAIT_S = 5.0          # SessionExpiredError waits this for the fresh one
