@@ -48,7 +48,7 @@ async def apply_graph(address: str, graph: Graph) -> dict:
                     await client.create_stream(state.changelog, 1, min(3, len(await _storage_nodes(client))))
                     created.append(state.changelog)
                 # retention keeps what a restore needs: the stage is the changelog's registered
-                # consumer, at its oldest snapshot (sps/worker.py _protect_changelog); made
+                # consumer, at its oldest snapshot (sps/worker/state.py _protect_changelog); made
                 # so on every apply, also of a changelog that existed before
                 await client.update_stream(state.changelog, protect_unread=True)
                 await client.register_consumer(state.changelog, name)

@@ -2,7 +2,7 @@
 processes (`python -m node graph run`) on the module's LocalCluster.
 
 A stage output may carry a `filter` on the output record's headers (sps/filters.py); a
-result row's `headers` become the output record's headers (sps/worker.py `_emit`), and
+result row's `headers` become the output record's headers (sps/worker/pipeline.py `_emit`), and
 each output stream gets exactly the records its filter matches. The operations are in
 tests/integration/sps_fanout_ops.py; the processes, the lease watch and the waits are
 those of tests/integration/test_sps_workers.py.

@@ -1,33 +1,7 @@
-"""An SPS worker: one stage's member in a process (a process may run several stages, each
-its own Worker sharing one engine), a peer of the stage's other workers.
-
-The stage is a consumer group, named as the stage, of each of its inputs (sms/consumer.py,
-kept by the cluster: control/groups.py). Each round (a third of the stage's failover
-time, and whenever a partition ends) the worker writes its member heartbeat, makes sure
-the lease table has an entry per input partition (from `get_stream_info`: at start, at
-the end of a partition, and every SPS_PARTITION_REFRESH_S), and claims, takes, renews
-and releases leases (`sms/leases.py`).
-
-The leases it holds are processed together, in micro-batches (`_micro_batches`):
-
-    read each partition's next batch (up to checkpoint_records records or
-        checkpoint_interval_s seconds), ahead, while the previous micro-batch is processed
-    -> write each lease: checkpoint = its previous batch's end, pending_end = this batch's end
-    -> apply the stage's operation to every partition's batch in one engine call (Spark:
-       one job, Arrow in and out; each output row is known to come from one partition)
-    -> write each partition's outputs (sps/output.py: SSSNs from its batch's input
-       position) and wait for them
-    -> the next micro-batch (its lease writes checkpoint this one)
-
-A worker that takes a lease over first replays exactly its pending batch, so its outputs
-are the same records under the same SSSNs, which ingestion answers as duplicates: each
-output lands once (`checkpoint` recovery), whatever the other partitions of the
-micro-batch. Every lease write is conditional on the version this worker last saw: when
-one fails (a peer took the lease: this worker was paused past the failover time) the
-partition leaves the micro-batch at once, before its outputs are written. At a closed
-partition's end the lease gets SHARD_END and the children become claimable. `best_effort`
-starts at LATEST and writes no progress.
-"""
+"""The worker's micro-batches: read every held partition's next batch ahead, write the
+leases (checkpoint, pending end), apply the stage's operation to all of them in one engine
+call, write each partition's outputs exactly once (sps/output.py) with their dead letters,
+and go on (sps/worker/__init__.py tells the whole)."""
 
 from __future__ import annotations
 
@@ -35,242 +9,21 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
-import socket
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 
-from sms import aio, errors, limits, seqno
+from sms import errors, limits, seqno
 from kernel.aiotools import cancel_and_wait, raise_if_cancelling
-from sms.types import PartitionState, Record, StartPosition
-from sps.graph import StageSpec, resolve
-from sms.consumer import Membership, StreamsLeases
-from sms.leases import (LATEST, SHARD_END, TRIM_HORIZON, ExpiryClock, Lease, LeaseLost, LeaseTable, lease_key,
-                        plan_takes)
-from sps.engine import Engine, InputBatch, PythonEngine
+from sms.types import Record, StartPosition
+from sms.leases import SHARD_END, LeaseLost
+from sps.engine import InputBatch
 from sps.output import OutputWriter, base_sssn
-from sps.state import KeyedState, parse_changelog
+from sps.worker.parts import Owned, Step
 
-log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class Owned:
-    """A lease this worker holds, and how far its processing is."""
-    lease: Lease
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    last_write: float = field(default_factory=time.monotonic)
-    stopping: bool = False            # release at the next batch boundary
-    records: int = 0
-    rate_since: float = field(default_factory=time.monotonic)
-    done: str = ""                    # the checkpoint: the last batch whose outputs are acknowledged
-    opened: bool = False              # the iterator is open (and a pending batch is being replayed)
-    iterator: str | None = None
-    replay_end: int | None = None     # the first batch replays exactly the pending one
-    read: asyncio.Task | None = None  # the next batch, read ahead while the current one is processed
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
-    ended: bool = False               # its last batch read reached the partition's end
-    writer: OutputWriter | None = None
-    unrecorded: int = 0               # records done since the last lease write counted them
-    unfailed: int = 0                 # ... failed, and dead-lettered
-    undead: int = 0
-    last_error: str = ""
-    state: KeyedState | None = None   # a stateful stage: the partition's keyed state, as of `done`
-    state_pos: str = ""               # ... the changelog SN of its latest snapshot (kept in the lease)
-    since_snapshot: int = 0           # ... batches written to the changelog since that snapshot
-    snapshot_due: bool = False        # ... the next batch writes a snapshot (state handed down)
+log = logging.getLogger("sps.worker")
 
 
-@dataclass(eq=False)
-class Step:
-    """One partition's part of a micro-batch."""
-    owned: Owned
-    batch: InputBatch
-    ended: bool
-    rows: list = field(default_factory=list)
-    dead: list = field(default_factory=list)
-    failed: int = 0
-    error: str = ""
-    changelog: list = field(default_factory=list)   # a stateful stage: rejected rows' dead letters, then the
-    rejected: int = 0                               # ... batch's changelog records (after `rejected` of those)
-    snapshot: bool = False                          # ... a snapshot (not a delta)
-
-
-class Worker:
-    def __init__(self, address: str, stage: StageSpec, worker_id: str | None = None,
-                 engine: Engine | None = None, client_options: dict | None = None, *, own_engine: bool = True):
-        self.address = address
-        self.client_options = client_options or {}
-        self.stage = stage
-        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.engine = engine or PythonEngine()
-        self.own_engine = own_engine                 # close it when the worker stops (not when shared)
-        self.operation = resolve(stage.operation, f"stage {stage.name!r} operation")
-        self.sink = resolve(stage.sink, f"stage {stage.name!r} sink") if stage.sink else None
-        self.table: LeaseTable | None = None       # the stage's group on each input (set by run)
-        self.membership: Membership | None = None
-        self.clock = ExpiryClock(stage.failover_s)
-        self.owned: dict[str, Owned] = {}
-        self.client: aio.Client | None = None
-        self._wake = asyncio.Event()                 # the round: a partition ended or failed
-        self._work = asyncio.Event()                 # the micro-batch loop: a lease was claimed
-        self._refresh_at = 0.0
-        self._protect_at = 0.0
-        self._writing: asyncio.Task | None = None    # the last micro-batch's outputs being written
-        self.processed = 0
-        self.timings: Counter = Counter()            # seconds in each phase of the micro-batches, and counts
-        self._report_at = time.monotonic() + limits.SPS_REPORT_S
-        self.lost = 0
-        self.trimmed_skips = 0                       # reads that found records trimmed before they were processed
-        self.dead_letters = 0
-        self._backoff: dict[str, tuple[float, float]] = {}   # lease key -> (claim again after, last backoff)
-
-    # --- the round ----------------------------------------------------------------------
-    async def run(self, stop: asyncio.Event) -> None:
-        self.client = aio.Client(self.address, **self.client_options)
-        # the stage is a consumer group of each input stream, named as the stage
-        self.table = LeaseTable(StreamsLeases(self.client, self.stage.inputs, self.stage.name), self.stage.name)
-        self.membership = Membership(self.client, self.stage.inputs[0], self.stage.name, self.worker_id,
-                                     self.stage.failover_s)
-        loop_task = None
-        try:
-            await asyncio.to_thread(self.engine.start)      # (before claiming: a JVM takes seconds)
-            await asyncio.to_thread(self.engine.warm_up, self.operation)
-            loop_task = asyncio.get_running_loop().create_task(self._micro_batches(), name=f"sps-{self.stage.name}")
-            interval = self.stage.failover_s / 3
-            while not stop.is_set():
-                if loop_task.done():
-                    loop_task.result()          # (it never ends by itself: an error of this worker's own)
-                try:
-                    await self.round()
-                except LeaseLost:
-                    pass
-                except (errors.SmsError, ConnectionError) as e:
-                    raise_if_cancelling()
-                    if isinstance(e, errors.SmsError) and not e.retriable:
-                        raise           # (a stream deleted, a key revoked: the worker stops and says why)
-                    log.info("%s: round failed, retrying: %r", self.worker_id, e)
-                self._wake.clear()
-                waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait()), loop_task]
-                await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
-                for w in waiters[:2]:
-                    w.cancel()
-            if loop_task.done():
-                loop_task.result()
-            await self.release_all()
-            self._report()
-            try:
-                await self.membership.leave()
-            except errors.SmsError:
-                pass
-        finally:
-            await cancel_and_wait(loop_task)
-            for owned in list(self.owned.values()):
-                await self._finish(owned)
-            await self.client.close()
-            if self.own_engine:
-                self.engine.close()
-
-    async def _workers(self) -> list[str]:
-        return await self.membership.heartbeat()
-
-    async def refresh_partitions(self) -> None:
-        """An entry per input partition in the lease table (existing ones are kept)."""
-        start = TRIM_HORIZON if self.stage.recovery == "checkpoint" else LATEST
-        known = set(await self.table.all())
-        for stream in self.stage.inputs:
-            info = await self.client.get_stream_info(stream)
-            for p in info.partitions:
-                if lease_key(stream, p.ordinal) in known:
-                    continue
-                # a best-effort stage does not read closed partitions' pasts
-                first = start if p.state is PartitionState.OPEN or start == TRIM_HORIZON else SHARD_END
-                await self.table.ensure(stream, p.ordinal, tuple(p.parents), first)
-        self._refresh_at = time.monotonic() + limits.SPS_PARTITION_REFRESH_S
-
-    async def round(self) -> None:
-        workers = await self._workers()      # (first: a slow round must not make this worker look dead)
-        if time.monotonic() >= self._refresh_at:
-            await self.refresh_partitions()
-        leases = await self.table.all()
-        for lease in leases.values():
-            self.clock.observe(lease)
-        claims, releases = plan_takes(leases, self.worker_id, workers, self.clock)
-        # a lease still this worker's that it no longer processes (a write answered late, a
-        # release that failed, a restart under the same id): taken up again from its checkpoint
-        dropped = [lease for key, lease in leases.items()
-                   if lease.owner == self.worker_id and key not in self.owned and not lease.done]
-        now = time.monotonic()
-        claims = [lease for lease in dropped + [c for c in claims if c.key not in {d.key for d in dropped}]
-                  if self._backoff.get(lease.key, (0.0, 0.0))[0] <= now]
-        for lease in claims:
-            try:
-                mine = await self.table.claim(lease, self.worker_id)
-            except LeaseLost:
-                continue
-            log.info("%s: claimed %s at %s (from %s)", self.worker_id, lease.key, mine.checkpoint,
-                     lease.owner or "nobody")
-            self.owned[mine.key] = Owned(mine)
-            self._work.set()
-        for lease in releases:
-            owned = self.owned.get(lease.key)
-            if owned is not None:
-                owned.stopping = True        # checkpointed and released at its next batch boundary
-                self._work.set()
-        for key, owned in list(self.owned.items()):
-            if time.monotonic() - owned.last_write >= self.stage.failover_s / 3:
-                try:
-                    async with owned.lock:
-                        owned.lease = await self.table.renew(owned.lease)
-                        owned.last_write = time.monotonic()
-                except LeaseLost:
-                    if self._holds(owned):
-                        await self._lose(owned)
-        if self.stage.state is not None and time.monotonic() >= self._protect_at:
-            self._protect_at = time.monotonic() + limits.SPS_PARTITION_REFRESH_S
-            try:
-                await self._protect_changelog(leases)
-            except (errors.SmsError, ConnectionError) as e:
-                raise_if_cancelling()
-                log.warning("%s: stage %s: could not move its changelog's retention hold (retrying in %.0f s): %r",
-                            self.worker_id, self.stage.name, limits.SPS_PARTITION_REFRESH_S, e)
-
-    def _report(self) -> None:
-        """A line with the micro-batches' figures so far (every SPS_REPORT_S, and at the end)."""
-        self._report_at = time.monotonic() + limits.SPS_REPORT_S
-        log.info("%s: stage %s: %s", self.worker_id, self.stage.name,
-                 ", ".join(f"{k} {round(v, 2)}" for k, v in sorted(self.timings.items())))
-
-    def _forget(self, key: str) -> None:
-        owned = self.owned.pop(key, None)
-        if owned is not None:
-            owned.finished.set()
-            if owned.read is not None:
-                owned.read.cancel()
-
-    async def _finish(self, owned: Owned) -> None:
-        """This worker is done with the lease (released, lost, ended or failed)."""
-        if self.owned.get(owned.lease.key) is owned:
-            self._forget(owned.lease.key)
-        owned.finished.set()
-        await cancel_and_wait(owned.read)
-        owned.read = None
-        if owned.writer is not None:
-            writer, owned.writer = owned.writer, None
-            # (a replay of what it did not finish is answered by de-duplication)
-            await writer.close(flush=False)
-        self._wake.set()
-
-    async def release_all(self) -> None:
-        for owned in list(self.owned.values()):
-            owned.stopping = True
-        self._work.set()
-        waits = [asyncio.ensure_future(o.finished.wait()) for o in list(self.owned.values())]
-        if waits:
-            await asyncio.wait(waits, timeout=self.stage.checkpoint_interval_s * 2 + 5)
-            for w in waits:
-                w.cancel()
+class MicroBatches:
+    """The micro-batch pipeline of a `Worker`."""
 
     # --- the micro-batches ---------------------------------------------------------------
     async def _micro_batches(self) -> None:
@@ -378,7 +131,7 @@ class Worker:
         outputs are still being written; then, once those are acknowledged and its leases
         moved on, fence this one's leases and start writing its outputs (`_write_out`, a
         task the next micro-batch's apply overlaps). Nothing of a batch is written before
-        its fence, so the exactly-once protocol is the one of sps/worker.py's docstring:
+        its fence, so the exactly-once protocol is the one of sps/worker/__init__.py's docstring:
         the apply has no side effect but on the in-memory state, which a partition that
         fails or is lost takes with it."""
         checkpointing = self.stage.recovery == "checkpoint"
@@ -653,160 +406,6 @@ class Worker:
                 error = _error_text(e)
         return [], self._dead(batch, error, f"failed {limits.SPS_RECORD_ATTEMPTS_MAX} times"), 1, error
 
-    # --- keyed state (sps/state.py) ------------------------------------------------------
-    def _fold(self, s: Step) -> None:
-        """A stateful stage: fold the batch's result rows into its partition's state; the
-        batch then outputs the state's changed rows (or closed windows) and writes its
-        changelog record(s): a snapshot when one is due (every snapshot_every batches, and
-        the first batch after a hand-down), else a delta.
-
-        A replayed batch must write the very records its first run wrote (the same SSSNs
-        with other contents are refused as a SessionConflict), so everything here follows
-        from the changelog and the batch alone: the snapshot schedule counts the batches
-        since the last snapshot in the changelog (not, say, whether this worker is about to
-        hand the lease over), and rows are folded in a fixed order when an engine's row
-        order is not (a float sum depends on it)."""
-        o, spec = s.owned, self.stage.state
-        rows = s.rows
-        if self.engine.name != "python" and any(a.function == "sum" for a in spec.aggregates):
-            rows = sorted(rows, key=lambda row: repr(sorted(row.items())))
-        changes = o.state.update(rows)
-        s.snapshot = o.snapshot_due or o.since_snapshot + 1 >= spec.snapshot_every
-        # (counted here, not once written: the next batch is folded while this one is written)
-        o.since_snapshot = 0 if s.snapshot else o.since_snapshot + 1
-        o.snapshot_due = False
-        # result rows the state cannot take (a missing column, a value of the wrong type, the
-        # entry limit) go to the dead letters, as JSON, and the others go on
-        source = f"p{o.lease.ordinal:04d}/{s.batch.first_sn}-{s.batch.last_sn}"
-        rejected = [self._dead_letter(o.lease.key, _row_json(row), error, source) for row, error in changes.rejected]
-        if rejected:
-            self.dead_letters += len(rejected)
-            s.failed += len(rejected)
-            s.error = changes.rejected[-1][1]
-            s.rejected = len(rejected)
-            log.warning("%s: stage %s: %d result row(s) of %s the state cannot take (%s): to %s", self.worker_id,
-                        self.stage.name, len(rejected), o.lease.key, s.error, self.stage.dead_letter_stream)
-        s.changelog = rejected + [(spec.changelog, o.lease.key, data)
-                                  for data in o.state.changelog_records(s.batch.last_sn, changes, s.snapshot)]
-        s.rows = o.state.output_rows(changes)
-        self.timings["state_changes"] += len(changes.changed) + len(changes.closed)
-        if changes.late:
-            self.timings["late_rows"] += changes.late
-
-    def _snapshotted(self, s: Step, outcomes: list) -> None:
-        """After a batch's writes: where its snapshot starts in the changelog (kept in the
-        lease with the checkpoint, by the next lease write)."""
-        if not s.snapshot:
-            return
-        first = outcomes[len(outcomes) - len(s.changelog) + s.rejected] if s.changelog and outcomes else None
-        if first is not None and first.sn is not None:
-            # (a duplicate is the record the first run stored there: the same contents, or
-            # ingestion would have refused it as a SessionConflict)
-            s.owned.state_pos = str(first.sn)
-
-    async def _restore(self, owned: Owned) -> None:
-        """The partition's state as of its checkpoint, from the changelog (from the latest
-        snapshot the lease names); a partition not yet started takes its parents' final
-        entries in its hash range (a split or merge hands state down)."""
-        spec, lease = self.stage.state, owned.lease
-        state = KeyedState(spec, self.stage.name)
-        t0 = time.monotonic()
-        read = 0
-        if lease.checkpoint.isdigit():
-            docs = await self._changelog_docs(lease.key, lease.state)
-            read = len(docs)
-            owned.since_snapshot = state.load(docs, int(lease.checkpoint))
-            owned.state_pos = lease.state
-        elif lease.parents and lease.checkpoint != SHARD_END:
-            leases = await self.table.all()
-            info = await self.client.get_stream_info(lease.stream)
-            read = await self._hand_down(state, lease.stream, lease.parents, lease.ordinal, leases, info)
-            owned.snapshot_due = bool(state.entries)      # (its changelog starts with what it was handed)
-        owned.state = state
-        self.timings["restore_s"] += time.monotonic() - t0
-        if read:
-            log.info("%s: stage %s: restored %s's state (%d entries) from %d changelog records in %.2f s",
-                     self.worker_id, self.stage.name, lease.key, len(state.entries), read, time.monotonic() - t0)
-
-    async def _hand_down(self, state: KeyedState, stream: str, parents, ordinal: int, leases: dict,
-                         info, depth: int = 0) -> int:
-        """Into `state`: the final entries of `parents` in partition `ordinal`'s hash range.
-        A parent that wrote no changelog record (it ended before it processed a record)
-        passes on what it was handed itself, from its own parents. Returns the changelog
-        records read."""
-        me = next((p for p in info.partitions if p.ordinal == ordinal), None)
-        if me is None or depth > limits.SPS_STATE_HAND_DOWN_DEPTH_MAX:
-            return 0
-        read = 0
-        for parent in parents:
-            held = leases.get(lease_key(stream, parent))
-            docs = await self._changelog_docs(lease_key(stream, parent), held.state if held else "")
-            read += len(docs)
-            theirs = KeyedState(self.stage.state, self.stage.name)
-            if docs:
-                theirs.load(docs, None)
-            elif held is not None and held.parents:
-                read += await self._hand_down(theirs, stream, held.parents, parent, leases, info, depth + 1)
-            state.adopt(theirs, me.hash_lo, me.hash_hi)
-        return read
-
-    async def _changelog_docs(self, key: str, position: str) -> list[dict]:
-        """A partition's changelog documents from `position` (a snapshot's SN), or from the
-        start of the changelog."""
-        stream = self.stage.state.changelog
-        docs = []
-        try:
-            async for r in self.client.read_stream(stream, **({"sequence_number": position} if position else {})):
-                if r.partition_key != key:
-                    continue
-                try:
-                    docs.append(parse_changelog(r.data))
-                except errors.InvalidArgument as e:
-                    log.warning("%s: stage %s: %s %s in %s is not a changelog record (%s); ignored",
-                                self.worker_id, self.stage.name, key, r.sequence_number, stream, e.message)
-        except errors.RecordsTrimmed as e:
-            raise errors.RecordsTrimmed(f"stage {self.stage.name!r}: the changelog of {key} in {stream!r} was trimmed "
-                                        f"below its snapshot ({e.message}); its state cannot be restored. Keep "
-                                        f"{stream!r} protecting unread records (as `sms graph apply` makes it)") from None
-        return docs
-
-    async def _protect_changelog(self, leases: dict[str, Lease]) -> None:
-        """The stage is a registered consumer of its changelog, at the oldest snapshot a
-        partition may still be restored from: retention keeps that, and everything after
-        it (in its changelog partition and that partition's descendants). A partition
-        that started without a snapshot yet is restored from the whole changelog, so then
-        nothing is let go. A closed partition's snapshot is let go once every child has a
-        snapshot of its own (or ended, its own children having one)."""
-        spec = self.stage.state
-        children: dict[str, list[Lease]] = {}
-        for c in leases.values():
-            for p in c.parents:
-                children.setdefault(lease_key(c.stream, p), []).append(c)
-
-        def covered(lease: Lease, depth: int = 0) -> bool:
-            if lease.state:
-                return True
-            kids = children.get(lease.key, [])
-            return lease.done and bool(kids) and depth < limits.SPS_STATE_HAND_DOWN_DEPTH_MAX \
-                and all(covered(k, depth + 1) for k in kids)
-
-        info = await self.client.get_stream_info(spec.changelog)
-        oldest: dict[int, int] = {}
-        for lease in leases.values():
-            kids = children.get(lease.key, [])
-            if lease.done and kids and all(covered(k) for k in kids):
-                continue
-            if lease.state:
-                sn = int(lease.state)
-            elif lease.checkpoint.isdigit():
-                sn = 1                          # (started, with no snapshot: the whole changelog)
-            else:
-                continue
-            for ordinal in _with_descendants(info, seqno.ordinal_of(sn) if sn > 1 else None):
-                oldest[ordinal] = min(oldest.get(ordinal, sn), sn)
-        await self.client.checkpoint_consumer(spec.changelog, self.stage.name,
-                                              {ordinal: sn - 1 for ordinal, sn in oldest.items()})
-
     def _raise_if_engine_broken(self, e: BaseException) -> None:
         """An engine that broke (its JVM gone, closed) is not the operation failing on
         records: the partitions fail (released, claimed again) instead of dead-lettering."""
@@ -869,18 +468,6 @@ class Worker:
         return []
 
 
-def _with_descendants(info, ordinal: int | None) -> list[int]:
-    """A changelog partition and every partition after it in the lineage (None: all)."""
-    if ordinal is None:
-        return [p.ordinal for p in info.partitions]
-    out, todo = [], [ordinal]
-    while todo:
-        o = todo.pop()
-        if o not in out:
-            out.append(o)
-            todo += [p.ordinal for p in info.partitions if o in p.parents]
-    return out
-
 
 def output_producer_id(stage: str, lease_key: str) -> bytes:
     """The producer id of a stage's outputs from one input partition: `sps:<stage>:<stream>:
@@ -930,11 +517,4 @@ def _error_text(e: BaseException) -> str:
     """An operation's error as kept in a lease and a dead letter: ASCII (non-ASCII escaped)
     and at most SPS_ERROR_CHARS_MAX bytes, so a lease entry stays within its size limit."""
     return f"{type(e).__name__}: {e}".encode("ascii", "backslashreplace").decode()[:limits.SPS_ERROR_CHARS_MAX]
-
-
-async def run_worker(address: str, stage: StageSpec, worker_id: str | None = None,
-                     engine: Engine | None = None, stop: asyncio.Event | None = None) -> Worker:
-    worker = Worker(address, stage, worker_id, engine)
-    await worker.run(stop or asyncio.Event())
-    return worker
 
