@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -47,94 +48,53 @@ import traceback
 from bench import common
 
 # --- every record count and duration of each mode -----------------------------------------
-MODES: dict[str, dict] = {
-    "smoke": {
-        "reference_records": 5_000,           # reference ingest; the catch-up read reads these back
-        "rf1_records": 2_000,                 # the reference ingest at replication 1
-        "put_record_calls": 20,               # single put_record calls, one at a time, idle cluster
-        "sweeps": {"dedup": [True, False], "replication": [1, 3, 5], "partitions": [1, 4]},
-        "sweep_records": 2_000,               # per sweep point
-        "sweep_bytes_max": 20_000_000,        # per sweep point: fewer records of big sizes
-        "ack_fractions": [0.1, 0.5, 0.8],
-        "ack_duration_s": 0.5,
-        "e2e_fraction": 0.5,                  # offered load of the end-to-end run, of the max
-        "e2e_duration_s": 0.5,
-        "phase_timeout_s": 60,
-        "raw_lmdb": {"records": 5_000},
-        "grpc_echo": {"records": 5_000, "duration_s": 0.15},
-        "redis_streams": {"records": 5_000, "latency_duration_s": 0.5, "benchmark_records": 5_000},
-        "nats_js": {"records": 5_000, "latency_duration_s": 0.5},
-        "extras": {"failover_pause": {"smoke": True, "heal_timeout_s": 30.0, "flush_timeout_s": 30.0},
-                   "repartition_pause": {"keys": 10, "interval_ms": 100.0, "partitions": 2, "rf": 2,
-                                         "warmup_s": 0.5, "settle_s": 0.2},
-                   "growth": {"smoke": True},
-                   "rebalance": {"smoke": True},
-                   "idle_cost": {"steps": [40], "idle_s": 1.0, "settle_s": 1.0, "load_records": 4_000},
-                   "tls_cost": {"preset": "smoke"},
-                   "encryption_cost": {"preset": "smoke"},
-                   "throttle": {"preset": "smoke"},
-                   "consumer_group": {"preset": "smoke"},
-                   "archive": {"preset": "smoke"}},
-    },
-    "quick": {
-        "reference_records": 1_000_000,       # also the catch-up read: the 1M records
-        "rf1_records": 500_000,
-        "put_record_calls": 300,
-        "sweeps": {},
-        "sweep_records": 0,
-        "sweep_bytes_max": 0,
-        "ack_fractions": [0.1, 0.5, 0.8],
-        "ack_duration_s": 4.0,
-        "e2e_fraction": 0.5,
-        "e2e_duration_s": 3.0,
-        "phase_timeout_s": 90,
-        "raw_lmdb": {"records": 200_000},
-        "grpc_echo": {"records": 100_000, "duration_s": 0.6},
-        "redis_streams": {"records": 100_000, "latency_duration_s": 2.0, "benchmark_records": 500_000},
-        "nats_js": {"records": 50_000, "latency_duration_s": 2.0},
-        "extras": {"failover_pause": {"smoke": True, "heal_timeout_s": 30.0, "flush_timeout_s": 30.0},
-                   "repartition_pause": {"keys": 20, "interval_ms": 50.0, "partitions": 2, "rf": 2,
-                                         "warmup_s": 1.0, "settle_s": 0.5},
-                   "growth": {"smoke": True},
-                   "rebalance": {"quick": True},
-                   "idle_cost": {"steps": [40, 400], "idle_s": 3.0, "settle_s": 2.0, "load_records": 20_000},
-                   "tls_cost": {"preset": "quick"},
-                   "encryption_cost": {"preset": "quick"},
-                   "throttle": {"preset": "quick"},
-                   "consumer_group": {"preset": "quick"},
-                   "archive": {"preset": "quick"}},
-    },
-    "full": {
-        "reference_records": 1_000_000,
-        "rf1_records": 1_000_000,
-        "put_record_calls": 1_000,
-        "sweeps": {"size": [100, 1024, 10240], "replication": [1, 3, 5], "persistence": ["disk", "disk_async"],
-                   "dedup": [True, False], "partitions": [1, 4, 16, 64], "producers": [1, 8, 64]},
-        "sweep_records": 200_000,
-        "sweep_bytes_max": 100_000_000,
-        "ack_fractions": [0.1, 0.5, 0.8],
-        "ack_duration_s": 10.0,
-        "e2e_fraction": 0.5,
-        "e2e_duration_s": 10.0,
-        "phase_timeout_s": 900,
-        "raw_lmdb": {"records": 1_000_000},
-        "grpc_echo": {"records": 500_000, "duration_s": 4.0},
-        "redis_streams": {"records": 200_000, "latency_duration_s": 5.0, "benchmark_records": 1_000_000},
-        "nats_js": {"records": 200_000, "latency_duration_s": 5.0},
-        "extras": {"failover_pause": {},
-                   "repartition_pause": {"keys": 200, "interval_ms": 100.0, "partitions": 2, "rf": 2,
-                                         "warmup_s": 2.0, "settle_s": 2.0},
-                   "growth": {},
-                   "rebalance": {},
-                   "idle_cost": {"steps": [40, 400, 4000], "idle_s": 5.0, "settle_s": 12.0,
-                                 "load_records": 40_000},
-                   "tls_cost": {"preset": "full"},
-                   "encryption_cost": {"preset": "full"},
-                   "throttle": {"preset": "full"},
-                   "consumer_group": {"preset": "full"},
-                   "archive": {"preset": "full"}},
-    },
+MODE_NAMES = ("smoke", "quick", "full")
+# each setting's value in (smoke, quick, full)
+_SETTINGS: dict[str, tuple] = {
+    "reference_records": (5_000, 1_000_000, 1_000_000),      # reference ingest (quick: the 1M records);
+                                                             # the catch-up read reads these back
+    "rf1_records": (2_000, 500_000, 1_000_000),              # the reference ingest at replication 1
+    "put_record_calls": (20, 300, 1_000),                    # single put_record calls, one at a time, idle cluster
+    "sweeps": ({"dedup": [True, False], "replication": [1, 3, 5], "partitions": [1, 4]}, {},
+               {"size": [100, 1024, 10240], "replication": [1, 3, 5], "persistence": ["disk", "disk_async"],
+                "dedup": [True, False], "partitions": [1, 4, 16, 64], "producers": [1, 8, 64]}),
+    "sweep_records": (2_000, 0, 200_000),                    # per sweep point
+    "sweep_bytes_max": (20_000_000, 0, 100_000_000),         # per sweep point: fewer records of big sizes
+    "ack_fractions": ([0.1, 0.5, 0.8],) * 3,
+    "ack_duration_s": (0.5, 4.0, 10.0),
+    "e2e_fraction": (0.5,) * 3,                              # offered load of the end-to-end run, of the max
+    "e2e_duration_s": (0.5, 3.0, 10.0),
+    "phase_timeout_s": (60, 90, 900),
+    "raw_lmdb": ({"records": 5_000}, {"records": 200_000}, {"records": 1_000_000}),
+    "grpc_echo": ({"records": 5_000, "duration_s": 0.15}, {"records": 100_000, "duration_s": 0.6},
+                  {"records": 500_000, "duration_s": 4.0}),
+    "redis_streams": ({"records": 5_000, "latency_duration_s": 0.5, "benchmark_records": 5_000},
+                      {"records": 100_000, "latency_duration_s": 2.0, "benchmark_records": 500_000},
+                      {"records": 200_000, "latency_duration_s": 5.0, "benchmark_records": 1_000_000}),
+    "nats_js": ({"records": 5_000, "latency_duration_s": 0.5}, {"records": 50_000, "latency_duration_s": 2.0},
+                {"records": 200_000, "latency_duration_s": 5.0}),
 }
+# the extra measurements (bench/extras), in the order they run, each's options in (smoke, quick, full)
+_EXTRAS: dict[str, tuple] = {
+    "failover_pause": ({"smoke": True, "heal_timeout_s": 30.0, "flush_timeout_s": 30.0},) * 2 + ({},),
+    "repartition_pause": tuple({"keys": keys, "interval_ms": interval_ms, "partitions": 2, "rf": 2,
+                                "warmup_s": warmup_s, "settle_s": settle_s}
+                               for keys, interval_ms, warmup_s, settle_s in ((10, 100.0, 0.5, 0.2),
+                                                                            (20, 50.0, 1.0, 0.5),
+                                                                            (200, 100.0, 2.0, 2.0))),
+    "growth": ({"smoke": True}, {"smoke": True}, {}),
+    "rebalance": ({"smoke": True}, {"quick": True}, {}),
+    "idle_cost": ({"steps": [40], "idle_s": 1.0, "settle_s": 1.0, "load_records": 4_000},
+                  {"steps": [40, 400], "idle_s": 3.0, "settle_s": 2.0, "load_records": 20_000},
+                  {"steps": [40, 400, 4000], "idle_s": 5.0, "settle_s": 12.0, "load_records": 40_000}),
+}
+_PRESET_EXTRAS = ("tls_cost", "encryption_cost", "throttle", "consumer_group", "archive")   # {"preset": <mode>}
+
+MODES: dict[str, dict] = {
+    mode: copy.deepcopy({**{name: values[i] for name, values in _SETTINGS.items()},
+                         "extras": {**{name: values[i] for name, values in _EXTRAS.items()},
+                                    **{name: {"preset": mode} for name in _PRESET_EXTRAS}}})
+    for i, mode in enumerate(MODE_NAMES)}
 
 REFERENCE = {"size": 100, "batch": 500, "replication": 3, "persistence": "disk", "dedup": True,
              "partitions": 4, "producers": 8}

@@ -22,24 +22,9 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 [ -x /usr/bin/prometheus ] || need+=(prometheus)
 [ ${#need[@]} -eq 0 ] && exit 0
-if ! command -v apt-get >/dev/null 2>&1; then
-  echo "system-deps: please install ${need[*]} (no apt-get here); ZooKeeper tests will skip" >&2
-  exit 0
-fi
-sudo=""
-if [ "$(id -u)" != 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
-    echo "system-deps: run as root, or install ${need[*]}; ZooKeeper tests will skip" >&2
-    exit 0
-  fi
-fi
-echo "system-deps: installing ${need[*]} ..." >&2
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null 2>&1 || {
-  $sudo apt-get update -qq >/dev/null 2>&1
-  $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-}
+. "$(dirname "$0")/apt-install.sh"
+apt_install system-deps "ZooKeeper tests will skip" 1 "${need[@]}"
 # the tests start their own Prometheus: none left running as a service of the package
 if [[ " ${need[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
-  $sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
+  as_root systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi

@@ -522,6 +522,29 @@ def _u64(raw: bytes, what: str, index: int) -> int:
     return int.from_bytes(raw, "big")
 
 
+def _walk_entries(buf: bytes | memoryview, count: int, offset: int, n: int):
+    """The pure-Python walk over `count` record entries of `buf` from `offset` (`n`:
+    len(buf)): yields (index, key start, meta start, data start, end) of each, after the
+    checks every walk makes: the entry lies within `n` ("record entries truncated") and its
+    data within RECORD_DATA_BYTES_MAX (RecordTooLarge). The caller checks that the last
+    end is `n`."""
+    unpack, head = ENTRY.unpack_from, ENTRY.size
+    data_max = limits.RECORD_DATA_BYTES_MAX
+    for i in range(count):
+        if offset + head > n:
+            raise InvalidArgument("record entries truncated")
+        data_len, key_len, meta_len = unpack(buf, offset)
+        k = offset + head
+        m = k + key_len
+        d = m + meta_len
+        offset = d + data_len
+        if offset > n:
+            raise InvalidArgument("record entries truncated")
+        if data_len > data_max:
+            raise RecordTooLarge(f"record {i}: {data_len} bytes of data; at most {data_max}")
+        yield i, k, m, d, offset
+
+
 def _parse_put(count: int, blob: bytes, producer_id: bytes) -> list[PutEntry]:
     """The records of a PutRecords request, validated whole, or a named error for the
     whole request (bad input changes nothing)."""
@@ -533,21 +556,10 @@ def _parse_put(count: int, blob: bytes, producer_id: bytes) -> list[PutEntry]:
         raise RequestTooLarge(f"request of {len(blob)} bytes; at most {limits.PUT_RECORDS_BYTES_MAX}")
     out, total = [], 0
     n, offset = len(blob), 0
-    unpack, head = ENTRY.unpack_from, ENTRY.size
     key_min, key_max = limits.PARTITION_KEY_CHARS_MIN, limits.PARTITION_KEY_CHARS_MAX
     hash_of = hashing.hash_key_of_bytes     # (MD5, remembered per key)
-    for i in range(count):
-        if offset + head > n:
-            raise InvalidArgument("record entries truncated")
-        data_len, key_len, meta_len = unpack(blob, offset)
-        k = offset + head
-        m = k + key_len
-        d = m + meta_len
-        offset = d + data_len
-        if offset > n:
-            raise InvalidArgument("record entries truncated")
-        if data_len > limits.RECORD_DATA_BYTES_MAX:
-            raise RecordTooLarge(f"record {i}: {data_len} bytes of data; at most {limits.RECORD_DATA_BYTES_MAX}")
+    for i, k, m, d, offset in _walk_entries(blob, count, 0, n):
+        data_len, key_len, meta_len = offset - d, m - k, d - m
         key = blob[k:m]
         try:
             chars = len(key.decode("utf-8"))
@@ -707,21 +719,9 @@ def _check_records(buf: bytes | memoryview, count: int, offset: int = 0) -> None
     n = len(buf)
     if not 0 <= offset <= n:
         raise InvalidArgument(f"offset {offset}; expected 0..{n}")
-    unpack, size = ENTRY.unpack_from, ENTRY.size
-    data_max = limits.RECORD_DATA_BYTES_MAX
     key_min, key_max = limits.PARTITION_KEY_CHARS_MIN, limits.PARTITION_KEY_CHARS_MAX
-    for i in range(count):
-        if offset + size > n:
-            raise InvalidArgument("record entries truncated")
-        data_len, key_len, meta_len = unpack(buf, offset)
-        k = offset + size
-        m = k + key_len
-        d = m + meta_len
-        offset = d + data_len
-        if offset > n:
-            raise InvalidArgument("record entries truncated")
-        if data_len > data_max:
-            raise RecordTooLarge(f"record {i}: {data_len} bytes of data; at most {data_max}")
+    for i, k, m, d, offset in _walk_entries(buf, count, offset, n):
+        meta_len = d - m
         try:
             chars = len(str(buf[k:m], "utf-8"))
         except UnicodeDecodeError:

@@ -215,35 +215,34 @@ class History:
         return self.clock() if time_s is None else time_s
 
     # --- readers -------------------------------------------------------------------------
+    def _copy(self, items: list) -> tuple:
+        """A snapshot of one of the recorded lists, taken under the lock."""
+        with self._lock:
+            return tuple(items)
+
     @property
     def submits(self) -> tuple[Submit, ...]:
-        with self._lock:
-            return tuple(self._submits)
+        return self._copy(self._submits)
 
     @property
     def acks(self) -> tuple[Ack, ...]:
-        with self._lock:
-            return tuple(self._acks)
+        return self._copy(self._acks)
 
     @property
     def errors(self) -> tuple[ProducerError, ...]:
-        with self._lock:
-            return tuple(self._errors)
+        return self._copy(self._errors)
 
     @property
     def observations(self) -> tuple[Observation, ...]:
-        with self._lock:
-            return tuple(self._observations)
+        return self._copy(self._observations)
 
     @property
     def consumer_starts(self) -> tuple[ConsumerStart, ...]:
-        with self._lock:
-            return tuple(self._starts)
+        return self._copy(self._starts)
 
     @property
     def faults(self) -> tuple[Fault, ...]:
-        with self._lock:
-            return tuple(self._faults)
+        return self._copy(self._faults)
 
     def acked_count(self, stream: str | None = None) -> int:
         """Distinct records acked (of one stream, or of all)."""

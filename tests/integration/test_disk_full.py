@@ -13,6 +13,7 @@ unchanged, once space returns.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -54,23 +55,31 @@ def _can_mount() -> str:
     return ""
 
 
-@pytest.fixture
-def full_disk_cluster(tmp_path):
+@contextlib.contextmanager
+def _cluster_with_a_small_disk(tmp_path, nodes: int, victim: str):
+    """A cluster of `nodes` nodes whose node `victim` has its data directory on a tmpfs of
+    TMPFS_BYTES; yields (cluster, that directory)."""
     reason = _can_mount()
     if reason:
         pytest.skip(reason)
     data = tmp_path / "cluster"
-    node_dir = data / "n1"
+    node_dir = data / victim
     node_dir.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(node_dir)], check=True)
     cluster = None
     try:
-        cluster = LocalCluster(str(data), nodes=1).start()
+        cluster = LocalCluster(str(data), nodes=nodes).start()
         yield cluster, node_dir
     finally:
         if cluster is not None:
             cluster.stop()
         subprocess.run(["umount", "-l", str(node_dir)], check=False)
+
+
+@pytest.fixture
+def full_disk_cluster(tmp_path):
+    with _cluster_with_a_small_disk(tmp_path, 1, "n1") as it:
+        yield it
 
 
 def test_a_full_disk_refuses_writes_by_name_and_recovers(full_disk_cluster):
@@ -123,21 +132,8 @@ def test_a_full_disk_refuses_writes_by_name_and_recovers(full_disk_cluster):
 @pytest.fixture
 def full_chain_member(tmp_path):
     """A 3-node cluster whose node CHAIN_VICTIM has its data directory on a small tmpfs."""
-    reason = _can_mount()
-    if reason:
-        pytest.skip(reason)
-    data = tmp_path / "cluster"
-    node_dir = data / CHAIN_VICTIM
-    node_dir.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(node_dir)], check=True)
-    cluster = None
-    try:
-        cluster = LocalCluster(str(data), nodes=3).start()
-        yield cluster, node_dir
-    finally:
-        if cluster is not None:
-            cluster.stop()
-        subprocess.run(["umount", "-l", str(node_dir)], check=False)
+    with _cluster_with_a_small_disk(tmp_path, 3, CHAIN_VICTIM) as it:
+        yield it
 
 
 def _sn(text: str) -> int:

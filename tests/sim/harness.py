@@ -589,37 +589,13 @@ class Chain:
         self.seen_committed: dict[int, tuple[Replica, int]] = {}
 
     # --- what the chains share: the simulation's ------------------------------------------------
-    @property
-    def options(self) -> "Options":
-        return self.sim.options
+    SHARED = frozenset({"options", "rng", "nodes", "node_ids", "registered", "stats", "step", "healing"})
 
-    @property
-    def rng(self) -> random.Random:
-        return self.sim.rng
-
-    @property
-    def nodes(self) -> dict[str, SimNode]:
-        return self.sim.nodes
-
-    @property
-    def node_ids(self) -> list[str]:
-        return self.sim.node_ids
-
-    @property
-    def registered(self) -> dict[str, int]:
-        return self.sim.registered
-
-    @property
-    def stats(self) -> Counter:
-        return self.sim.stats
-
-    @property
-    def step(self) -> int:
-        return self.sim.step
-
-    @property
-    def healing(self) -> bool:
-        return self.sim.healing
+    def __getattr__(self, name: str):
+        """The simulation's own state (`SHARED`), read through the chain."""
+        if name in Chain.SHARED:
+            return getattr(self.sim, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def now_ms(self) -> int:
