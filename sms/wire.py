@@ -522,7 +522,8 @@ def _u64(raw: bytes, what: str, index: int) -> int:
     return int.from_bytes(raw, "big")
 
 
-def _walk_entries(buf: bytes | memoryview, count: int, offset: int, n: int):
+def _walk_entries(buf: bytes | memoryview, count: int, offset: int,
+                  n: int) -> Iterator[tuple[int, int, int, int, int]]:
     """The pure-Python walk over `count` record entries of `buf` from `offset` (`n`:
     len(buf)): yields (index, key start, meta start, data start, end) of each, after the
     checks every walk makes: the entry lies within `n` ("record entries truncated") and its
