@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from control import quotas
 from metastore import BadVersionError, Create, MetaStore, MetaStoreError, NodeExistsError, NoNodeError
 from sms import limits, metadata, tokens
+from sms.security import aws_credentials
 from kernel import rpc
 from kernel.aiotools import raise_if_cancelling
 from sms.errors import (FailedPrecondition, InvalidArgument, InvalidIterator, KeyNotFound, PermissionDenied, SmsError,
@@ -187,16 +188,35 @@ class KeyEntry:
     sha256: str                       # of the secret, hex
     created_ms: int
     name: str = ""
+    sigv4: str = ""                   # the key's AWS secret access key, wrapped by a master key ("": none)
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"tenant": self.tenant, "role": self.role, "streams": list(self.streams),
-                           "sha256": self.sha256, "created_ms": self.created_ms, "name": self.name}).encode()
+        d = {"tenant": self.tenant, "role": self.role, "streams": list(self.streams), "sha256": self.sha256,
+             "created_ms": self.created_ms, "name": self.name}
+        if self.sigv4:
+            d["sigv4"] = self.sigv4
+        return json.dumps(d).encode()
 
     @classmethod
     def from_bytes(cls, key_id: str, raw: bytes) -> "KeyEntry":
         d = json.loads(raw)
         return cls(key_id=key_id, tenant=d["tenant"], role=d["role"], streams=tuple(d.get("streams") or ()),
-                   sha256=d["sha256"], created_ms=d["created_ms"], name=d.get("name", ""))
+                   sha256=d["sha256"], created_ms=d["created_ms"], name=d.get("name", ""), sigv4=d.get("sigv4", ""))
+
+
+def sigv4_aad(key_id: str) -> str:
+    """What a wrapped AWS secret is bound to (no stream's stored name can be it): a wrapped
+    secret cannot be moved to another key, nor taken for a stream's data key."""
+    return f"\x00sigv4:{key_id}"
+
+
+def wrap_sigv4(master_keys, token: str) -> str:
+    """The key's AWS secret access key (sms.security.aws_credentials) wrapped by the current
+    master key; "" when this node has none (the key then has no Kinesis access)."""
+    if master_keys is None or not master_keys.current:
+        return ""
+    key_id, secret = aws_credentials(token)
+    return master_keys.wrap(sigv4_aad(key_id), secret.encode())
 
 
 @dataclass(frozen=True)
@@ -245,6 +265,48 @@ def parse_token(token: str) -> tuple[str, str]:
             or not secret.isascii() or not secret.replace("-", "").replace("_", "").isalnum()):
         raise Unauthenticated("malformed credential: expected sms_<key id>_<secret>")
     return key_id, secret
+
+
+# --- delegated calls: a node calling the cluster on a key's behalf ----------------------------
+# The Kinesis endpoint (kinesis/) verifies a request's signature, then makes the same gRPC
+# calls a native client would, as the key that signed it: with a short-lived token that any
+# node with the cluster's master keys verifies, for the key it names. Every check of the
+# receiving node then applies to the key (rights, its streams, its tenant, revocation,
+# quotas), as if the key's holder had called.
+DELEGATED_PREFIX = "smsd."
+_DELEGATION_LABEL = b"sms: calls made on a key's behalf"
+
+
+def _delegation_mac(master: bytes, body: str) -> str:
+    secret = hmac.new(master, _DELEGATION_LABEL, hashlib.sha256).digest()
+    return hmac.new(secret, body.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def delegate(master_keys, key_id: str, now_s: float | None = None) -> str:
+    """A token for calls on behalf of `key_id`, valid KEY_DELEGATION_TTL_S, signed with the
+    current master key. InvalidArgument without a master key."""
+    if master_keys is None or not master_keys.current:
+        raise InvalidArgument("calls on a key's behalf need the cluster's master key on this node")
+    now_s = time.time() if now_s is None else now_s
+    body = f"{key_id}.{int((now_s + limits.KEY_DELEGATION_TTL_S) * 1000)}"
+    return f"{DELEGATED_PREFIX}{body}.{_delegation_mac(master_keys.keys[master_keys.current], body)}." \
+           f"{master_keys.current}"
+
+
+def delegated_key(master_keys, token: str, now_s: float | None = None) -> str:
+    """The key a delegated token speaks for; Unauthenticated for one that is malformed,
+    expired, or not signed by a master key of this node."""
+    parts = token[len(DELEGATED_PREFIX):].split(".", 3)
+    if len(parts) != 4 or not is_key_id(parts[0]) or not parts[1].isdigit() or len(token) > limits.AUTH_TOKEN_CHARS_MAX:
+        raise Unauthenticated("malformed delegated credential")
+    key_id, expiry, mac, master_id = parts
+    master = (master_keys.keys if master_keys is not None else {}).get(master_id)
+    if master is None or not hmac.compare_digest(mac, _delegation_mac(master, f"{key_id}.{expiry}")):
+        raise Unauthenticated("a delegated credential this node cannot verify")
+    now_s = time.time() if now_s is None else now_s
+    if int(expiry) < now_s * 1000:
+        raise Unauthenticated("a delegated credential that expired")
+    return key_id
 
 
 def is_key_id(text: str) -> bool:
@@ -381,9 +443,11 @@ async def delete_tenant(store: MetaStore, name: str) -> None:
 
 
 async def create_key(store: MetaStore, role: str, streams: list[str], name: str = "",
-                     tenant: str = DEFAULT_TENANT, token: str | None = None) -> tuple[KeyEntry, str]:
+                     tenant: str = DEFAULT_TENANT, token: str | None = None,
+                     master_keys=None) -> tuple[KeyEntry, str]:
     """A new key in the store; (its entry, its token). `token`: a given one (a cluster's
-    bootstrap admin key). The tenant must exist."""
+    bootstrap admin key). The tenant must exist. With `master_keys`, the entry keeps the
+    key's AWS secret access key wrapped (the Kinesis endpoint's SigV4)."""
     role, scoped = validate_key_request(role, streams, tenant)
     if tenant != DEFAULT_TENANT:
         entry = await store.get(tenant_path(validate_tenant(tenant)))
@@ -399,7 +463,7 @@ async def create_key(store: MetaStore, role: str, streams: list[str], name: str 
         key_id = parse_token(token)[0]
     _id, secret = parse_token(token)
     entry = KeyEntry(key_id=key_id, tenant=tenant, role=role, streams=scoped, sha256=hash_secret(secret),
-                     created_ms=int(time.time() * 1000), name=name)
+                     created_ms=int(time.time() * 1000), name=name, sigv4=wrap_sigv4(master_keys, token))
     await store.create(key_path(key_id), entry.to_bytes())
     return entry, token
 
@@ -446,9 +510,10 @@ class KeyTable:
     # ago), then one of its own; a read slower than KEY_CACHE_TTL_S confirms nothing
     READS_PER_CALL_MAX = 2
 
-    def __init__(self, store: MetaStore, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, store: MetaStore, *, clock: Callable[[], float] = time.monotonic, master_keys=None):
         self.store = store
         self.clock = clock
+        self.master_keys = master_keys        # verifies delegated tokens (calls made on a key's behalf)
         # token -> verdict of keys that exist, and apart (so that callers without a key
         # cannot push the good ones out) of those that do not
         self._known: dict[str, _Verdict] = {}
@@ -461,7 +526,11 @@ class KeyTable:
         key cannot be confirmed). `stale_ok`: a data call (see the class docstring)."""
         if not token:
             raise Unauthenticated("no credential: give a key's token (token=, --token or $SMS_TOKEN)")
-        key_id, secret = parse_token(token)
+        secret: str | None
+        if token.startswith(DELEGATED_PREFIX):
+            key_id, secret = delegated_key(self.master_keys, token), None
+        else:
+            key_id, secret = parse_token(token)
         if stale_ok and self.unreachable:
             stale = self._stale(token)
             if stale is not None:
@@ -483,7 +552,7 @@ class KeyTable:
         raise Unavailable("credentials cannot be checked now: the metadata store does not answer this node in "
                           "time; retry, or try another node")
 
-    def _trusted(self, token: str, key_id: str, secret: str) -> _Verdict | None:
+    def _trusted(self, token: str, key_id: str, secret: str | None) -> _Verdict | None:
         """The token's verdict if it is younger than KEY_CACHE_TTL_S (from half that age
         on, read again in the background)."""
         verdict = self._known.get(token) or self._refused.get(token)
@@ -504,7 +573,7 @@ class KeyTable:
         assert isinstance(known.outcome, Principal)
         return known.outcome
 
-    async def _read(self, token: str, key_id: str, secret: str, deadline: float) -> bool:
+    async def _read(self, token: str, key_id: str, secret: str | None, deadline: float) -> bool:
         """Waits (until `deadline`, loop time) for a read of the token: the one under way,
         else a new one. False if the store could not be read in time."""
         task = self._reads.get(token) or self._start_read(token, key_id, secret)
@@ -514,11 +583,11 @@ class KeyTable:
         except TimeoutError:
             return False
 
-    def _read_soon(self, token: str, key_id: str, secret: str) -> None:
+    def _read_soon(self, token: str, key_id: str, secret: str | None) -> None:
         if token not in self._reads:
             self._start_read(token, key_id, secret)
 
-    def _start_read(self, token: str, key_id: str, secret: str) -> asyncio.Task[bool]:
+    def _start_read(self, token: str, key_id: str, secret: str | None) -> asyncio.Task[bool]:
         task = asyncio.get_running_loop().create_task(self._read_now(token, key_id, secret), name="key-read")
         self._reads[token] = task
 
@@ -528,7 +597,7 @@ class KeyTable:
         task.add_done_callback(done)
         return task
 
-    async def _read_now(self, token: str, key_id: str, secret: str) -> bool:
+    async def _read_now(self, token: str, key_id: str, secret: str | None) -> bool:
         """One read of the key: its verdict remembered (True), or the store marked as not
         answering (False). Raises nothing but a cancellation."""
         started = self.clock()
@@ -562,7 +631,7 @@ class KeyTable:
             keep.clear()        # (that many distinct tokens: start afresh)
         keep[token] = verdict
 
-    async def _verdict(self, key_id: str, secret: str) -> Principal | SmsError:
+    async def _verdict(self, key_id: str, secret: str | None) -> Principal | SmsError:
         entry = await self.store.get(key_path(key_id))
         if entry is None:
             return Unauthenticated("unknown or revoked key")
@@ -573,8 +642,8 @@ class KeyTable:
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:   # another version's, or damaged
             log.error("key %s: unreadable entry (%s): refused", key_id, e)
             return Unauthenticated("unknown or revoked key")
-        if not hmac.compare_digest(key.sha256, hash_secret(secret)):
-            return Unauthenticated("unknown or revoked key")
+        if secret is not None and not hmac.compare_digest(key.sha256, hash_secret(secret)):
+            return Unauthenticated("unknown or revoked key")      # (None: a delegated token, verified already)
         return Principal(key_id=key.key_id, tenant=key.tenant, role=key.role, streams=key.streams)
 
 
@@ -626,7 +695,7 @@ async def revoke_key(store: MetaStore, key_id: str, tenant: str | None = None) -
     await asyncio.sleep(limits.KEY_CACHE_TTL_S)
 
 
-async def bootstrap_admin_key(store: MetaStore, token: str) -> bool:
+async def bootstrap_admin_key(store: MetaStore, token: str, master_keys=None) -> bool:
     """The cluster's first admin key, from a token its launcher chose (`sms up`), created
     once in the cluster's life: a later start does not bring it back once revoked.
     True if it was created now."""
@@ -634,7 +703,8 @@ async def bootstrap_admin_key(store: MetaStore, token: str) -> bool:
         return False
     key_id, secret = parse_token(token)
     entry = KeyEntry(key_id=key_id, tenant=DEFAULT_TENANT, role="admin", streams=(), sha256=hash_secret(secret),
-                     created_ms=int(time.time() * 1000), name="bootstrap admin (sms up)")
+                     created_ms=int(time.time() * 1000), name="bootstrap admin (sms up)",
+                     sigv4=wrap_sigv4(master_keys, token))
     try:     # the marker and the key together, or neither (a crash between would leave no admin)
         await store.commit([Create(metadata.CLUSTER_BOOTSTRAPPED, b"1"), Create(key_path(key_id), entry.to_bytes())])
     except NodeExistsError:

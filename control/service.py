@@ -123,8 +123,10 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     @rpc_errors
     @audited(audit.KEY_CREATE, lambda _r, answer: answer.key.key_id if answer is not None else "")
     async def CreateKey(self, request, context):
-        entry, token = await auth.create_key(self._admin().store, request.role, list(request.streams),
-                                             request.name, tenant=auth.acting_tenant(request.tenant))
+        admin = self._admin()
+        entry, token = await auth.create_key(admin.store, request.role, list(request.streams),
+                                             request.name, tenant=auth.acting_tenant(request.tenant),
+                                             master_keys=admin.master_keys)
         return sms_pb2.CreateKeyResponse(key=_key_pb(entry), token=token)
 
     @rpc_errors

@@ -146,6 +146,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("node.listen", str, "", "the client port, HOST:PORT (--listen wins)"),
     Setting("node.cluster_listen", str, "", "the cluster port of a TLS node, HOST:PORT (--cluster-listen wins)"),
     Setting("node.metrics_listen", str, "", "/metrics, HOST:PORT (--metrics-listen wins)"),
+    Setting("node.kinesis_listen", str, "", "the Kinesis Data Streams endpoint, HOST:PORT, or off (--kinesis-listen "
+                                            "wins; default: the --listen host, any free port)"),
     Setting("log.level", str, "INFO", "DEBUG, INFO, WARNING or ERROR", choices=logs.LEVELS),
     Setting("log.format", str, "text", "text or json", choices=logs.FORMATS),
     Setting("log.file", str, "", "a file to log to, rotated (default: standard error)"),

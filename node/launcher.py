@@ -67,6 +67,7 @@ class NodeProcess:
     address: str = ""
     cluster_address: str = ""      # a TLS node's cluster port ("" when plaintext: the one address)
     metrics_address: str = ""      # its Prometheus endpoint (node/metrics.py)
+    kinesis_address: str = ""      # its Kinesis Data Streams endpoint, a URL (kinesis/)
 
     @property
     def pid(self) -> int:
@@ -113,6 +114,11 @@ class LocalCluster:
         """The web console (node/console.py), served by the first control node on its metrics port."""
         address = self.procs["control"].metrics_address if "control" in self.procs else ""
         return f"{'https' if self.tls else 'http'}://{address}/console/" if address else ""
+
+    @property
+    def kinesis_endpoint(self) -> str:
+        """The Kinesis endpoint URL of the first node that serves one (every node does)."""
+        return next((n.kinesis_address for n in self.procs.values() if n.kinesis_address), "")
 
     @property
     def ca_file(self) -> str:
@@ -217,6 +223,8 @@ class LocalCluster:
                "--listen", listen, "--ready-file", ready] + self._tls_args(node)
         if node.roles == "control" and node.metrics_address:
             cmd += ["--metrics-listen", node.metrics_address]     # (the console's address survives a restart)
+        if node.kinesis_address:      # (an SDK's endpoint URL survives a restart)
+            cmd += ["--kinesis-listen", node.kinesis_address.split("://", 1)[1]]
         # a node added to a running `sms up` (`sms node add`) lives as long as that launcher
         cmd += ["--exit-with-pid", str(self.launcher_pid)] if self.launcher_pid else ["--exit-with-parent"]
         if self.expose_sessions:
@@ -267,6 +275,7 @@ class LocalCluster:
         node.address = facts["address"]
         node.cluster_address = facts.get("cluster_address", "")
         node.metrics_address = facts.get("metrics_address", "")
+        node.kinesis_address = facts.get("kinesis_address", "")
         return True
 
     @property
@@ -296,12 +305,14 @@ class LocalCluster:
         path = os.path.join(self.data_dir, "cluster.json")
         removed = removed_node_ids(self.data_dir)          # (`forget_node` since this start)
         nodes = [{"node_id": n.node_id, "roles": n.roles, "pid": n.pid, "address": n.address,
-                  "metrics_address": n.metrics_address} for n in self.procs.values() if n.node_id not in removed]
+                  "metrics_address": n.metrics_address, "kinesis_address": n.kinesis_address}
+                 for n in self.procs.values() if n.node_id not in removed]
         info = {"address": self.address, "ca_file": self.ca_file, "token": self.admin_token,
                 "monitor_token": self.monitor_token,
                 "launcher_pid": os.getpid(),
                 "metastore": self.metastore,
                 "console": self.console_url,
+                "kinesis_endpoint": self.kinesis_endpoint,
                 "nodes": nodes}
         with _locked(self.data_dir):          # (`sms node add` appends to it meanwhile)
             if keep_added:
@@ -499,7 +510,7 @@ def add_node(data_dir: str, timeout_s: float = limits.NODE_START_TIMEOUT_S) -> N
         with open(path) as f:
             info = json.load(f)         # (as `sms up` last wrote it)
         info["nodes"].append({"node_id": node_id, "roles": node.roles, "pid": node.pid, "address": node.address,
-                              "metrics_address": node.metrics_address})
+                              "metrics_address": node.metrics_address, "kinesis_address": node.kinesis_address})
         _write_json(path, info)
     return node
 

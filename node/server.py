@@ -86,12 +86,13 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
                 exit_with_pid: int = 0, tls: security.TlsConfig | None = None, cluster_listen: str = "",
                 bootstrap_token: str = "", metrics_listen: str = "",
                 tls_files: tuple[str, str] = ("", ""), master_keys: "encryption.MasterKeys | None" = None,
-                master_key_file: str = "") -> None:
+                master_key_file: str = "", kinesis_listen: str = "") -> None:
     """`tls`: this node's certificate and the cluster's CA (node/tls.py: a client port and
     a cluster port, and every client call's key checked); None: one plaintext port for
     everything, no credentials. `bootstrap_token`: the cluster's first admin key, made
     once in its life (`sms up`). `metrics_listen`: where /metrics is served (default: the
-    client port's host, any free port), over HTTPS with `tls_files` (certificate, key).
+    client port's host, any free port), over HTTPS with `tls_files` (certificate, key);
+    `kinesis_listen` likewise for the Kinesis endpoint ("off": none).
 
     The steps, in order (`_Node`): the metadata store, the ports, the services of the
     roles, the servers started, metrics and the console, the registration, the control
@@ -103,6 +104,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     await node.add_services()
     await node.start_servers()
     node.serve_metrics(metrics_listen, tls_files)
+    await node.start_kinesis(kinesis_listen, tls_files)
     await node.register()
     node.start_control()
     await node.serving(session_file, ready_file)
@@ -129,6 +131,10 @@ class _Node:
         self.keys = self.revoked = None
         self.storage = self.ingestion = self.retrieval = self.election = None
         self.registrations: list[tuple[str, bytes]] = []
+        self.kinesis_address = ""
+        self.kinesis_task: asyncio.Task | None = None
+        self.kinesis_client = None
+        self.kinesis_stop = asyncio.Event()
 
     def in_background(self, coroutine) -> None:
         task = self.loop.create_task(coroutine)
@@ -170,9 +176,9 @@ class _Node:
             port = self.server.add_insecure_port(listen)
         else:
             # a TLS node checks every client call's key (control/auth.py)
-            self.keys = auth.KeyTable(self.store)
+            self.keys = auth.KeyTable(self.store, master_keys=self.master_keys)
             if bootstrap_token:
-                if await auth.bootstrap_admin_key(self.store, bootstrap_token):
+                if await auth.bootstrap_admin_key(self.store, bootstrap_token, self.master_keys):
                     log.info("created the cluster's first admin key (%s)", auth.parse_token(bootstrap_token)[0])
             self.server = grpc.aio.server(options=rpc.SERVER_OPTIONS,
                                           interceptors=[node_tls.ClientPortGuard(self.keys)])
@@ -282,6 +288,37 @@ class _Node:
             metrics_listen or f"{self.host}:0", self.collector, *(tls_files if self.tls is not None else ("", "")),
             app=console, keys=keys)
 
+    async def start_kinesis(self, kinesis_listen: str, tls_files: tuple[str, str]) -> None:
+        """The Kinesis Data Streams endpoint (kinesis/), on a port of its own: its calls go
+        to this node's client port, made as the key that signed each request."""
+        if kinesis_listen == "off":
+            return
+        from control import auth
+        from kinesis.credentials import SigningKeys
+        from kinesis.server import KinesisApp, listen, serve
+        from kinesis.service import KinesisService
+        from sms import aio
+        host, _, port = (kinesis_listen or f"{self.host}:0").rpartition(":")
+        try:
+            sock = listen(host.strip("[]"), int(port))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"sms serve: the Kinesis endpoint cannot listen on {kinesis_listen}: {e}") from None
+        bound = sock.getsockname()[1]
+        self.kinesis_address = f"{'https' if self.tls is not None else 'http'}://{host}:{bound}"
+        # (no token of its own: each call carries the one delegated to the key that signed its request)
+        self.kinesis_client = aio.Client(self.address, ca_file=self.tls.ca_file if self.tls is not None else "",
+                                         token="")
+        master = self.master_keys if self.master_keys is not None and self.master_keys.current else None
+        delegate = (lambda key_id: auth.delegate(master, key_id)) if self.tls is not None and master else None
+        signing = SigningKeys(self.store, master) if self.tls is not None else None
+        if self.tls is not None and master is None:
+            log.warning("the Kinesis endpoint refuses every request: this node has no master key to open the keys' "
+                        "AWS secrets with (encryption.master_key_file)")
+        service = KinesisService(self.kinesis_client, delegate)
+        app = KinesisApp(service, signing, limits.KINESIS_ACCOUNT_ID)
+        cert, key = tls_files if self.tls is not None else ("", "")
+        self.kinesis_task = self.loop.create_task(serve(app, sock, self.kinesis_stop, cert, key), name="kinesis")
+
     async def _register_once(self, path: str, value: bytes) -> None:
         """Create our ephemeral entry; an entry left by our own killed predecessor
         vanishes when its session expires, so wait that long before giving up."""
@@ -299,7 +336,7 @@ class _Node:
     async def register(self) -> None:
         info = NodeInfo(node_id=self.node_id, address=self.address, roles=self.roles, pid=os.getpid(),
                         started_ms=self.started_ms, cluster_address=self.cluster_address,
-                        metrics_address=self.metrics_address)
+                        metrics_address=self.metrics_address, kinesis_address=self.kinesis_address)
         self.registrations = [(metadata.node_path(self.node_id), metadata.node_to_bytes(info))]
         for path, value in self.registrations:
             await self._register_once(path, value)
@@ -359,7 +396,8 @@ class _Node:
             tmp = ready_file + ".tmp"
             with open(tmp, "w") as f:
                 json.dump({"node_id": self.node_id, "address": self.address, "cluster_address": self.cluster_address,
-                           "metrics_address": self.metrics_address, "pid": os.getpid()}, f)
+                           "metrics_address": self.metrics_address, "kinesis_address": self.kinesis_address,
+                           "pid": os.getpid()}, f)
             os.replace(tmp, ready_file)
 
     async def stop(self) -> None:
@@ -370,6 +408,14 @@ class _Node:
             await self.election.stop()
         if self.parent_watch is not None:
             self.parent_watch.cancel()
+        if self.kinesis_task is not None:
+            self.kinesis_stop.set()
+            try:
+                async with asyncio.timeout(limits.KINESIS_GRACEFUL_S + 1):
+                    await self.kinesis_task
+            except (TimeoutError, Exception) as e:       # (its own failure is logged, the node still stops)
+                log.warning("the Kinesis endpoint did not stop cleanly: %r", e)
+            await self.kinesis_client.close()
         await asyncio.gather(*(srv.stop(grace=1.0) for srv in self.servers))
         await asyncio.to_thread(stop_metrics, self.metrics_server, self.collector)
         if self.revoked is not None:
@@ -400,7 +446,8 @@ def run(args) -> int:
     # the configuration first (node/config.py): it sets sms/limits.py's tunables and the
     # log settings before anything uses them
     flags = {"node.listen": ("--listen", args.listen), "node.cluster_listen": ("--cluster-listen", args.cluster_listen),
-             "node.metrics_listen": ("--metrics-listen", getattr(args, "metrics_listen", None))}
+             "node.metrics_listen": ("--metrics-listen", getattr(args, "metrics_listen", None)),
+             "node.kinesis_listen": ("--kinesis-listen", getattr(args, "kinesis_listen", None))}
     try:
         values = config.load(getattr(args, "config", None), flags=flags)
         config.apply(values)
@@ -451,7 +498,8 @@ def run(args) -> int:
                       tls=tls, cluster_listen=values["node.cluster_listen"].value, bootstrap_token=bootstrap_token,
                       metrics_listen=values["node.metrics_listen"].value,
                       tls_files=(args.cert_file or "", args.key_file or ""),
-                      master_keys=master_keys, master_key_file=master_key_file))
+                      master_keys=master_keys, master_key_file=master_key_file,
+                      kinesis_listen=values["node.kinesis_listen"].value))
     return 0
 
 

@@ -74,7 +74,8 @@ def cluster_to_pb(c: ClusterInfo) -> sms_pb2.ClusterDescription:
     return sms_pb2.ClusterDescription(
         control_address=c.control_address,
         nodes=[sms_pb2.Node(node_id=n.node_id, address=n.address, roles=list(n.roles), pid=n.pid,
-                            started_ms=n.started_ms, metrics_address=n.metrics_address) for n in c.nodes])
+                            started_ms=n.started_ms, metrics_address=n.metrics_address,
+                            kinesis_address=n.kinesis_address) for n in c.nodes])
 
 
 def node_loads_to_pb(loads: Iterable[NodeLoad]) -> sms_pb2.ListNodesResponse:
@@ -91,7 +92,8 @@ def node_loads_from_pb(d: sms_pb2.ListNodesResponse) -> list[NodeLoad]:
 def cluster_from_pb(d: sms_pb2.ClusterDescription) -> ClusterInfo:
     return ClusterInfo(control_address=d.control_address,
                        nodes=tuple(NodeInfo(node_id=n.node_id, address=n.address, roles=tuple(n.roles),
-                                            pid=n.pid, started_ms=n.started_ms, metrics_address=n.metrics_address)
+                                            pid=n.pid, started_ms=n.started_ms, metrics_address=n.metrics_address,
+                                            kinesis_address=n.kinesis_address)
                                    for n in d.nodes))
 
 

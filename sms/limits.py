@@ -460,3 +460,25 @@ UP_STREAMS_NAMED_MAX = 8              # streams `sms up` names in its line about
 TASK_STACK_FRAMES_MAX = 12         # frames of each asyncio task in a SIGUSR1 dump
 # control/revocation.py
 REVOCATION_REASON_CHARS_MAX = 200        # the reason given for a revoked certificate
+# kinesis/ (the Kinesis Data Streams endpoint)
+SIGV4_CLOCK_SKEW_S = 300                 # a signed request's time may differ from the server's by this (as Kinesis)
+SIGV4_AUTHORIZATION_CHARS_MAX = 4096     # an Authorization header longer than this is refused
+SIGV4_SIGNED_HEADERS_MAX = 64            # signed header names in one request
+# a Kinesis request body: PutRecords' PUT_RECORDS_BYTES_MAX of data, base64 (4/3), with its JSON around it
+KINESIS_REQUEST_BYTES_MAX = PUT_RECORDS_BYTES_MAX * 4 // 3 + 1024 * 1024
+KEY_DELEGATION_TTL_S = 60                # a token for calls made on a key's behalf (the Kinesis endpoint's) lives so long
+KINESIS_REPLICATION_FACTOR_DEFAULT = 3   # CreateStream's chains: this many replicas, or every storage node if fewer
+KINESIS_ON_DEMAND_SHARDS = 4             # an ON_DEMAND stream starts with this many shards (as Kinesis)
+KINESIS_DESCRIBE_SHARDS_MAX = 100        # DescribeStream's shards per page without a Limit (as Kinesis)
+KINESIS_LIST_STREAMS_MAX = 100           # ListStreams' names per page without a Limit
+KINESIS_LIST_SHARDS_MAX = 1000           # ListShards' shards per page without MaxResults (as Kinesis)
+KINESIS_GET_RECORDS_DEFAULT = 10_000     # GetRecords' records without a Limit (as Kinesis)
+KINESIS_LISTEN_BACKLOG = 512             # connections waiting to be accepted by the endpoint
+KINESIS_KEEPALIVE_S = 60                 # an idle HTTP connection to the endpoint is closed after this
+KINESIS_HEADER_BYTES_MAX = 64 * 1024     # a request's line and headers
+KINESIS_GRACEFUL_S = 5                   # requests under way when a node stops get this long to finish
+KINESIS_ACCOUNT_ID = "000000000000"      # the account of the cluster's ARNs (StreamARN, ConsumerARN)
+KINESIS_CONSUMERS_MAX = 20               # registered consumers per stream (as Kinesis)
+KINESIS_LIST_CONSUMERS_MAX = 100         # ListStreamConsumers' consumers per page without MaxResults
+KINESIS_SUBSCRIPTION_S = 300             # a SubscribeToShard call streams this long, then ends (as Kinesis)
+KINESIS_ON_DEMAND_SPLIT_RECORDS_PER_S = 1000   # an ON_DEMAND stream splits a shard that takes more (a Kinesis shard's write limit)

@@ -402,11 +402,12 @@ class ConsumerRecord:
 def node_to_bytes(node: NodeInfo) -> bytes:
     return json.dumps({"node_id": node.node_id, "address": node.address, "roles": list(node.roles),
                        "pid": node.pid, "started_ms": node.started_ms,
-                       "cluster_address": node.cluster_address, "metrics_address": node.metrics_address}).encode()
+                       "cluster_address": node.cluster_address, "metrics_address": node.metrics_address,
+                       "kinesis_address": node.kinesis_address}).encode()
 
 
 def node_from_bytes(raw: bytes) -> NodeInfo:
     d = json.loads(raw)
     return NodeInfo(node_id=d["node_id"], address=d["address"], roles=tuple(d["roles"]),
                     pid=d["pid"], started_ms=d["started_ms"], cluster_address=d.get("cluster_address", ""),
-                    metrics_address=d.get("metrics_address", ""))
+                    metrics_address=d.get("metrics_address", ""), kinesis_address=d.get("kinesis_address", ""))

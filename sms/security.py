@@ -21,7 +21,10 @@ a cluster started with `sms up --insecure`.
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
+import hmac
 import json
 import os
 from dataclasses import dataclass
@@ -80,6 +83,25 @@ class TlsConfig:
     def channel_credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key or None,
                                             certificate_chain=self.cert or None)
+
+
+AWS_SECRET_LABEL = b"sms: the AWS secret access key of this key"
+
+
+def aws_credentials(token: str) -> tuple[str, str]:
+    """(access key id, secret access key) of an SMS key for the Kinesis endpoint's AWS
+    Signature V4 (docs/kinesis.md): the key's id, and a secret derived from the token's
+    secret (HMAC-SHA256, 40 characters of its base64). Whoever holds the token computes
+    them; the cluster keeps the secret only wrapped by its master key.
+
+    Raises:
+        InvalidArgument: not a token of the form sms_<key id>_<secret>."""
+    from sms.errors import InvalidArgument
+    key_id, sep, secret = token[4:].partition("_") if token.startswith("sms_") else ("", "", "")
+    if not sep or not key_id or not secret:
+        raise InvalidArgument("expected a token of the form sms_<key id>_<secret>")
+    mac = hmac.new(secret.encode(), AWS_SECRET_LABEL, hashlib.sha256).digest()
+    return key_id, base64.b64encode(mac).decode()[:40]
 
 
 def resolve_token(token: str | None) -> str:

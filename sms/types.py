@@ -387,6 +387,7 @@ class NodeInfo:
     started_ms: int
     cluster_address: str = ""    # the cluster port of a secure node (mutual TLS); "": the client port
     metrics_address: str = ""    # its Prometheus endpoint, HOST:PORT (node/metrics.py); "": none
+    kinesis_address: str = ""    # its Kinesis Data Streams endpoint, a URL (kinesis/); "": none
 
     @property
     def internal_address(self) -> str:

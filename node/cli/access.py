@@ -13,13 +13,19 @@ from sms.aio import TENANT_LIMITS
 
 
 def cmd_key(args) -> int:
+    if args.key_cmd == "aws":
+        return _aws(args)
     with _client(args) as client:
         if args.key_cmd == "create":
             info, token = client.create_key(args.role, streams=args.stream, name=args.name, tenant=args.tenant)
-            _emit(args, {**info, "token": token},
+            aws_id, aws_secret = security.aws_credentials(token)
+            _emit(args, {**info, "token": token, "aws_access_key_id": aws_id, "aws_secret_access_key": aws_secret},
                   f"key {info['key_id']} ({info['role']}"
                   + (f" of {', '.join(info['streams'])}" if info["streams"] else "") + ")\n"
-                  f"token: {token}\n(shown this once: the cluster keeps only its hash)")
+                  f"token: {token}\n"
+                  f"AWS credentials for the Kinesis endpoint: access key id {aws_id}, secret access key {aws_secret}\n"
+                  f"(shown this once: the cluster keeps only the token's hash, and the secret wrapped by its master "
+                  f"key; `sms key aws --token ...` derives them again)")
         elif args.key_cmd == "list":
             keys = client.list_keys()
             width = max([len("tenant")] + [len(k["tenant"]) for k in keys])
@@ -32,6 +38,34 @@ def cmd_key(args) -> int:
         else:
             client.revoke_key(args.key_id)
             _emit(args, {"revoked": args.key_id}, f"revoked {args.key_id}")
+    return 0
+
+
+def _aws(args) -> int:
+    """The AWS credentials of a key (its token: --token, $SMS_TOKEN, or the admin token of
+    DIR/cluster.json), and the cluster's Kinesis endpoint, as the AWS CLI and SDKs take them."""
+    import json as json_module
+    info: dict = {}
+    try:
+        with open(os.path.join(args.data_dir, "cluster.json")) as f:
+            info = json_module.load(f)
+    except (OSError, ValueError):
+        pass
+    token = args.token or os.environ.get(security.ENV_TOKEN) or info.get("token", "")
+    if not token:
+        raise SystemExit("error: no key: pass --token, set $SMS_TOKEN, or run `sms up` (its admin token)")
+    try:
+        key_id, secret = security.aws_credentials(token)
+    except Exception as e:
+        raise SystemExit(f"error: {e}") from None
+    endpoint = info.get("kinesis_endpoint", "")
+    ca = info.get("ca_file", "")
+    env = (f"export AWS_ACCESS_KEY_ID={key_id} AWS_SECRET_ACCESS_KEY={secret} AWS_DEFAULT_REGION=us-east-1"
+           + (f" AWS_CA_BUNDLE={ca}" if ca else ""))
+    _emit(args, {"aws_access_key_id": key_id, "aws_secret_access_key": secret, "endpoint_url": endpoint,
+                 "ca_bundle": ca},
+          f"{env}\n" + (f"aws kinesis --endpoint-url {endpoint} list-streams" if endpoint else
+                        "(no Kinesis endpoint recorded in cluster.json)"))
     return 0
 
 
@@ -174,6 +208,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     kc.add_argument("--name", default="", help="what the key is for")
     kc.add_argument("--tenant", default="", help="the key's tenant (default: the caller's own)")
     ksub.add_parser("list", parents=[common], help="every key: id, tenant, role, streams, name (never a secret)")
+    ksub.add_parser("aws", parents=[common], help="a key's AWS credentials for the Kinesis endpoint (of --token, "
+                                               "$SMS_TOKEN or the cluster's admin token), as shell exports")
     kr = ksub.add_parser("revoke", parents=[common], help="delete a key: returns once no node admits its token any more (about a second)")
     kr.add_argument("key_id", help="the key's id, as `sms key list` shows it")
     km = ksub.add_parser("rotate-master", parents=[common],

@@ -116,7 +116,7 @@ def cmd_up(args) -> int:
             values = config.load(args.config)
         except config.ConfigError as e:
             raise SystemExit(f"error: {e}") from None
-        own = [k for k in ("node.listen", "node.cluster_listen", "node.metrics_listen")
+        own = [k for k in ("node.listen", "node.cluster_listen", "node.metrics_listen", "node.kinesis_listen")
                if values[k].source == os.path.abspath(args.config) or values[k].source == args.config]
         if own:                     # (one address for every node: all but one would fail to bind)
             raise SystemExit(f"error: {args.config}: {', '.join(own)} is a node's own address; `sms up` chooses "
@@ -149,6 +149,10 @@ def cmd_up(args) -> int:
     print(f"address: {cluster.address}", flush=True)
     key = "?token=<the token in cluster.json>" if cluster.tls else ""      # (never the token itself on stdout)
     print(f"console: {cluster.console_url}{key} (read-only; the browser must trust the cluster CA)", flush=True)
+    if cluster.kinesis_endpoint:
+        ca = f" --ca-bundle {cluster.ca_file}" if cluster.tls else ""
+        print(f"kinesis: {cluster.kinesis_endpoint} (aws kinesis --endpoint-url {cluster.kinesis_endpoint}{ca} ...; "
+              f"`sms key aws` prints the AWS credentials of a key: docs/kinesis.md)", flush=True)
     if cluster.tls:
         print(f"tls: CA {cluster.ca_file}; admin token in {os.path.join(cluster.data_dir, 'cluster.json')} "
               f"(the sms command and sms.Client.from_cluster_file use both), and Prometheus's key for /metrics "
@@ -184,7 +188,7 @@ def cmd_status(args) -> int:
         nodes = []
         for n in cluster.nodes:
             entry = {"node_id": n.node_id, "address": n.address, "roles": list(n.roles), "pid": n.pid,
-                     "metrics_address": n.metrics_address}
+                     "metrics_address": n.metrics_address, "kinesis_address": n.kinesis_address}
             try:
                 if "storage" in n.roles:
                     status = client.node_status(n.address)
@@ -217,7 +221,8 @@ def cmd_status(args) -> int:
         lines.append("replication: every partition has its replication factor")
     for n in nodes:
         lines.append(f"node {n['node_id']:<8} {n['address']:<22} pid {n['pid']:<8} {','.join(n['roles'])}"
-                     + (f"  metrics {n['metrics_address']}" if n["metrics_address"] else ""))
+                     + (f"  metrics {n['metrics_address']}" if n["metrics_address"] else "")
+                     + (f"  kinesis {n['kinesis_address']}" if n["kinesis_address"] else ""))
         if n.get("storage_write_failures"):
             at = time.strftime("%H:%M:%S", time.localtime(n["storage_last_error_ms"] / 1000))
             lines.append(f"    storage: {n['storage_write_failures']} failed write transactions; "
@@ -362,6 +367,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     serve.add_argument("--cert-file", help="this node's certificate (PEM, from `sms certs issue --node ID`)")
     serve.add_argument("--key-file", help="this node's private key (PEM)")
     serve.add_argument("--insecure", action="store_true", help="serve plaintext on one port, without TLS")
+    serve.add_argument("--kinesis-listen", help="where the Kinesis Data Streams API is served, HOST:PORT, or off "
+                                                "(default: the --listen host, any free port; HTTPS with the node's "
+                                                "certificate unless --insecure; docs/kinesis.md)")
     serve.add_argument("--metrics-listen", help="where Prometheus scrapes /metrics, HOST:PORT (default: the --listen "
                                                 "host, any free port; HTTPS with the node's certificate unless "
                                                 "--insecure)")

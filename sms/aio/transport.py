@@ -5,6 +5,7 @@ the cluster and the control leader, and the calls every other part makes (`_call
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any, Self
 
 import grpc
@@ -12,6 +13,12 @@ import grpc
 from sms import convert, errors, limits, rpc, security
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import ClusterInfo, Routes, StreamInfo
+
+
+# A token that this task's calls carry instead of the client's own: a node that calls the
+# cluster on a key's behalf (the Kinesis endpoint, with a token delegated to the key that
+# signed its request) shares one client among its requests and sets this for each.
+CALL_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("sms_call_token", default=None)
 
 
 class Transport:
@@ -45,13 +52,21 @@ class Transport:
         self.tls = security.TlsConfig.resolve(ca_file, cert_file, key_file)
         # the key's token goes with every call, over TLS only: never in clear text
         token = security.resolve_token(token)
-        self._metadata = (("authorization", f"Bearer {token}"),) if token and self.tls is not None else None
+        self._own_metadata = (("authorization", f"Bearer {token}"),) if token and self.tls is not None else None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[str, StreamInfo] = {}
         self._routes: dict[str, Routes] = {}
         self._cluster: ClusterInfo | None = None
         self._shunned: dict[str, float] = {}       # address -> until when discovery asks it last
         self._read_member: dict[tuple[str, int], int] = {}
+
+    @property
+    def _metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """What each call carries: the key's token (CALL_TOKEN's, when this task set one)."""
+        delegated = CALL_TOKEN.get()
+        if delegated and self.tls is not None:
+            return (("authorization", f"Bearer {delegated}"),)
+        return self._own_metadata
 
     @classmethod
     def from_cluster_file(cls, path: str, **kwargs: Any) -> Self:

@@ -311,3 +311,65 @@ def test_data_calls_are_the_ones_that_may_use_a_stale_verdict():
     for method in ("/sms.v1.Control/CreateKey", "/sms.v1.Control/RevokeKey", "/sms.v1.Control/CreateStream",
                    "/sms.v1.Control/ListNodes", "/sms.v1.Control/NoSuchCall"):
         assert not auth.may_use_stale(method), method
+
+
+# --- calls made on a key's behalf (the Kinesis endpoint): delegated tokens, wrapped AWS secrets ----
+
+def _masters(*ids):
+    from kernel import encryption
+    return encryption.MasterKeys({i: bytes([n + 1]) * 32 for n, i in enumerate(ids)}, current=ids[0])
+
+
+def test_a_delegated_token_speaks_for_its_key_until_it_expires():
+    masters = _masters("m1")
+    token = auth.delegate(masters, "0123456789abcdef", now_s=1000.0)
+    assert token.startswith(auth.DELEGATED_PREFIX)
+    assert auth.delegated_key(masters, token, now_s=1000.0 + limits.KEY_DELEGATION_TTL_S - 1) == "0123456789abcdef"
+    with pytest.raises(errors.Unauthenticated, match="expired"):
+        auth.delegated_key(masters, token, now_s=1000.0 + limits.KEY_DELEGATION_TTL_S + 1)
+    with pytest.raises(errors.Unauthenticated, match="cannot verify"):
+        auth.delegated_key(_masters("m2"), token, now_s=1000.0)        # another cluster's master key
+    with pytest.raises(errors.Unauthenticated, match="cannot verify"):
+        auth.delegated_key(None, token, now_s=1000.0)
+    forged = token.replace("0123456789abcdef", "fedcba9876543210")
+    with pytest.raises(errors.Unauthenticated, match="cannot verify"):
+        auth.delegated_key(masters, forged, now_s=1000.0)
+    for junk in ("smsd.", "smsd.x.y.z.w", "smsd.0123456789abcdef.soon.00.m1"):
+        with pytest.raises(errors.Unauthenticated, match="malformed"):
+            auth.delegated_key(masters, junk)
+    with pytest.raises(errors.InvalidArgument):
+        auth.delegate(None, "0123456789abcdef")
+
+
+def test_a_key_table_admits_a_delegated_token_as_its_key_and_not_once_the_key_is_gone(tmp_path):
+    masters = _masters("m1")
+
+    async def body(store):
+        table = auth.KeyTable(store, master_keys=masters)
+        entry, _token = await auth.create_key(store, "producer", ["s1"], master_keys=masters)
+        principal = await table.authenticate(auth.delegate(masters, entry.key_id))
+        assert (principal.key_id, principal.role, principal.streams) == (entry.key_id, "producer", ("s1",))
+        await store.delete(auth.key_path(entry.key_id))
+        with pytest.raises(errors.Unauthenticated, match="unknown or revoked"):
+            await auth.KeyTable(store, master_keys=masters).authenticate(auth.delegate(masters, entry.key_id))
+        with pytest.raises(errors.Unauthenticated):
+            await auth.KeyTable(store).authenticate(auth.delegate(masters, entry.key_id))   # no master key here
+    _run(tmp_path, body)
+
+
+def test_a_new_key_keeps_its_aws_secret_wrapped_and_bound_to_it(tmp_path):
+    from sms import security
+    masters = _masters("m1")
+
+    async def body(store):
+        entry, token = await auth.create_key(store, "consumer", [], master_keys=masters)
+        key_id, secret = security.aws_credentials(token)
+        assert key_id == entry.key_id and len(secret) == 40
+        stored = auth.KeyEntry.from_bytes(entry.key_id, (await store.get(auth.key_path(entry.key_id))).value)
+        assert secret not in stored.sigv4 and stored.sigv4.startswith("m1:")
+        assert masters.unwrap(auth.sigv4_aad(key_id), stored.sigv4).decode() == secret
+        with pytest.raises(errors.SmsError):                 # bound to its key: not another's
+            masters.unwrap(auth.sigv4_aad("fedcba9876543210"), stored.sigv4)
+        plain, _t = await auth.create_key(store, "consumer", [])
+        assert plain.sigv4 == ""                             # no master key: no Kinesis secret kept
+    _run(tmp_path, body)

@@ -1,0 +1,206 @@
+"""The Kinesis endpoint's HTTP side: an ASGI application served by Hypercorn (HTTP/1.1, and
+HTTP/2 over TLS by ALPN or in clear by prior knowledge), on a port of its own beside the
+node's gRPC ports, with the node's TLS certificate (`--insecure`: plain HTTP).
+
+Each request: `POST /` with X-Amz-Target and a JSON 1.1 or CBOR 1.1 body
+(kinesis/protocol.py), signed with AWS Signature V4 (kinesis/sigv4.py) by an SMS key's
+secret access key (kinesis/credentials.py; a cluster without keys checks no signature),
+served by kinesis/service.py. `GET /health` answers 200 for load balancers.
+
+Why Hypercorn: it serves HTTP/1.1 and HTTP/2 (which SubscribeToShard needs for the Java
+and JavaScript SDKs) from one asyncio loop, the node's own; docs/architecture.md, "Choices".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import socket
+import time
+import uuid
+from typing import Any
+
+from kinesis import eventstream, protocol, sigv4
+from kinesis.credentials import SigningKeys
+from kinesis.protocol import KinesisError
+from kinesis.service import Caller, KinesisService, subscribe_to_shard
+from sms import limits
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REGION = "us-east-1"        # the region of ARNs on a cluster that checks no signature
+
+
+class KinesisApp:
+    """The ASGI application."""
+
+    def __init__(self, service: KinesisService, signing_keys: SigningKeys | None, account: str):
+        self.service = service
+        self.signing_keys = signing_keys
+        self.account = account
+        self.requests = 0
+
+    async def __call__(self, scope: dict[str, Any], receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        self.requests += 1
+        request_id = str(uuid.uuid4())
+        headers: dict[str, list[str]] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name.decode("latin-1").lower(), []).append(value.decode("latin-1"))
+        content = protocol.CONTENT_JSON
+        if scope["method"] == "GET" and scope["path"] == "/health":
+            await _answer(send, 200, b'{"status":"ok"}', "application/json", request_id)
+            return
+        try:
+            content = protocol.media_type((headers.get("content-type") or [None])[0])
+            if scope["method"] != "POST":
+                raise KinesisError("UnknownOperationException", f"{scope['method']} is not served; "
+                                                                f"the API is POST / with X-Amz-Target", 405)
+            body = await _body(receive, headers)
+            operation = protocol.operation_of((headers.get("x-amz-target") or [None])[0])
+            caller = await self._caller(scope, headers, body)
+            params = protocol.decode(operation, body, content)
+            if operation.name == "SubscribeToShard":
+                await self._subscribe(operation, params, caller, content, request_id, send, receive)
+                return
+            output = await self.service.handle(operation.name, params, caller)
+            await _answer(send, 200, protocol.encode(operation, output, content), content, request_id)
+        except KinesisError as e:
+            await _answer(send, e.status, protocol.encode_error(e, content), content, request_id, e.kind)
+        except sigv4.SignatureError as e:
+            error = KinesisError(e.kind, e.message, 403 if e.kind == "MissingAuthenticationTokenException" else 400)
+            await _answer(send, error.status, protocol.encode_error(error, content), content, request_id, e.kind)
+        except Exception:            # a bug: the client gets InternalFailure, the node goes on
+            log.exception("kinesis request %s failed", request_id)
+            error = KinesisError("InternalFailureException", f"internal error (request {request_id})", 500)
+            await _answer(send, 500, protocol.encode_error(error, content), content, request_id, error.kind)
+
+    async def _subscribe(self, operation, params: dict[str, Any], caller: Caller, content: str, request_id: str,
+                         send, receive) -> None:
+        """SubscribeToShard: a 200 whose body is an event stream (kinesis/eventstream.py):
+        the initial response, then an event per page of records as they commit, until the
+        subscription's time is up, the shard ends, or the client goes. An error before the
+        first event is an ordinary error answer; one after it, an exception message."""
+        events = subscribe_to_shard(self.service, params, caller, time.monotonic)
+        shape = operation.output_shape.members["EventStream"].members["SubscribeToShardEvent"]
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+        watcher = asyncio.get_running_loop().create_task(watch(), name="kinesis-subscriber")
+        try:
+            event = await anext(events, None)         # (errors up to here answer as any operation's)
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"application/vnd.amazon.eventstream"), (b"x-amzn-requestid", request_id.encode())]})
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": eventstream.event("initial-response", protocol.encode_shape(
+                            operation.output_shape, {}, content), content)})
+            try:
+                while event is not None and not gone.is_set():
+                    await send({"type": "http.response.body", "more_body": True, "body": eventstream.event(
+                        "SubscribeToShardEvent", protocol.encode_shape(shape, event, content), content)})
+                    pending = asyncio.ensure_future(anext(events, None))
+                    waiter = asyncio.ensure_future(gone.wait())
+                    done, _ = await asyncio.wait({pending, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    if pending not in done:
+                        pending.cancel()
+                        break
+                    event = pending.result()
+            except KinesisError as e:
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": eventstream.exception(e.kind, protocol.encode_error(e, content), content)})
+            if not gone.is_set():
+                await send({"type": "http.response.body", "body": b""})
+        finally:
+            watcher.cancel()
+            await events.aclose()
+
+    async def _caller(self, scope: dict[str, Any], headers: dict[str, list[str]], body: bytes) -> Caller:
+        if self.signing_keys is None:          # a cluster without keys: no signature is checked
+            region = DEFAULT_REGION
+            try:
+                region = sigv4.parse(headers).region
+            except sigv4.SignatureError:
+                pass
+            return Caller("", region, self.account)
+        if "host" not in headers and ":authority" in headers:
+            headers["host"] = headers[":authority"]
+        signed = sigv4.parse(headers)
+        secret = await self.signing_keys.secret_of(signed.access_key_id)
+        path = scope.get("raw_path") or scope["path"].encode()
+        sigv4.verify(signed, secret, scope["method"], path.decode("latin-1"),
+                     scope.get("query_string", b"").decode("latin-1"), headers, body,
+                     datetime.datetime.now(datetime.timezone.utc))
+        return Caller(signed.access_key_id, signed.region, self.account)
+
+
+async def _body(receive, headers: dict[str, list[str]]) -> bytes:
+    declared = (headers.get("content-length") or ["0"])[0]
+    if declared.isdigit() and int(declared) > limits.KINESIS_REQUEST_BYTES_MAX:
+        raise KinesisError("ValidationException", f"request body of {declared} bytes; at most "
+                                                  f"{limits.KINESIS_REQUEST_BYTES_MAX}", 413)
+    parts, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limits.KINESIS_REQUEST_BYTES_MAX:
+            raise KinesisError("ValidationException", f"request body over {limits.KINESIS_REQUEST_BYTES_MAX} "
+                                                      f"bytes", 413)
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def _answer(send, status: int, body: bytes, content: str, request_id: str, error: str = "") -> None:
+    headers = [(b"content-type", content.encode()), (b"content-length", str(len(body)).encode()),
+               (b"x-amzn-requestid", request_id.encode())]
+    if error:
+        headers.append((b"x-amzn-errortype", error.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The endpoint's listening socket (port 0: any free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(limits.KINESIS_LISTEN_BACKLOG)
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve(app: KinesisApp, sock: socket.socket, shutdown: asyncio.Event,
+                cert_file: str = "", key_file: str = "") -> None:
+    """Serve `app` on `sock` until `shutdown` is set."""
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config
+    config = Config()
+    config.bind = [f"fd://{sock.fileno()}"]
+    if cert_file:
+        config.certfile, config.keyfile = cert_file, key_file
+    config.alpn_protocols = ["h2", "http/1.1"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("kinesis.hypercorn")
+    config.keep_alive_timeout = limits.KINESIS_KEEPALIVE_S
+    config.h11_max_incomplete_size = limits.KINESIS_HEADER_BYTES_MAX
+    config.h2_max_inbound_frame_size = 2 ** 14
+    config.graceful_timeout = limits.KINESIS_GRACEFUL_S
+    await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait)
