@@ -183,12 +183,7 @@ def _check(shape, value: Any, path: str, problems: list[str], content: str, dept
                 (isinstance(value, float) and not value.is_integer()):
             raise KinesisError("SerializationException", f"{path}: expected an integer")
         value = int(value)
-        if "min" in meta and value < meta["min"]:
-            problems.append(f"Value '{value}' at '{path}' failed to satisfy constraint: Member must have value "
-                            f"greater than or equal to {meta['min']}")
-        if "max" in meta and value > meta["max"]:
-            problems.append(f"Value '{value}' at '{path}' failed to satisfy constraint: Member must have value "
-                            f"less than or equal to {meta['max']}")
+        _bounds(value, meta, path, str(value), problems, "value")
         return value
     if kind == "boolean":
         if not isinstance(value, bool):
@@ -213,6 +208,11 @@ def _check(shape, value: Any, path: str, problems: list[str], content: str, dept
 
 def _length(n: int, meta: dict, path: str, value: Any, problems: list[str], what: str) -> None:
     shown = _shown(value) if not isinstance(value, (list, dict)) else ("[...]" if isinstance(value, list) else "{...}")
+    _bounds(n, meta, path, shown, problems, what)
+
+
+def _bounds(n: int, meta: dict, path: str, shown: str, problems: list[str], what: str) -> None:
+    """The model's min and max of a number, or of a length, in the service's words."""
     if "min" in meta and n < meta["min"]:
         problems.append(f"Value '{shown}' at '{path}' failed to satisfy constraint: Member must have {what} "
                         f"greater than or equal to {meta['min']}")

@@ -400,27 +400,27 @@ def _retention_hours(info: StreamInfo) -> int:
     return max(1, (info.retention_s or info.retention_hours * 3600) // 3600)
 
 
-@operation("IncreaseStreamRetentionPeriod")
-async def increase_retention(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+async def _change_retention(svc: KinesisService, params: dict[str, Any], caller: Caller, longer: bool) -> None:
+    """Increase- or DecreaseStreamRetentionPeriod: the one way each may go, as Kinesis."""
     info = await svc._stream(params, caller)
     hours, current = params["RetentionPeriodHours"], _retention_hours(info)
-    if hours < current:
+    if (hours < current) if longer else (hours > current):
         raise KinesisError("InvalidArgumentException",
-                           f"Requested retention period ({hours} hours) for stream {info.name} can not be shorter "
-                           f"than existing retention period ({current} hours). Use DecreaseRetentionPeriod API.")
+                           f"Requested retention period ({hours} hours) for stream {info.name} can not be "
+                           f"{'shorter' if longer else 'longer'} than existing retention period ({current} hours). "
+                           f"Use {'Decrease' if longer else 'Increase'}RetentionPeriod API.")
     await svc.client.update_retention(info.name, hours=hours)
+
+
+@operation("IncreaseStreamRetentionPeriod")
+async def increase_retention(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+    await _change_retention(svc, params, caller, longer=True)
     return {}
 
 
 @operation("DecreaseStreamRetentionPeriod")
 async def decrease_retention(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-    info = await svc._stream(params, caller)
-    hours, current = params["RetentionPeriodHours"], _retention_hours(info)
-    if hours > current:
-        raise KinesisError("InvalidArgumentException",
-                           f"Requested retention period ({hours} hours) for stream {info.name} can not be longer "
-                           f"than existing retention period ({current} hours). Use IncreaseRetentionPeriod API.")
-    await svc.client.update_retention(info.name, hours=hours)
+    await _change_retention(svc, params, caller, longer=False)
     return {}
 
 
