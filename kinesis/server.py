@@ -148,10 +148,11 @@ class KinesisApp:
 
 
 async def _body(receive, headers: dict[str, list[str]]) -> bytes:
+    """The request's body, at most KINESIS_REQUEST_BYTES_MAX. A larger one is read to its
+    end and dropped (up to KINESIS_DRAIN_BYTES_MAX: a client still sending would otherwise
+    see its connection cut rather than the answer), then answered 413."""
     declared = (headers.get("content-length") or ["0"])[0]
-    if declared.isdigit() and int(declared) > limits.KINESIS_REQUEST_BYTES_MAX:
-        raise KinesisError("ValidationException", f"request body of {declared} bytes; at most "
-                                                  f"{limits.KINESIS_REQUEST_BYTES_MAX}", 413)
+    too_big = declared.isdigit() and int(declared) > limits.KINESIS_REQUEST_BYTES_MAX
     parts, size = [], 0
     while True:
         message = await receive()
@@ -160,11 +161,18 @@ async def _body(receive, headers: dict[str, list[str]]) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limits.KINESIS_REQUEST_BYTES_MAX:
-            raise KinesisError("ValidationException", f"request body over {limits.KINESIS_REQUEST_BYTES_MAX} "
-                                                      f"bytes", 413)
-        parts.append(chunk)
+            too_big = True
+            parts = []
+        if size > limits.KINESIS_DRAIN_BYTES_MAX:
+            raise asyncio.CancelledError()        # (not worth reading: the connection is dropped)
+        if not too_big:
+            parts.append(chunk)
         if not message.get("more_body"):
-            return b"".join(parts)
+            break
+    if too_big:
+        raise KinesisError("ValidationException", f"request body of {max(size, int(declared or 0))} bytes; at most "
+                                                  f"{limits.KINESIS_REQUEST_BYTES_MAX}", 413)
+    return b"".join(parts)
 
 
 async def _answer(send, status: int, body: bytes, content: str, request_id: str, error: str = "") -> None:

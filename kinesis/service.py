@@ -70,6 +70,7 @@ class KinesisService:
         self.client = client
         self.delegate = delegate
         self.replication_factor = replication_factor      # of the streams CreateStream makes (0: min(3, nodes))
+        self.subscriptions: set[tuple[str, str, int]] = set()   # (stream, consumer, ordinal) subscribed here
 
     async def handle(self, name: str, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         handler = HANDLERS.get(name)
@@ -545,6 +546,12 @@ async def subscribe_to_shard(svc: KinesisService, params: dict[str, Any], caller
                                                  timestamp_ms=int(at * 1000) if at is not None else None)
         continuation = str(_before(svc.client._position(iterator).position_sn, ordinal))
         until = clock() + limits.KINESIS_SUBSCRIPTION_S
+        held = (stream, consumer, ordinal)
+        if held in svc.subscriptions:        # (one per consumer and shard, as Kinesis: on this node)
+            raise KinesisError("ResourceInUseException",
+                               f"Another active subscription exists for consumer {params['ConsumerARN']} "
+                               f"and shard {shard_id(ordinal)}.")
+        svc.subscriptions.add(held)
         pages = svc.client.subscribe(stream, ordinal, iterator=iterator)
         try:
             async for page in pages:
@@ -560,6 +567,7 @@ async def subscribe_to_shard(svc: KinesisService, params: dict[str, Any], caller
                 if page.child_partitions or clock() >= until:
                     return
         finally:
+            svc.subscriptions.discard(held)
             await pages.aclose()
     except errors.SmsError as e:
         raise mapping.error_of(e, caller.account) from None

@@ -149,14 +149,14 @@ def cmd_up(args) -> int:
     print(f"address: {cluster.address}", flush=True)
     key = "?token=<the token in cluster.json>" if cluster.tls else ""      # (never the token itself on stdout)
     print(f"console: {cluster.console_url}{key} (read-only; the browser must trust the cluster CA)", flush=True)
-    if cluster.kinesis_endpoint:
-        ca = f" --ca-bundle {cluster.ca_file}" if cluster.tls else ""
-        print(f"kinesis: {cluster.kinesis_endpoint} (aws kinesis --endpoint-url {cluster.kinesis_endpoint}{ca} ...; "
-              f"`sms key aws` prints the AWS credentials of a key: docs/kinesis.md)", flush=True)
     if cluster.tls:
         print(f"tls: CA {cluster.ca_file}; admin token in {os.path.join(cluster.data_dir, 'cluster.json')} "
               f"(the sms command and sms.Client.from_cluster_file use both), and Prometheus's key for /metrics "
               f"as monitor_token", flush=True)
+    if cluster.kinesis_endpoint:
+        ca = f" --ca-bundle {cluster.ca_file}" if cluster.tls else ""
+        print(f"kinesis: {cluster.kinesis_endpoint} (aws kinesis --endpoint-url {cluster.kinesis_endpoint}{ca} ...; "
+              f"`sms key aws` prints the AWS credentials of a key: docs/kinesis.md)", flush=True)
     storage = [n for n, p in cluster.procs.items() if p.roles != "control"]
     started = (f"{len(storage)} storage nodes" if storage == [f"n{i}" for i in range(1, args.nodes + 1)]
                else f"{len(storage)} storage nodes: {', '.join(storage)}, as recorded in {cluster.data_dir}/nodes.json")

@@ -13,7 +13,7 @@ from botocore.exceptions import ClientError  # noqa: E402
 
 import sms  # noqa: E402
 from sms import security  # noqa: E402
-from tests.conftest import stream_name  # noqa: E402
+from tests.conftest import stream_name, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -273,13 +273,24 @@ def test_subscribe_to_shard_pushes_records_as_they_are_put(cluster, kinesis):
         if len(got) >= 30 or time.monotonic() > deadline:
             break
     writer.join()
+    answer["EventStream"].close()
     assert got == [(f"p{i}", f"pushed {i}".encode()) for i in range(30)]
     assert int(continuations[-1]) > 0
-    again = kinesis.subscribe_to_shard(ConsumerARN=consumer, ShardId="shardId-000000000000",
-                                       StartingPosition={"Type": "AT_SEQUENCE_NUMBER",
-                                                         "SequenceNumber": continuations[-1]})
+
+    def resubscribe():
+        try:
+            return kinesis.subscribe_to_shard(ConsumerARN=consumer, ShardId="shardId-000000000000",
+                                              StartingPosition={"Type": "AT_SEQUENCE_NUMBER",
+                                                                "SequenceNumber": continuations[-1]})
+        except kinesis.exceptions.ResourceInUseException:
+            return None          # the node has not yet seen the first subscription's connection close
+    again = wait_until(resubscribe, 30, "a second subscription once the first was closed")
     first = next(iter(again["EventStream"]))["SubscribeToShardEvent"]["Records"]
     assert first and first[0]["PartitionKey"] == "p29"
+    with pytest.raises(kinesis.exceptions.ResourceInUseException):     # one subscription per consumer and shard
+        kinesis.subscribe_to_shard(ConsumerARN=consumer, ShardId="shardId-000000000000",
+                                   StartingPosition={"Type": "LATEST"})
+    again["EventStream"].close()
     with pytest.raises(kinesis.exceptions.ResourceNotFoundException):
         kinesis.subscribe_to_shard(ConsumerARN=arn + "/consumer/nobody:1", ShardId="shardId-000000000000",
                                    StartingPosition={"Type": "LATEST"})
