@@ -64,8 +64,8 @@ def _aws(args) -> int:
            + (f" AWS_CA_BUNDLE={ca}" if ca else ""))
     _emit(args, {"aws_access_key_id": key_id, "aws_secret_access_key": secret, "endpoint_url": endpoint,
                  "ca_bundle": ca},
-          f"{env}\n" + (f"aws kinesis --endpoint-url {endpoint} list-streams" if endpoint else
-                        "(no Kinesis endpoint recorded in cluster.json)"))
+          f"{env}\n" + (f"# then: aws kinesis --endpoint-url {endpoint} list-streams" if endpoint else
+                        "# (no Kinesis endpoint recorded in cluster.json)"))
     return 0
 
 

@@ -64,3 +64,16 @@ def test_the_aws_cli_runs_a_stream_s_life(aws):
     assert summary["StreamARN"].startswith("arn:aws:kinesis:eu-west-1:")        # the profile's region
     aws("delete-stream", "--stream-name", name)
     aws("wait", "stream-not-exists", "--stream-name", name)
+
+
+def test_sms_key_aws_prints_what_the_aws_cli_needs(cluster):
+    """`eval "$(sms key aws)"` as the README has it: the exports it prints are all the AWS
+    CLI needs besides the endpoint (the rest of its output is a comment)."""
+    if not os.path.exists(AWS):
+        pytest.skip("the AWS CLI is not installed (pip install -e '.[test]')")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "SMS_TOKEN"}
+    script = (f'eval "$({sys.executable} -m node key aws --data-dir {cluster.data_dir})" && '
+              f'{AWS} kinesis --endpoint-url {cluster.kinesis_endpoint} list-streams --output json')
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "StreamNames" in json.loads(done.stdout)
