@@ -43,8 +43,8 @@ class Balancer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        server = self.loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", 0))
-        self.port = server.sockets[0].getsockname()[1]
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", 0))
+        self.port = self.server.sockets[0].getsockname()[1]
         self.ready.set()
         self.loop.run_forever()
 
@@ -74,8 +74,18 @@ class Balancer:
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
     def close(self) -> None:
+        """Every connection ended and the loop closed (nothing left for the collector to
+        finalize on a closed loop)."""
+        async def shutdown() -> None:
+            self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+        self.loop.close()
 
 
 def test_kill_9_of_a_shard_owner_behind_a_balancer_loses_no_acknowledged_record(make_cluster):
