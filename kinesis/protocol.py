@@ -102,7 +102,8 @@ def decode(operation, body: bytes, content: str) -> dict[str, Any]:
         import cbor2
         try:
             raw = cbor2.loads(body)
-        except Exception as e:           # cbor2 raises its own decode errors, and ValueError, for anything odd
+        except (cbor2.CBORDecodeError, ValueError, TypeError, EOFError, OverflowError, MemoryError,
+                RecursionError) as e:    # (what cbor2 raises for a body that is not CBOR, or claims too much)
             raise KinesisError("SerializationException", f"the body is not CBOR: {type(e).__name__}") from None
     else:
         try:
@@ -143,16 +144,15 @@ def _check(shape, value: Any, path: str, problems: list[str], content: str, dept
         if not isinstance(value, dict):
             raise KinesisError("SerializationException", f"{path}: expected an object")
         out = {}
+
+        def where(name: str) -> str:          # (the input's own members are named alone)
+            return f"{path}.{_member_path(name)}" if depth else _member_path(name)
         for name in shape.required_members:
             if value.get(name) is None:
-                problems.append(f"Value null at '{path}.{_member_path(name)}' failed to satisfy constraint: "
-                                f"Member must not be null" if depth else
-                                f"Value null at '{_member_path(name)}' failed to satisfy constraint: "
-                                f"Member must not be null")
+                problems.append(f"Value null at '{where(name)}' failed to satisfy constraint: Member must not be null")
         for name, member in shape.members.items():
             if name in value:
-                where = f"{path}.{_member_path(name)}" if depth else _member_path(name)
-                out[name] = _check(member, value[name], where, problems, content, depth + 1)
+                out[name] = _check(member, value[name], where(name), problems, content, depth + 1)
         return out
     if kind == "list":
         if not isinstance(value, list):

@@ -25,7 +25,7 @@ from kinesis import eventstream, protocol, sigv4
 from kinesis.credentials import SigningKeys
 from kinesis.protocol import KinesisError
 from kinesis.service import Caller, KinesisService, subscribe_to_shard
-from sms import limits
+from sms import errors, limits
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,8 @@ class KinesisApp:
         except sigv4.SignatureError as e:
             error = KinesisError(e.kind, e.message, 403 if e.kind == "MissingAuthenticationTokenException" else 400)
             await _answer(send, error.status, protocol.encode_error(error, content), content, request_id, e.kind)
+        except errors.InvariantViolation:
+            raise                    # a broken invariant is not answered as if nothing happened
         except Exception:            # a bug: the client gets InternalFailure, the node goes on
             log.exception("kinesis request %s failed", request_id)
             error = KinesisError("InternalFailureException", f"internal error (request {request_id})", 500)

@@ -77,13 +77,18 @@ class KinesisService:
         if handler is None:
             why = NOT_SUPPORTED.get(name, "this operation is not served by this endpoint")
             raise KinesisError("InvalidArgumentException", f"{name}: {why} (docs/kinesis.md)")
-        token = CALL_TOKEN.set(self.delegate(caller.key_id) if self.delegate and caller.key_id else None)
+        token = CALL_TOKEN.set(self.call_token(caller))
         try:
             return await handler(self, params, caller)
         except errors.SmsError as e:
             raise mapping.error_of(e, caller.account) from None
         finally:
             CALL_TOKEN.reset(token)
+
+    def call_token(self, caller: Caller) -> str | None:
+        """The token this request's calls carry: one delegated to the key that signed it
+        (None on a cluster without keys)."""
+        return self.delegate(caller.key_id) if self.delegate and caller.key_id else None
 
     # --- helpers ---------------------------------------------------------------------------------
     async def _stream(self, params: dict[str, Any], caller: Caller, refresh: bool = True) -> StreamInfo:
@@ -524,7 +529,7 @@ async def subscribe_to_shard(svc: KinesisService, params: dict[str, Any], caller
     """SubscribeToShard's events: each a SubscribeToShardEvent's members, for
     KINESIS_SUBSCRIPTION_S (then it ends, and the client subscribes again from its
     ContinuationSequenceNumber, as with Kinesis). The consumer must be registered."""
-    token = CALL_TOKEN.set(svc.delegate(caller.key_id) if svc.delegate and caller.key_id else None)
+    token = CALL_TOKEN.set(svc.call_token(caller))
     try:
         stream, consumer, _created = mapping.consumer_of(params["ConsumerARN"], caller.account)
         info = await svc._stream({"StreamName": stream}, caller)

@@ -8,7 +8,7 @@ import sys
 import time
 
 from node.cli.common import _client, _emit, _when
-from sms import limits, security
+from sms import errors, limits, security
 from sms.aio import TENANT_LIMITS
 
 
@@ -56,8 +56,8 @@ def _aws(args) -> int:
         raise SystemExit("error: no key: pass --token, set $SMS_TOKEN, or run `sms up` (its admin token)")
     try:
         key_id, secret = security.aws_credentials(token)
-    except Exception as e:
-        raise SystemExit(f"error: {e}") from None
+    except errors.InvalidArgument as e:
+        raise SystemExit(f"error: {e.message}") from None
     endpoint = info.get("kinesis_endpoint", "")
     ca = info.get("ca_file", "")
     env = (f"export AWS_ACCESS_KEY_ID={key_id} AWS_SECRET_ACCESS_KEY={secret} AWS_DEFAULT_REGION=us-east-1"
