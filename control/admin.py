@@ -15,6 +15,7 @@ import dataclasses
 from collections import Counter
 import logging
 import os
+import re
 import secrets
 import time
 
@@ -70,6 +71,35 @@ def validate_partition_limits(wanted: dict[str, int]) -> dict[str, int]:
                                       "(unchanged)")
         out[name] = value
     return out
+
+
+_TAG_CHARS = re.compile(r"[\w .:/=+\-@%]*")
+
+
+def changed_tags(current: tuple[tuple[str, str], ...], tags_set: dict[str, str] | None,
+                 tags_removed: list[str] | None) -> tuple[tuple[str, str], ...] | None:
+    """A stream's tags with `tags_set` added and `tags_removed` taken away (None: no change),
+    or InvalidStreamConfig: keys of 1..STREAM_TAG_KEY_CHARS_MAX characters, values of at
+    most STREAM_TAG_VALUE_CHARS_MAX, letters, digits, spaces and `_ . : / = + - @ %` (as
+    Kinesis), no key starting `aws:`, at most STREAM_TAGS_MAX tags."""
+    if not tags_set and not tags_removed:
+        return None
+    tags = dict(current)
+    for key in tags_removed or ():
+        tags.pop(key, None)
+    for key, value in (tags_set or {}).items():
+        if not 1 <= len(key) <= limits.STREAM_TAG_KEY_CHARS_MAX or not _TAG_CHARS.fullmatch(key):
+            raise InvalidStreamConfig(f"tag key {key[:140]!r}: 1..{limits.STREAM_TAG_KEY_CHARS_MAX} letters, digits, "
+                                      f"spaces or _ . : / = + - @ %")
+        if key.lower().startswith("aws:"):
+            raise InvalidStreamConfig(f"tag key {key[:140]!r}: keys starting 'aws:' are reserved")
+        if len(value) > limits.STREAM_TAG_VALUE_CHARS_MAX or not _TAG_CHARS.fullmatch(value):
+            raise InvalidStreamConfig(f"tag {key!r}: a value of at most {limits.STREAM_TAG_VALUE_CHARS_MAX} letters, "
+                                      f"digits, spaces or _ . : / = + - @ %")
+        tags[key] = value
+    if len(tags) > limits.STREAM_TAGS_MAX:
+        raise LimitExceeded(f"{len(tags)} tags; a stream has at most {limits.STREAM_TAGS_MAX}")
+    return tuple(sorted(tags.items()))
 
 
 def validate_create(name: str, partitions: int, replication_factor: int, persistence: str,
@@ -456,8 +486,16 @@ class StreamAdmin:
     async def update_stream(self, name: str, retention_hours: int = 0, retention_s: int = 0,
                             protect_unread: bool | None = None, auto_split_records_per_s: int = -1,
                             auto_split_period_s: int = 0, partition_limits: dict[str, int] | None = None,
-                            archive: dict | None = None, encryption: str | None = None) -> None:
+                            archive: dict | None = None, encryption: str | None = None,
+                            tags_set: dict[str, str] | None = None, tags_removed: list[str] | None = None,
+                            shard_metrics: list[str] | None = None) -> None:
         changes: dict = validate_partition_limits(partition_limits or {})
+        if shard_metrics is not None:
+            if len(shard_metrics) > limits.STREAM_SHARD_METRICS_MAX or \
+                    any(not m.isalpha() or len(m) > 64 for m in shard_metrics):
+                raise InvalidStreamConfig(f"shard metrics {shard_metrics[:16]!r}: at most "
+                                          f"{limits.STREAM_SHARD_METRICS_MAX} names of letters")
+            changes["shard_metrics"] = tuple(sorted(set(shard_metrics)))
         if encryption_module.validate_algorithm(encryption) is not None:
             changes["encryption"] = encryption
         if retention_hours:
@@ -489,6 +527,9 @@ class StreamAdmin:
 
         def change(c: StreamConfig) -> StreamConfig:
             new = dataclasses.replace(c, **changes)
+            tags = changed_tags(c.tags, tags_set, tags_removed)
+            if tags is not None:
+                new = dataclasses.replace(new, tags=tags)
             if given_archive or new.archive:
                 new = dataclasses.replace(new, **validate_archive(new, **given_archive))
             return self._with_data_key(quotas.within_retention(new, caps, tenant, given))

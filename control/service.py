@@ -320,7 +320,9 @@ class ControlService(sms_pb2_grpc.ControlServicer):
                                            "local_retention_s": None if request.local_retention_s <= 0
                                            else request.local_retention_s,
                                            "compression": request.compression or None},
-                                  encryption=request.encryption or None)
+                                  encryption=request.encryption or None,
+                                  tags_set=dict(request.tags_set), tags_removed=list(request.tags_removed),
+                                  shard_metrics=list(request.shard_metrics) if request.set_shard_metrics else None)
         self.view.invalidate()
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 

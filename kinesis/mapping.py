@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 
 from kinesis.protocol import KinesisError
@@ -69,6 +71,14 @@ def stream_of(params: dict, account: str) -> str:
     if not name:
         raise KinesisError("InvalidArgumentException", "Either StreamName or StreamARN must be provided.")
     return name
+
+
+def stream_id(name: str, created_ms: int) -> str:
+    """A stream's StreamId, of the model's form (20 + 3 characters of [a-z0-9]): derived from
+    its name and creation time, so a stream made again under the same name has another."""
+    digest = base64.b32encode(hashlib.blake2b(f"{name}\n{created_ms}".encode(), digest_size=15).digest())
+    text = digest.decode().lower()
+    return f"{text[:20]}-{text[20:23]}"
 
 
 def consumer_of(arn: str, account: str) -> tuple[str, str, int]:

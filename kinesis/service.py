@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kinesis import mapping
+from control.admin import changed_tags
+from kinesis import mapping, settings
 from kinesis.mapping import shard_id
 from kinesis.protocol import KinesisError
 from sms import errors, limits, seqno
@@ -59,6 +60,8 @@ NOT_SUPPORTED = {
         "CreateChannel", "DescribeChannel", "ListChannels", "UpdateChannel", "DeleteChannel")},
     **{op: "resource policies are not kept: access is by SMS keys (docs/security.md)" for op in (
         "PutResourcePolicy", "GetResourcePolicy", "DeleteResourcePolicy")},
+    **{op: "there is no billing on this cluster, and so no minimum throughput commitment or warm throughput"
+       for op in ("UpdateAccountSettings", "UpdateStreamWarmThroughput")},
 }
 
 
@@ -71,6 +74,7 @@ class KinesisService:
         self.delegate = delegate
         self.replication_factor = replication_factor      # of the streams CreateStream makes (0: min(3, nodes))
         self.subscriptions: set[tuple[str, str, int]] = set()   # (stream, consumer, ordinal) subscribed here
+        self.stream_ids: dict[str, str] = {}            # StreamId -> stream name, as last seen
 
     async def handle(self, name: str, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         handler = HANDLERS.get(name)
@@ -92,12 +96,46 @@ class KinesisService:
 
     # --- helpers ---------------------------------------------------------------------------------
     async def _stream(self, params: dict[str, Any], caller: Caller, refresh: bool = True) -> StreamInfo:
-        name = mapping.stream_of(params, caller.account)
+        """The stream an operation names by StreamName, StreamARN or StreamId (any of them
+        given together must name the same stream)."""
+        wanted = params.get("StreamId")
+        if wanted and not (params.get("StreamName") or params.get("StreamARN")):
+            name = await self._stream_named_by_id(wanted, caller)
+        else:
+            name = mapping.stream_of(params, caller.account)
         try:
-            return await self.client.get_stream_info(name, refresh=refresh)
+            info = await self.client.get_stream_info(name, refresh=refresh)
         except errors.StreamNotFound:
             raise KinesisError("ResourceNotFoundException",
                                f"Stream {name} under account {caller.account} not found.") from None
+        if wanted and mapping.stream_id(info.name, info.created_ms) != wanted:
+            raise KinesisError("ResourceNotFoundException",
+                               f"Stream {name} under account {caller.account} has not StreamId {wanted}.")
+        return info
+
+    async def _name(self, params: dict[str, Any], caller: Caller) -> str:
+        """The name of the stream an operation names (without a metadata read unless by StreamId)."""
+        if params.get("StreamId"):
+            return (await self._stream(params, caller, refresh=False)).name
+        return mapping.stream_of(params, caller.account)
+
+    async def _stream_named_by_id(self, wanted: str, caller: Caller) -> str:
+        name = self.stream_ids.get(wanted)
+        if name is not None:
+            return name
+        for name in await self.client.list_streams():
+            try:
+                info = await self.client.get_stream_info(name, refresh=False)
+            except errors.StreamNotFound:
+                continue
+            self.stream_ids[mapping.stream_id(info.name, info.created_ms)] = info.name
+            if len(self.stream_ids) > limits.KINESIS_STREAM_IDS_CACHED_MAX:
+                self.stream_ids.pop(next(iter(self.stream_ids)))
+        name = self.stream_ids.get(wanted)
+        if name is None:
+            raise KinesisError("ResourceNotFoundException",
+                               f"Stream with StreamId {wanted} under account {caller.account} not found.")
+        return name
 
     async def _replication_factor(self) -> int:
         if self.replication_factor:
@@ -151,16 +189,20 @@ async def create_stream(svc: KinesisService, params: dict[str, Any], caller: Cal
         raise KinesisError("InvalidArgumentException", "ShardCount is required for a PROVISIONED stream.")
     if mode == "ON_DEMAND" and shards is not None:
         raise KinesisError("InvalidArgumentException", "ShardCount is not taken for an ON_DEMAND stream.")
-    if params.get("Tags"):
-        raise KinesisError("InvalidArgumentException", "Tags are not kept by this endpoint yet (docs/kinesis.md)")
+    tags = params.get("Tags") or {}
+    try:
+        changed_tags((), tags, None)                  # (checked before the stream is made)
+    except errors.SmsError as e:
+        raise KinesisError("InvalidArgumentException", e.message) from None
     count = shards if shards is not None else limits.KINESIS_ON_DEMAND_SHARDS
     try:
         await svc.client.create_stream(name, partitions=count, replication_factor=await svc._replication_factor())
     except errors.StreamAlreadyExists:
         raise KinesisError("ResourceInUseException",
                            f"Stream {name} under account {caller.account} already exists.") from None
-    if mode == "ON_DEMAND":       # the engine's automatic splitting (docs/repartition-phases.md)
-        await svc.client.update_stream(name, auto_split_records_per_s=limits.KINESIS_ON_DEMAND_SPLIT_RECORDS_PER_S)
+    if mode == "ON_DEMAND" or tags:     # (ON_DEMAND: the engine's automatic splitting, docs/repartition-phases.md)
+        await svc.client.update_stream(name, tags=tags or None, auto_split_records_per_s=(
+            limits.KINESIS_ON_DEMAND_SPLIT_RECORDS_PER_S if mode == "ON_DEMAND" else None))
     return {}
 
 
@@ -182,10 +224,13 @@ async def describe_stream_summary(svc: KinesisService, params: dict[str, Any], c
         "StreamName": info.name, "StreamARN": mapping.stream_arn(caller.region, caller.account, info.name),
         "StreamStatus": _status(info), "StreamModeDetails": _mode(info),
         "RetentionPeriodHours": _retention_hours(info),
-        "StreamCreationTimestamp": _created(info), "EnhancedMonitoring": [{"ShardLevelMetrics": []}],
+        "StreamCreationTimestamp": _created(info),
+        "EnhancedMonitoring": [{"ShardLevelMetrics": list(info.shard_metrics)}],
         "EncryptionType": "KMS" if info.encryption != "none" else "NONE",
         **({"KeyId": "sms-master-key"} if info.encryption != "none" else {}),
-        "OpenShardCount": len(_open(info)), "ConsumerCount": len(info.consumers)}}
+        "OpenShardCount": len(_open(info)), "ConsumerCount": len(info.consumers),
+        "StreamId": mapping.stream_id(info.name, info.created_ms),
+        "MaxRecordSizeInKiB": limits.RECORD_DATA_BYTES_MAX // 1024}}
 
 
 @operation("DescribeStream")
@@ -203,7 +248,8 @@ async def describe_stream(svc: KinesisService, params: dict[str, Any], caller: C
         "StreamStatus": _status(info), "StreamModeDetails": _mode(info),
         "Shards": [_shard(p) for p in page], "HasMoreShards": len(shards) > len(page),
         "RetentionPeriodHours": _retention_hours(info),
-        "StreamCreationTimestamp": _created(info), "EnhancedMonitoring": [{"ShardLevelMetrics": []}],
+        "StreamCreationTimestamp": _created(info),
+        "EnhancedMonitoring": [{"ShardLevelMetrics": list(info.shard_metrics)}],
         "EncryptionType": "KMS" if info.encryption != "none" else "NONE"}}
 
 
@@ -307,7 +353,7 @@ def _untoken(token: str, what: str) -> str:
 
 @operation("PutRecord")
 async def put_record(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-    name = mapping.stream_of(params, caller.account)
+    name = await svc._name(params, caller)
     key = params.get("PartitionKey")
     if not key:
         raise KinesisError("InvalidArgumentException", "PartitionKey is required.")
@@ -319,7 +365,7 @@ async def put_record(svc: KinesisService, params: dict[str, Any], caller: Caller
 
 @operation("PutRecords")
 async def put_records(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-    name = mapping.stream_of(params, caller.account)
+    name = await svc._name(params, caller)
     records = []
     for i, r in enumerate(params["Records"]):
         key = r.get("PartitionKey")
@@ -341,7 +387,7 @@ async def put_records(svc: KinesisService, params: dict[str, Any], caller: Calle
 
 @operation("GetShardIterator")
 async def get_shard_iterator(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-    name = mapping.stream_of(params, caller.account)
+    name = await svc._name(params, caller)
     ordinal = mapping.ordinal_of(params["ShardId"])
     kind = params["ShardIteratorType"]
     sn = params.get("StartingSequenceNumber")
@@ -379,14 +425,14 @@ async def get_records(svc: KinesisService, params: dict[str, Any], caller: Calle
 
 @operation("SplitShard")
 async def split_shard(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-    name = mapping.stream_of(params, caller.account)
+    name = await svc._name(params, caller)
     await svc.client.split(name, mapping.ordinal_of(params["ShardToSplit"]), at_hash=int(params["NewStartingHashKey"]))
     return {}
 
 
 @operation("MergeShards")
 async def merge_shards(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-    name = mapping.stream_of(params, caller.account)
+    name = await svc._name(params, caller)
     await svc.client.merge(name, mapping.ordinal_of(params["ShardToMerge"]),
                            mapping.ordinal_of(params["AdjacentShardToMerge"]))
     return {}
@@ -434,14 +480,14 @@ async def decrease_retention(svc: KinesisService, params: dict[str, Any], caller
 async def start_encryption(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
     """Encryption at rest with the cluster's master key (docs/security.md): KMS key ids are
     taken and not used; the stream's batches are sealed from now on."""
-    name = mapping.stream_of(params, caller.account)
+    name = await svc._name(params, caller)
     await svc.client.update_stream(name, encryption="aes-256-gcm")
     return {}
 
 
 @operation("StopStreamEncryption")
 async def stop_encryption(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-    name = mapping.stream_of(params, caller.account)
+    name = await svc._name(params, caller)
     await svc.client.update_stream(name, encryption="none")
     return {}
 
@@ -609,3 +655,6 @@ async def describe_limits(svc: KinesisService, params: dict[str, Any], caller: C
         on_demand += bool(info.auto_split_records_per_s)
     return {"ShardLimit": limits.TENANT_PARTITIONS_MAX, "OpenShardCount": open_shards,
             "OnDemandStreamCount": on_demand, "OnDemandStreamCountLimit": limits.TENANT_STREAMS_MAX}
+
+
+HANDLERS.update(settings.OPERATIONS)

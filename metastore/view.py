@@ -143,7 +143,7 @@ class ClusterView:
                           local_retention_s=c.local_retention_ms // 1000 if c.archive else 0,
                           compression=c.compression,
                           payload_prefix=f"{c.name}/{c.created_ms}/payloads/" if c.archive else "",
-                          encryption=c.encryption)
+                          encryption=c.encryption, tags=c.tags, shard_metrics=c.shard_metrics)
 
 
 async def bounded(read, what: str):

@@ -34,6 +34,7 @@ def stream_to_pb(s: StreamInfo) -> sms_pb2.StreamDescription:
         write_bytes_per_s=s.write_bytes_per_s, read_bytes_per_s=s.read_bytes_per_s,
         archive=s.archive, archive_after_s=s.archive_after_s, local_retention_s=s.local_retention_s,
         compression=s.compression, payload_prefix=s.payload_prefix, encryption=s.encryption,
+        tags=dict(s.tags), shard_metrics=list(s.shard_metrics),
         partitions=[sms_pb2.Partition(
             ordinal=p.ordinal, hash_lo=str(p.hash_lo), hash_hi=str(p.hash_hi), valid_from_ms=p.valid_from_ms,
             valid_to_ms=-1 if p.valid_to_ms is None else p.valid_to_ms, state=p.state.value,
@@ -57,6 +58,7 @@ def stream_from_pb(d: sms_pb2.StreamDescription) -> StreamInfo:
         write_bytes_per_s=d.write_bytes_per_s, read_bytes_per_s=d.read_bytes_per_s,
         archive=d.archive, archive_after_s=d.archive_after_s, local_retention_s=d.local_retention_s,
         compression=d.compression or "zstd", payload_prefix=d.payload_prefix, encryption=d.encryption or "none",
+        tags=tuple(sorted(d.tags.items())), shard_metrics=tuple(d.shard_metrics),
         partitions=tuple(PartitionInfo(
             ordinal=p.ordinal, hash_lo=int(p.hash_lo), hash_hi=int(p.hash_hi), valid_from_ms=p.valid_from_ms,
             valid_to_ms=None if p.valid_to_ms < 0 else p.valid_to_ms, state=PartitionState(p.state),

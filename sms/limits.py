@@ -43,6 +43,10 @@ RETENTION_HOURS_MIN = 1
 RETENTION_HOURS_MAX = 24 * 365
 RETENTION_HOURS_DEFAULT = 24
 RETENTION_S_MIN = 10                           # update_retention(seconds=...) for short-lived streams
+STREAM_TAGS_MAX = 50                           # tags of one stream (as Kinesis)
+STREAM_TAG_KEY_CHARS_MAX = 128                 # a tag's key: 1..128 characters (as Kinesis)
+STREAM_TAG_VALUE_CHARS_MAX = 256               # a tag's value: 0..256 characters (as Kinesis)
+STREAM_SHARD_METRICS_MAX = 16                  # names of shard-level metrics a stream keeps (Kinesis has 7)
 
 # --- repartitioning and retention (control/repartition.py, storage/service.py) ----------
 REPARTITION_DRAIN_TIMEOUT_S = 30.0             # a sealed head must commit all it holds in this
@@ -478,6 +482,7 @@ KINESIS_KEEPALIVE_S = 60                 # an idle HTTP connection to the endpoi
 KINESIS_HEADER_BYTES_MAX = 64 * 1024     # a request's line and headers
 KINESIS_GRACEFUL_S = 5                   # requests under way when a node stops get this long to finish
 KINESIS_ACCOUNT_ID = "000000000000"      # the account of the cluster's ARNs (StreamARN, ConsumerARN)
+KINESIS_STREAM_IDS_CACHED_MAX = 10_000   # StreamId -> name pairs an endpoint remembers
 KINESIS_CONSUMERS_MAX = 20               # registered consumers per stream (as Kinesis)
 KINESIS_LIST_CONSUMERS_MAX = 100         # ListStreamConsumers' consumers per page without MaxResults
 KINESIS_SUBSCRIPTION_S = 300             # a SubscribeToShard call streams this long, then ends (as Kinesis)

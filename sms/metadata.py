@@ -229,6 +229,10 @@ class StreamConfig:
     # made (batches sealed before a change back to "none" still open with it)
     encryption: str = "none"
     data_key: str = ""
+    # labels for operators and their tools (Kinesis's stream tags); the shard-level metrics a
+    # Kinesis client asked for (EnableEnhancedMonitoring: every node exports them anyway)
+    tags: tuple[tuple[str, str], ...] = ()
+    shard_metrics: tuple[str, ...] = ()
 
     @property
     def retention_ms(self) -> int:
@@ -249,6 +253,8 @@ class StreamConfig:
         d["status"] = self.status.value
         d["trim_before_sns"] = {str(o): str(sn) for o, sn in self.trim_before_sns}
         d["repartitions_ms"] = list(self.repartitions_ms)
+        d["tags"] = dict(self.tags)
+        d["shard_metrics"] = list(self.shard_metrics)
         return json.dumps(d).encode()
 
     @classmethod
@@ -259,6 +265,8 @@ class StreamConfig:
         d["status"] = StreamStatus(d["status"])
         d["trim_before_sns"] = tuple(sorted((int(o), int(sn)) for o, sn in d.get("trim_before_sns", {}).items()))
         d["repartitions_ms"] = tuple(d.get("repartitions_ms", ()))
+        d["tags"] = tuple(sorted(d.get("tags", {}).items()))
+        d["shard_metrics"] = tuple(d.get("shard_metrics", ()))
         return cls(**d)
 
     def with_status(self, status: StreamStatus) -> "StreamConfig":

@@ -304,6 +304,8 @@ class StreamInfo:
     compression: str = "zstd"                   # of archive fragments
     payload_prefix: str = ""                    # payloads by reference go under this in the archive store
     encryption: str = "none"                    # "aes-256-gcm": its batches are stored sealed
+    tags: tuple[tuple[str, str], ...] = ()      # (key, value), by key
+    shard_metrics: tuple[str, ...] = ()         # the shard-level metrics a Kinesis client enabled
 
     def lineage(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
         """ordinal -> (parents, children) of every partition the map still holds."""

@@ -254,9 +254,11 @@ class Admin(Transport):
                             write_bytes_per_s: int | None = None, read_bytes_per_s: int | None = None,
                             archive: str | None = None, archive_after_s: int | None = None,
                             local_retention_s: int | None = None, compression: str | None = None,
-                            encryption: str | None = None) -> StreamInfo:
+                            encryption: str | None = None, tags: dict[str, str] | None = None,
+                            untag: list[str] | None = None, shard_metrics: list[str] | None = None) -> StreamInfo:
         """Change retention, unread-record protection, automatic splitting, the
-        per-partition limits, encryption at rest ("aes-256-gcm" or "none": batches stored
+        per-partition limits, tags (`tags` added or changed, the keys in `untag` removed;
+        at most STREAM_TAGS_MAX), the shard-level metrics a Kinesis client enabled, encryption at rest ("aes-256-gcm" or "none": batches stored
         from then on) or the archive tier while it runs (an archive may be added
         to a stream that has none; it cannot be moved or removed: see `create_stream`
         for the archive's settings). A limit of 0 removes it: writes over
@@ -281,7 +283,9 @@ class Admin(Transport):
             read_bytes_per_s=-1 if read_bytes_per_s is None else read_bytes_per_s,
             archive=archive or "", archive_after_s=-1 if archive_after_s is None else archive_after_s,
             local_retention_s=-1 if local_retention_s is None else local_retention_s,
-            compression=compression or "", encryption=encryption or "")
+            compression=compression or "", encryption=encryption or "", tags_set=tags or {},
+            tags_removed=list(untag or ()), set_shard_metrics=shard_metrics is not None,
+            shard_metrics=list(shard_metrics or ()))
         info = convert.stream_from_pb(await self._admin_call("UpdateStream", req))
         self._streams[name] = info
         return info

@@ -294,3 +294,84 @@ def test_subscribe_to_shard_pushes_records_as_they_are_put(cluster, kinesis):
     with pytest.raises(kinesis.exceptions.ResourceNotFoundException):
         kinesis.subscribe_to_shard(ConsumerARN=arn + "/consumer/nobody:1", ShardId="shardId-000000000000",
                                    StartingPosition={"Type": "LATEST"})
+
+
+def test_tags_are_kept_listed_and_removed(cluster, kinesis):
+    name = stream_name("k-tags")
+    kinesis.create_stream(StreamName=name, ShardCount=1, Tags={"team": "clicks", "env": "test"})
+    kinesis.get_waiter("stream_exists").wait(StreamName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+    arn = kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]["StreamARN"]
+    assert kinesis.list_tags_for_stream(StreamName=name)["Tags"] == [{"Key": "env", "Value": "test"},
+                                                                     {"Key": "team", "Value": "clicks"}]
+    kinesis.add_tags_to_stream(StreamName=name, Tags={f"k{i}": str(i) for i in range(10)})
+    first = kinesis.list_tags_for_stream(StreamName=name, Limit=5)
+    assert first["HasMoreTags"] and [t["Key"] for t in first["Tags"]] == ["env", "k0", "k1", "k2", "k3"]
+    rest = kinesis.list_tags_for_stream(StreamName=name, ExclusiveStartTagKey="k3")
+    assert not rest["HasMoreTags"] and [t["Key"] for t in rest["Tags"]][-1] == "team"
+    kinesis.remove_tags_from_stream(StreamName=name, TagKeys=["env"] + [f"k{i}" for i in range(10)])
+    kinesis.tag_resource(ResourceARN=arn, Tags={"owner": "data platform"})
+    kinesis.untag_resource(ResourceARN=arn, TagKeys=["team"])
+    assert kinesis.list_tags_for_resource(ResourceARN=arn)["Tags"] == [{"Key": "owner", "Value": "data platform"}]
+    with sms.Client(cluster.address) as native:
+        assert dict(native.get_stream_info(name).tags) == {"owner": "data platform"}     # the engine's own
+    for bad, code in (({"aws:reserved": "x"}, "InvalidArgumentException"),
+                      ({f"t{i}": "x" for i in range(11)}, "InvalidArgumentException"),
+                      ({"bad\u0000key": "x"}, "InvalidArgumentException")):
+        with pytest.raises(ClientError) as e:
+            kinesis.add_tags_to_stream(StreamName=name, Tags=bad)
+        assert e.value.response["Error"]["Code"] == code, bad
+    consumer = kinesis.register_stream_consumer(StreamARN=arn, ConsumerName="tagged")["Consumer"]["ConsumerARN"]
+    with pytest.raises(kinesis.exceptions.InvalidArgumentException):
+        kinesis.tag_resource(ResourceARN=consumer, Tags={"a": "b"})
+    assert kinesis.list_tags_for_resource(ResourceARN=arn)["Tags"] == [{"Key": "owner", "Value": "data platform"}]
+    with pytest.raises(ClientError) as e:
+        kinesis.create_stream(StreamName=stream_name("k-tags-bad"), ShardCount=1, Tags={"aws:x": "y"})
+    assert e.value.response["Error"]["Code"] == "InvalidArgumentException"
+    with pytest.raises(kinesis.exceptions.ResourceNotFoundException):      # nothing made
+        kinesis.describe_stream_summary(StreamName=stream_name("k-tags-bad"))
+
+
+def test_stream_mode_monitoring_record_size_stream_id_and_account_settings(cluster, kinesis):
+    name = stream_name("k-settings")
+    kinesis.create_stream(StreamName=name, ShardCount=1)
+    kinesis.get_waiter("stream_exists").wait(StreamName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+    summary = kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]
+    arn, stream_id = summary["StreamARN"], summary["StreamId"]
+    assert summary["StreamModeDetails"] == {"StreamMode": "PROVISIONED"} and summary["MaxRecordSizeInKiB"] == 1024
+    kinesis.update_stream_mode(StreamARN=arn, StreamModeDetails={"StreamMode": "ON_DEMAND"})
+    with sms.Client(cluster.address) as native:
+        assert native.get_stream_info(name).auto_split_records_per_s > 0        # the engine's auto-split
+    assert kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"][
+        "StreamModeDetails"] == {"StreamMode": "ON_DEMAND"}
+    kinesis.update_stream_mode(StreamARN=arn, StreamModeDetails={"StreamMode": "PROVISIONED"})
+    assert kinesis.describe_stream_summary(StreamARN=arn)["StreamDescriptionSummary"][
+        "StreamModeDetails"] == {"StreamMode": "PROVISIONED"}
+    on = kinesis.enable_enhanced_monitoring(StreamName=name, ShardLevelMetrics=["IncomingBytes", "OutgoingRecords"])
+    assert on["CurrentShardLevelMetrics"] == [] and on["DesiredShardLevelMetrics"] == ["IncomingBytes",
+                                                                                       "OutgoingRecords"]
+    off = kinesis.disable_enhanced_monitoring(StreamName=name, ShardLevelMetrics=["IncomingBytes"])
+    assert off["DesiredShardLevelMetrics"] == ["OutgoingRecords"]
+    assert kinesis.describe_stream(StreamName=name)["StreamDescription"]["EnhancedMonitoring"] == [
+        {"ShardLevelMetrics": ["OutgoingRecords"]}]
+    all_on = kinesis.enable_enhanced_monitoring(StreamName=name, ShardLevelMetrics=["ALL"])
+    assert len(all_on["DesiredShardLevelMetrics"]) == 7
+    kinesis.update_max_record_size(StreamARN=arn, MaxRecordSizeInKiB=1024)
+    with pytest.raises(kinesis.exceptions.InvalidArgumentException):
+        kinesis.update_max_record_size(StreamARN=arn, MaxRecordSizeInKiB=2048)
+    # a StreamId names the stream alone, and must agree with a name given beside it (through a
+    # signed request of our own: botocore's endpoint rules send a call with a StreamId to AWS's
+    # own host, whatever endpoint_url says)
+    status, found = _cbor_call(cluster, "DescribeStreamSummary", {"StreamId": stream_id})
+    assert status == 200 and found["StreamDescriptionSummary"]["StreamName"] == name
+    status, put = _cbor_call(cluster, "PutRecord", {"StreamId": stream_id, "PartitionKey": "by-id", "Data": b"x"})
+    assert status == 200 and put["ShardId"] == "shardId-000000000000"
+    for wrong in ({"StreamName": name, "StreamId": "a" * 20 + "-aaa"}, {"StreamId": "b" * 20 + "-bbb"}):
+        status, error = _cbor_call(cluster, "DescribeStreamSummary", wrong)
+        assert status == 400 and error["__type"] == "ResourceNotFoundException", wrong
+    assert kinesis.describe_account_settings()["MinimumThroughputBillingCommitment"]["Status"] == "DISABLED"
+    with pytest.raises(kinesis.exceptions.InvalidArgumentException) as e:
+        kinesis.update_account_settings(MinimumThroughputBillingCommitment={"Status": "ENABLED"})
+    assert "billing" in str(e.value)
+    kinesis.update_stream_record_distribution_strategy(StreamARN=arn, RecordDistributionStrategy="USER_PARTITION_KEY")
+    with pytest.raises(kinesis.exceptions.InvalidArgumentException):
+        kinesis.update_stream_record_distribution_strategy(StreamARN=arn, RecordDistributionStrategy="AUTO")
