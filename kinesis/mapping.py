@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import re
 
@@ -30,6 +31,7 @@ _CONSUMER_ARN = re.compile(r"^arn:aws[a-z-]*:kinesis:([a-z0-9-]+):(\d{12}):strea
                            r"/consumer/([a-zA-Z0-9_.-]{1,128}):(\d+)$")
 
 
+@functools.lru_cache(maxsize=4096)
 def shard_id(ordinal: int) -> str:
     return f"{SHARD_PREFIX}{ordinal:012d}"
 

@@ -366,13 +366,16 @@ async def put_record(svc: KinesisService, params: dict[str, Any], caller: Caller
 @operation("PutRecords")
 async def put_records(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
     name = await svc._name(params, caller)
-    records = []
-    for i, r in enumerate(params["Records"]):
-        key = r.get("PartitionKey")
-        if not key:
-            raise KinesisError("InvalidArgumentException", f"Records[{i}]: PartitionKey is required.")
-        explicit = r.get("ExplicitHashKey")
-        records.append((key, r["Data"], int(explicit)) if explicit is not None else (key, r["Data"]))
+    # (the model has checked each entry: Data of at most 1 MiB, a PartitionKey of at most 256
+    # characters, an ExplicitHashKey of digits; the client checks them again as for any
+    # caller. The model leaves PartitionKey out where the AUTO distribution spreads records:
+    # here every record goes by its key)
+    entries = params["Records"]
+    records = [(r.get("PartitionKey"), r["Data"]) if r.get("ExplicitHashKey") is None
+               else (r.get("PartitionKey"), r["Data"], int(r["ExplicitHashKey"])) for r in entries]
+    if not all(r[0] for r in records):
+        first = next(i for i, r in enumerate(records) if not r[0])
+        raise KinesisError("InvalidArgumentException", f"Records[{first}]: PartitionKey is required.")
     result = await svc.client.put_records(name, records)
     out, failed = [], 0
     for r in result.records:

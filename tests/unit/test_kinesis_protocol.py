@@ -143,3 +143,92 @@ def test_a_blob_that_is_not_base64_is_refused():
     assert e.value.kind == "SerializationException"
     fine = json.dumps({"StreamName": "s", "PartitionKey": "k", "Data": base64.b64encode(b"ok").decode()}).encode()
     assert protocol.decode(operation, fine, protocol.CONTENT_JSON)["Data"] == b"ok"
+
+
+def _sample(shape, rng, depth=0):
+    """A value of `shape` as a JSON body holds it: mostly valid, sometimes not (a wrong
+    length, type, pattern or enum value, a missing member)."""
+    kind, meta = shape.type_name, shape.metadata
+    broken = rng.random() < 0.03
+    if kind == "structure":
+        names = [n for n in shape.members if n in shape.required_members or rng.random() < 0.5]
+        if broken and names:
+            names.pop()
+        return {n: _sample(shape.members[n], rng, depth + 1) for n in names} if depth < 6 else {}
+    if kind in ("list", "map"):
+        n = rng.choice([meta.get("min", 0), 1, 2, 3, meta.get("min", 0) + 1]) if not broken else meta.get("max", 3) + 1
+        n = min(n, 600)
+        if kind == "list":
+            return [_sample(shape.member, rng, depth + 1) for _ in range(n)]
+        return {f"k{i}": _sample(shape.value, rng, depth + 1) for i in range(n)}
+    if kind == "string":
+        if shape.enum:
+            return rng.choice(list(shape.enum)) if not broken else "NOT_IN_ENUM"
+        lo, hi = meta.get("min", 0), min(meta.get("max", 20), 20)
+        text = "a" * rng.randint(lo, max(lo, hi))
+        if meta.get("pattern") and rng.random() < 0.3:
+            text = rng.choice(["shardId-000000000001", "0", "arn:aws:kinesis:us-east-1:000000000000:stream/s",
+                               "x y", "1" * 20 + "-abc"])
+        return 7 if broken and rng.random() < 0.5 else text
+    if kind in ("integer", "long"):
+        lo, hi = meta.get("min", 0), meta.get("max", 10_000)
+        value = rng.randint(lo, hi) if not broken else rng.choice([lo - 1, hi + 1, 2.5, 3.0, True, "1"])
+        return value
+    if kind == "boolean":
+        return rng.choice([True, False]) if not broken else 1
+    if kind == "blob":
+        return base64.b64encode(bytes(rng.randint(0, 40))).decode() if not broken else "not base64!"
+    if kind == "timestamp":
+        return rng.choice([1_700_000_000, 1_700_000_000.5, "2026-12-04T10:00:00Z"])
+    return None
+
+
+def test_the_fast_checker_answers_as_the_full_walk_does():
+    """Differential: for every operation of the model, over mostly valid and sometimes
+    broken inputs, the closures made from the model give the full walk's value exactly when
+    the walk finds no fault; on anything else they hand over to the walk."""
+    import random
+    rng = random.Random(32)
+    fast_taken = 0
+    for name in protocol.model().operation_names:
+        operation = protocol.model().operation_model(name)
+        shape = operation.input_shape
+        if shape is None:
+            continue
+        for content in protocol.CONTENT_TYPES:
+            for _ in range(40):
+                raw = _sample(shape, rng)
+                problems: list[str] = []
+                try:
+                    slow = protocol._check(shape, raw, "x", problems, content, 0)
+                except KinesisError:
+                    slow, problems = None, ["raised"]
+                try:
+                    fast = protocol._fast_checker(name, content)(raw)
+                except protocol._Slow:
+                    continue
+                fast_taken += 1
+                assert not problems, (name, raw, problems)
+                assert fast == slow, (name, raw)
+    assert fast_taken > 500           # (the fast path is taken; the rest are faults, timestamps, patterns)
+
+
+def test_the_compiled_encoder_writes_what_the_walk_writes():
+    when = datetime.datetime(2026, 12, 5, tzinfo=datetime.timezone.utc)
+    outputs = {
+        "GetRecords": {"Records": [{"SequenceNumber": "1", "ApproximateArrivalTimestamp": 1.5, "Data": b"\x00x",
+                                    "PartitionKey": "k", "Junk": 1, "EncryptionType": None}],
+                       "MillisBehindLatest": 0, "ChildShards": [{"ShardId": "s", "ParentShards": ["a"],
+                                                                 "HashKeyRange": {"StartingHashKey": "0",
+                                                                                  "EndingHashKey": "1"}}]},
+        "PutRecords": {"FailedRecordCount": 1, "Records": [{"SequenceNumber": "1", "ShardId": "s"},
+                                                           {"ErrorCode": "E", "ErrorMessage": "m"}]},
+        "DescribeStreamSummary": {"StreamDescriptionSummary": {"StreamName": "s", "StreamCreationTimestamp": when,
+                                                               "OpenShardCount": 1, "KeyId": None}},
+        "ListTagsForStream": {"Tags": [{"Key": "a", "Value": "b"}], "HasMoreTags": False},
+    }
+    for name, value in outputs.items():
+        operation = protocol.model().operation_model(name)
+        for content in protocol.CONTENT_TYPES:
+            walked = protocol._dump(protocol._out(operation.output_shape, value, content), content)
+            assert protocol.encode(operation, value, content) == walked, (name, content)
