@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Coroutine
 from typing import Any
@@ -70,3 +71,50 @@ def background(coroutine: Coroutine[Any, Any, Any]) -> None:
         if not t.cancelled() and t.exception() is not None:
             log.warning("a background task failed", exc_info=t.exception())
     task.add_done_callback(done)
+
+
+class ByteGate:
+    """Bytes in flight, at most `limit`: `acquire(n)` waits, first come first served, until
+    `n` fits beside what is held (a request larger than `limit` goes alone, when nothing else
+    is held); `release(n)` gives them back. What bounds a server's memory under many large
+    requests at once: they wait in their sockets, not in the heap."""
+
+    __slots__ = ("limit", "held", "_waiters")
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    def _fits(self, n: int) -> bool:
+        return self.held == 0 or self.held + n <= self.limit
+
+    async def acquire(self, n: int) -> None:
+        if not self._waiters and self._fits(n):
+            self.held += n
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (n, waiter)
+        self._waiters.append(entry)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release(n)           # (granted as it was cancelled: given back)
+            else:
+                if entry in self._waiters:        # (or _wake passed over it, cancelled)
+                    self._waiters.remove(entry)
+                self._wake()
+            raise
+
+    def release(self, n: int) -> None:
+        self.held -= n
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self._fits(self._waiters[0][0]):
+            n, waiter = self._waiters.popleft()
+            if waiter.done():
+                continue
+            self.held += n
+            waiter.set_result(None)

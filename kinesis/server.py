@@ -25,6 +25,7 @@ from kinesis import eventstream, protocol, sigv4
 from kinesis.credentials import SigningKeys
 from kinesis.protocol import KinesisError
 from kinesis.service import Caller, KinesisService, subscribe_to_shard
+from kernel.aiotools import ByteGate
 from sms import errors, limits
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class KinesisApp:
         self.signing_keys = signing_keys
         self.account = account
         self.requests = 0
+        self.inflight = ByteGate(limits.KINESIS_INFLIGHT_BYTES_MAX)     # request bodies being served
 
     async def __call__(self, scope: dict[str, Any], receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -66,15 +68,23 @@ class KinesisApp:
             if scope["method"] != "POST":
                 raise KinesisError("UnknownOperationException", f"{scope['method']} is not served; "
                                                                 f"the API is POST / with X-Amz-Target", 405)
-            body = await _body(receive, headers)
-            operation = protocol.operation_of((headers.get("x-amz-target") or [None])[0])
-            caller = await self._caller(scope, headers, body)
-            params = protocol.decode(operation, body, content)
-            if operation.name == "SubscribeToShard":
-                await self._subscribe(operation, params, caller, content, request_id, send, receive)
-                return
-            output = await self.service.handle(operation.name, params, caller)
-            await _answer(send, 200, protocol.encode(operation, output, content), content, request_id)
+            # (the body's bytes are held from before it is read until the answer is sent:
+            # many large requests at once wait in their sockets, not in memory)
+            weight = _weight(headers)
+            await self.inflight.acquire(weight)
+            try:
+                body = await _body(receive, headers)
+                operation = protocol.operation_of((headers.get("x-amz-target") or [None])[0])
+                caller = await self._caller(scope, headers, body)
+                params = protocol.decode(operation, body, content)
+                del body
+                if operation.name != "SubscribeToShard":
+                    output = await self.service.handle(operation.name, params, caller)
+                    await _answer(send, 200, protocol.encode(operation, output, content), content, request_id)
+                    return
+            finally:
+                self.inflight.release(weight)
+            await self._subscribe(operation, params, caller, content, request_id, send, receive)
         except KinesisError as e:
             await _answer(send, e.status, protocol.encode_error(e, content), content, request_id, e.kind)
         except sigv4.SignatureError as e:
@@ -147,6 +157,15 @@ class KinesisApp:
                      scope.get("query_string", b"").decode("latin-1"), headers, body,
                      datetime.datetime.now(datetime.timezone.utc))
         return Caller(signed.access_key_id, signed.region, self.account)
+
+
+def _weight(headers: dict[str, list[str]]) -> int:
+    """What a request holds of KINESIS_INFLIGHT_BYTES_MAX while it is served: its declared
+    length (at most the largest body taken; a body of no declared length, the largest)."""
+    declared = (headers.get("content-length") or [""])[0]
+    if declared.isdigit():
+        return max(1, min(int(declared), limits.KINESIS_REQUEST_BYTES_MAX))
+    return limits.KINESIS_REQUEST_BYTES_MAX
 
 
 async def _body(receive, headers: dict[str, list[str]]) -> bytes:

@@ -487,4 +487,5 @@ KINESIS_CONSUMERS_MAX = 20               # registered consumers per stream (as K
 KINESIS_LIST_CONSUMERS_MAX = 100         # ListStreamConsumers' consumers per page without MaxResults
 KINESIS_SUBSCRIPTION_S = 300             # a SubscribeToShard call streams this long, then ends (as Kinesis)
 KINESIS_ON_DEMAND_SPLIT_RECORDS_PER_S = 1000   # an ON_DEMAND stream splits a shard that takes more (a Kinesis shard's write limit)
+KINESIS_INFLIGHT_BYTES_MAX = 64 * 1024 * 1024   # request bodies an endpoint serves at once (more wait unread)
 KINESIS_DRAIN_BYTES_MAX = 4 * KINESIS_REQUEST_BYTES_MAX   # an oversized body is read and dropped up to this, then cut

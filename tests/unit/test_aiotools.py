@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from kernel.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 
 DEADLINE_S = 5.0
@@ -140,4 +142,53 @@ def test_cancel_and_wait_in_the_cleanup_of_a_cancelled_task_stops_every_task():
         done, _ = await asyncio.wait({task}, timeout=DEADLINE_S)
         assert task in done and task.cancelled()
         assert a.cancelled() and b.cancelled()
+    asyncio.run(main())
+
+
+def test_a_byte_gate_holds_bytes_first_come_first_served():
+    from kernel.aiotools import ByteGate
+
+    async def main() -> None:
+        gate = ByteGate(100)
+        await gate.acquire(60)
+        order: list[str] = []
+
+        async def take(name: str, n: int) -> None:
+            await gate.acquire(n)
+            order.append(name)
+        big = asyncio.ensure_future(take("big", 50))         # does not fit beside 60: waits
+        small = asyncio.ensure_future(take("small", 10))     # would fit, but comes after: waits too
+        await asyncio.sleep(0)
+        assert order == [] and gate.held == 60
+        gate.release(60)
+        await asyncio.gather(big, small)
+        assert order == ["big", "small"] and gate.held == 60
+        gate.release(60)
+        await gate.acquire(500)                              # larger than the limit: alone
+        assert gate.held == 500
+        late = asyncio.ensure_future(take("late", 1))
+        await asyncio.sleep(0)
+        late.cancel()                                        # a waiter that goes away holds nothing
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        gate.release(500)
+        assert gate.held == 0 and not gate._waiters
+
+    asyncio.run(main())
+
+
+def test_a_byte_gate_gives_back_a_grant_whose_waiter_was_cancelled_meanwhile():
+    from kernel.aiotools import ByteGate
+
+    async def main() -> None:
+        gate = ByteGate(10)
+        await gate.acquire(10)
+        waiter = asyncio.ensure_future(gate.acquire(5))
+        await asyncio.sleep(0)
+        gate.release(10)            # grants the waiter ...
+        waiter.cancel()             # ... which is cancelled before it runs
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert gate.held == 0
+
     asyncio.run(main())
