@@ -28,6 +28,7 @@ CODEC_TESTS = tests/unit/test_wire.py tests/unit/test_wire_differential.py tests
 
 test:            ## install test dependencies (pip with PySpark, Debian's zookeeper and a JRE) and run the whole suite
 	@scripts/system-deps.sh
+	@scripts/node-deps.sh
 	@scripts/bootstrap.sh test,spark
 	SMS_SUITE_BUDGET_S=$(SUITE_BUDGET_S) .venv/bin/python -m pytest -q -m "not sweep" $(PYTEST_PARALLEL)
 	@echo "== again on the pure-Python wire codec (SMS_PURE_PYTHON=1): the modules that touch batches"
@@ -37,11 +38,13 @@ test:            ## install test dependencies (pip with PySpark, Debian's zookee
 
 test-full:       ## the whole suite, every fault-trial sweep included (about 10 minutes more)
 	@scripts/system-deps.sh
+	@scripts/node-deps.sh
 	@scripts/bootstrap.sh test,spark
 	.venv/bin/python -m pytest -q $(PYTEST_PARALLEL)
 
 test-fast:       ## the suite without tests marked slow
 	@scripts/system-deps.sh
+	@scripts/node-deps.sh
 	@scripts/bootstrap.sh test,spark
 	.venv/bin/python -m pytest -q -m "not slow" $(PYTEST_PARALLEL)
 

@@ -100,9 +100,10 @@ class KinesisApp:
     async def _subscribe(self, operation, params: dict[str, Any], caller: Caller, content: str, request_id: str,
                          send, receive) -> None:
         """SubscribeToShard: a 200 whose body is an event stream (kinesis/eventstream.py):
-        the initial response, then an event per page of records as they commit, until the
-        subscription's time is up, the shard ends, or the client goes. An error before the
-        first event is an ordinary error answer; one after it, an exception message."""
+        the initial response as soon as the subscription is positioned, then an event per
+        page of records as they commit, until the subscription's time is up, the shard
+        ends, or the client goes. An error before it is positioned is an ordinary error
+        answer; one after, an exception message."""
         events = subscribe_to_shard(self.service, params, caller, time.monotonic)
         shape = operation.output_shape.members["EventStream"].members["SubscribeToShardEvent"]
         gone = asyncio.Event()
@@ -113,16 +114,14 @@ class KinesisApp:
             gone.set()
         watcher = asyncio.get_running_loop().create_task(watch(), name="kinesis-subscriber")
         try:
-            event = await anext(events, None)         # (errors up to here answer as any operation's)
+            await anext(events)          # None once positioned (errors up to here answer as any operation's)
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"application/vnd.amazon.eventstream"), (b"x-amzn-requestid", request_id.encode())]})
             await send({"type": "http.response.body", "more_body": True,
                         "body": eventstream.event("initial-response", protocol.encode_shape(
                             operation.output_shape, {}, content), content)})
             try:
-                while event is not None and not gone.is_set():
-                    await send({"type": "http.response.body", "more_body": True, "body": eventstream.event(
-                        "SubscribeToShardEvent", protocol.encode_shape(shape, event, content), content)})
+                while not gone.is_set():
                     pending = asyncio.ensure_future(anext(events, None))
                     waiter = asyncio.ensure_future(gone.wait())
                     done, _ = await asyncio.wait({pending, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -131,6 +130,10 @@ class KinesisApp:
                         pending.cancel()
                         break
                     event = pending.result()
+                    if event is None:
+                        break
+                    await send({"type": "http.response.body", "more_body": True, "body": eventstream.event(
+                        "SubscribeToShardEvent", protocol.encode_shape(shape, event, content), content)})
             except KinesisError as e:
                 await send({"type": "http.response.body", "more_body": True,
                             "body": eventstream.exception(e.kind, protocol.encode_error(e, content), content)})
@@ -148,8 +151,8 @@ class KinesisApp:
             except sigv4.SignatureError:
                 pass
             return Caller("", region, self.account)
-        if "host" not in headers and ":authority" in headers:
-            headers["host"] = headers[":authority"]
+        if "host" in headers:             # (Hypercorn gives HTTP/2's :authority as host; the JS SDK signs it)
+            headers.setdefault(":authority", headers["host"])
         signed = sigv4.parse(headers)
         secret = await self.signing_keys.secret_of(signed.access_key_id)
         path = scope.get("raw_path") or scope["path"].encode()
@@ -216,11 +219,36 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _client_goaway_leaves_streams_open() -> None:
+    """A client's GOAWAY without error lets its open streams finish (RFC 9113, 6.8), but
+    h2 4.x moves the connection to CLOSED on it and drops what it has not sent yet, and
+    Hypercorn answers with closing the connection. The AWS SDK for JavaScript v3 (its
+    NodeHttp2Handler, one connection per request) sends that GOAWAY as soon as an answer's
+    headers arrive: it got no more of a body than the first 64 KiB flow-control window,
+    and nothing of a SubscribeToShard after the first DATA frame. Such a GOAWAY is let
+    pass while streams are open: the client closes the connection once they are done
+    (else the keep-alive timeout does). In this process h2 serves only Hypercorn."""
+    import h2.connection
+    import h2.errors
+    receive_goaway = h2.connection.H2Connection._receive_goaway_frame
+    if getattr(receive_goaway, "leaves_streams_open", False):
+        return
+
+    def _receive_goaway_frame(self, frame):
+        if (not self.config.client_side and frame.error_code == h2.errors.ErrorCodes.NO_ERROR
+                and self.open_inbound_streams):
+            return [], []
+        return receive_goaway(self, frame)
+    _receive_goaway_frame.leaves_streams_open = True
+    h2.connection.H2Connection._receive_goaway_frame = _receive_goaway_frame
+
+
 async def serve(app: KinesisApp, sock: socket.socket, shutdown: asyncio.Event,
                 cert_file: str = "", key_file: str = "") -> None:
     """Serve `app` on `sock` until `shutdown` is set."""
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
+    _client_goaway_leaves_streams_open()
     config = Config()
     config.bind = [f"fd://{sock.fileno()}"]
     if cert_file:

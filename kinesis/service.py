@@ -574,8 +574,10 @@ def _before(position_sn: int, ordinal: int) -> int:
 
 
 async def subscribe_to_shard(svc: KinesisService, params: dict[str, Any], caller: Caller,
-                             clock: Callable[[], float]) -> AsyncIterator[dict[str, Any]]:
-    """SubscribeToShard's events: each a SubscribeToShardEvent's members, for
+                             clock: Callable[[], float]) -> AsyncIterator[dict[str, Any] | None]:
+    """SubscribeToShard's events: first None, once the subscription is positioned and held
+    (the endpoint answers then: an SDK's call returns before the first page), then each a
+    SubscribeToShardEvent's members, for
     KINESIS_SUBSCRIPTION_S (then it ends, and the client subscribes again from its
     ContinuationSequenceNumber, as with Kinesis). The consumer must be registered."""
     token = CALL_TOKEN.set(svc.call_token(caller))
@@ -608,6 +610,7 @@ async def subscribe_to_shard(svc: KinesisService, params: dict[str, Any], caller
         svc.subscriptions.add(held)
         pages = svc.client.subscribe(stream, ordinal, iterator=iterator)
         try:
+            yield None          # positioned and held: the endpoint answers now, not at the first page
             async for page in pages:
                 records = [{"SequenceNumber": str(r.sn), "ApproximateArrivalTimestamp": r.arrival_time_ms / 1000,
                             "Data": r.data, "PartitionKey": r.partition_key} for r in page.records]

@@ -38,7 +38,7 @@ UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 
 _CREDENTIAL = re.compile(r"^([^/\s]{1,128})/(\d{8})/([a-z0-9-]{1,64})/([a-z0-9-]{1,64})/aws4_request$")
 _SIGNATURE = re.compile(r"^[0-9a-f]{64}$")
-_HEADER_NAME = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
+_HEADER_NAME = re.compile(r"^(:authority|[a-z0-9!#$%&'*+.^_`|~-]+)$")     # (:authority: HTTP/2's host)
 
 
 class SignatureError(Exception):
@@ -107,7 +107,7 @@ def parse(headers: Mapping[str, Sequence[str]]) -> Signed:
             or len(signed) > limits.SIGV4_SIGNED_HEADERS_MAX:
         raise SignatureError("IncompleteSignatureException",
                              "SignedHeaders must be lower-case header names, sorted, each once.")
-    if "host" not in signed:
+    if "host" not in signed and ":authority" not in signed:
         raise SignatureError("InvalidSignatureException", "'Host' must be a signed header.")
     if not _SIGNATURE.match(fields["Signature"]):
         raise SignatureError("IncompleteSignatureException", "Signature must be 64 hexadecimal digits.")
