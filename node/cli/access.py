@@ -60,12 +60,14 @@ def _aws(args) -> int:
         raise SystemExit(f"error: {e.message}") from None
     endpoint = info.get("kinesis_endpoint", "")
     ca = info.get("ca_file", "")
+    # (AWS_ENDPOINT_URL_KINESIS: botocore, the AWS CLI and the other SDKs send Kinesis calls
+    # there without --endpoint-url or endpoint_url=)
     env = (f"export AWS_ACCESS_KEY_ID={key_id} AWS_SECRET_ACCESS_KEY={secret} AWS_DEFAULT_REGION=us-east-1"
-           + (f" AWS_CA_BUNDLE={ca}" if ca else ""))
+           + (f" AWS_CA_BUNDLE={ca}" if ca else "") + (f" AWS_ENDPOINT_URL_KINESIS={endpoint}" if endpoint else ""))
     _emit(args, {"aws_access_key_id": key_id, "aws_secret_access_key": secret, "endpoint_url": endpoint,
                  "ca_bundle": ca},
-          f"{env}\n" + (f"# then: aws kinesis --endpoint-url {endpoint} list-streams" if endpoint else
-                        "# (no Kinesis endpoint recorded in cluster.json)"))
+          f"{env}\n" + ("# then: aws kinesis list-streams" if endpoint else
+                        "# (no Kinesis endpoint recorded in cluster.json: give --endpoint-url)"))
     return 0
 
 

@@ -66,14 +66,22 @@ def test_the_aws_cli_runs_a_stream_s_life(aws):
     aws("wait", "stream-not-exists", "--stream-name", name)
 
 
-def test_sms_key_aws_prints_what_the_aws_cli_needs(cluster):
+def test_sms_key_aws_prints_what_the_aws_cli_and_boto3_need(cluster):
     """`eval "$(sms key aws)"` as the README has it: the exports it prints are all the AWS
-    CLI needs besides the endpoint (the rest of its output is a comment)."""
+    CLI and boto3 need, the endpoint included (the rest of its output is a comment)."""
     if not os.path.exists(AWS):
         pytest.skip("the AWS CLI is not installed (pip install -e '.[test]')")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "SMS_TOKEN"}
+    env["HOME"] = str(cluster.data_dir)          # (no profile of the machine's user in the way)
+    name = stream_name("cli-env")
     script = (f'eval "$({sys.executable} -m node key aws --data-dir {cluster.data_dir})" && '
-              f'{AWS} kinesis --endpoint-url {cluster.kinesis_endpoint} list-streams --output json')
+              f'{AWS} kinesis create-stream --stream-name {name} --shard-count 1 && '
+              f'{AWS} kinesis wait stream-exists --stream-name {name} && '
+              f'{sys.executable} -c "import boto3; k = boto3.client(\'kinesis\'); '
+              f'k.put_record(StreamName=\'{name}\', PartitionKey=\'k\', Data=b\'v\'); '
+              f'print(k.describe_stream_summary(StreamName=\'{name}\')[\'StreamDescriptionSummary\'][\'StreamStatus\'])"'
+              f' && {AWS} kinesis list-streams --output json')
     done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "StreamNames" in json.loads(done.stdout)
+    status, listing = done.stdout.split("\n", 1)
+    assert status == "ACTIVE" and name in json.loads(listing)["StreamNames"]
