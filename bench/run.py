@@ -7,8 +7,9 @@
   replication 1, single `put_record` latency on the idle cluster, every baseline with
   small record counts, and the failover / repartition / growth benches in their smallest
   variants, and the other extras (idle cost, TLS, throttling, consumer groups, the archive
-  tier of issue 18: bench/archive.py) at their quick presets; under 3 minutes on a 2-core
-  machine;
+  tier of issue 18: bench/archive.py, the Kinesis endpoint through boto3 against kinesalite
+  and boto3's ceiling, and SubscribeToShard latency, of issue 32: bench/kinesis.py) at their
+  quick presets; under 3 minutes on a 2-core machine;
 - full: the same with the big record counts, plus the ingest sweeps one factor at a time
   around the reference point (record size, replication, persistence, dedup, partitions,
   producers), the catch-up read of 1M records and the full extra benches;
@@ -88,7 +89,8 @@ _EXTRAS: dict[str, tuple] = {
                   {"steps": [40, 400], "idle_s": 3.0, "settle_s": 2.0, "load_records": 20_000},
                   {"steps": [40, 400, 4000], "idle_s": 5.0, "settle_s": 12.0, "load_records": 40_000}),
 }
-_PRESET_EXTRAS = ("tls_cost", "encryption_cost", "throttle", "consumer_group", "archive")   # {"preset": <mode>}
+_PRESET_EXTRAS = ("tls_cost", "encryption_cost", "throttle", "consumer_group", "archive",   # {"preset": <mode>}
+                  "kinesis")
 
 MODES: dict[str, dict] = {
     mode: copy.deepcopy({**{name: values[i] for name, values in _SETTINGS.items()},
@@ -408,6 +410,9 @@ def extras(run: Run, cfg: dict, workdir: str) -> dict:
         elif name == "archive":
             from bench import archive
             out[name] = run.call("extra archive", archive.run_preset, params["preset"])
+        elif name == "kinesis":
+            from bench import kinesis
+            out[name] = run.call("extra kinesis", kinesis.run_preset, params["preset"])
     return out
 
 
@@ -547,6 +552,7 @@ def targets(sms: dict | None, base: dict, extra: dict | None = None) -> list[dic
         _cpu_target(ingest),
         *_archive_targets(extra),
         _encryption_target(extra),
+        *_kinesis_targets(extra),
     ]
 
 
@@ -560,6 +566,14 @@ def _encryption_target(extra: dict | None) -> dict:
         return common.target(name, None, goal, detail=enc.get("skipped") or "encryption_cost was not run")
     return common.target(name, ratio, goal, detail=f"medians {enc['encrypted']['records_per_s_median']:,} / "
                                                    f"{enc['clear']['records_per_s_median']:,} records/s")
+
+
+def _kinesis_targets(extra: dict | None) -> list[dict]:
+    """Issue 32's: the Kinesis endpoint through boto3 against boto3's ceiling and
+    kinesalite, and SubscribeToShard's put-to-receive p99 (bench/kinesis.py)."""
+    from bench import kinesis
+    k = _get(extra, "kinesis")
+    return kinesis.targets(k if k is not None else {"skipped": "not run in this mode"})
 
 
 def _archive_targets(extra: dict | None) -> list[dict]:
@@ -636,6 +650,7 @@ def problems(result: dict) -> list[str]:
             if got != cg["records_put"]:
                 out.append(f"consumer_group {key}: read {got} records of {cg['records_put']}")
     out += [f"archive: {text}" for text in _get(result, "extras", "archive", "problems") or []]
+    out += [f"kinesis: {text}" for text in _get(result, "extras", "kinesis", "problems") or []]
     rb = _get(result, "baselines", "redis_streams", "redis_benchmark")
     if isinstance(rb, dict) and (rb.get("error") or rb.get("stream_length_matches") is False):
         out.append(f"redis-benchmark: {rb.get('error') or ''} stream length {rb.get('stream_length')} "

@@ -1,11 +1,37 @@
 #!/usr/bin/env bash
 # Installs the peers the benchmarks measure side by side, when missing: Debian's
-# redis-server and nats-server. Needs root (or sudo) and apt-get; elsewhere it says
-# what to install and goes on, and the bench skips those peers with a message.
+# redis-server and nats-server; Debian's nodejs and npm, then kinesalite (the npm Kinesis
+# emulator of bench/kinesis.py) pinned in bench/js/package-lock.json (`npm ci` in
+# bench/js, into bench/js/node_modules, which git ignores) when bench/js/node_modules is
+# missing or older than the lock file. Needs root (or sudo) and apt-get; elsewhere it
+# says what to install and goes on, and the bench skips those peers with a message.
 set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 # the packages' own services are not wanted: the bench starts its servers on free ports
-. "$(dirname "$0")/apt-install.sh"
+. "$root/scripts/apt-install.sh"
 apt_install bench-deps "the bench skips them" 0 "${need[@]}"
+hash -r
+
+js="$root/bench/js"
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "bench-deps: node and npm are needed for kinesalite (Debian: nodejs npm); the bench skips it" >&2
+  exit 0
+fi
+# npm ci writes node_modules/.package-lock.json last: its age is the install's
+stamp="$js/node_modules/.package-lock.json"
+if [ -f "$stamp" ] && [ -d "$js/node_modules/kinesalite" ] && ! [ "$js/package-lock.json" -nt "$stamp" ]; then
+  exit 0
+fi
+echo "bench-deps: npm ci in bench/js (kinesalite) ..." >&2
+# (--omit=optional: leveldown, a native module kinesalite needs only for a store on disk)
+if ! (cd "$js" && npm ci --no-audit --no-fund --omit=optional --loglevel=error >/dev/null); then
+  rm -rf "$js/node_modules"        # (not half an install: the bench skips kinesalite rather than fail)
+  echo "bench-deps: npm ci failed in bench/js (is the npm registry reachable?); the bench skips kinesalite" >&2
+  exit 0
+fi
+touch "$stamp"
