@@ -1,4 +1,4 @@
-# Sourced by scripts/system-deps.sh and scripts/bench-deps.sh: the one way they install
+# Sourced by scripts/system-deps.sh, scripts/node-deps.sh and scripts/bench-deps.sh: the one way they install
 # Debian packages.
 #
 # apt_install NAME SKIPS STRICT PACKAGE...

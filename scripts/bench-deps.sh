@@ -17,21 +17,6 @@ command -v npm >/dev/null 2>&1 || need+=(npm)
 apt_install bench-deps "the bench skips them" 0 "${need[@]}"
 hash -r
 
-js="$root/bench/js"
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-  echo "bench-deps: node and npm are needed for kinesalite (Debian: nodejs npm); the bench skips it" >&2
-  exit 0
-fi
-# npm ci writes node_modules/.package-lock.json last: its age is the install's
-stamp="$js/node_modules/.package-lock.json"
-if [ -f "$stamp" ] && [ -d "$js/node_modules/kinesalite" ] && ! [ "$js/package-lock.json" -nt "$stamp" ]; then
-  exit 0
-fi
-echo "bench-deps: npm ci in bench/js (kinesalite) ..." >&2
+. "$root/scripts/npm-ci.sh"
 # (--omit=optional: leveldown, a native module kinesalite needs only for a store on disk)
-if ! (cd "$js" && npm ci --no-audit --no-fund --omit=optional --loglevel=error >/dev/null); then
-  rm -rf "$js/node_modules"        # (not half an install: the bench skips kinesalite rather than fail)
-  echo "bench-deps: npm ci failed in bench/js (is the npm registry reachable?); the bench skips kinesalite" >&2
-  exit 0
-fi
-touch "$stamp"
+npm_ci bench-deps "$root/bench/js" kinesalite "the bench skips kinesalite" --omit=optional

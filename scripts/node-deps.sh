@@ -16,8 +16,8 @@ if [ ${#need[@]} -gt 0 ]; then
   apt_install node-deps "the AWS SDK for JavaScript tests will skip" 0 "${need[@]}"
   hash -r
 fi
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-  echo "node-deps: node and npm are needed (Debian: nodejs npm); the AWS SDK for JavaScript tests will skip" >&2
+if ! command -v node >/dev/null 2>&1; then
+  echo "node-deps: node is needed (Debian: nodejs npm); the AWS SDK for JavaScript tests will skip" >&2
   exit 0
 fi
 major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
@@ -26,15 +26,5 @@ if [ "$major" -lt 20 ]; then
        "the AWS SDK for JavaScript tests will skip" >&2
   exit 0
 fi
-# npm ci writes node_modules/.package-lock.json last: its age is the install's
-stamp="$js/node_modules/.package-lock.json"
-if [ -f "$stamp" ] && [ -d "$js/node_modules/@aws-sdk/client-kinesis" ] && ! [ "$js/package-lock.json" -nt "$stamp" ]; then
-  exit 0
-fi
-echo "node-deps: npm ci in tests/js ..." >&2
-if ! (cd "$js" && npm ci --no-audit --no-fund --loglevel=error >/dev/null); then
-  rm -rf "$js/node_modules"        # (not half an install: the tests skip rather than fail)
-  echo "node-deps: npm ci failed in tests/js (is the npm registry reachable?); the AWS SDK for JavaScript tests will skip" >&2
-  exit 0
-fi
-touch "$stamp"
+. "$root/scripts/npm-ci.sh"
+npm_ci node-deps "$js" @aws-sdk/client-kinesis "the AWS SDK for JavaScript tests will skip"
