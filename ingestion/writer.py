@@ -57,6 +57,7 @@ class PartitionWriter:
         self.origin_id = random.getrandbits(63) | 1
         self.queue: collections.deque = collections.deque()     # (entries, count, future) per chunk
         self.queued_records = 0
+        self.queued_bytes = 0
         # origin seq -> (batch bytes, [(records, future)] per chunk), in send order; kept
         # across broken streams
         self.inflight: collections.OrderedDict[int, tuple[bytes, list[tuple[int, asyncio.Future]]]] = \
@@ -80,6 +81,7 @@ class PartitionWriter:
         _fail([fut for _e, _b, fut in self.queue], errors.PartitionClosed(f"{self.chain_id}: writer closed"))
         self.queue.clear()
         self.queued_records = 0
+        self.queued_bytes = 0
 
     def submit(self, entries: bytes, count: int) -> asyncio.Future:
         """Queue `count` stored entries (sms/wire.py, back to back) as one chunk, stored
@@ -89,12 +91,15 @@ class PartitionWriter:
             raise errors.PartitionClosed(f"{self.chain_id}: writer closed")
         if self.queued_records + count > limits.INGEST_PENDING_RECORDS_MAX:
             raise errors.Throttled(f"{self.chain_id}: {self.queued_records} records already queued")
+        if self.queued_bytes and self.queued_bytes + len(entries) > limits.INGEST_PENDING_BYTES_MAX:
+            raise errors.Throttled(f"{self.chain_id}: {self.queued_bytes} bytes of records already queued")
         errors.invariant(0 < count <= limits.BATCH_RECORDS_MAX
                          and len(entries) <= limits.BATCH_BYTES_MAX - wire.HEADER_BYTES,
                          f"{self.chain_id}: a chunk of {count} records, {len(entries)} bytes, exceeds a batch")
         fut = asyncio.get_running_loop().create_future()
         self.queue.append((entries, count, fut))
         self.queued_records += count
+        self.queued_bytes += len(entries)
         self.wake.set()
         return fut
 
@@ -114,6 +119,7 @@ class PartitionWriter:
             size += len(body)
             records += count
         self.queued_records -= records
+        self.queued_bytes -= size - wire.HEADER_BYTES
         return bodies, records, chunks
 
     def statistics(self) -> dict:

@@ -76,10 +76,14 @@ BATCH_RECORDS_MAX = 10_000                     # records in one chain batch
 BATCH_BYTES_MAX = 8 * 1024 * 1024              # encoded bytes of one chain batch
 INGEST_PENDING_RECORDS_MAX = 50_000            # records queued per partition before
                                                # PutRecords answers RESOURCE_EXHAUSTED
+INGEST_PENDING_BYTES_MAX = 64 * 1024 * 1024    # ... and their bytes (Throttled beyond; one chunk always goes)
 APPEND_INFLIGHT_BATCHES_MAX = 1                # ingestion -> head batches in flight per partition: the
                                                # next batch fills while one commits (docs/performance.md)
 CHAIN_INFLIGHT_BATCHES_MAX = 16                # batches in flight on one chain link
 CHAIN_INFLIGHT_BYTES_MAX = 32 * 1024 * 1024    # and their bytes (one batch always goes: storage/link.py)
+REPLICA_RECENT_BATCHES_MAX = CHAIN_INFLIGHT_BATCHES_MAX * 4   # newest batches a replica keeps in memory
+REPLICA_RECENT_BYTES_MAX = 16 * 1024 * 1024    # ... and their bytes (older ones are read from the log)
+relation("BATCH_BYTES_MAX <= REPLICA_RECENT_BYTES_MAX")
 LINK_INFLIGHT_BYTES_MAX = 64 * 1024 * 1024     # batch bytes in flight on one node's stream to a successor
                                                # node, all its chains together (storage/peerlink.py)
 LINK_FRAME_BYTES_MAX = 4 * 1024 * 1024         # link messages sent as one frame of that stream (one item
@@ -487,5 +491,6 @@ KINESIS_CONSUMERS_MAX = 20               # registered consumers per stream (as K
 KINESIS_LIST_CONSUMERS_MAX = 100         # ListStreamConsumers' consumers per page without MaxResults
 KINESIS_SUBSCRIPTION_S = 300             # a SubscribeToShard call streams this long, then ends (as Kinesis)
 KINESIS_ON_DEMAND_SPLIT_RECORDS_PER_S = 1000   # an ON_DEMAND stream splits a shard that takes more (a Kinesis shard's write limit)
-KINESIS_INFLIGHT_BYTES_MAX = 64 * 1024 * 1024   # request bodies an endpoint serves at once (more wait unread)
+KINESIS_INFLIGHT_BYTES_MAX = 32 * 1024 * 1024   # request bodies an endpoint serves at once (more wait unread)
+relation("KINESIS_REQUEST_BYTES_MAX <= KINESIS_INFLIGHT_BYTES_MAX")
 KINESIS_DRAIN_BYTES_MAX = 4 * KINESIS_REQUEST_BYTES_MAX   # an oversized body is read and dropped up to this, then cut

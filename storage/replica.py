@@ -60,7 +60,8 @@ class Replica:
         # called with the chain id on every `notify`: the drivers of the node-pair streams
         # (storage/peerlink.py) learn which of their chains to look at again
         self.watchers: set[Callable[[str], None]] = set()
-        self.recent: collections.deque = collections.deque(maxlen=limits.CHAIN_INFLIGHT_BATCHES_MAX * 4)
+        self.recent: collections.deque = collections.deque()      # (first SN, last SN, batch): `_keep_recent`
+        self.recent_bytes = 0
         # origin id -> {origin seq: header} of recent batches, so a resent batch is
         # recognised (filled from the log's tail the first time this replica leads)
         self.origins: collections.OrderedDict[int, collections.OrderedDict] | None = None
@@ -189,7 +190,7 @@ class Replica:
             if data_key is not None:
                 batch = encryption.seal_batch(batch, data_key)      # stored and replicated sealed
             header = await self.store.append_verified(self.log, wire.read_header(batch), batch)   # (shielded above)
-            self.recent.append((header.first_sn, header.last_sn, batch))
+            self._keep_recent(header.first_sn, header.last_sn, batch)
             self._remember(header)
         if self.is_tail:
             self._commit_as_tail(header.last_sn)
@@ -250,7 +251,7 @@ class Replica:
             raise LogDiverged(f"{self.chain_id}: batch {header.first_sn} follows checksum {header.prev_checksum:#x}; "
                               f"the log on {self.node_id} ends with {last.checksum:#x}")
         await self.store.append_verified(self.log, header, batch)       # (verified and shielded above)
-        self.recent.append((header.first_sn, header.last_sn, batch))
+        self._keep_recent(header.first_sn, header.last_sn, batch)
         if self.is_tail:
             self._commit_as_tail(header.last_sn)
         elif self.is_learner:
@@ -258,6 +259,17 @@ class Replica:
             if adopted > self.log.committed_sn:
                 self.store.set_committed(self.log, adopted)
         await self.notify()
+
+    def _keep_recent(self, first_sn: int, last_sn: int, batch: bytes) -> None:
+        """The newest batches, for the successor's link and readers at the tail: at most
+        REPLICA_RECENT_BATCHES_MAX of them and REPLICA_RECENT_BYTES_MAX of bytes (the newest
+        is always kept: `last_header` reads it). Older ones are read from the log."""
+        recent = self.recent
+        recent.append((first_sn, last_sn, batch))
+        self.recent_bytes += len(batch)
+        while len(recent) > 1 and (len(recent) > limits.REPLICA_RECENT_BATCHES_MAX
+                                   or self.recent_bytes > limits.REPLICA_RECENT_BYTES_MAX):
+            self.recent_bytes -= len(recent.popleft()[2])
 
     def last_header(self) -> wire.BatchHeader | None:
         """The header of the last stored batch (what a predecessor verifies at hello)."""
@@ -284,6 +296,7 @@ class Replica:
             await self.store.drop_log(self.chain_id)
             self.log = self.store.open_log(self.chain_id, self.config.persistence)
         self.recent.clear()
+        self.recent_bytes = 0
         self.origins = None
         self.verified = True
         self.generation += 1
