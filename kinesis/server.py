@@ -102,45 +102,65 @@ class KinesisApp:
         """SubscribeToShard: a 200 whose body is an event stream (kinesis/eventstream.py):
         the initial response as soon as the subscription is positioned, then an event per
         page of records as they commit, until the subscription's time is up, the shard
-        ends, or the client goes. An error before it is positioned is an ordinary error
-        answer; one after, an exception message."""
+        ends, another subscription takes it over, or the client goes. An error before it is
+        positioned is an ordinary error answer; one after, an exception message.
+
+        One task, the pump, runs the subscription's generator from start to end (its
+        context, its cancellation and its cleanup stay in one task); this one watches for
+        the client's going and for a takeover, and ends the pump on either."""
         events = subscribe_to_shard(self.service, params, caller, time.monotonic)
         shape = operation.output_shape.members["EventStream"].members["SubscribeToShardEvent"]
-        gone = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        positioned: asyncio.Future[asyncio.Event] = loop.create_future()
 
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-        watcher = asyncio.get_running_loop().create_task(watch(), name="kinesis-subscriber")
-        try:
-            await anext(events)          # None once positioned (errors up to here answer as any operation's)
+        def frame(body: bytes, more: bool = True) -> dict[str, Any]:
+            return {"type": "http.response.body", "body": body, "more_body": more}
+
+        async def pump() -> None:
+            try:
+                taken = await anext(events)      # (errors up to here answer as any operation's)
+            except BaseException as e:
+                positioned.set_exception(e)
+                return
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"application/vnd.amazon.eventstream"), (b"x-amzn-requestid", request_id.encode())]})
-            await send({"type": "http.response.body", "more_body": True,
-                        "body": eventstream.event("initial-response", protocol.encode_shape(
-                            operation.output_shape, {}, content), content)})
+            await send(frame(eventstream.event("initial-response", protocol.encode_shape(
+                operation.output_shape, {}, content), content)))
+            positioned.set_result(taken)
             try:
-                while not gone.is_set():
-                    pending = asyncio.ensure_future(anext(events, None))
-                    waiter = asyncio.ensure_future(gone.wait())
-                    done, _ = await asyncio.wait({pending, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
-                    if pending not in done:
-                        pending.cancel()
-                        break
-                    event = pending.result()
-                    if event is None:
-                        break
-                    await send({"type": "http.response.body", "more_body": True, "body": eventstream.event(
-                        "SubscribeToShardEvent", protocol.encode_shape(shape, event, content), content)})
+                async for event in events:
+                    await send(frame(eventstream.event("SubscribeToShardEvent", protocol.encode_shape(
+                        shape, event, content), content)))
             except KinesisError as e:
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": eventstream.exception(e.kind, protocol.encode_error(e, content), content)})
-            if not gone.is_set():
-                await send({"type": "http.response.body", "body": b""})
+                await send(frame(eventstream.exception(e.kind, protocol.encode_error(e, content), content)))
+
+        async def gone() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        pumping = loop.create_task(pump(), name="kinesis-subscription")
+        watchers: list[asyncio.Task] = []
+        try:
+            taken = await positioned              # (raises what positioning raised: an ordinary error answer)
+            watchers = [loop.create_task(gone(), name="kinesis-subscriber"),
+                        loop.create_task(taken.wait(), name="kinesis-takeover")]
+            done, _ = await asyncio.wait({pumping, *watchers}, return_when=asyncio.FIRST_COMPLETED)
+            if pumping not in done:
+                pumping.cancel()
+            results = await asyncio.gather(pumping, return_exceptions=True)
+            if isinstance(results[0], Exception) and not isinstance(results[0], asyncio.CancelledError):
+                log.error("kinesis subscription %s failed", request_id, exc_info=results[0])
+            if not watchers[0].done():
+                if watchers[1].done():
+                    error = KinesisError("ResourceInUseException",
+                                         "Another subscription for this consumer and shard took over.")
+                    await send(frame(eventstream.exception(error.kind, protocol.encode_error(error, content),
+                                                           content)))
+                await send(frame(b"", more=False))
         finally:
-            watcher.cancel()
+            pumping.cancel()
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.gather(pumping, *watchers, return_exceptions=True)
             await events.aclose()
 
     async def _caller(self, scope: dict[str, Any], headers: dict[str, list[str]], body: bytes) -> Caller:

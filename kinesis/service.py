@@ -12,6 +12,7 @@ cluster cannot honour answer a clear error, never a silent success.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -73,7 +74,8 @@ class KinesisService:
         self.client = client
         self.delegate = delegate
         self.replication_factor = replication_factor      # of the streams CreateStream makes (0: min(3, nodes))
-        self.subscriptions: set[tuple[str, str, int]] = set()   # (stream, consumer, ordinal) subscribed here
+        # (stream, consumer, ordinal) subscribed here -> (its start, set when another takes it over)
+        self.subscriptions: dict[tuple[str, str, int], tuple[float, asyncio.Event]] = {}
         self.stream_ids: dict[str, str] = {}            # StreamId -> stream name, as last seen
 
     async def handle(self, name: str, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
@@ -574,10 +576,11 @@ def _before(position_sn: int, ordinal: int) -> int:
 
 
 async def subscribe_to_shard(svc: KinesisService, params: dict[str, Any], caller: Caller,
-                             clock: Callable[[], float]) -> AsyncIterator[dict[str, Any] | None]:
-    """SubscribeToShard's events: first None, once the subscription is positioned and held
-    (the endpoint answers then: an SDK's call returns before the first page), then each a
-    SubscribeToShardEvent's members, for
+                             clock: Callable[[], float]) -> AsyncIterator[Any]:
+    """SubscribeToShard's events: first an `asyncio.Event`, once the subscription is
+    positioned and held (the endpoint answers then: an SDK's call returns before the first
+    page), set when another subscription takes this one over (the endpoint then ends it);
+    then each a SubscribeToShardEvent's members, for
     KINESIS_SUBSCRIPTION_S (then it ends, and the client subscribes again from its
     ContinuationSequenceNumber, as with Kinesis). The consumer must be registered."""
     token = CALL_TOKEN.set(svc.call_token(caller))
@@ -603,14 +606,22 @@ async def subscribe_to_shard(svc: KinesisService, params: dict[str, Any], caller
         continuation = str(_before(svc.client._position(iterator).position_sn, ordinal))
         until = clock() + limits.KINESIS_SUBSCRIPTION_S
         held = (stream, consumer, ordinal)
-        if held in svc.subscriptions:        # (one per consumer and shard, as Kinesis: on this node)
-            raise KinesisError("ResourceInUseException",
-                               f"Another active subscription exists for consumer {params['ConsumerARN']} "
-                               f"and shard {shard_id(ordinal)}.")
-        svc.subscriptions.add(held)
+        holder = svc.subscriptions.get(held)
+        if holder is not None:
+            # (as Kinesis: within KINESIS_SUBSCRIPTION_TAKEOVER_S of the last one's start a
+            # second subscription is refused; after it, it takes over, and the last one ends
+            # with ResourceInUseException. Held per node: docs/kinesis.md)
+            if clock() - holder[0] < limits.KINESIS_SUBSCRIPTION_TAKEOVER_S:
+                raise KinesisError("ResourceInUseException",
+                                   f"Another active subscription exists for consumer {params['ConsumerARN']} "
+                                   f"and shard {shard_id(ordinal)}.")
+            holder[1].set()
+        taken = asyncio.Event()
+        mine = (clock(), taken)
+        svc.subscriptions[held] = mine
         pages = svc.client.subscribe(stream, ordinal, iterator=iterator)
         try:
-            yield None          # positioned and held: the endpoint answers now, not at the first page
+            yield taken         # positioned and held: the endpoint answers now, and ends it when this is set
             async for page in pages:
                 records = [{"SequenceNumber": str(r.sn), "ApproximateArrivalTimestamp": r.arrival_time_ms / 1000,
                             "Data": r.data, "PartitionKey": r.partition_key} for r in page.records]
@@ -624,7 +635,8 @@ async def subscribe_to_shard(svc: KinesisService, params: dict[str, Any], caller
                 if page.child_partitions or clock() >= until:
                     return
         finally:
-            svc.subscriptions.discard(held)
+            if svc.subscriptions.get(held) is mine:
+                del svc.subscriptions[held]
             await pages.aclose()
     except errors.SmsError as e:
         raise mapping.error_of(e, caller.account) from None

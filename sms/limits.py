@@ -489,6 +489,8 @@ KINESIS_ACCOUNT_ID = "000000000000"      # the account of the cluster's ARNs (St
 KINESIS_STREAM_IDS_CACHED_MAX = 10_000   # StreamId -> name pairs an endpoint remembers
 KINESIS_CONSUMERS_MAX = 20               # registered consumers per stream (as Kinesis)
 KINESIS_LIST_CONSUMERS_MAX = 100         # ListStreamConsumers' consumers per page without MaxResults
+KINESIS_SUBSCRIPTION_TAKEOVER_S = 5       # a second SubscribeToShard of a consumer and shard is refused so
+                                         # long after the first's start, then takes over (as Kinesis)
 KINESIS_SUBSCRIPTION_S = 300             # a SubscribeToShard call streams this long, then ends (as Kinesis)
 KINESIS_ON_DEMAND_SPLIT_RECORDS_PER_S = 1000   # an ON_DEMAND stream splits a shard that takes more (a Kinesis shard's write limit)
 KINESIS_INFLIGHT_BYTES_MAX = 32 * 1024 * 1024   # request bodies an endpoint serves at once (more wait unread)

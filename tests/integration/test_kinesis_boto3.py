@@ -9,7 +9,7 @@ import pytest
 
 boto3 = pytest.importorskip("boto3")
 from botocore.config import Config  # noqa: E402
-from botocore.exceptions import ClientError  # noqa: E402
+from botocore.exceptions import ClientError, EventStreamError  # noqa: E402
 
 import sms  # noqa: E402
 from sms import security  # noqa: E402
@@ -290,6 +290,19 @@ def test_subscribe_to_shard_pushes_records_as_they_are_put(cluster, kinesis):
     with pytest.raises(kinesis.exceptions.ResourceInUseException):     # one subscription per consumer and shard
         kinesis.subscribe_to_shard(ConsumerARN=consumer, ShardId="shardId-000000000000",
                                    StartingPosition={"Type": "LATEST"})
+
+    def take_over():
+        try:
+            return kinesis.subscribe_to_shard(ConsumerARN=consumer, ShardId="shardId-000000000000",
+                                              StartingPosition={"Type": "LATEST"})
+        except kinesis.exceptions.ResourceInUseException:
+            return None          # within 5 s of the last one's start (KINESIS_SUBSCRIPTION_TAKEOVER_S)
+    third = wait_until(take_over, 30, "a subscription taking over after KINESIS_SUBSCRIPTION_TAKEOVER_S")
+    with pytest.raises(EventStreamError) as ended:                     # the one taken over ends, as with Kinesis
+        for _event in again["EventStream"]:
+            pass
+    assert ended.value.response["Error"]["Code"] == "ResourceInUseException"
+    third["EventStream"].close()
     again["EventStream"].close()
     with pytest.raises(kinesis.exceptions.ResourceNotFoundException):
         kinesis.subscribe_to_shard(ConsumerARN=arn + "/consumer/nobody:1", ShardId="shardId-000000000000",
