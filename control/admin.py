@@ -301,6 +301,7 @@ class StreamAdmin:
         meanwhile is replaced by the chain manager, and the stream waits for the new one."""
         deadline = time.monotonic() + limits.STREAM_READY_TIMEOUT_S
         ready: set[tuple[str, str]] = set()
+        pause = limits.STREAM_READY_POLL_FIRST_S
         while True:
             self.view.invalidate()
             live = await self.view.nodes()
@@ -316,11 +317,11 @@ class StreamAdmin:
             by_member: dict[str, list[str]] = {}
             for member, cid in missing:
                 by_member.setdefault(member, []).append(cid)
-            for member, cids in by_member.items():        # one question per node, about these chains only
-                node = live.get(member)
-                if node is None:
-                    continue
-                status = await self.channels.node_status(node.internal_address, cids)
+            asked = [(member, cids, live[member]) for member, cids in by_member.items() if member in live]
+            # (one question per node, about these chains only, to every node at once)
+            answers = await asyncio.gather(*(self.channels.node_status(node.internal_address, cids)
+                                             for _member, cids, node in asked))
+            for (member, cids, _node), status in zip(asked, answers):
                 if status is None:
                     continue            # down or restarting: the chain manager replaces it
                 held = {r.chain_id for r in status.replicas}
@@ -330,7 +331,9 @@ class StreamAdmin:
             if time.monotonic() > deadline:
                 pending = sorted({f"{m} ({c})" for m, c in missing if (m, c) not in ready})
                 raise Timeout(f"stream {name!r}: replicas not open in time on {', '.join(pending)}")
-            await asyncio.sleep(limits.METASTORE_POLL_INTERVAL_S)
+            # (soon at first: nodes open new replicas within milliseconds of the commit)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, limits.METASTORE_POLL_INTERVAL_S)
 
     async def delete_stream(self, name: str) -> None:
         metadata.validate_stream_name(name)

@@ -36,6 +36,7 @@ from typing import Callable, Iterator, TypeVar
 
 import lmdb
 
+from metastore.filewatch import FileWatch
 from metastore.base import (
     BadVersionError,
     Check,
@@ -64,6 +65,7 @@ from sms.limits import (
     METASTORE_HEARTBEAT_INTERVAL_S,
     METASTORE_MAP_BYTES,
     METASTORE_POLL_INTERVAL_S,
+    METASTORE_WAKE_INTERVAL_S,
     METASTORE_WATCHES_MAX,
 )
 from sms.errors import invariant
@@ -664,21 +666,48 @@ class EmbeddedMetaStore(MetaStore):
         tree.put_session(self._session_id, tree.now + limits.METASTORE_SESSION_TTL_S)
 
     async def _poll_loop(self) -> None:
-        while True:
-            await asyncio.sleep(METASTORE_POLL_INTERVAL_S)
-            try:
-                changed = self._changed_watches()
-            except MetaStoreError:
-                logger.exception("metadata store %s: watch poll failed", self._path)
-                continue
-            for watch in changed:
-                if not watch.active:         # cancelled by an earlier callback
-                    continue
+        """Watches served every METASTORE_POLL_INTERVAL_S, and at once (at most every
+        METASTORE_WAKE_INTERVAL_S) when any process writes the file (metastore/filewatch.py)."""
+        woken = asyncio.Event()
+        files = FileWatch.open(self._path)
+        loop = asyncio.get_running_loop()
+        if files is not None:
+            def readable() -> None:
+                files.drain()
+                woken.set()
+            loop.add_reader(files.fd, readable)
+        try:
+            while True:
+                # (asyncio.timeout, not wait_for: 3.11's wait_for loses a cancel that comes as
+                # the wait ends, and this task is cancelled amid the writes of a shutdown)
                 try:
-                    watch.callback()
-                except Exception:
-                    logger.exception("metadata store %s: watch callback on %r failed",
-                                     self._path, watch.path_b.decode())
+                    async with asyncio.timeout(METASTORE_POLL_INTERVAL_S):
+                        await woken.wait()
+                except TimeoutError:
+                    pass
+                else:
+                    await asyncio.sleep(METASTORE_WAKE_INTERVAL_S)        # (writes in a burst: one scan)
+                woken.clear()
+                self._serve_watches()
+        finally:
+            if files is not None:
+                loop.remove_reader(files.fd)
+                files.close()
+
+    def _serve_watches(self) -> None:
+        try:
+            changed = self._changed_watches()
+        except MetaStoreError:
+            logger.exception("metadata store %s: watch poll failed", self._path)
+            return
+        for watch in changed:
+            if not watch.active:         # cancelled by an earlier callback
+                continue
+            try:
+                watch.callback()
+            except Exception:
+                logger.exception("metadata store %s: watch callback on %r failed",
+                                 self._path, watch.path_b.decode())
 
     def _changed_watches(self) -> list[_Watch]:
         """The watches whose visible state differs from the one last reported; nothing

@@ -124,6 +124,9 @@ METASTORE_MAP_BYTES = 1024 * 1024 * 1024       # LMDB map of the embedded store 
 METASTORE_SESSION_TTL_S = 3.0                  # an ephemeral entry outlives its owner so long
 METASTORE_HEARTBEAT_INTERVAL_S = 0.5           # renewal period of an embedded session
 METASTORE_POLL_INTERVAL_S = 0.05               # embedded store: watch poll period
+METASTORE_WAKE_INTERVAL_S = 0.01               # ... and this long after a write to its file woke it (inotify):
+                                               # at most one scan per this, however many writes
+relation("METASTORE_WAKE_INTERVAL_S < METASTORE_POLL_INTERVAL_S")
 METASTORE_WATCHES_MAX = 10_000                 # live watches per store client
 
 # --- cluster processes -----------------------------------------------------------------
@@ -448,6 +451,7 @@ HEAD_COMMIT_POLL_S = 0.5      # an ack's wait re-checks that its replica is stil
 # ingestion/partition.py
 DEDUP_REBUILD_TIMEOUT_S = 30.0      # a partition answers Unavailable until its table is rebuilt
 # control/admin.py
+STREAM_READY_POLL_FIRST_S = 0.005       # CreateStream asks the members again this soon, then twice as late each time
 STREAM_READY_TIMEOUT_S = 30.0            # CreateStream answers once every chain member holds its replica, or fails
 # sms/aio/
 CLIENT_REDIRECT_BACKOFF_S = 0.05         # a client sent elsewhere (a new leader, owner) waits this before it retries
