@@ -8,6 +8,8 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from sms.errors import InvariantViolation
+
 log = logging.getLogger(__name__)
 
 
@@ -107,7 +109,18 @@ class ByteGate:
                 self._wake()
             raise
 
+    async def acquire_within(self, n: int, timeout_s: float) -> bool:
+        """`acquire`, for at most `timeout_s`: False (nothing held) when it did not come."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.acquire(n)
+            return True
+        except TimeoutError:
+            return False
+
     def release(self, n: int) -> None:
+        if n > self.held:
+            raise InvariantViolation(f"released {n} bytes of {self.held} held")
         self.held -= n
         self._wake()
 

@@ -126,6 +126,9 @@ def decode(operation, body: bytes, content: str) -> dict[str, Any]:
     return value
 
 
+_INT_LIMIT = 2 ** 63        # integers and longs of the model are 64-bit: anything else is refused as it is read
+
+
 class _Slow(Exception):
     """The fast checker's way out: this input needs `_check`'s full walk."""
 
@@ -144,7 +147,7 @@ def _fast_checker(operation_name: str, content: str):
 
 
 def _compile_check(shape, content: str, depth: int):
-    if depth > 32:
+    if depth > limits.KINESIS_NESTING_MAX:
         def too_deep(value):
             raise _SLOW
         return too_deep
@@ -173,8 +176,8 @@ def _compile_check(shape, content: str, depth: int):
             if type(value) is not (list if kind == "list" else dict) or not sized(len(value)):
                 raise _SLOW
             if kind == "list":
-                return [None if x is None else item(x) for x in value]
-            return {key(k): (None if x is None else item(x)) for k, x in value.items()}
+                return [item(x) for x in value]           # (a None: _Slow, and the walk refuses it)
+            return {key(k): item(x) for k, x in value.items()}
         return collection
     if kind == "string":
         pattern = _pattern(meta["pattern"]) if meta.get("pattern") else None
@@ -188,7 +191,7 @@ def _compile_check(shape, content: str, depth: int):
         return string
     if kind in ("integer", "long"):
         def integer(value):
-            if type(value) is not int or not sized(value):
+            if type(value) is not int or not -_INT_LIMIT <= value < _INT_LIMIT or not sized(value):
                 raise _SLOW
             return value
         return integer
@@ -231,7 +234,7 @@ def _shown(value: Any) -> str:
 def _check(shape, value: Any, path: str, problems: list[str], content: str, depth: int) -> Any:
     """`value` as the shape wants it, or a SerializationException for a wrong type; the
     constraints it breaks are added to `problems` (all of them, as the service lists them)."""
-    if depth > 32:
+    if depth > limits.KINESIS_NESTING_MAX:
         raise KinesisError("SerializationException", f"{path}: nested too deeply")
     kind = shape.type_name
     meta = shape.metadata
@@ -255,12 +258,16 @@ def _check(shape, value: Any, path: str, problems: list[str], content: str, dept
         if not isinstance(value, list):
             raise KinesisError("SerializationException", f"{path}: expected a list")
         _length(len(value), meta, path, value, problems, "length")
+        if any(v is None for v in value):
+            raise KinesisError("SerializationException", f"{path}: null in a list")
         return [_check(shape.member, v, f"{path}.{i + 1}.member", problems, content, depth + 1)
                 for i, v in enumerate(value)]
     if kind == "map":
         if not isinstance(value, dict):
             raise KinesisError("SerializationException", f"{path}: expected a map")
         _length(len(value), meta, path, value, problems, "length")
+        if any(k is None or v is None for k, v in value.items()):
+            raise KinesisError("SerializationException", f"{path}: null in a map")
         return {_check(shape.key, k, f"{path}.key", problems, content, depth + 1):
                 _check(shape.value, v, f"{path}.value", problems, content, depth + 1) for k, v in value.items()}
     if kind == "string":
@@ -279,6 +286,8 @@ def _check(shape, value: Any, path: str, problems: list[str], content: str, dept
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                 (isinstance(value, float) and not value.is_integer()):
             raise KinesisError("SerializationException", f"{path}: expected an integer")
+        if not -_INT_LIMIT <= value < _INT_LIMIT:
+            raise KinesisError("SerializationException", f"{path}: an integer out of the 64-bit range")
         value = int(value)
         _bounds(value, meta, path, str(value), problems, "value")
         return value
@@ -364,7 +373,7 @@ def _compile_out(shape, content: str, depth: int):
     """A function writing a value of `shape`, or None where `_out` would change nothing but
     drop a structure's None and unknown members (which a plain value has none of)."""
     kind = shape.type_name
-    if depth > 32:
+    if depth > limits.KINESIS_NESTING_MAX:
         return lambda value: _out(shape, value, content)
     if kind == "structure":
         members = {name: _compile_out(m, content, depth + 1) for name, m in shape.members.items()}

@@ -63,17 +63,27 @@ class KinesisApp:
         if scope["method"] == "GET" and scope["path"] == "/health":
             await _answer(send, 200, b'{"status":"ok"}', "application/json", request_id)
             return
+        body_read = False
         try:
             content = protocol.media_type((headers.get("content-type") or [None])[0])
             if scope["method"] != "POST":
                 raise KinesisError("UnknownOperationException", f"{scope['method']} is not served; "
                                                                 f"the API is POST / with X-Amz-Target", 405)
-            # (the body's bytes are held from before it is read until the answer is sent:
-            # many large requests at once wait in their sockets, not in memory)
+            # Who signs is known from the headers: a request of no known key holds none of
+            # the endpoint's memory. Then the body's bytes are held from before it is read
+            # until the answer is sent (many large requests at once wait in their sockets,
+            # not in memory), for at most KINESIS_INFLIGHT_WAIT_S of waiting: then the
+            # request is answered 503, which every SDK retries (under HTTP/2 a request
+            # waiting here also holds back its connection's other streams).
+            await self._signer_known(headers)
             weight = _weight(headers)
-            await self.inflight.acquire(weight)
+            if not await self.inflight.acquire_within(weight, limits.KINESIS_INFLIGHT_WAIT_S):
+                raise KinesisError("ServiceUnavailableException",
+                                   f"this node serves {limits.KINESIS_INFLIGHT_BYTES_MAX} bytes of requests at once, "
+                                   f"and has had none free for {limits.KINESIS_INFLIGHT_WAIT_S:.0f} s; retry", 503)
             try:
                 body = await _body(receive, headers)
+                body_read = True
                 operation = protocol.operation_of((headers.get("x-amz-target") or [None])[0])
                 caller = await self._caller(scope, headers, body)
                 params = protocol.decode(operation, body, content)
@@ -85,17 +95,27 @@ class KinesisApp:
             finally:
                 self.inflight.release(weight)
             await self._subscribe(operation, params, caller, content, request_id, send, receive)
-        except KinesisError as e:
+        except (KinesisError, sigv4.SignatureError) as e:
+            if isinstance(e, sigv4.SignatureError):
+                e = KinesisError(e.kind, e.message, 403 if e.kind == "MissingAuthenticationTokenException" else 400)
+            if not body_read and e.status not in (408, 413):
+                await _drain(receive)             # (a client still sending reads the answer, not a reset)
             await _answer(send, e.status, protocol.encode_error(e, content), content, request_id, e.kind)
-        except sigv4.SignatureError as e:
-            error = KinesisError(e.kind, e.message, 403 if e.kind == "MissingAuthenticationTokenException" else 400)
-            await _answer(send, error.status, protocol.encode_error(error, content), content, request_id, e.kind)
         except errors.InvariantViolation:
             raise                    # a broken invariant is not answered as if nothing happened
         except Exception:            # a bug: the client gets InternalFailure, the node goes on
             log.exception("kinesis request %s failed", request_id)
             error = KinesisError("InternalFailureException", f"internal error (request {request_id})", 500)
             await _answer(send, 500, protocol.encode_error(error, content), content, request_id, error.kind)
+
+    async def _signer_known(self, headers: dict[str, list[str]]) -> None:
+        """SignatureError or UnrecognizedClientException, from the headers alone, for a request
+        no key of the cluster signed (on a cluster with keys)."""
+        if self.signing_keys is None:
+            return
+        if "host" in headers:             # (Hypercorn gives HTTP/2's :authority as host; the JS SDK signs it)
+            headers.setdefault(":authority", headers["host"])
+        await self.signing_keys.secret_of(sigv4.parse(headers).access_key_id)
 
     async def _subscribe(self, operation, params: dict[str, Any], caller: Caller, content: str, request_id: str,
                          send, receive) -> None:
@@ -117,22 +137,35 @@ class KinesisApp:
             return {"type": "http.response.body", "body": body, "more_body": more}
 
         async def pump() -> None:
+            """The subscription from start to end, its generator closed here whatever ends it
+            (its context and cleanup stay in this task). Every send gives the client
+            KINESIS_SEND_TIMEOUT_S to take it; the whole, KINESIS_SUBSCRIPTION_S and that."""
             try:
-                taken = await anext(events)      # (errors up to here answer as any operation's)
-            except BaseException as e:
-                positioned.set_exception(e)
-                return
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"application/vnd.amazon.eventstream"), (b"x-amzn-requestid", request_id.encode())]})
-            await send(frame(eventstream.event("initial-response", protocol.encode_shape(
-                operation.output_shape, {}, content), content)))
-            positioned.set_result(taken)
-            try:
-                async for event in events:
-                    await send(frame(eventstream.event("SubscribeToShardEvent", protocol.encode_shape(
-                        shape, event, content), content)))
-            except KinesisError as e:
-                await send(frame(eventstream.exception(e.kind, protocol.encode_error(e, content), content)))
+                async with asyncio.timeout(limits.KINESIS_SUBSCRIPTION_S + limits.KINESIS_SEND_TIMEOUT_S):
+                    try:
+                        taken = await anext(events)      # (errors up to here answer as any operation's)
+                        await sent({"type": "http.response.start", "status": 200, "headers": [
+                            (b"content-type", b"application/vnd.amazon.eventstream"),
+                            (b"x-amzn-requestid", request_id.encode())]})
+                        await sent(frame(eventstream.event("initial-response", protocol.encode_shape(
+                            operation.output_shape, {}, content), content)))
+                    except BaseException as e:
+                        if not positioned.done():
+                            positioned.set_exception(e)
+                        raise
+                    positioned.set_result(taken)
+                    try:
+                        async for event in events:
+                            await sent(frame(eventstream.event("SubscribeToShardEvent", protocol.encode_shape(
+                                shape, event, content), content)))
+                    except KinesisError as e:
+                        await sent(frame(eventstream.exception(e.kind, protocol.encode_error(e, content), content)))
+            finally:
+                await events.aclose()
+
+        async def sent(message: dict[str, Any]) -> None:
+            async with asyncio.timeout(limits.KINESIS_SEND_TIMEOUT_S):
+                await send(message)
 
         async def gone() -> None:
             while (await receive())["type"] != "http.disconnect":
@@ -147,21 +180,21 @@ class KinesisApp:
             if pumping not in done:
                 pumping.cancel()
             results = await asyncio.gather(pumping, return_exceptions=True)
-            if isinstance(results[0], Exception) and not isinstance(results[0], asyncio.CancelledError):
+            stalled = isinstance(results[0], TimeoutError)
+            if isinstance(results[0], Exception) and not stalled:
                 log.error("kinesis subscription %s failed", request_id, exc_info=results[0])
-            if not watchers[0].done():
+            if not watchers[0].done() and not stalled:
                 if watchers[1].done():
                     error = KinesisError("ResourceInUseException",
                                          "Another subscription for this consumer and shard took over.")
-                    await send(frame(eventstream.exception(error.kind, protocol.encode_error(error, content),
+                    await sent(frame(eventstream.exception(error.kind, protocol.encode_error(error, content),
                                                            content)))
-                await send(frame(b"", more=False))
+                await sent(frame(b"", more=False))
         finally:
             pumping.cancel()
             for watcher in watchers:
                 watcher.cancel()
             await asyncio.gather(pumping, *watchers, return_exceptions=True)
-            await events.aclose()
 
     async def _caller(self, scope: dict[str, Any], headers: dict[str, list[str]], body: bytes) -> Caller:
         if self.signing_keys is None:          # a cluster without keys: no signature is checked
@@ -171,8 +204,6 @@ class KinesisApp:
             except sigv4.SignatureError:
                 pass
             return Caller("", region, self.account)
-        if "host" in headers:             # (Hypercorn gives HTTP/2's :authority as host; the JS SDK signs it)
-            headers.setdefault(":authority", headers["host"])
         signed = sigv4.parse(headers)
         secret = await self.signing_keys.secret_of(signed.access_key_id)
         path = scope.get("raw_path") or scope["path"].encode()
@@ -192,6 +223,36 @@ def _weight(headers: dict[str, list[str]]) -> int:
 
 
 async def _body(receive, headers: dict[str, list[str]]) -> bytes:
+    """`_read_body` within KINESIS_BODY_READ_S (a client that sends slower holds the
+    endpoint's memory for no one: RequestTimeoutException, which the SDKs retry)."""
+    try:
+        async with asyncio.timeout(limits.KINESIS_BODY_READ_S):
+            return await _read_body(receive, headers)
+    except TimeoutError:
+        raise KinesisError("RequestTimeoutException", f"the request's body did not arrive within "
+                                                      f"{limits.KINESIS_BODY_READ_S:.0f} s", 408) from None
+
+
+async def _drain(receive) -> None:
+    """Read a request's body to its end and drop it (within KINESIS_BODY_READ_S, up to
+    KINESIS_DRAIN_BYTES_MAX; past either, the connection is dropped)."""
+    size = 0
+    try:
+        async with asyncio.timeout(limits.KINESIS_BODY_READ_S):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise asyncio.CancelledError()
+                size += len(message.get("body", b""))
+                if size > limits.KINESIS_DRAIN_BYTES_MAX:
+                    raise asyncio.CancelledError()
+                if not message.get("more_body"):
+                    return
+    except TimeoutError:
+        raise asyncio.CancelledError() from None
+
+
+async def _read_body(receive, headers: dict[str, list[str]]) -> bytes:
     """The request's body, at most KINESIS_REQUEST_BYTES_MAX. A larger one is read to its
     end and dropped (up to KINESIS_DRAIN_BYTES_MAX: a client still sending would otherwise
     see its connection cut rather than the answer), then answered 413."""

@@ -26,7 +26,6 @@ def operation(name: str):
         return fn
     return register
 
-TAGS_PER_CALL_MAX = 10          # AddTagsToStream / TagResource: tags in one call (as Kinesis)
 # the metrics EnableEnhancedMonitoring names; "ALL" stands for all seven
 SHARD_METRICS = ("IncomingBytes", "IncomingRecords", "OutgoingBytes", "OutgoingRecords",
                  "WriteProvisionedThroughputExceeded", "ReadProvisionedThroughputExceeded",
@@ -37,10 +36,10 @@ MAX_RECORD_KIB = limits.RECORD_DATA_BYTES_MAX // 1024
 # --- tags ------------------------------------------------------------------------------------------
 
 async def _tag(svc: KinesisService, info: StreamInfo, tags: dict[str, str], caller: Caller) -> None:
-    if len(tags) > TAGS_PER_CALL_MAX:
+    if len(tags) > limits.KINESIS_TAGS_PER_CALL_MAX:
         raise KinesisError("InvalidArgumentException",
                            f"Failed to add tags to stream {info.name} under account {caller.account}: "
-                           f"at most {TAGS_PER_CALL_MAX} tags can be added in one call.")
+                           f"at most {limits.KINESIS_TAGS_PER_CALL_MAX} tags can be added in one call.")
     if len(set(dict(info.tags)) | set(tags)) > limits.STREAM_TAGS_MAX:
         raise KinesisError("LimitExceededException",
                            f"Failed to add tags to stream {info.name}: a stream has at most "

@@ -124,6 +124,24 @@ def test_bodies_of_the_wrong_form_are_a_serialization_exception(body, content):
     assert e.value.kind == "SerializationException", e.value
 
 
+@pytest.mark.parametrize("operation,params,content", [
+    ("PutRecords", {"StreamName": "s", "Records": [None]}, protocol.CONTENT_JSON),
+    ("CreateStream", {"StreamName": "s", "ShardCount": 1, "Tags": {"k": None}}, protocol.CONTENT_JSON),
+    ("CreateStream", {"StreamName": "s", "ShardCount": 1, "Tags": {None: "v"}}, protocol.CONTENT_CBOR),
+    ("RemoveTagsFromStream", {"StreamName": "s", "TagKeys": [None]}, protocol.CONTENT_CBOR),
+    ("EnableEnhancedMonitoring", {"StreamName": "s", "ShardLevelMetrics": [None]}, protocol.CONTENT_JSON),
+    ("CreateStream", {"StreamName": "s", "ShardCount": 10 ** 5000}, protocol.CONTENT_CBOR),
+    ("CreateStream", {"StreamName": "s", "ShardCount": -(2 ** 63) - 1}, protocol.CONTENT_CBOR),
+    ("GetRecords", {"ShardIterator": "i", "Limit": 2 ** 64}, protocol.CONTENT_JSON),
+])
+def test_nulls_inside_lists_and_maps_and_integers_past_64_bits_are_refused(operation, params, content):
+    """(Both were taken, and a handler then failed on them: an InternalFailure, not a named error.)"""
+    body = cbor2.dumps(params) if content == protocol.CONTENT_CBOR else json.dumps(params).encode()
+    with pytest.raises(KinesisError) as e:
+        protocol.decode(protocol.model().operation_model(operation), body, content)
+    assert e.value.kind == "SerializationException", e.value
+
+
 def test_bad_targets_and_content_types_are_named():
     for target in (None, "", "DynamoDB_20120810.PutItem", "Kinesis_20131202.NoSuchThing"):
         with pytest.raises(KinesisError) as e:
