@@ -491,13 +491,15 @@ class StreamAdmin:
                             auto_split_period_s: int = 0, partition_limits: dict[str, int] | None = None,
                             archive: dict | None = None, encryption: str | None = None,
                             tags_set: dict[str, str] | None = None, tags_removed: list[str] | None = None,
-                            shard_metrics: list[str] | None = None) -> None:
+                            shard_metrics: list[str] | None = None, shard_metrics_add: list[str] | None = None,
+                            shard_metrics_remove: list[str] | None = None) -> None:
         changes: dict = validate_partition_limits(partition_limits or {})
-        if shard_metrics is not None:
-            if len(shard_metrics) > limits.STREAM_SHARD_METRICS_MAX or \
-                    any(not m.isalpha() or len(m) > 64 for m in shard_metrics):
-                raise InvalidStreamConfig(f"shard metrics {shard_metrics[:16]!r}: at most "
+        for names in (shard_metrics, shard_metrics_add, shard_metrics_remove):
+            if names and (len(names) > limits.STREAM_SHARD_METRICS_MAX or
+                          any(not m.isalpha() or len(m) > limits.STREAM_SHARD_METRIC_CHARS_MAX for m in names)):
+                raise InvalidStreamConfig(f"shard metrics {names[:16]!r}: at most "
                                           f"{limits.STREAM_SHARD_METRICS_MAX} names of letters")
+        if shard_metrics is not None:
             changes["shard_metrics"] = tuple(sorted(set(shard_metrics)))
         if encryption_module.validate_algorithm(encryption) is not None:
             changes["encryption"] = encryption
@@ -533,6 +535,12 @@ class StreamAdmin:
             tags = changed_tags(c.tags, tags_set, tags_removed)
             if tags is not None:
                 new = dataclasses.replace(new, tags=tags)
+            if shard_metrics_add or shard_metrics_remove:      # (merged here: concurrent changes keep each other)
+                metrics = (set(new.shard_metrics) | set(shard_metrics_add or ())) - set(shard_metrics_remove or ())
+                if len(metrics) > limits.STREAM_SHARD_METRICS_MAX:
+                    raise InvalidStreamConfig(f"{len(metrics)} shard metrics; at most "
+                                              f"{limits.STREAM_SHARD_METRICS_MAX}")
+                new = dataclasses.replace(new, shard_metrics=tuple(sorted(metrics)))
             if given_archive or new.archive:
                 new = dataclasses.replace(new, **validate_archive(new, **given_archive))
             return self._with_data_key(quotas.within_retention(new, caps, tenant, given))

@@ -9,6 +9,7 @@ node's audit lines.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -18,13 +19,13 @@ from google.protobuf import text_format
 
 from control import auth, repartition, revocation
 from control.phases import Kind
-from control.admin import StreamAdmin, validate_create
+from control.admin import StreamAdmin, changed_tags, validate_create
 from control.groups import Groups
 from kernel import audit
 from metastore import producers
 from metastore.view import ClusterView, bounded
 from sms import convert, limits, metadata, seqno
-from sms.errors import (FailedPrecondition, InvalidArgument, InvalidProducerId, InvalidSplitPoint, SmsError,
+from sms.errors import (FailedPrecondition, InvalidArgument, InvalidStreamConfig, InvalidProducerId, InvalidSplitPoint, SmsError,
                         Unavailable)
 from sms.metadata import ConsumerRecord
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -269,6 +270,12 @@ class ControlService(sms_pb2_grpc.ControlServicer):
                                  request.persistence, request.ingestion_policy, request.retention_hours,
                                  request.dedup_window_s, request.min_in_sync, request.retention_s, archive,
                                  encryption=request.encryption)
+        if request.tags or request.auto_split_records_per_s:      # (made with the stream: one write, not two)
+            if request.auto_split_records_per_s < 0:
+                raise InvalidStreamConfig(f"auto-split rate {request.auto_split_records_per_s}; expected >= 0 "
+                                          f"(0: off)")
+            config = dataclasses.replace(config, tags=changed_tags((), dict(request.tags), None) or (),
+                                         auto_split_records_per_s=request.auto_split_records_per_s)
         await admin.create_stream(config, retention_given=bool(request.retention_hours or request.retention_s))
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 
@@ -322,7 +329,9 @@ class ControlService(sms_pb2_grpc.ControlServicer):
                                            "compression": request.compression or None},
                                   encryption=request.encryption or None,
                                   tags_set=dict(request.tags_set), tags_removed=list(request.tags_removed),
-                                  shard_metrics=list(request.shard_metrics) if request.set_shard_metrics else None)
+                                  shard_metrics=list(request.shard_metrics) if request.set_shard_metrics else None,
+                                  shard_metrics_add=list(request.shard_metrics_add),
+                                  shard_metrics_remove=list(request.shard_metrics_remove))
         self.view.invalidate()
         return convert.stream_to_pb(await self.view.describe_stream(request.name))
 

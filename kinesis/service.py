@@ -198,13 +198,14 @@ async def create_stream(svc: KinesisService, params: dict[str, Any], caller: Cal
         raise KinesisError("InvalidArgumentException", e.message) from None
     count = shards if shards is not None else limits.KINESIS_ON_DEMAND_SHARDS
     try:
-        await svc.client.create_stream(name, partitions=count, replication_factor=await svc._replication_factor())
+        # (tags and ON_DEMAND's automatic splitting, docs/repartition-phases.md, are made with
+        # the stream: a stream never exists without them)
+        await svc.client.create_stream(
+            name, partitions=count, replication_factor=await svc._replication_factor(), tags=tags,
+            auto_split_records_per_s=limits.KINESIS_ON_DEMAND_SPLIT_RECORDS_PER_S if mode == "ON_DEMAND" else 0)
     except errors.StreamAlreadyExists:
         raise KinesisError("ResourceInUseException",
                            f"Stream {name} under account {caller.account} already exists.") from None
-    if mode == "ON_DEMAND" or tags:     # (ON_DEMAND: the engine's automatic splitting, docs/repartition-phases.md)
-        await svc.client.update_stream(name, tags=tags or None, auto_split_records_per_s=(
-            limits.KINESIS_ON_DEMAND_SPLIT_RECORDS_PER_S if mode == "ON_DEMAND" else None))
     return {}
 
 

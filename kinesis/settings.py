@@ -128,12 +128,13 @@ async def _monitoring(svc: KinesisService, params: dict[str, Any], caller: Calle
     for, and DescribeStream shows them. Every node exports per-partition metrics to
     Prometheus whatever is set (docs/kinesis.md): there is no CloudWatch to send them to."""
     info = await svc._stream(params, caller)
-    current = set(info.shard_metrics)
-    wanted = _metrics(params["ShardLevelMetrics"])
-    desired = current | wanted if enable else current - wanted
-    await svc.client.update_stream(info.name, shard_metrics=sorted(desired))
+    wanted = sorted(_metrics(params["ShardLevelMetrics"]))
+    # (added or taken away by the control node, merged with the stored set: two calls at
+    # once keep each other's change)
+    after = await svc.client.update_stream(info.name, **{"shard_metrics_add" if enable else "shard_metrics_remove":
+                                                         wanted})
     return {"StreamName": info.name, "StreamARN": mapping.stream_arn(caller.region, caller.account, info.name),
-            "CurrentShardLevelMetrics": sorted(current), "DesiredShardLevelMetrics": sorted(desired)}
+            "CurrentShardLevelMetrics": sorted(info.shard_metrics), "DesiredShardLevelMetrics": sorted(after.shard_metrics)}
 
 
 @operation("EnableEnhancedMonitoring")

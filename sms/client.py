@@ -100,7 +100,8 @@ class Client:
                       **kwargs: Any) -> StreamInfo:
         """Create a stream and wait until it is ACTIVE; returns its map. `kwargs`:
         persistence, ingestion_policy, retention_hours, retention_s, dedup_window_s,
-        min_in_sync, archive, archive_after_s, local_retention_s, compression, encryption
+        min_in_sync, archive, archive_after_s, local_retention_s, compression, encryption, tags,
+        auto_split_records_per_s
         (`sms.aio.Client.create_stream`).
 
         Raises:

@@ -47,6 +47,7 @@ STREAM_TAGS_MAX = 50                           # tags of one stream (as Kinesis)
 STREAM_TAG_KEY_CHARS_MAX = 128                 # a tag's key: 1..128 characters (as Kinesis)
 STREAM_TAG_VALUE_CHARS_MAX = 256               # a tag's value: 0..256 characters (as Kinesis)
 STREAM_SHARD_METRICS_MAX = 16                  # names of shard-level metrics a stream keeps (Kinesis has 7)
+STREAM_SHARD_METRIC_CHARS_MAX = 64             # ... each of at most this many letters
 
 # --- repartitioning and retention (control/repartition.py, storage/service.py) ----------
 REPARTITION_DRAIN_TIMEOUT_S = 30.0             # a sealed head must commit all it holds in this

@@ -38,7 +38,8 @@ class Admin(Transport):
                             dedup_window_s: int = limits.DEDUP_WINDOW_MS_DEFAULT // 1000,
                             min_in_sync: int = 1, retention_s: int = 0, archive: str = "",
                             archive_after_s: int = 0, local_retention_s: int = 0,
-                            compression: str = "", encryption: str = "none") -> StreamInfo:
+                            compression: str = "", encryption: str = "none", tags: dict[str, str] | None = None,
+                            auto_split_records_per_s: int = 0) -> StreamInfo:
         """Create a stream and wait until it is ACTIVE; returns its map.
 
         Args:
@@ -57,6 +58,9 @@ class Admin(Transport):
             encryption: "none", or "aes-256-gcm": its batches are stored sealed under a data
                 key of its own, and readers get them opened (docs/security.md, "Encryption
                 at rest"; the control node needs a master key).
+            tags: labels, key -> value (as `update_stream`'s), made with the stream.
+            auto_split_records_per_s: 0 (off), or the rate over which a partition is split
+                (as `update_stream`'s), from the start.
 
         Raises:
             StreamAlreadyExists, InvalidStreamName, InvalidStreamConfig, NotEnoughNodes,
@@ -70,7 +74,8 @@ class Admin(Transport):
                                           retention_hours=retention_hours, dedup_window_s=dedup_window_s,
                                           min_in_sync=min_in_sync, retention_s=retention_s, archive=archive,
                                           archive_after_s=archive_after_s, local_retention_s=local_retention_s,
-                                          compression=compression, encryption=encryption)
+                                          compression=compression, encryption=encryption, tags=tags or {},
+                                          auto_split_records_per_s=auto_split_records_per_s)
         pb = await self._admin_call("CreateStream", req, timeout_s=60.0)
         info = convert.stream_from_pb(pb)
         self._streams[name] = info
@@ -255,10 +260,13 @@ class Admin(Transport):
                             archive: str | None = None, archive_after_s: int | None = None,
                             local_retention_s: int | None = None, compression: str | None = None,
                             encryption: str | None = None, tags: dict[str, str] | None = None,
-                            untag: list[str] | None = None, shard_metrics: list[str] | None = None) -> StreamInfo:
+                            untag: list[str] | None = None, shard_metrics: list[str] | None = None,
+                            shard_metrics_add: list[str] | None = None,
+                            shard_metrics_remove: list[str] | None = None) -> StreamInfo:
         """Change retention, unread-record protection, automatic splitting, the
         per-partition limits, tags (`tags` added or changed, the keys in `untag` removed;
-        at most STREAM_TAGS_MAX), the shard-level metrics a Kinesis client enabled, encryption at rest ("aes-256-gcm" or "none": batches stored
+        at most STREAM_TAGS_MAX), the shard-level metrics a Kinesis client enabled (set, or
+        `shard_metrics_add` / `shard_metrics_remove` merged with the stored set), encryption at rest ("aes-256-gcm" or "none": batches stored
         from then on) or the archive tier while it runs (an archive may be added
         to a stream that has none; it cannot be moved or removed: see `create_stream`
         for the archive's settings). A limit of 0 removes it: writes over
@@ -285,7 +293,8 @@ class Admin(Transport):
             local_retention_s=-1 if local_retention_s is None else local_retention_s,
             compression=compression or "", encryption=encryption or "", tags_set=tags or {},
             tags_removed=list(untag or ()), set_shard_metrics=shard_metrics is not None,
-            shard_metrics=list(shard_metrics or ()))
+            shard_metrics=list(shard_metrics or ()), shard_metrics_add=list(shard_metrics_add or ()),
+            shard_metrics_remove=list(shard_metrics_remove or ()))
         info = convert.stream_from_pb(await self._admin_call("UpdateStream", req))
         self._streams[name] = info
         return info

@@ -388,3 +388,16 @@ def test_stream_mode_monitoring_record_size_stream_id_and_account_settings(clust
     kinesis.update_stream_record_distribution_strategy(StreamARN=arn, RecordDistributionStrategy="USER_PARTITION_KEY")
     with pytest.raises(kinesis.exceptions.InvalidArgumentException):
         kinesis.update_stream_record_distribution_strategy(StreamARN=arn, RecordDistributionStrategy="AUTO")
+
+
+def test_an_on_demand_stream_with_tags_is_made_whole_in_one_step(cluster, kinesis):
+    """CreateStream's tags and ON_DEMAND mode are part of the stream from its first moment
+    (one metadata write): the native client sees them as soon as the stream exists."""
+    name = stream_name("k-whole")
+    kinesis.create_stream(StreamName=name, StreamModeDetails={"StreamMode": "ON_DEMAND"}, Tags={"made": "whole"})
+    with sms.Client(cluster.address) as native:
+        info = native.get_stream_info(name)
+        assert dict(info.tags) == {"made": "whole"} and info.auto_split_records_per_s > 0
+        with pytest.raises(sms.errors.InvalidStreamConfig):
+            native.create_stream(stream_name("k-whole-bad"), partitions=1, tags={"aws:no": "x"})
+        assert stream_name("k-whole-bad") not in native.list_streams()
