@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,7 @@ class KinesisService:
         # (stream, consumer, ordinal) subscribed here -> (its start, set when another takes it over)
         self.subscriptions: dict[tuple[str, str, int], tuple[float, asyncio.Event]] = {}
         self.stream_ids: dict[str, str] = {}            # StreamId -> stream name, as last seen
+        self.stream_ids_scanned = float("-inf")         # when the streams were last scanned for StreamIds
 
     async def handle(self, name: str, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         handler = HANDLERS.get(name)
@@ -122,17 +124,28 @@ class KinesisService:
         return mapping.stream_of(params, caller.account)
 
     async def _stream_named_by_id(self, wanted: str, caller: Caller) -> str:
+        """The stream whose StreamId is `wanted`: remembered, or found by a scan of the
+        streams, at most one scan per KINESIS_STREAM_ID_SCAN_INTERVAL_S (an unknown id in
+        between is not found at once: a flood of made-up ids costs one scan a second)."""
         name = self.stream_ids.get(wanted)
         if name is not None:
             return name
-        for name in await self.client.list_streams():
-            try:
-                info = await self.client.get_stream_info(name, refresh=False)
-            except errors.StreamNotFound:
-                continue
-            self.stream_ids[mapping.stream_id(info.name, info.created_ms)] = info.name
-            if len(self.stream_ids) > limits.KINESIS_STREAM_IDS_CACHED_MAX:
-                self.stream_ids.pop(next(iter(self.stream_ids)))
+        now = time.monotonic()
+        if now - self.stream_ids_scanned >= limits.KINESIS_STREAM_ID_SCAN_INTERVAL_S:
+            self.stream_ids_scanned = now
+            found: dict[str, str] = {}
+            for name in await self.client.list_streams():
+                try:
+                    info = await self.client.get_stream_info(name, refresh=False)
+                except errors.StreamNotFound:
+                    continue
+                found[mapping.stream_id(info.name, info.created_ms)] = info.name
+            if wanted in found:
+                self.stream_ids[wanted] = found[wanted]
+            for stream_id, name in found.items():
+                if len(self.stream_ids) >= limits.KINESIS_STREAM_IDS_CACHED_MAX:
+                    break
+                self.stream_ids[stream_id] = name
         name = self.stream_ids.get(wanted)
         if name is None:
             raise KinesisError("ResourceNotFoundException",

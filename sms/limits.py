@@ -493,6 +493,7 @@ KINESIS_GRACEFUL_S = 5                   # requests under way when a node stops 
 KINESIS_ACCOUNT_ID = "000000000000"      # the account of the cluster's ARNs (StreamARN, ConsumerARN)
 KINESIS_NESTING_MAX = 32                 # a request's values nested deeper are refused (SerializationException)
 KINESIS_TAGS_PER_CALL_MAX = 10           # AddTagsToStream / TagResource: tags in one call (as Kinesis)
+KINESIS_STREAM_ID_SCAN_INTERVAL_S = 1.0  # an endpoint scans the streams for an unknown StreamId at most this often
 KINESIS_STREAM_IDS_CACHED_MAX = 10_000   # StreamId -> name pairs an endpoint remembers
 KINESIS_CONSUMERS_MAX = 20               # registered consumers per stream (as Kinesis)
 KINESIS_LIST_CONSUMERS_MAX = 100         # ListStreamConsumers' consumers per page without MaxResults
