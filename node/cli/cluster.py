@@ -154,9 +154,8 @@ def cmd_up(args) -> int:
               f"(the sms command and sms.Client.from_cluster_file use both), and Prometheus's key for /metrics "
               f"as monitor_token", flush=True)
     if cluster.kinesis_endpoint:
-        ca = f" --ca-bundle {cluster.ca_file}" if cluster.tls else ""
-        print(f"kinesis: {cluster.kinesis_endpoint} (aws kinesis --endpoint-url {cluster.kinesis_endpoint}{ca} ...; "
-              f"`sms key aws` prints the AWS credentials of a key: docs/kinesis.md)", flush=True)
+        print(f"kinesis: {cluster.kinesis_endpoint} (eval \"$(sms key aws)\" points the AWS CLI and SDKs at it, "
+              f"with the admin key's AWS credentials; then: aws kinesis list-streams. docs/kinesis.md)", flush=True)
     storage = [n for n, p in cluster.procs.items() if p.roles != "control"]
     started = (f"{len(storage)} storage nodes" if storage == [f"n{i}" for i in range(1, args.nodes + 1)]
                else f"{len(storage)} storage nodes: {', '.join(storage)}, as recorded in {cluster.data_dir}/nodes.json")
