@@ -20,6 +20,9 @@ turn until a page comes back empty. The servers:
   the endpoint: HTTPS with a certificate issued by the cluster's CA for 127.0.0.1, the
   TLS settings of the endpoint's Hypercorn (TLS >= 1.2, ECDHE+AESGCM); the same over
   plain HTTP as extra information;
+- **the engine itself**, the floor of the endpoint's figure: the same put loop through the
+  native `sms.Client.put_records` in one thread, on the same cluster (`native_client`; the
+  ratio `endpoint_put_of_native_client` is the endpoint's share);
 - **kinesalite** (npm, in memory; bench/js, installed by scripts/bench-deps.sh; run by
   Debian's nodejs through bench/js/kinesalite-server.js) over plain HTTP, its default and
   how the issue's reference figures were taken, which the goals compare with; and over
@@ -331,6 +334,27 @@ class _Target:
         return out
 
 
+class _NativeTarget(_Target):
+    """The engine itself, through the native client in one thread (`sms.Client.put_records`
+    of the same records in the same loop): what a call costs before any endpoint, the floor
+    of the endpoint's figure."""
+
+    reads = False
+
+    def put(self, records: int, batch: int, size: int) -> dict:
+        data = b"x" * size
+        start, failed = time.perf_counter(), 0
+        for first in range(self.stored, self.stored + records, batch):
+            result = self.client.put_records(self.stream, [(f"k{i % 1000}", data)
+                                                           for i in range(first, min(first + batch,
+                                                                                     self.stored + records))])
+            failed += sum(1 for r in result.records if not r.ok)
+        seconds = time.perf_counter() - start
+        self.stored += records - failed
+        return {"records": records, "failed": failed, "seconds": round(seconds, 3),
+                "records_per_s": round(records / seconds)}
+
+
 # --- SubscribeToShard: put to receive ---------------------------------------------------------------
 class _Receivers:
     """One thread per shard reading its subscription's EventStream; the latencies of the
@@ -562,7 +586,7 @@ def _measure(servers: list[_Target], params: dict) -> None:
         common.progress(f"kinesis: put round {r + 1}: " + ", ".join(
             f"{t.name} {t.puts[-1]['records_per_s']:,}" for t in live if len(t.puts) == r + 1) + " records/s")
     for t in servers:
-        if t.error:
+        if t.error or not getattr(t, "reads", True):
             continue
         try:
             t.get = _get(t.client, t.stream, params["limit"], stop_at=t.stored) if t.null else \
@@ -607,7 +631,15 @@ def run(params: dict) -> dict:
             # the same transport as the endpoint: a certificate from the cluster's CA for 127.0.0.1
             cert = certs.issue(cluster.ca_dir, os.path.join(workdir, "bench-certs"), node="bench-null")
             others, skipped = _servers(stack, workdir, params, cert, ca_file)
-            measured = [endpoint, *others]
+            import sms
+            native_client = stack.enter_context(sms.Client(cluster.address, **cluster.client_options()))
+            native = _NativeTarget("native_client", "the engine itself: sms.Client.put_records of the same "
+                                   "records, one thread (no endpoint)", "grpc+tls", native_client,
+                                   params["records"])
+            native.stream = "bench-native"          # (a stream of its own, made as CreateStream makes one)
+            native_client.create_stream(native.stream, partitions=params["shards"],
+                                        replication_factor=min(3, params["nodes"]))
+            measured = [endpoint, native, *others]
             _measure(measured, params)
             for t in measured:
                 out[t.name] = t.summary()
@@ -642,6 +674,8 @@ def _ratios(out: dict) -> dict:
         "get_vs_kinesalite": common.ratio(get, _rate(out, "kinesalite", "get")),
         "put_vs_kinesalite_tls": common.ratio(put, _rate(out, "kinesalite_tls", "put")),
         "get_vs_kinesalite_tls": common.ratio(get, _rate(out, "kinesalite_tls", "get")),
+        "endpoint_put_of_native_client": common.ratio(_rate(out, "endpoint", "put"),
+                                                      _rate(out, "native_client", "put")),
         "null_endpoint_put_https_to_plain_http": common.ratio(_rate(out, "null_endpoint", "put"),
                                                               _rate(out, "null_endpoint_plain_http", "put")),
     }}
