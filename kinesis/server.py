@@ -17,6 +17,7 @@ import asyncio
 import datetime
 import logging
 import socket
+import ssl
 import time
 import uuid
 from typing import Any
@@ -324,11 +325,44 @@ def _client_goaway_leaves_streams_open() -> None:
     h2.connection.H2Connection._receive_goaway_frame = _receive_goaway_frame
 
 
+def _quiet_connection_ends(loop: asyncio.AbstractEventLoop) -> None:
+    """Two reports of a client connection's end that are not the server's errors, logged by
+    asyncio at ERROR, are logged at DEBUG instead; every other report goes to the handler in
+    place before:
+    - "Exception in callback StreamReaderProtocol.connection_made...": Python 3.11's
+      streams ask a connection task cancelled at a stop for its exception (3.12 checks
+      first), and Hypercorn cancels the connections still open when the node stops;
+    - "Unhandled exception in client_connected_cb" of a TLS or socket error: a client that
+      ended its connection first (the AWS SDK for JavaScript closes each one after its
+      answer: `APPLICATION_DATA_AFTER_CLOSE_NOTIFY` as Hypercorn closes its side)."""
+    previous = loop.get_exception_handler()
+
+    def benign(error: BaseException | None) -> bool:
+        if isinstance(error, BaseExceptionGroup):
+            return all(benign(e) for e in error.exceptions)
+        return isinstance(error, (ssl.SSLError, ConnectionError))
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        message = str(context.get("message", ""))
+        if (isinstance(error, asyncio.CancelledError)
+                and "StreamReaderProtocol.connection_made" in str(context.get("handle", ""))) or \
+                (message.startswith("Unhandled exception in client_connected_cb") and benign(error)):
+            log.debug("a client connection ended: %s (%r)", message, error)
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+    loop.set_exception_handler(handler)
+
+
 async def serve(app: KinesisApp, sock: socket.socket, shutdown: asyncio.Event,
                 cert_file: str = "", key_file: str = "") -> None:
     """Serve `app` on `sock` until `shutdown` is set."""
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
+    _quiet_connection_ends(asyncio.get_running_loop())
     _client_goaway_leaves_streams_open()
     config = Config()
     config.bind = [f"fd://{sock.fileno()}"]

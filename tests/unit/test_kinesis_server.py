@@ -91,3 +91,29 @@ def test_a_request_that_finds_the_budget_full_is_answered_503_and_the_others_go_
         status, _answer = _status(await _call(app, 2, [b"{}"]))
         assert status == 200 and app.inflight.held == 0
     asyncio.run(main())
+
+
+def test_a_client_connection_s_end_is_not_reported_as_an_error_and_anything_else_is():
+    import ssl
+
+    from kinesis.server import _quiet_connection_ends
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        seen: list[dict] = []
+        loop.set_exception_handler(lambda _loop, context: seen.append(context))
+        _quiet_connection_ends(loop)
+        handler = loop.get_exception_handler()
+        closed = ssl.SSLError(1, "[SSL: APPLICATION_DATA_AFTER_CLOSE_NOTIFY] application data after close notify")
+        handler(loop, {"message": "Unhandled exception in client_connected_cb",
+                       "exception": ExceptionGroup("unhandled errors in a TaskGroup", [closed])})
+        handler(loop, {"message": "Unhandled exception in client_connected_cb", "exception": ConnectionResetError()})
+        handler(loop, {"message": "Exception in callback", "exception": asyncio.CancelledError(),
+                       "handle": "<Handle StreamReaderProtocol.connection_made.<locals>.callback(...)>"})
+        assert seen == []
+        bug = {"message": "Unhandled exception in client_connected_cb", "exception": ValueError("a bug")}
+        other = {"message": "Task exception was never retrieved", "exception": ssl.SSLError(1, "elsewhere")}
+        handler(loop, bug)
+        handler(loop, other)
+        assert seen == [bug, other]
+    asyncio.run(main())
