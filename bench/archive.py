@@ -557,13 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(params)
     result["targets"] = targets(result)
     print(json.dumps(result, indent=2, default=str))
-    for t in result["targets"]:
-        verdict = {True: "MET", False: "MISSED", None: "N/A"}[t["met"]]
-        value = "None" if t["value"] is None else f"{t['value']:,.3f}"
-        print(f"TARGET {verdict:6} {t['target']}: {value} (goal {t['goal_op']} {t['goal']}) - {t['detail']}",
-              file=sys.stderr)
-    for text in result["problems"]:
-        print(f"PROBLEM {text}", file=sys.stderr)
+    common.print_verdicts(result["targets"], result["problems"])
     return 1 if result["problems"] else 0
 
 

@@ -167,6 +167,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+PROCESS_STOP_S = 10.0             # a server the bench started gets this long after SIGTERM
+
+
 def wait_port(port: int, timeout_s: float = 15.0, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -177,6 +180,29 @@ def wait_port(port: int, timeout_s: float = 15.0, host: str = "127.0.0.1") -> No
             if time.monotonic() > deadline:
                 raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s} s")
             time.sleep(0.05)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after PROCESS_STOP_S; waited for either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=PROCESS_STOP_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def print_verdicts(targets: list[dict], problems: list[str]) -> None:
+    """One TARGET line per target (MET, MISSED or N/A) and one PROBLEM line per problem, on
+    stderr: what a bench run alone ends with."""
+    for t in targets:
+        verdict = {True: "MET", False: "MISSED", None: "N/A"}[t["met"]]
+        value = "None" if t["value"] is None else f"{t['value']:,.3f}"
+        print(f"TARGET {verdict:6} {t['target']}: {value} (goal {t['goal_op']} {t['goal']}) - {t['detail']}",
+              file=sys.stderr)
+    for text in problems:
+        print(f"PROBLEM {text}", file=sys.stderr)
 
 
 class ServerProcess:
@@ -195,13 +221,8 @@ class ServerProcess:
         return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_process(self.proc)
         with contextlib.suppress(Exception):
             self.log.close()
 

@@ -214,13 +214,7 @@ class _Server:
         return self.info["url"]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        common.stop_process(self.proc)
         if self.proc.stdout:
             self.proc.stdout.close()
         self.log.close()
@@ -795,13 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     common.tune_gc()
     result = run(params)
     print(json.dumps(result, indent=2, default=str))
-    for t in result["goals"]:
-        verdict = {True: "MET", False: "MISSED", None: "N/A"}[t["met"]]
-        value = "None" if t["value"] is None else f"{t['value']:,.3f}"
-        print(f"TARGET {verdict:6} {t['target']}: {value} (goal {t['goal_op']} {t['goal']}) - {t['detail']}",
-              file=sys.stderr)
-    for text in result["problems"]:
-        print(f"PROBLEM {text}", file=sys.stderr)
+    common.print_verdicts(result["goals"], result["problems"])
     return 0
 
 

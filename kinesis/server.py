@@ -76,7 +76,7 @@ class KinesisApp:
             # not in memory), for at most KINESIS_INFLIGHT_WAIT_S of waiting: then the
             # request is answered 503, which every SDK retries (under HTTP/2 a request
             # waiting here also holds back its connection's other streams).
-            await self._signer_known(headers)
+            signer = await self._signer(headers)
             weight = _weight(headers)
             if not await self.inflight.acquire_within(weight, limits.KINESIS_INFLIGHT_WAIT_S):
                 raise KinesisError("ServiceUnavailableException",
@@ -86,7 +86,7 @@ class KinesisApp:
                 body = await _body(receive, headers)
                 body_read = True
                 operation = protocol.operation_of((headers.get("x-amz-target") or [None])[0])
-                caller = await self._caller(scope, headers, body)
+                caller = self._caller(scope, headers, body, signer)
                 params = protocol.decode(operation, body, content)
                 del body
                 if operation.name != "SubscribeToShard":
@@ -109,14 +109,16 @@ class KinesisApp:
             error = KinesisError("InternalFailureException", f"internal error (request {request_id})", 500)
             await _answer(send, 500, protocol.encode_error(error, content), content, request_id, error.kind)
 
-    async def _signer_known(self, headers: dict[str, list[str]]) -> None:
-        """SignatureError or UnrecognizedClientException, from the headers alone, for a request
-        no key of the cluster signed (on a cluster with keys)."""
+    async def _signer(self, headers: dict[str, list[str]]) -> tuple[sigv4.Signed, str] | None:
+        """The request's signature and its key's secret, from the headers alone (None on a
+        cluster without keys); SignatureError or UnrecognizedClientException for a request
+        no key of the cluster signed."""
         if self.signing_keys is None:
-            return
+            return None
         if "host" in headers:             # (Hypercorn gives HTTP/2's :authority as host; the JS SDK signs it)
             headers.setdefault(":authority", headers["host"])
-        await self.signing_keys.secret_of(sigv4.parse(headers).access_key_id)
+        signed = sigv4.parse(headers)
+        return signed, await self.signing_keys.secret_of(signed.access_key_id)
 
     async def _subscribe(self, operation, params: dict[str, Any], caller: Caller, content: str, request_id: str,
                          send, receive) -> None:
@@ -197,16 +199,17 @@ class KinesisApp:
                 watcher.cancel()
             await asyncio.gather(pumping, *watchers, return_exceptions=True)
 
-    async def _caller(self, scope: dict[str, Any], headers: dict[str, list[str]], body: bytes) -> Caller:
-        if self.signing_keys is None:          # a cluster without keys: no signature is checked
+    def _caller(self, scope: dict[str, Any], headers: dict[str, list[str]], body: bytes,
+                signer: tuple[sigv4.Signed, str] | None) -> Caller:
+        """Who made the request: its signature (`_signer`'s) verified over the whole request."""
+        if signer is None:                     # a cluster without keys: no signature is checked
             region = DEFAULT_REGION
             try:
                 region = sigv4.parse(headers).region
             except sigv4.SignatureError:
                 pass
             return Caller("", region, self.account)
-        signed = sigv4.parse(headers)
-        secret = await self.signing_keys.secret_of(signed.access_key_id)
+        signed, secret = signer
         path = scope.get("raw_path") or scope["path"].encode()
         sigv4.verify(signed, secret, scope["method"], path.decode("latin-1"),
                      scope.get("query_string", b"").decode("latin-1"), headers, body,
