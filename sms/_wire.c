@@ -937,6 +937,8 @@ verified_release(Verified *v)
 static PyObject *
 corrupt(Verified *v, const char *what)
 {
+    if (v->first_sn == NULL)
+        return raise_named(ErrCorruptBatch, "batch: %s", what);
     return raise_named(ErrCorruptBatch, "batch first_sn %S: %s", v->first_sn, what);
 }
 
@@ -1022,6 +1024,7 @@ w_decode_records(PyObject *self, PyObject *args)
             goto done;
         }
     }
+    int untrack = PyLong_CheckExact(ordinal);
     out = PyList_New(end - start);
     if (out == NULL)
         goto done;
@@ -1060,6 +1063,9 @@ w_decode_records(PyObject *self, PyObject *args)
         PyTuple_SET_ITEM(rec, 4, meta);
         if (data == NULL || sn == NULL || meta == NULL)
             goto fail;
+        if (untrack)
+            PyObject_GC_UnTrack(rec);    /* str, bytes and ints only: never in a cycle, nothing for the
+                                            collector to visit (CPython untracks such plain tuples itself) */
     }
     goto done;
 fail:
@@ -1148,104 +1154,148 @@ done:
 
 /* ---- columns: a stored batch's records as Arrow-shaped buffers --------------------------- */
 
-static int
-col_put(Buf *b, const void *p, size_t n)
+/* An SN as three base-10^19 digits, top first: the batch's first SN is split once (two
+ * 128-bit divisions), and record i's SN (first + i * 2^32) is then a 64-bit add with
+ * carries: no division per record. */
+typedef struct {
+    uint64_t top, mid, low;     /* top < 35, mid and low < 10^19 */
+} Dec3;
+
+#define E19 10000000000000000000ULL
+
+static Dec3
+dec3_of(uint64_t hi, uint64_t lo)
 {
-    if (n == 0)
-        return 0;          /* (an empty value: nothing to copy, and b->p may still be NULL) */
-    if (buf_reserve(b, n) < 0)
-        return -1;
-    memcpy(b->p + b->len, p, n);
+    unsigned __int128 v = ((unsigned __int128)hi << 64) | lo;
+    Dec3 d;
+    d.low = (uint64_t)(v % E19);
+    v /= E19;
+    d.mid = (uint64_t)(v % E19);
+    d.top = (uint64_t)(v / E19);
+    return d;
+}
+
+/* d + add (add < 2^64) */
+static inline Dec3
+dec3_add(Dec3 d, uint64_t add)
+{
+    unsigned __int128 low = (unsigned __int128)d.low + add;    /* < 10^19 + 2^64 < 3 * 10^19 */
+    uint64_t carry = 0;
+    while (low >= E19) {
+        low -= E19;
+        carry++;
+    }
+    d.low = (uint64_t)low;
+    d.mid += carry;
+    if (d.mid >= E19) {
+        d.mid -= E19;
+        d.top += 1;
+    }
+    return d;
+}
+
+static const char DIGIT_PAIRS[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+/* x as exactly 19 decimal digits (zero-padded) at out */
+static inline void
+u64_19(uint64_t x, char *out)
+{
+    for (int p = 17; p >= 1; p -= 2) {
+        unsigned r = (unsigned)(x % 100);
+        x /= 100;
+        out[p] = DIGIT_PAIRS[2 * r];
+        out[p + 1] = DIGIT_PAIRS[2 * r + 1];
+    }
+    out[0] = (char)('0' + (int)x);
+}
+
+/* d as decimal text without leading zeros into out (>= 60 bytes); returns its length */
+static inline size_t
+dec3_text(Dec3 d, char *out)
+{
+    char tmp[57];
+    u64_19(d.top, tmp);          /* (top < 35: its 19 digits are mostly zeros) */
+    u64_19(d.mid, tmp + 19);
+    u64_19(d.low, tmp + 38);
+    size_t z = 0;
+    while (z < 56 && tmp[z] == '0')
+        z++;
+    memcpy(out, tmp + z, 57 - z);
+    return 57 - z;
+}
+
+enum { KO, KV, DO, DV, SO, SV, TS, HO, HKO, HKV, HVO, HVV, NCOL };
+#define SN_TEXT_MAX 39            /* decimal digits of an SN (< 2^128) */
+
+/* A column being measured (p == NULL: only len counts) or filled (p: cap bytes, exactly
+ * what the measuring pass counted; more would be a bug, refused, never a write past it). */
+static inline int
+cput(Buf *b, const void *p, size_t n)
+{
+    if (b->p != NULL) {
+        if (b->len + n > b->cap) {
+            PyErr_SetString(PyExc_SystemError, "sms._wire.columns: a column outgrew its measured size");
+            return -1;
+        }
+        if (n)
+            memcpy(b->p + b->len, p, n);
+    }
     b->len += n;
     return 0;
 }
 
-static int
-col_offset(Buf *offsets, size_t value)
+static inline int
+coffset(Buf *offsets, size_t value)
 {
     unsigned char raw[4];
     put_le32(raw, (uint32_t)value);
-    return col_put(offsets, raw, 4);
+    return cput(offsets, raw, 4);
 }
 
-/* 128-bit unsigned as decimal text into out (>= 40 bytes); returns its length. Two
- * divisions by 10^19 split it into uint64 parts, each written digit by digit. */
-static size_t
-u128_text(uint64_t hi, uint64_t lo, char *out)
+/* Records [start, end) of one verified stored batch appended to the columns c (measured,
+ * or filled: see cput); offsets go on from what c already holds, so a page of many
+ * batches is one set of columns. -1 with the error set. */
+static int
+columns_append(Buf *c, const unsigned char *b, size_t n, Py_ssize_t start, Py_ssize_t end, size_t *headers_total,
+               Verified *v)
 {
-    const uint64_t e19 = 10000000000000000000ULL;
-    unsigned __int128 v = ((unsigned __int128)hi << 64) | lo;
-    uint64_t parts[3];
-    int np = 0;
-    do {
-        parts[np++] = (uint64_t)(v % e19);
-        v /= e19;
-    } while (v && np < 3);
-    size_t n = 0;
-    char tmp[20];
-    for (int p = np - 1; p >= 0; p--) {
-        uint64_t x = parts[p];
-        int t = 0;
-        do {
-            tmp[t++] = (char)('0' + (int)(x % 10));
-            x /= 10;
-        } while (x);
-        if (p != np - 1)
-            while (t < 19)
-                tmp[t++] = '0';     /* a lower part is zero-padded to 19 digits */
-        while (t)
-            out[n++] = tmp[--t];
-    }
-    return n;
-}
-
-static PyObject *
-w_columns(PyObject *self, PyObject *args)
-{
-    PyObject *batch_obj, *out = NULL;
-    Py_ssize_t start, end;
-    Verified v = {0};
-    enum { KO, KV, DO, DV, SO, SV, TS, HO, HKO, HKV, HVO, HVV, NCOL };
-    Buf c[NCOL];
-    memset(c, 0, sizeof(c));
-    Buf hdrs = {0};
-    if (begin_read(args, "Onn", &batch_obj, &start, &end, NULL, &v) < 0)
-        goto done;
-    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(batch_obj);
-    size_t n = (size_t)PyBytes_GET_SIZE(batch_obj);
-    if (col_offset(&c[KO], 0) || col_offset(&c[DO], 0) || col_offset(&c[SO], 0) || col_offset(&c[HO], 0) ||
-        col_offset(&c[HKO], 0) || col_offset(&c[HVO], 0))
-        goto done;
-    size_t offset = HEADER_BYTES, headers_total = 0;
+    int measure = c[KV].p == NULL;
+    size_t offset = HEADER_BYTES;
     uint64_t first_hi = be64(b + 8), first_lo = be64(b + 16);
+    Dec3 first_dec = dec3_of(first_hi, first_lo);
     for (Py_ssize_t i = 0; i < end; i++) {
         Entry e;
         if (next_entry(b, n, &offset, &e) < 0) {
-            corrupt(&v, "entries run past the batch");
-            goto done;
+            corrupt(v, "entries run past the batch");
+            return -1;
         }
         size_t data_len = e.data_len, key_len = e.key_len, meta_len = e.meta_len, k = e.k, m = e.m, d = e.d;
         if (i < start)
             continue;
-        Py_ssize_t chars;
-        int ok = key_chars(b + k, key_len, &chars);
-        if (ok < 0)
-            goto done;
-        if (!ok) {
-            corrupt(&v, "a partition key is not UTF-8");
-            goto done;
+        if (measure) {
+            Py_ssize_t chars;
+            int ok = key_chars(b + k, key_len, &chars);
+            if (ok < 0)
+                return -1;
+            if (!ok) {
+                corrupt(v, "a partition key is not UTF-8");
+                return -1;
+            }
         }
         uint64_t add = (uint64_t)i << 32, lo = first_lo + add, hi = first_hi + (lo < first_lo);
-        char text[48];
-        size_t tl = u128_text(hi, lo, text);
+        char text[64];
+        size_t tl = measure ? SN_TEXT_MAX : dec3_text(dec3_add(first_dec, add), text);
         unsigned char ts[8];
         uint64_t ms = hi >> 16;              /* the SN's top 48 bits: milliseconds */
         for (int j = 0; j < 8; j++)
             ts[j] = (unsigned char)(ms >> (8 * j));
-        if (col_put(&c[KV], b + k, key_len) || col_offset(&c[KO], c[KV].len) ||
-            col_put(&c[DV], b + d, data_len) || col_offset(&c[DO], c[DV].len) ||
-            col_put(&c[SV], text, tl) || col_offset(&c[SO], c[SV].len) || col_put(&c[TS], ts, 8))
-            goto done;
+        if (cput(&c[KV], b + k, key_len) || coffset(&c[KO], c[KV].len) ||
+            cput(&c[DV], b + d, data_len) || coffset(&c[DO], c[DV].len) ||
+            cput(&c[SV], text, tl) || coffset(&c[SO], c[SV].len) || cput(&c[TS], ts, 8))
+            return -1;
         if (meta_len) {
             size_t mi = 0, vlen, vstart;
             int tag, r;
@@ -1254,38 +1304,146 @@ w_columns(PyObject *self, PyObject *args)
                 if (tag != TAG_HEADER || vlen == 0 || (size_t)value[0] + 1 > vlen)
                     continue;
                 size_t name_len = value[0];
-                if (col_put(&c[HKV], value + 1, name_len) || col_offset(&c[HKO], c[HKV].len) ||
-                    col_put(&c[HVV], value + 1 + name_len, vlen - 1 - name_len) ||
-                    col_offset(&c[HVO], c[HVV].len))
-                    goto done;
-                headers_total++;
+                if (cput(&c[HKV], value + 1, name_len) || coffset(&c[HKO], c[HKV].len) ||
+                    cput(&c[HVV], value + 1 + name_len, vlen - 1 - name_len) || coffset(&c[HVO], c[HVV].len))
+                    return -1;
+                (*headers_total)++;
             }
             if (r < 0) {
-                corrupt(&v, "record meta truncated");
-                goto done;
+                corrupt(v, "record meta truncated");
+                return -1;
             }
         }
-        if (col_offset(&c[HO], headers_total))
+        if (coffset(&c[HO], *headers_total))
+            return -1;
+    }
+    return 0;
+}
+
+/* (count, then the NCOL buffers) of a page: `slices` is a sequence of (batch bytes, start,
+ * end), each batch verified, its end clamped to its count and its start to [0, end]. The
+ * concatenation of each slice's columns, offsets running on: one set of Arrow buffers.
+ * Two passes: the first verifies and measures every column, the second writes each
+ * straight into its bytes object of that size (no growing buffer, no copy at the end:
+ * a page of a megabyte was mostly page faults of the growing and the copying). */
+static PyObject *
+columns_of(PyObject *slices)
+{
+    PyObject *seq = NULL, *out = NULL, *cols[NCOL] = {NULL};
+    Buf c[NCOL];
+    memset(c, 0, sizeof(c));
+    Py_ssize_t *bounds = NULL, count = 0;
+    if (check_configured() < 0)
+        return NULL;
+    seq = PySequence_Fast(slices, "slices must be a sequence of (batch, start, end)");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t ns = PySequence_Fast_GET_SIZE(seq);
+    bounds = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)(ns ? ns : 1));
+    if (bounds == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        size_t headers_total = 0;
+        if (coffset(&c[KO], 0) || coffset(&c[DO], 0) || coffset(&c[SO], 0) || coffset(&c[HO], 0) ||
+            coffset(&c[HKO], 0) || coffset(&c[HVO], 0))
             goto done;
+        for (Py_ssize_t s = 0; s < ns; s++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(seq, s), *batch_obj;
+            Py_ssize_t start, end;
+            Verified v = {0};
+            if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "Onn", &batch_obj, &start, &end)) {
+                if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+                    PyErr_Clear();
+                    PyErr_SetString(PyExc_TypeError, "each slice must be a tuple (batch bytes, start, end)");
+                }
+                goto done;
+            }
+            if (!PyBytes_Check(batch_obj)) {
+                PyErr_SetString(PyExc_TypeError, "a stored batch must be bytes");
+                goto done;
+            }
+            if (pass == 0) {
+                if (verified(batch_obj, &v) < 0) {
+                    verified_release(&v);
+                    goto done;
+                }
+                if (end > v.count)
+                    end = v.count;
+                if (start < 0)
+                    start = 0;
+                if (start > end)
+                    start = end;
+                bounds[2 * s] = start;
+                bounds[2 * s + 1] = end;
+                count += end - start;
+            } else {
+                start = bounds[2 * s];
+                end = bounds[2 * s + 1];
+            }
+            int r = columns_append(c, (const unsigned char *)PyBytes_AS_STRING(batch_obj),
+                                   (size_t)PyBytes_GET_SIZE(batch_obj), start, end, &headers_total, &v);
+            verified_release(&v);
+            if (r < 0)
+                goto done;
+        }
+        if (pass == 0) {
+            for (int j = 0; j < NCOL; j++) {
+                cols[j] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)c[j].len);
+                if (cols[j] == NULL)
+                    goto done;
+                c[j].p = (unsigned char *)PyBytes_AS_STRING(cols[j]);
+                c[j].cap = c[j].len;
+                c[j].len = 0;
+            }
+        }
+    }
+    for (int j = 0; j < NCOL; j++) {
+        if (c[j].len != c[j].cap) {      /* (the SNs: measured at their longest) */
+            if (j != SV) {
+                PyErr_SetString(PyExc_SystemError, "sms._wire.columns: a column came out short of its measure");
+                goto done;
+            }
+            if (_PyBytes_Resize(&cols[j], (Py_ssize_t)c[j].len) < 0)
+                goto done;
+        }
     }
     out = PyTuple_New(NCOL + 1);
     if (out == NULL)
         goto done;
-    PyTuple_SET_ITEM(out, 0, PyLong_FromSsize_t(end - start));
+    PyTuple_SET_ITEM(out, 0, PyLong_FromSsize_t(count));
     for (int j = 0; j < NCOL; j++) {
-        PyObject *col = PyBytes_FromStringAndSize((const char *)c[j].p, c[j].len);
-        if (col == NULL) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        PyTuple_SET_ITEM(out, j + 1, col);
+        PyTuple_SET_ITEM(out, j + 1, cols[j]);
+        cols[j] = NULL;
     }
 done:
     for (int j = 0; j < NCOL; j++)
-        PyMem_Free(c[j].p);
-    PyMem_Free(hdrs.p);
-    verified_release(&v);
+        Py_XDECREF(cols[j]);
+    PyMem_Free(bounds);
+    Py_XDECREF(seq);
     return out;
+}
+
+static PyObject *
+w_columns(PyObject *self, PyObject *args)
+{
+    PyObject *batch_obj;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "Onn", &batch_obj, &start, &end))
+        return NULL;
+    PyObject *one = Py_BuildValue("((Onn))", batch_obj, start, end);
+    if (one == NULL)
+        return NULL;
+    PyObject *out = columns_of(one);
+    Py_DECREF(one);
+    return out;
+}
+
+static PyObject *
+w_columns_many(PyObject *self, PyObject *slices)
+{
+    return columns_of(slices);
 }
 
 /* ---- check_records: every record of a batch body as a reader decodes it ------------------ */
@@ -1465,6 +1623,7 @@ static PyMethodDef methods[] = {
     {"decode_records", w_decode_records, METH_VARARGS, "decode_records(batch, start, end, ordinal) -> [Record]"},
     {"session_fields", w_session_fields, METH_VARARGS, "session_fields(batch, start, end) -> [SessionFields]"},
     {"columns", w_columns, METH_VARARGS, "columns(batch, start, end) -> (count, 12 column buffers)"},
+    {"columns_many", w_columns_many, METH_O, "columns_many([(batch, start, end), ...]) -> one set of columns"},
     {"signature", w_signature, METH_VARARGS, "signature(key, data, headers=b'') -> 16 bytes"},
     {"hash_key", w_hash_key, METH_O, "hash_key(key bytes) -> int (MD5, big-endian)"},
     {NULL, NULL, 0, NULL},

@@ -2,15 +2,18 @@
 
 A page of `get_next_record_batch` (or of `read_stream(..., batches=True)`) is a few stored
 batches of one partition, each a slice [start, end) of the bytes the storage node keeps.
-`RecordBatch` decodes them with one compiled pass per stored batch (`wire.columns`) into
-Arrow-shaped buffers: offsets and values of keys, data and sequence numbers, arrival
-times, and headers as a map. `to_arrow()` wraps those buffers as a `pyarrow.Table`
-without another copy (one chunk per stored batch); `records()` gives the same records as
-`Record` tuples. pyarrow is needed only for `to_arrow()` (it comes with the `spark` extra).
+`RecordBatch` decodes them with one compiled pass over the page (`wire.columns_many`) into
+one set of Arrow-shaped buffers: offsets and values of keys, data and sequence numbers,
+arrival times, and headers as a map. `to_arrow()` wraps those buffers as a `pyarrow.Table`
+of one chunk without another copy: what a page costs in Python is a few calls, whatever
+its number of stored batches or records. `records()` gives the same records as `Record`
+tuples. pyarrow is needed only for `to_arrow()` (it comes with the `spark` extra).
 """
 
 from __future__ import annotations
 
+import array
+import functools
 from typing import Any
 
 from sms import seqno, wire
@@ -31,11 +34,12 @@ class RecordBatch:
     """Records of one partition, in SN order, from one or more stored-batch slices."""
 
     __slots__ = ("partition_ordinal", "slices", "_columns")
+    _columns: wire.Columns | None
 
     def __init__(self, partition_ordinal: int, slices: list[tuple[bytes, int, int]]) -> None:
         self.partition_ordinal = partition_ordinal
         self.slices = [(batch, start, min(end, wire.read_header(batch).count)) for batch, start, end in slices]
-        self._columns: list[wire.Columns] | None = None
+        self._columns = None
 
     def __len__(self) -> int:
         return sum(max(0, end - start) for _b, start, end in self.slices)
@@ -69,10 +73,10 @@ class RecordBatch:
                 out.append((batch, start, cut))
         return RecordBatch(self.partition_ordinal, out)
 
-    def columns(self) -> list[wire.Columns]:
-        """Per slice: (count, then wire.COLUMNS buffers), decoded once."""
+    def columns(self) -> wire.Columns:
+        """The page as (count, then the wire.COLUMNS buffers), every slice in one, decoded once."""
         if self._columns is None:
-            self._columns = [wire.columns(batch, start, end) for batch, start, end in self.slices]
+            self._columns = wire.columns_many(self.slices)
         return self._columns
 
     def records(self) -> list[Record]:
@@ -80,18 +84,17 @@ class RecordBatch:
                 for r in wire.decode_records(batch, start, end, self.partition_ordinal)]
 
     def to_arrow(self, *, timestamp_unit: str = "ms") -> Any:
-        """A pyarrow.Table with ARROW_COLUMNS (one chunk per stored batch); arrival times as
-        timestamp[`timestamp_unit`, UTC]."""
+        """A pyarrow.Table with ARROW_COLUMNS, one chunk for the page (none when it is empty);
+        arrival times as timestamp[`timestamp_unit`, UTC]."""
         pa = _pyarrow()
-        schema = arrow_schema(timestamp_unit)
-        chunks = [self._arrow_chunk(pa, schema, cols) for cols in self.columns() if cols[0]]
-        return pa.Table.from_batches(chunks, schema=schema)
+        return pa.Table.from_batches(self.to_arrow_batches(timestamp_unit=timestamp_unit),
+                                     schema=arrow_schema(timestamp_unit))
 
     def to_arrow_batches(self, *, timestamp_unit: str = "ms") -> list[Any]:
-        """The same as pyarrow.RecordBatch objects, one per stored batch."""
+        """The same as pyarrow.RecordBatch objects: one for the page, none when it is empty."""
         pa = _pyarrow()
-        schema = arrow_schema(timestamp_unit)
-        return [self._arrow_chunk(pa, schema, cols) for cols in self.columns() if cols[0]]
+        cols = self.columns()
+        return [self._arrow_chunk(pa, arrow_schema(timestamp_unit), cols)] if cols[0] else []
 
     def _arrow_chunk(self, pa: Any, schema: Any, cols: wire.Columns) -> Any:
         n = cols[0]
@@ -108,11 +111,32 @@ class RecordBatch:
             pa.Array.from_buffers(pa.binary(), n, [None, buf(do), buf(dv)]),
             pa.Array.from_buffers(pa.string(), n, [None, buf(so), buf(sv)]),
             arrival,
-            pa.array([self.partition_id] * n, pa.string()),
+            _repeated(pa, self.partition_id, n),
             pa.MapArray.from_arrays(pa.Array.from_buffers(pa.int32(), n + 1, [None, buf(ho)]), names, values),
         ], schema=schema)
 
 
+_REPEAT_ROWS_MIN = 1024      # the capacity a repeated column's cached buffers start with
+
+
+@functools.lru_cache(maxsize=64)
+def _repeat_buffers(pa: Any, text: str, rows: int) -> tuple[Any, Any]:
+    """(offsets, values) buffers of a string column holding `text` in each of `rows` rows."""
+    raw = text.encode()
+    return pa.py_buffer(array.array("i", range(0, (rows + 1) * len(raw), len(raw)) if raw else [0] * (rows + 1))
+                        .tobytes()), pa.py_buffer(raw * rows)
+
+
+def _repeated(pa: Any, text: str, n: int) -> Any:
+    """A string column of `text` in each of n rows, from cached buffers (a prefix of one
+    for the next power of two rows): no Python per row, and none of pyarrow's scalar
+    machinery, whose first use imports pandas (0.2 s)."""
+    rows = max(_REPEAT_ROWS_MIN, 1 << (n - 1).bit_length())
+    offsets, values = _repeat_buffers(pa, text, rows)
+    return pa.Array.from_buffers(pa.string(), n, [None, offsets, values])
+
+
+@functools.lru_cache(maxsize=8)
 def arrow_schema(timestamp_unit: str = "ms") -> Any:
     pa = _pyarrow()
     return pa.schema([

@@ -46,7 +46,7 @@ import logging
 import os
 import struct
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -899,9 +899,40 @@ def _columns(batch: bytes, start: int, end: int) -> Columns:
     return (end - start, *(bytes(cols[name]) for name in COLUMNS))
 
 
+def _columns_many(slices: Sequence[tuple[bytes, int, int]]) -> Columns:
+    """The columns of a page: each (batch, start, end) of `slices` as `_columns` decodes
+    it, concatenated into one set of buffers (offsets running on from slice to slice), so
+    a page of many stored batches is one Arrow chunk. CorruptBatch as `_columns`."""
+    parts = [_columns(batch, start, end) for batch, start, end in slices]
+    count = sum(p[0] for p in parts)
+    out: dict[str, bytearray] = {name: bytearray() for name in COLUMNS}
+    base = dict.fromkeys(COLUMNS, 0)
+    for name in COLUMNS:
+        if name.endswith("offsets"):
+            out[name] += struct.pack("<I", 0)
+    # each offsets column indexes the values column named after it (header_offsets: the header list)
+    indexes = {"key_offsets": "key_values", "data_offsets": "data_values", "sn_offsets": "sn_values",
+               "header_name_offsets": "header_names", "header_value_offsets": "header_values"}
+    headers = 0
+    for part in parts:
+        cols = dict(zip(COLUMNS, part[1:]))
+        for name, raw in cols.items():
+            if not name.endswith("offsets"):
+                out[name] += raw
+                continue
+            values = struct.unpack(f"<{len(raw) // 4}I", raw)[1:]
+            shift = headers if name == "header_offsets" else base[indexes[name]]
+            out[name] += struct.pack(f"<{len(values)}I", *(v + shift for v in values))
+        for name in indexes.values():
+            base[name] += len(cols[name])
+        headers += len(cols["header_name_offsets"]) // 4 - 1
+    return (count, *(bytes(out[name]) for name in COLUMNS))
+
+
 reference = types.SimpleNamespace(
     encode_puts=_encode_puts, parse_put=_parse_put, stored_entries=_stored_entries, check_framing=_check_framing,
     check_records=_check_records, decode_records=_decode_records, session_fields=_session_fields, columns=_columns,
+    columns_many=_columns_many,
     signature=_signature, hash_key=_hash_of)
 
 
@@ -919,6 +950,11 @@ def _load_compiled() -> Any:
         log.warning("sms.wire: the compiled codec was built for another batch format (header of %s bytes, not %d); "
                     "using the pure-Python reference until it is rebuilt (pip install -e .)",
                     getattr(_wire, "HEADER_BYTES", "?"), HEADER_BYTES)
+        return None
+    missing = [name for name in vars(reference) if not hasattr(_wire, name)]
+    if missing:
+        log.warning("sms.wire: the compiled codec is older than this source (it lacks %s); using the pure-Python "
+                    "reference until it is rebuilt (pip install -e .)", ", ".join(missing))
         return None
     _wire.configure(Record=Record, PutEntry=PutEntry, SessionFields=SessionFields, InvalidArgument=InvalidArgument,
                     InvalidPartitionKey=InvalidPartitionKey, InvalidRecordHeader=InvalidRecordHeader,
@@ -940,6 +976,7 @@ if TYPE_CHECKING:
     check_records = _check_records
     decode_records = _decode_records
     columns = _columns
+    columns_many = _columns_many
     session_fields = _session_fields
     signature = _signature
     hash_key = _hash_of
@@ -951,6 +988,7 @@ else:
     check_records = _impl.check_records
     decode_records = _impl.decode_records
     columns = _impl.columns
+    columns_many = _impl.columns_many
     session_fields = _impl.session_fields
     signature = _impl.signature
     hash_key = _impl.hash_key
@@ -968,7 +1006,19 @@ def _clear_only(decode: Callable[..., Any]) -> Callable[..., Any]:
     return decode_clear
 
 
+def _clear_only_slices(decode: Callable[..., Any]) -> Callable[..., Any]:
+    """`_clear_only` for a decoder of many (batch, start, end) slices."""
+    def decode_clear(slices: Sequence[tuple[bytes, int, int]]) -> Any:
+        for batch, _start, _end in slices:
+            if len(batch) > 1 and batch[1] & FLAG_SEALED:
+                raise CorruptBatch("a sealed (encrypted) batch reached a reader; it must be opened first")
+        return decode(slices)
+    decode_clear.__doc__ = decode.__doc__
+    return decode_clear
+
+
 if not TYPE_CHECKING:
     decode_records = _clear_only(decode_records)
     columns = _clear_only(columns)
+    columns_many = _clear_only_slices(columns_many)
     session_fields = _clear_only(session_fields)

@@ -79,3 +79,53 @@ def test_columns_of_a_batch_whose_framing_lies_is_corrupt():
 def test_compiled_columns_match_the_reference(recs, start, end):
     batch = sealed(recs)
     assert wire.compiled.columns(batch, start, end) == wire.reference.columns(batch, start, end)
+
+
+def page_of(pages, data) -> list[tuple[bytes, int, int]]:
+    slices = []
+    for i, recs in enumerate(pages):
+        batch = sealed(recs, seqno.make(1_700_000_000_000 + i, 1 + 100 * i, 3))
+        start = data.draw(st.integers(-2, len(recs) + 1), label="start")
+        end = data.draw(st.integers(-2, len(recs) + 2), label="end")
+        slices.append((batch, start, end))
+    return slices
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(records, max_size=4), st.data())
+def test_columns_of_a_page_are_its_slices_columns_run_on(pages, data):
+    """columns_many of a page holds each slice's records in order: the same rows as
+    columns() of each slice, offsets running on from one slice to the next."""
+    slices = page_of(pages, data)
+    for impl in filter(None, (wire.reference, wire.compiled)):
+        one = impl.columns_many(slices)
+        assert one[0] == sum(impl.columns(b, s, e)[0] for b, s, e in slices)
+        whole = RecordBatch(3, [])
+        whole._columns = one
+        expected = [r for b, s, e in slices
+                    for r in rows(RecordBatch(3, [(b, s, e)]).to_arrow())]
+        assert rows(whole.to_arrow()) == expected
+
+
+@pytest.mark.skipif(wire.compiled is None, reason="no compiled wire codec (not built, or SMS_PURE_PYTHON=1)")
+@settings(max_examples=60, deadline=None)
+@given(st.lists(records, max_size=4), st.data())
+def test_compiled_columns_of_a_page_match_the_reference(pages, data):
+    slices = page_of(pages, data)
+    assert wire.compiled.columns_many(slices) == wire.reference.columns_many(slices)
+
+
+def test_a_page_with_a_lying_or_sealed_batch_is_corrupt_and_a_bad_slice_a_type_error():
+    good = sealed([("k", b"v", {})])
+    lying = wire.seal(2, seqno.make(1_700_000_000_000, 1, 0), wire.encode_entry(b"k", b"data"))
+    for impl in filter(None, (wire.reference, wire.compiled)):
+        with pytest.raises(wire.CorruptBatch):
+            impl.columns_many([(good, 0, 1), (lying, 0, 2)])
+        with pytest.raises((TypeError, ValueError)):
+            impl.columns_many([(good, 0)])
+    encrypted = bytearray(good)
+    encrypted[1] |= wire.FLAG_SEALED
+    with pytest.raises(wire.CorruptBatch, match="sealed"):
+        wire.columns_many([(good, 0, 1), (bytes(encrypted), 0, 1)])
+    assert wire.columns_many([])[0] == 0
+    assert RecordBatch(0, []).to_arrow().num_rows == 0
