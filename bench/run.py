@@ -56,6 +56,7 @@ _SETTINGS: dict[str, tuple] = {
                                                              # the catch-up read reads these back
     "rf1_records": (2_000, 500_000, 1_000_000),              # the reference ingest at replication 1
     "put_record_calls": (20, 300, 1_000),                    # single put_record calls, one at a time, idle cluster
+    "sync_producer_records": (2_000, 300_000, 1_000_000),    # one SyncProducer, send() per record, one thread
     "sweeps": ({"dedup": [True, False], "replication": [1, 3, 5], "partitions": [1, 4]}, {},
                {"size": [100, 1024, 10240], "replication": [1, 3, 5], "persistence": ["disk", "disk_async"],
                 "dedup": [True, False], "partitions": [1, 4, 16, 64], "producers": [1, 8, 64]}),
@@ -113,6 +114,7 @@ GOAL_CATCH_UP_RECORDS_PER_S = 3_000_000    # one consumer, as Record objects, at
 GOAL_CATCH_UP_COLUMNS_PER_S = 8_000_000    # one consumer, as Arrow columns (RecordBatch.to_arrow), at least
 GOAL_P99_VS_NATS_R3 = 1.0            # p99 ack at 50% load / NATS R3's, at most
 GOAL_CPU_US_PER_RECORD = 12.0        # reference ingest, all processes, at most
+GOAL_SYNC_PRODUCER = 0.8             # one sync producer in one thread / the reference's 8 asyncio producers, at least
 LATENCY_TARGET_FRACTION = 0.5
 PEERS = ("redis_streams", "nats_js")
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -252,17 +254,38 @@ async def _put_record_latency(run: Run, client, cfg: dict, meter) -> dict:
     return {"stream": created, **out}
 
 
+async def _sync_producer(run: Run, client, cfg: dict, meter, address: str) -> dict:
+    """One synchronous producer in one thread (the README's way) on a stream of the
+    reference's layout: against the reference's 8 asyncio producers."""
+    from bench import sms_workloads as w
+    stream = "sync-producer"
+    created = await _create(run, client, stream, REFERENCE, "sms sync producer")
+    if "error" in created:
+        return created
+    records = cfg["sync_producer_records"]
+    common.progress(f"sms sync producer: {records:,} records of {REFERENCE['size']} B, send() per record, "
+                    f"one thread")
+    out = await run.acall("sms sync producer", asyncio.to_thread(
+        w.sync_producer_ingest, address, stream, records, REFERENCE["size"], meter), cfg["phase_timeout_s"])
+    if "error" not in out:
+        common.progress(f"sms sync producer: {out['records_per_s']:,} records/s, "
+                        f"{_cpu_text(out.get('cpu_per_record'))}")
+    await _delete(client, stream)
+    return {"stream": created, **out}
+
+
 async def _delete(client, stream: str) -> None:
     with contextlib.suppress(Exception):        # (only to free the cluster; not a figure)
         await asyncio.wait_for(client.delete_stream(stream), 30)
 
 
-async def _three_node_figures(run: Run, client, cfg: dict, meter) -> dict:
+async def _three_node_figures(run: Run, client, cfg: dict, meter, address: str) -> dict:
     """On the 3-node cluster: single put_record latency while it is still idle, the
-    reference point, and the reference ingest at replication 1."""
+    reference point, one sync producer, and the reference ingest at replication 1."""
     out = {"put_record_latency": await _put_record_latency(run, client, cfg, meter),
            "reference": await _reference(run, client, cfg, meter)}
     await _delete(client, "reference")
+    out["sync_producer"] = await _sync_producer(run, client, cfg, meter, address)
     out["rf1"] = await _ingest_point(run, client, cfg, "rf1", RF1, cfg["rf1_records"], "sms rf1", meter)
     await _delete(client, "rf1")
     return out
@@ -308,7 +331,7 @@ async def _on_cluster(run: Run, cfg: dict, workdir: str, nodes: int, points: lis
     try:
         async with aio.Client(cluster.address) as client:
             if nodes == 3:
-                out.update(await _three_node_figures(run, client, cfg, meter))
+                out.update(await _three_node_figures(run, client, cfg, meter, cluster.address))
             await _sweep_points(run, client, cfg, meter, points, out)
     finally:
         t1 = time.perf_counter()
@@ -532,6 +555,17 @@ def _cpu_target(ingest) -> dict:
                          detail=f"{_cpu_text(c)} over {c['records']:,} records acknowledged")
 
 
+def _sync_producer_target(sms: dict | None, ingest) -> dict:
+    """One SyncProducer, send() per record in one thread, against the reference's 8
+    asyncio producers with send_batch (the same layout, another stream, same run)."""
+    sync = _get(sms, "sync_producer")
+    t = _ingest_versus("one sync producer in one thread / the reference's 8 asyncio producers", GOAL_SYNC_PRODUCER,
+                       sync, "sms sync producer", ingest, _get(ingest, "records_per_s"), "sms reference ingest",
+                       "send() per record then flush(), against send_batch() of 500 from 8 producers")
+    t["cpu_per_record"] = _get(sync, "cpu_per_record", "us_per_record")
+    return t
+
+
 def targets(sms: dict | None, base: dict, extra: dict | None = None) -> list[dict]:
     """Issue 13's table: each target met, missed or n/a, with its ratio; then the extras'
     (issue 18's archive: a catch-up read from the archive against one from local storage)."""
@@ -551,6 +585,7 @@ def targets(sms: dict | None, base: dict, extra: dict | None = None) -> list[dic
         _catch_up_target(ref, columns=True),
         _p99_target(ref, nats),
         _cpu_target(ingest),
+        _sync_producer_target(sms, ingest),
         *_archive_targets(extra),
         _encryption_target(extra),
         *_kinesis_targets(extra),
@@ -587,7 +622,8 @@ def _sms_problems(sms: dict) -> list[str]:
     """Failed or miscounted records and failed calls of the SMS workloads."""
     out: list[str] = []
     ref = sms.get("reference") or {}
-    points = [("reference ingest", ref.get("ingest")), ("rf1 ingest", sms.get("rf1"))] + [
+    points = [("reference ingest", ref.get("ingest")), ("rf1 ingest", sms.get("rf1")),
+              ("sync producer", sms.get("sync_producer"))] + [
         (f"sweep {e.get('factor')}={e.get('value')}", e) for v in (sms.get("sweeps") or {}).values() for e in v]
     for name, r in points:
         if isinstance(r, dict) and r.get("failed"):

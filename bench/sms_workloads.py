@@ -149,6 +149,30 @@ async def ingest(client: aio.Client, stream: str, records: int, size: int, batch
             "cpu_per_record": cpu_per_record}
 
 
+def sync_producer_ingest(address: str, stream: str, records: int, size: int, meter: cpu.Meter = cpu.NONE,
+                         tag: str = "sync") -> dict:
+    """The README's way: one `sms.Client` and one de-duplicating producer in this one
+    thread, `producer.send(data, key)` per record (`common.records`: 1000 keys), then
+    flush(). Runs in a thread of its own (call it through asyncio.to_thread). The stream
+    must be de-duplicating."""
+    import sms
+    recs = common.records(records, size)
+    tally = _Tally()
+    with sms.Client(address) as client, client.producer(stream, f"{tag}-{stream}") as producer:
+        producer.send(b"warm-up", "warm-up").result()      # (the map, the epoch: not part of the figure)
+        meter.start()
+        t0 = time.perf_counter()
+        futures = [producer.send(data, key) for key, data in recs]
+        producer.flush()
+        secs = time.perf_counter() - t0
+        tally.settle([f.exception() or f.result() for f in futures])
+        cpu_per_record = meter.stop(tally.acked)
+    return {"records": len(recs), "size": size, "producers": 1, "dedup": True,
+            "path": "sms.Client().producer().send(data, key) per record, one thread, then flush()",
+            "seconds": round(secs, 3), "records_per_s": round(tally.acked / secs),
+            **tally.as_dict(), "cpu_per_record": cpu_per_record}
+
+
 class _BatchSender:
     """One call = one batch of `batch` records through the path of `ingest` (a pool of
     `producers` de-duplicating producers used round-robin, or put_records). `payload(i)`

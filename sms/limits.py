@@ -184,6 +184,9 @@ PRODUCER_RETRY_BACKOFF_MS = 50                      # first backoff of a session
 PRODUCER_RETRY_BACKOFF_MS_CAP = 500                 # default: backoff doubles up to this (a failover takes a session TTL)
 PRODUCER_RETRY_BACKOFF_MS_MAX = 10_000              # the largest backoff a producer may be configured with
 PRODUCER_DELIVERY_TIMEOUT_S = 120.0                 # send() to settled, at most
+PRODUCER_SYNC_HANDOFF_RECORDS_MAX = 5_000          # a SyncProducer's records sent by threads, not yet
+PRODUCER_SYNC_HANDOFF_BYTES_MAX = 8 * 1024 * 1024  # taken by its loop: send() waits beyond either
+PRODUCER_SYNC_WAIT_CHECK_S = 0.5                   # a send() waiting for room looks whether the loop still runs
 PRODUCER_DEDUP_WINDOW_MARGIN_S = 10.0               # last resend this long before the
                                                     # stream's dedup window (plus clock skew) would reject it
 PRODUCER_SESSION_WINDOW_MAX = DEDUP_ENTRIES_PER_SESSION_MAX   # SSSNs sent above
@@ -417,6 +420,7 @@ relation("PRODUCER_DEDUP_WINDOW_MARGIN_S * 1000 + DEDUP_CLOCK_SKEW_MS_MAX < DEDU
 # One full request fits in a session's window; the owner's table never refuses the lowest SSSN.
 relation("PUT_RECORDS_COUNT_MAX <= PRODUCER_SESSION_WINDOW_MAX <= DEDUP_ENTRIES_PER_SESSION_MAX")
 relation("RECORD_DATA_BYTES_MAX < PRODUCER_PENDING_BYTES_MAX")
+relation("RECORD_DATA_BYTES_MAX < PRODUCER_SYNC_HANDOFF_BYTES_MAX")
 relation("PRODUCER_RETRY_BACKOFF_MS <= PRODUCER_RETRY_BACKOFF_MS_CAP <= PRODUCER_RETRY_BACKOFF_MS_MAX")
 relation("0 < PRODUCER_ID_RANDOM_BYTES <= PRODUCER_ID_BYTES_MAX")
 

@@ -480,6 +480,50 @@ class Producer:
             batch.future.set_result([])
         return batch.future
 
+    async def _queue_outcomes(self, prepared: Sequence[tuple[bytes, bytes, int, bytes]],
+                              outcomes: Sequence[Outcome]) -> None:
+        """Queue each prepared record with its own outcome (a SyncProducer's records, each
+        sent by send() with a concurrent future), in order, waiting for room as send()
+        does. Raises nothing for a record: a record refused (no open partition covers its
+        hash, the map could not be loaded) fails its outcome and the next ones go on; once
+        the producer stops running (closed, fenced, broken) or this is cancelled, every
+        record not queued fails with that error."""
+        loop = self._loop or self._bind_loop()
+        acc = self._acc
+        i, n = 0, len(prepared)
+        try:
+            while i < n:
+                if acc.info is not None and self._state is ProducerState.RUNNING:
+                    start, sent = i, acc.totals["sent"]
+                    try:
+                        i = acc.add_many(prepared, i, outcomes.__getitem__, loop.time())
+                    except errors.SmsError as e:
+                        i = start + acc.totals["sent"] - sent      # (add_many added those before it)
+                        outcomes[i].set_exception(e)
+                        i += 1
+                    if acc.totals["sent"] > sent:
+                        self._kick()
+                    if i == n:
+                        break
+                    if acc.info is not None and self._state is ProducerState.RUNNING and i > start:
+                        continue
+                key, data, hash_key, extra = prepared[i]
+                try:
+                    await self._queue(key, data, hash_key, extra, outcomes[i])
+                except errors.SmsError as e:
+                    if self._state is not ProducerState.RUNNING:
+                        raise
+                    outcomes[i].set_exception(e)
+                i += 1
+        except BaseException as e:
+            error = e if isinstance(e, errors.SmsError) else ProducerClosed(
+                f"producer of {self.stream!r} stopped before the record was queued")
+            for outcome in outcomes[i:]:
+                if not outcome.done():
+                    outcome.set_exception(error)
+            if not isinstance(e, errors.SmsError):
+                raise
+
     async def _queue(self, key: bytes, data: bytes, hash_key: int, extra: bytes, outcome: Outcome | None = None,
                      ordinal: int | None = None, sssn: int | None = None) -> Outcome:
         size = len(key) + len(data) + SESSION_META_BYTES + len(extra)
@@ -646,10 +690,104 @@ class Producer:
         return False
 
 
+_FINISHED = concurrent.futures._base.FINISHED
+_CANCELLED = (concurrent.futures._base.CANCELLED, concurrent.futures._base.CANCELLED_AND_NOTIFIED)
+_SETTLED = (_FINISHED, *_CANCELLED)
+_MAKE_CONDITION = threading.Lock()     # a _RecordFuture's condition is made, or its outcome set without one
+
+
+class _RecordFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+    """The concurrent future SyncProducer.send() returns: a `concurrent.futures.Future`
+    in every way (result, exception, callbacks, `concurrent.futures.wait` and
+    `as_completed`), that makes its `threading.Condition` only when something waits on it
+    or registers a callback. Most records are looked at once settled, if ever, and a
+    Condition costs more to make than the rest of a record's send() (py-spy: 30% of a
+    sync producer's thread). Born running (it cannot be cancelled, as a sent record cannot
+    be called back).
+
+    Why it is safe: a waiter, `wait()`/`as_completed()` and `add_done_callback` all reach
+    the condition through `_condition`, which is made under one process-wide lock; setting
+    the outcome takes that lock, and without a condition there is nobody to wake, so it
+    sets the state and returns; with one it is the base class's own set_result. Reads of
+    the state are single attribute reads."""
+
+    _cond: threading.Condition | None = None
+
+    def __init__(self) -> None:   # (the base class's, without the condition, and running)
+        self._state = concurrent.futures._base.RUNNING
+        self._result = None
+        self._exception: BaseException | None = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Any] = []
+
+    @property
+    def _condition(self) -> threading.Condition:        # type: ignore[override]
+        cond = self._cond
+        if cond is None:
+            with _MAKE_CONDITION:
+                cond = self._cond
+                if cond is None:
+                    cond = self._cond = threading.Condition()
+        return cond
+
+    def set_result(self, result: Any) -> None:
+        with _MAKE_CONDITION:
+            if self._cond is None:
+                if self._state in _SETTLED:
+                    raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
+                self._result = result
+                self._state = _FINISHED
+                return
+        super().set_result(result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        with _MAKE_CONDITION:
+            if self._cond is None:
+                if self._state in _SETTLED:
+                    raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
+                self._exception = exception
+                self._state = _FINISHED
+                return
+        super().set_exception(exception)
+
+    def done(self) -> bool:
+        return self._state in _SETTLED
+
+    def cancelled(self) -> bool:
+        return self._state in _CANCELLED
+
+    def running(self) -> bool:
+        return self._state == concurrent.futures._base.RUNNING
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._state == _FINISHED:
+            if self._exception is not None:
+                try:
+                    raise self._exception
+                finally:
+                    self = None     # type: ignore[assignment]  # (no cycle through the traceback, as the base)
+            return self._result
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == _FINISHED:
+            return self._exception
+        return super().exception(timeout)
+
+
 class SyncProducer:
     """A `Producer` on the private loop of a synchronous `sms.Client`. `send()` returns a
     `concurrent.futures.Future`; do not call this producer from that future's callbacks
-    (they run on the client's loop thread). Errors as `Producer`."""
+    (they run on the client's loop thread). Errors as `Producer`.
+
+    send() checks and encodes its record in the calling thread (bad input raises there, at
+    once) and hands it to the loop by the batch, not one call per record: records wait in a
+    bounded hand-off (PRODUCER_SYNC_HANDOFF_RECORDS_MAX, PRODUCER_SYNC_HANDOFF_BYTES_MAX)
+    that one task on the loop takes whole and queues in order, each with its own future.
+    A sending thread wakes the loop only when the hand-off was empty, and waits (send()
+    blocks) while it is full: the producer's own bounds (records per partition, bytes)
+    hold the loop's task, and through it every sending thread. send_batch(), flush() and
+    close() take what is handed off first, so one thread's records keep their order."""
 
     def __init__(self, client: sync_client.Client, stream: str, producer_id: str | bytes | None = None,
                  **kwargs: Any) -> None:
@@ -661,6 +799,12 @@ class SyncProducer:
         self._client = client
         self._loop: asyncio.AbstractEventLoop = client._loop
         self._producer: Producer = self._run(self._make(client._aio, stream, producer_id, kwargs))
+        self._handoff: list[tuple[tuple[bytes, bytes, int, bytes], concurrent.futures.Future[ProducerResult]]] = []
+        self._handoff_bytes = 0
+        self._room = threading.Condition()       # guards the hand-off; notified when the loop takes it
+        self._take_scheduled = False             # a take is scheduled on the loop (under _room)
+        self._order = asyncio.Lock()             # (loop side) one taker at a time: records keep their order
+        self._closed = False                     # close() began: send() refuses
 
     @staticmethod
     async def _make(aio_client: Transport, stream: str, producer_id: str | bytes | None,
@@ -691,23 +835,94 @@ class SyncProducer:
              dedup_key: bytes | str | None = None,
              headers: Headers | None = None) -> concurrent.futures.Future[ProducerResult]:
         """Queue one record; a future of its `ProducerResult` or its named error
-        (`Producer.send`).
+        (`Producer.send`). Waits while PRODUCER_SYNC_HANDOFF_RECORDS_MAX records (or
+        _BYTES_MAX bytes) this producer was given are not yet taken by its loop.
 
         Raises:
             InvalidPartitionKey, InvalidHashKey, RecordTooLarge, InvalidRecordHeader,
             InvalidDedupKey, DedupKeyTooLarge, InvalidArgument, StreamNotFound,
             ProducerClosed, InternalError."""
-        return self._run(self._send(data, partition_key, explicit_hash_key, dedup_key, headers))
+        self._check_open()
+        try:
+            prepared = prepare_record(partition_key, data, explicit_hash_key, headers)
+        except (errors.RecordTooLarge, errors.InvalidArgument):
+            if not needs_reference((partition_key, data)):
+                raise
+            # over the inline limit, or a file: uploaded on the loop, then sent by reference
+            return self._run(self._send(data, partition_key, explicit_hash_key, dedup_key, headers))
+        extra = prepared.extra
+        dedup = _dedup_key_bytes(dedup_key)
+        if dedup is not None:
+            extra += bytes((wire.TAG_DEDUP_KEY, len(dedup))) + dedup
+        record = (prepared.key, prepared.data, prepared.hash_key, extra)
+        if self._producer._acc.info is None:
+            # the first record loads the stream map: StreamNotFound raises here, not on the future
+            return self._run(self._send_prepared(record))
+        future: concurrent.futures.Future[ProducerResult] = _RecordFuture()
+        self._hand_off(record, future)
+        return future
+
+    def _check_open(self) -> None:
+        if threading.current_thread() is getattr(self._client, "_thread", None):
+            errors.invariant(False, "SyncProducer called from its client's loop thread (a future's callback?)")
+        if self._closed or not self._loop.is_running():
+            raise ProducerClosed(f"producer of {self._producer.stream!r} is closed")
+        self._producer._check_running()         # (reads its state only: fenced or broken raise here)
+
+    def _hand_off(self, record: tuple[bytes, bytes, int, bytes], future: concurrent.futures.Future[Any]) -> None:
+        size = len(record[0]) + len(record[1]) + len(record[3])
+        with self._room:
+            while self._handoff and (len(self._handoff) >= limits.PRODUCER_SYNC_HANDOFF_RECORDS_MAX
+                                     or self._handoff_bytes + size > limits.PRODUCER_SYNC_HANDOFF_BYTES_MAX):
+                if not self._room.wait(limits.PRODUCER_SYNC_WAIT_CHECK_S):
+                    self._check_open()
+            self._handoff.append((record, future))
+            self._handoff_bytes += size
+            if self._take_scheduled:
+                return
+            try:
+                self._loop.call_soon_threadsafe(self._schedule_take)
+            except RuntimeError:                    # the loop closed meanwhile
+                self._handoff.pop()
+                self._handoff_bytes -= size
+                raise ProducerClosed("the client of this producer is closed") from None
+            self._take_scheduled = True
+
+    def _schedule_take(self) -> None:
+        """(on the loop) A task that takes the hand-off."""
+        self._loop.create_task(self._take())
+
+    async def _take(self) -> None:
+        async with self._order:
+            await self._take_locked()
+
+    async def _take_locked(self) -> None:
+        """Queue everything handed off so far, in order (the caller holds _order); waits
+        for room in the producer meanwhile, so the hand-off fills and send() waits."""
+        while True:
+            with self._room:
+                items, self._handoff = self._handoff, []
+                self._handoff_bytes = 0
+                self._take_scheduled = False
+                self._room.notify_all()
+            if not items:
+                return
+            await self._producer._queue_outcomes([r for r, _f in items], [f for _r, f in items])
 
     async def _send(self, data: bytes, partition_key: str, explicit_hash_key: int | str | None,
                     dedup_key: bytes | str | None,
                     headers: Headers | None) -> concurrent.futures.Future[ProducerResult]:
-        future = await self._producer.send(data, partition_key, explicit_hash_key=explicit_hash_key,
-                                           dedup_key=dedup_key, headers=headers)
-        out: concurrent.futures.Future[ProducerResult] = concurrent.futures.Future()
-        out.set_running_or_notify_cancel()         # a sent record cannot be called back
-        future.add_done_callback(lambda f: _copy_outcome(f, out))
-        return out
+        async with self._order:
+            await self._take_locked()
+            future = await self._producer.send(data, partition_key, explicit_hash_key=explicit_hash_key,
+                                               dedup_key=dedup_key, headers=headers)
+        return _concurrent_of(future)
+
+    async def _send_prepared(self, record: tuple[bytes, bytes, int, bytes]) -> concurrent.futures.Future[Any]:
+        async with self._order:
+            await self._take_locked()
+            future = await self._producer._queue(*record)
+        return _concurrent_of(cast("asyncio.Future[ProducerResult]", future))
 
     def put(self, data: bytes, partition_key: str, **kwargs: Any) -> ProducerResult:
         """send() (`kwargs`: explicit_hash_key, dedup_key, headers) and wait for the
@@ -720,31 +935,57 @@ class SyncProducer:
         Raises:
             InvalidArgument, InvalidPartitionKey, InvalidHashKey, RecordTooLarge,
             InvalidRecordHeader, StreamNotFound, ProducerClosed, InternalError."""
+        self._check_open()
         return self._run(self._send_batch(list(records)))
 
     async def _send_batch(self, records: list[RecordInput]) -> concurrent.futures.Future[list[RecordOutcome]]:
-        future = await self._producer.send_batch(records)
-        out: concurrent.futures.Future[list[RecordOutcome]] = concurrent.futures.Future()
-        out.set_running_or_notify_cancel()
-        future.add_done_callback(lambda f: _copy_outcome(f, out))
-        return out
+        async with self._order:
+            await self._take_locked()
+            future = await self._producer.send_batch(records)
+        return _concurrent_of(future)
 
     def flush(self) -> None:
         """Wait until every record sent before is settled. Raises InternalError if the
         sender failed, ProducerClosed if the client is closed."""
-        self._run(self._producer.flush())
+        self._run(self._flush())
+
+    async def _flush(self) -> None:
+        async with self._order:
+            await self._take_locked()
+        await self._producer.flush()
 
     def close(self) -> None:
         """Flush and stop the producer (`Producer.close`). Idempotent."""
+        self._closed = True
         if self._loop.is_running():
-            self._run(self._producer.close())
+            self._run(self._close())
+        with self._room:
+            self._room.notify_all()               # (threads waiting for room see the close)
+        for _record, future in self._handoff:     # (only if the loop stopped first)
+            if not future.done():
+                future.set_exception(ProducerClosed("the client of this producer closed before the record was sent"))
+        self._handoff.clear()
+
+    async def _close(self) -> None:
+        async with self._order:
+            await self._take_locked()
+        await self._producer.close()
 
     def statistics(self) -> dict[str, Any]:
-        """`Producer.statistics`. Raises ProducerClosed if the client is closed."""
-        return self._run(self._statistics())
+        """`Producer.statistics`, and the records handed off but not yet taken by the
+        loop. Raises ProducerClosed if the client is closed."""
+        return {**self._run(self._statistics()), "handed_off": len(self._handoff)}
 
     async def _statistics(self) -> dict[str, Any]:
         return self._producer.statistics()
+
+
+def _concurrent_of(source: asyncio.Future[_T]) -> concurrent.futures.Future[_T]:
+    """A concurrent future that takes `source`'s outcome (set on the loop)."""
+    out: concurrent.futures.Future[_T] = concurrent.futures.Future()
+    out.set_running_or_notify_cancel()             # a sent record cannot be called back
+    source.add_done_callback(lambda f: _copy_outcome(f, out))
+    return out
 
 
 def _copy_outcome(source: asyncio.Future[_T], target: concurrent.futures.Future[_T]) -> None:
