@@ -68,7 +68,14 @@ class _Tally:
         if len(self.first_errors) < 3:
             self.first_errors.append(text[:300])
 
-    def settle(self, results: list) -> bool:
+    def settle(self, results) -> bool:
+        failed = getattr(results, "failed", None)
+        if failed is not None:                   # a producer's BatchResults: its errors alone
+            for _i, e in failed:
+                self.error(repr(e))
+            self.acked += len(results) - len(failed)
+            self.duplicates += results.duplicates
+            return not failed
         ok = True
         for r in results:
             if isinstance(r, BaseException):

@@ -158,9 +158,8 @@ async def import_stream(client, directory: str, stream: str, progress=None) -> d
                 chunk = [(k, d, None, dict(h)) if h else (k, d) for k, d, h in zip(keys, data, headers)]
                 # one batch at a time, settled before the next: each key's order is kept
                 outcomes = await (await producer.send_batch(chunk))
-                failed = [o for o in outcomes if isinstance(o, BaseException)]
-                if failed:
-                    raise failed[0]
+                if outcomes.failed:
+                    raise outcomes.failed[0][1]
                 written += len(chunk)
                 if progress is not None:
                     progress(written)

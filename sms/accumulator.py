@@ -54,6 +54,16 @@ class Outcome(Protocol):
     def set_exception(self, error: BaseException) -> None: ...
 
 
+class BatchSink(Protocol):
+    """Where the outcomes of a batch of records go, by their index in it, with no object
+    per record (`sms.producer`'s send_batch outcome): a record added with a sink and an
+    index settles through these instead of an `Outcome`."""
+
+    def settle_result(self, index: int, sn: int | None, ordinal: int, sssn: int, duplicate: bool) -> None: ...
+    def settle_error(self, index: int, error: BaseException) -> None: ...
+    def settled(self, index: int) -> bool: ...
+
+
 class ProducerResult(NamedTuple):
     """A record stored once: its SN (None when the owner no longer knows it: a duplicate
     of a record below the HWM), its partition and SSSN, and whether this answer was a
@@ -84,7 +94,7 @@ class PendingRecord:
     data: bytes | None               # dropped once `entry` is encoded
     extra: bytes                     # wire meta TLVs: explicit hash key, dedup key, headers
     size: int                        # key + meta + data bytes, as a request counts them
-    outcome: Outcome
+    outcome: Any                     # an Outcome; or, with index >= 0, the BatchSink of its batch
     enqueued_s: float
     deadline_s: float                # after this it fails with Timeout (unless in flight)
     hash_key: int = 0                # routes it to a child once its partition is closed
@@ -93,6 +103,11 @@ class PendingRecord:
     entry: bytes | None = None       # the encoded entry, the same bytes on every resend
     attempts: int = 0
     settled: bool = False
+    index: int = -1                  # >= 0: its place in the BatchSink `outcome`
+
+    def is_settled_for_caller(self) -> bool:
+        """Whether the caller has this record's outcome (flush() waits for it)."""
+        return bool(self.outcome.settled(self.index) if self.index >= 0 else self.outcome.done())
 
 
 @dataclass(slots=True, eq=False)
@@ -244,12 +259,15 @@ class Accumulator:
                          f"p{session.ordinal}: a record room() made room for was not added")
 
     def add_many(self, prepared: Sequence[tuple[bytes, bytes, int, bytes]], start: int,
-                 outcome_of: Callable[[int], Outcome], now_s: float,
+                 outcome_of: Callable[[int], Outcome] | BatchSink, now_s: float,
                  pins: Sequence[tuple[int, int]] | None = None) -> int:
         """add() for prepared[start:], (key, data, hash key, extra) each (and pins[i]:
         (session ordinal, SSSN) when pinned), as long as each has room without waiting;
         returns the index of the first record not added (len(prepared) if all were).
-        Raises as room() does, with the records before added."""
+        `outcome_of(i)` is record i's Outcome; or `outcome_of` is a BatchSink, which
+        takes record i's outcome as its index i. Raises as room() does, with the records
+        before added."""
+        sink = None if callable(outcome_of) else outcome_of
         window_s = self._info().dedup_window_s - limits.DEDUP_CLOCK_SKEW_MS_MAX / 1000 - PRODUCER_DEDUP_WINDOW_MARGIN_S
         deadline_s = now_s + max(0.0, min(self.delivery_timeout_s, window_s))
         sessions, per_partition_max = self.sessions, self.max_pending_per_partition
@@ -286,8 +304,12 @@ class Accumulator:
                 if sssn is None:
                     sssn = session.next_sssn
                 errors.invariant(sssn <= limits.SSSN_MAX, f"p{ordinal}: SSSNs exhausted")
-                record = PendingRecord(ordinal, sssn, session.next_seq, key, data, extra, size, outcome_of(i),
-                                       now_s, deadline_s, hash_key, pins is not None)
+                if sink is None:
+                    record = PendingRecord(ordinal, sssn, session.next_seq, key, data, extra, size,
+                                           outcome_of(i), now_s, deadline_s, hash_key, pins is not None)  # type: ignore[operator]
+                else:
+                    record = PendingRecord(ordinal, sssn, session.next_seq, key, data, extra, size, sink, now_s,
+                                           deadline_s, hash_key, pins is not None, index=i)
                 session.next_sssn = sssn + 1
                 session.next_seq += 1
                 session.records[sssn] = record
@@ -314,21 +336,37 @@ class Accumulator:
     def _settle(self, session: Session, record: PendingRecord, result: ProducerResult | None = None,
                 error: BaseException | None = None) -> None:
         """The record's one outcome: it is set, and the SSSN counts for the HWM."""
+        if error is None:
+            r = cast(ProducerResult, result)          # (given whenever `error` is not)
+            self._settle_ok(session, record, r.sn, r.partition_ordinal, r.duplicate)
+            return
         if session.records.pop(record.sssn, None) is not record:
             errors.invariant(False, f"p{session.ordinal}: sssn {record.sssn} settled twice or never sent")
         self.pending_bytes -= record.size
         self._count_settled(session, record)
+        self.totals["failed"] += 1
         outcome = record.outcome
-        if error is None:
-            self.totals["acked"] += 1
-            result = cast(ProducerResult, result)     # (given whenever `error` is not)
-            self.totals["duplicates"] += result.duplicate
-            if not outcome.cancelled():
-                outcome.set_result(result)
-        else:
-            self.totals["failed"] += 1
-            if not outcome.cancelled():
-                outcome.set_exception(error)
+        if record.index >= 0:
+            outcome.settle_error(record.index, error)
+        elif not outcome.cancelled():
+            outcome.set_exception(error)
+
+    def _settle_ok(self, session: Session, record: PendingRecord, sn: int | None, ordinal: int,
+                   duplicate: bool) -> None:
+        """_settle of a stored record: its SN (None: a duplicate whose SN the owner no
+        longer knows), the partition it is in, and whether this answer was a duplicate.
+        A record of a batch gets its outcome as columns of the batch (no object here)."""
+        if session.records.pop(record.sssn, None) is not record:
+            errors.invariant(False, f"p{session.ordinal}: sssn {record.sssn} settled twice or never sent")
+        self.pending_bytes -= record.size
+        self._count_settled(session, record)
+        self.totals["acked"] += 1
+        self.totals["duplicates"] += duplicate
+        outcome = record.outcome
+        if record.index >= 0:
+            outcome.settle_result(record.index, sn, ordinal, record.sssn, duplicate)
+        elif not outcome.cancelled():
+            outcome.set_result(ProducerResult(sn, ordinal, record.sssn, duplicate))
 
     @staticmethod
     def _count_settled(session: Session, record: PendingRecord) -> None:
@@ -616,7 +654,7 @@ class Accumulator:
         throttled: set[int] = set()                 # partitions with a record answered Throttled
         sessions = self.sessions
         sns, ordinals = wire.decode_put_results(response.sequence_numbers, response.ordinals, len(items))
-        settle = self._settle
+        settle, settle_ok = self._settle, self._settle_ok
         for j, record in enumerate(items):
             ordinal = record.ordinal
             counts = answered.get(ordinal)
@@ -635,8 +673,7 @@ class Accumulator:
                     self.fenced = self.fenced or error
                 settle(sessions[ordinal], record, error=error)
                 continue
-            settle(sessions[ordinal], record, ProducerResult(sns[j] or None, ordinals[j], record.sssn,
-                                                             j in duplicates))
+            settle_ok(sessions[ordinal], record, sns[j] or None, ordinals[j], j in duplicates)
         self._requeue(answered, refresh=refresh, now_s=now_s)
         for m in response.missing:
             # SSSNs below one the owner took that it does not hold: resent at once, ahead of

@@ -23,8 +23,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, overload
 
 from sms import wire, errors, limits
 from sms.accumulator import HWM_NONE, SESSION_META_BYTES, Accumulator, Outcome, ProducerResult, PutRequest, Session
@@ -53,7 +53,7 @@ _T = TypeVar("_T")
 # One record's outcome in a send_batch() result: its ProducerResult or its named error.
 RecordOutcome = ProducerResult | BaseException
 
-__all__ = ["HWM_NONE", "Producer", "ProducerClosed", "ProducerResult", "ProducerState", "SyncProducer",
+__all__ = ["HWM_NONE", "BatchResults", "Producer", "ProducerClosed", "ProducerResult", "ProducerState", "SyncProducer",
            "producer_id_bytes"]
 
 ProducerClosed = errors.ProducerClosed
@@ -110,27 +110,122 @@ class _Pulse:
             self._event = None
 
 
-class _BatchOutcome:
-    """The outcomes of one send_batch() call, and the one future that carries them."""
+class BatchResults(Sequence[RecordOutcome]):
+    """What a send_batch() future resolves to: per record, in order, its
+    `ProducerResult` or its named error (an `SmsError`), as a sequence: index it, iterate
+    it, compare it with a list. The outcomes are kept as columns and a record's
+    `ProducerResult` is made when it is looked at, so a batch costs no object per record
+    until then. `failed` lists the errors alone (empty: every record was stored), and
+    `duplicates` counts the records an earlier send had stored already."""
 
-    __slots__ = ("values", "pending", "future")
+    __slots__ = ("_sns", "_ordinals", "_sssns", "_dups", "_errors")
+
+    def __init__(self, sns: list[int | None], ordinals: list[int], sssns: list[int], dups: bytearray,
+                 errors_by_index: dict[int, BaseException]) -> None:
+        self._sns, self._ordinals, self._sssns, self._dups, self._errors = sns, ordinals, sssns, dups, errors_by_index
+
+    def __len__(self) -> int:
+        return len(self._sns)
+
+    def _at(self, i: int) -> RecordOutcome:
+        error = self._errors.get(i) if self._errors else None
+        if error is not None:
+            return error
+        return ProducerResult(self._sns[i], self._ordinals[i], self._sssns[i], bool(self._dups[i]))
+
+    @overload
+    def __getitem__(self, index: int) -> RecordOutcome: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RecordOutcome]: ...
+
+    def __getitem__(self, index: int | slice) -> RecordOutcome | list[RecordOutcome]:
+        if isinstance(index, slice):
+            return [self._at(i) for i in range(*index.indices(len(self._sns)))]
+        n = len(self._sns)
+        if not -n <= index < n:
+            raise IndexError("batch result index out of range")
+        return self._at(index % n)
+
+    def __iter__(self) -> Iterator[RecordOutcome]:
+        return (self._at(i) for i in range(len(self._sns)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (BatchResults, list, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __add__(self, other: Sequence[RecordOutcome]) -> list[RecordOutcome]:
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[RecordOutcome]) -> list[RecordOutcome]:
+        return [*other, *self]             # (list + BatchResults: a list, as before)
+
+    def __repr__(self) -> str:
+        return f"BatchResults({list(self)!r})"
+
+    @property
+    def failed(self) -> list[tuple[int, BaseException]]:
+        """(index, named error) of each record not stored, in order."""
+        return sorted(self._errors.items())
+
+    @property
+    def duplicates(self) -> int:
+        """Records answered as duplicates (stored once already, by an earlier send)."""
+        return sum(self._dups)
+
+
+class _BatchOutcome:
+    """The outcomes of one send_batch() call as columns (the accumulator's BatchSink),
+    and the one future that carries them."""
+
+    __slots__ = ("sns", "ordinals", "sssns", "dups", "errors", "state", "pending", "future")
 
     def __init__(self, count: int, loop: asyncio.AbstractEventLoop) -> None:
-        self.values: list[RecordOutcome | None] = [None] * count
+        self.sns: list[int | None] = [None] * count
+        self.ordinals = [0] * count
+        self.sssns = [0] * count
+        self.dups = bytearray(count)
+        self.errors: dict[int, BaseException] = {}
+        self.state = bytearray(count)           # 1 once the record's outcome is in
         self.pending = count
-        self.future: asyncio.Future[list[RecordOutcome]] = loop.create_future()
+        self.future: asyncio.Future[BatchResults] = loop.create_future()
 
-    def settle(self, index: int, value: RecordOutcome) -> None:
-        if self.values[index] is not None:
+    def settled(self, index: int) -> bool:
+        return self.state[index] != 0
+
+    def settle_result(self, index: int, sn: int | None, ordinal: int, sssn: int, duplicate: bool) -> None:
+        if self.state[index]:
             return
-        self.values[index] = value
+        self.state[index] = 1
+        self.sns[index] = sn
+        self.ordinals[index] = ordinal
+        self.sssns[index] = sssn
+        if duplicate:
+            self.dups[index] = 1
         self.pending -= 1
-        if self.pending == 0 and not self.future.done():
-            self.future.set_result(cast(list[RecordOutcome], self.values))   # (all settled: no None left)
+        if self.pending == 0:
+            self._resolve()
+
+    def settle_error(self, index: int, error: BaseException) -> None:
+        if self.state[index]:
+            return
+        self.state[index] = 1
+        self.errors[index] = error
+        self.pending -= 1
+        if self.pending == 0:
+            self._resolve()
+
+    def _resolve(self) -> None:
+        if not self.future.done():
+            self.future.set_result(BatchResults(self.sns, self.ordinals, self.sssns, self.dups, self.errors))
 
 
 class _Slot:
-    """A record's place in its send_batch() outcome: what the producer needs of a future."""
+    """A record's place in its send_batch() outcome, as an `Outcome` (for a record that
+    waited for room one at a time: `Accumulator.add`)."""
 
     __slots__ = ("batch", "index")
 
@@ -139,16 +234,16 @@ class _Slot:
         self.index = index
 
     def done(self) -> bool:
-        return self.batch.values[self.index] is not None
+        return self.batch.settled(self.index)
 
     def cancelled(self) -> bool:
         return False      # (a caller that cancels the batch's future stops waiting; the outcome is still kept)
 
     def set_result(self, result: "ProducerResult") -> None:
-        self.batch.settle(self.index, result)
+        self.batch.settle_result(self.index, result.sn, result.partition_ordinal, result.sssn, result.duplicate)
 
     def set_exception(self, error: BaseException) -> None:
-        self.batch.settle(self.index, error)
+        self.batch.settle_error(self.index, error)
 
 
 # --- validation at the edge ---------------------------------------------------------------
@@ -336,7 +431,7 @@ class Producer:
         future = await self._queue(prepared.key, prepared.data, prepared.hash_key, extra)
         return cast("asyncio.Future[ProducerResult]", future)     # (given no outcome, _queue makes a future)
 
-    async def send_batch(self, records: Iterable[RecordInput]) -> asyncio.Future[list[RecordOutcome]]:
+    async def send_batch(self, records: Iterable[RecordInput]) -> asyncio.Future[BatchResults]:
         """send() for each record of `records`, in order: (partition_key, data) pairs, or
         (partition_key, data, explicit_hash_key) or dicts as `Client.put_records` takes
         them. Returns ONE future for the batch, resolving once every record is settled to a
@@ -362,7 +457,7 @@ class Producer:
             return await self._queue_batch(prepare_records(converted))
 
     async def send_pinned(self, records: Sequence[tuple[PreparedRecord, int, int]]
-                          ) -> asyncio.Future[list[RecordOutcome]]:
+                          ) -> asyncio.Future[BatchResults]:
         """For writers that derive SSSNs from their input, so that a replay sends the same
         records under the same SSSNs (SPS stage outputs, the Spark sink): `records` are
         (PreparedRecord, session ordinal, SSSN), SSSNs rising within each session (or
@@ -393,14 +488,14 @@ class Producer:
         sending without lingering meanwhile. Raises InternalError if the sender failed."""
         # (the outcomes, not SSSNs: a record not yet sent when its partition closed moves to
         # a child's session under a new SSSN, and keeps its outcome)
-        pending = [r.outcome for r in sorted(self._acc.unsettled(), key=lambda r: r.enqueued_s)]
+        pending = sorted(self._acc.unsettled(), key=lambda r: r.enqueued_s)
         if pending:
             self._acc.flushing += 1
             self._wake()
             try:
                 i = 0
                 while i < len(pending):
-                    if pending[i].done():
+                    if pending[i].is_settled_for_caller():
                         i += 1
                         continue
                     await self._progress.wait()
@@ -458,7 +553,7 @@ class Producer:
 
     # --- queueing ---------------------------------------------------------------------
     async def _queue_batch(self, prepared: Sequence[tuple[bytes, bytes, int, bytes]],
-                           pins: Sequence[tuple[int, int]] | None = None) -> asyncio.Future[list[RecordOutcome]]:
+                           pins: Sequence[tuple[int, int]] | None = None) -> asyncio.Future[BatchResults]:
         loop = self._loop or self._bind_loop()
         batch = _BatchOutcome(len(prepared), loop)
         acc = self._acc
@@ -466,7 +561,7 @@ class Producer:
         while i < n:
             if acc.info is not None and self._state is ProducerState.RUNNING:
                 start = i
-                i = acc.add_many(prepared, i, lambda index: _Slot(batch, index), loop.time(), pins)
+                i = acc.add_many(prepared, i, batch, loop.time(), pins)
                 if i > start:
                     self._kick()
                 if i == n:
@@ -477,7 +572,7 @@ class Producer:
             await self._queue(key, data, hash_key, extra, _Slot(batch, i), ordinal, sssn)
             i += 1
         if not prepared:
-            batch.future.set_result([])
+            batch._resolve()
         return batch.future
 
     async def _queue_outcomes(self, prepared: Sequence[tuple[bytes, bytes, int, bytes]],
@@ -929,7 +1024,7 @@ class SyncProducer:
         record's result. Raises what send() raises, and the record's named error."""
         return self.send(data, partition_key, **kwargs).result()
 
-    def send_batch(self, records: Iterable[RecordInput]) -> concurrent.futures.Future[list[RecordOutcome]]:
+    def send_batch(self, records: Iterable[RecordInput]) -> concurrent.futures.Future[BatchResults]:
         """`Producer.send_batch`: one future of the list of outcomes, in order.
 
         Raises:
@@ -938,7 +1033,7 @@ class SyncProducer:
         self._check_open()
         return self._run(self._send_batch(list(records)))
 
-    async def _send_batch(self, records: list[RecordInput]) -> concurrent.futures.Future[list[RecordOutcome]]:
+    async def _send_batch(self, records: list[RecordInput]) -> concurrent.futures.Future[BatchResults]:
         async with self._order:
             await self._take_locked()
             future = await self._producer.send_batch(records)

@@ -19,9 +19,10 @@ non-retriable error once every record has its outcome.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from sms import errors, limits, seqno
-from sms.producer import Producer
+from sms.producer import BatchResults, Producer
 from sms.records import prepare_record
 
 
@@ -39,7 +40,7 @@ class OutputWriter:
         self.written = 0
         self.duplicates = 0
 
-    async def write(self, records: list[tuple], first_sssn: int, at_ms: int) -> list:
+    async def write(self, records: list[tuple], first_sssn: int, at_ms: int) -> Sequence:
         """records: (stream, partition key, data[, headers dict]); record i gets SSSN
         first_sssn + i. Each goes in its session with the output partition that covered
         its key at `at_ms` (the batch's input time), so a replay picks the same session even
@@ -55,19 +56,22 @@ class OutputWriter:
             places.setdefault(stream, []).append(i)
         outcomes = await asyncio.gather(*(self._write_stream(stream, items, at_ms)
                                           for stream, items in by_stream.items()))
-        failures = [o for batch in outcomes for o in batch if isinstance(o, BaseException)]
+        # (each stream's outcomes are a BatchResults: its errors and duplicates without a
+        # look at every record)
+        failures = [e for batch in outcomes for _i, e in batch.failed]
         self.written += sum(len(batch) for batch in outcomes) - len(failures)
-        self.duplicates += sum(1 for batch in outcomes for o in batch
-                               if not isinstance(o, BaseException) and o.duplicate)
+        self.duplicates += sum(batch.duplicates for batch in outcomes)
         if failures:
             raise failures[0]
+        if len(outcomes) == 1:
+            return outcomes[0]                  # one stream: already in the records' order
         ordered: list = [None] * len(records)
         for stream, batch in zip(by_stream, outcomes):
             for i, outcome in zip(places[stream], batch):
                 ordered[i] = outcome
         return ordered
 
-    async def _write_stream(self, stream: str, items: list, at_ms: int) -> list:
+    async def _write_stream(self, stream: str, items: list, at_ms: int) -> BatchResults:
         producer = self.producers.get(stream)
         if producer is None:
             producer = self.producers[stream] = Producer(

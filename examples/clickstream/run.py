@@ -129,9 +129,9 @@ async def produce(address: str, batches: list[list[tuple[str, bytes]]]) -> float
             futures = [await producer.send_batch(chunk) for chunk in batches]     # one future per 500 clicks
             await producer.flush()
             for f in futures:
-                for outcome in await f:
-                    if isinstance(outcome, BaseException):
-                        raise outcome
+                failed = (await f).failed                 # (index, named error) of each record not stored
+                if failed:
+                    raise failed[0][1]
     return time.monotonic()
 
 
