@@ -347,21 +347,21 @@ class DedupTable:
             for pruned in prunable:
                 self._drop_entry(session, pruned)
         session.pruned_hwm = hwm
-        out: list[Decision | SmsError] = []
+        out: list[Decision | SmsError] = [_WRITE_TRACKED] * len(records)
         window_ms = self.window_ms
         pending = EntryState.PENDING
-        prev = None
-        for sssn, submit_ms, signature, _key in records:
-            if prev is None:
-                missing = self._missing(session, hwm, sssn)
-            elif sssn == prev + 1:
-                missing = ()
-            else:
-                missing = tuple(range(prev + 1, min(sssn, prev + 1 + DEDUP_MISSING_SSSNS_MAX)))
+        prev = records[0][0]
+        missing = self._missing(session, hwm, prev)
+        if missing:
+            out[0] = Decision(DecisionKind.WRITE, missing=missing)
+        added: dict[int, _Entry] = {}
+        for k, (sssn, submit_ms, signature, _key) in enumerate(records):
+            if k and sssn != prev + 1:
+                out[k] = Decision(DecisionKind.WRITE,
+                                  missing=tuple(range(prev + 1, min(sssn, prev + 1 + DEDUP_MISSING_SSSNS_MAX))))
             prev = sssn
-            entry = _Entry(producer_id, sssn, signature, None, max(submit_ms, now_ms) + window_ms, pending)
-            entries[sssn] = entry
-            out.append(Decision(DecisionKind.WRITE, missing=missing) if missing else _WRITE_TRACKED)
+            added[sssn] = _Entry(producer_id, sssn, signature, None, max(submit_ms, now_ms) + window_ms, pending)
+        entries.update(added)          # (one sorted update: the run's SSSNs are above every entry's)
         self._entries += len(records)
         self._pending += len(records)
         self._writes_total += len(records)

@@ -57,17 +57,18 @@ class Outcome:
 
 
 class Results:
-    """The outcomes of one request's records in one partition (an `Outcome` or a named
-    error each), with one future that resolves once every one of them is known."""
+    """The outcomes of one request's records in one partition (an `Outcome`, an int: the
+    SN a write was stored under, or a named error each), with one future that resolves
+    once every one of them is known."""
 
     __slots__ = ("values", "pending", "future")
 
     def __init__(self, count: int):
-        self.values: list[Outcome | SmsError | None] = [None] * count
+        self.values: list[Outcome | int | SmsError | None] = [None] * count
         self.pending = count
         self.future: asyncio.Future = asyncio.get_running_loop().create_future()
 
-    def set(self, index: int, value: "Outcome | SmsError") -> None:
+    def set(self, index: int, value: "Outcome | int | SmsError") -> None:
         if self.values[index] is not None:
             return
         self.values[index] = value
@@ -283,18 +284,22 @@ class PartitionIngest:
         error = Unavailable(f"{self.chain.chain_id}: write cancelled") if chunk.cancelled() else chunk.exception()
         if error is None:
             sn = chunk.result()
+            unit = seqno.COUNTER_UNIT
             resolutions: list[dedup.Resolution] = []
             run_key, run = None, []          # (sssn, sn) of consecutive records of one session
+            last_pid, last_ordinal = None, None
             for results, i, s, tracked in writes:
                 if tracked:
-                    key = self._key(s)
-                    if key != run_key and run:
-                        resolutions.extend(self.table.committed_run(run_key, run))
-                        run = []
-                    run_key = key
+                    if s.producer_id is not last_pid or s.session_ordinal != last_ordinal:
+                        last_pid, last_ordinal = s.producer_id, s.session_ordinal
+                        key = self._key(s)
+                        if key != run_key and run:
+                            resolutions.extend(self.table.committed_run(run_key, run))
+                            run = []
+                        run_key = key
                     run.append((s.sssn, sn))
-                results.set(i, Outcome(sn))
-                sn += seqno.COUNTER_UNIT
+                results.set(i, sn)
+                sn += unit
             if run:
                 resolutions.extend(self.table.committed_run(run_key, run))
             self._apply(resolutions)

@@ -206,7 +206,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         limited = view.config.write_records_per_s or view.config.write_bytes_per_s
         ordinals = [0] * len(records)
         unrouted: set[int] = set()
-        outcomes: list[Outcome | SmsError | None] = [None] * len(records)
+        outcomes: list[Outcome | int | SmsError | None] = [None] * len(records)
         entries = {e.ordinal: e for e in view.map.entries}
         for i in range(tenant_admitted, len(records)):
             outcomes[i] = tenant_throttled
@@ -281,7 +281,10 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         routed = ordinals[:]                  # (the partition each record went to, for the metrics)
         sns, errors_out, duplicates = [], [], []
         for i, o in enumerate(outcomes):
-            if isinstance(o, Outcome):
+            if type(o) is int:                    # stored under this SN (the usual answer)
+                sns.append(o)
+                ordinals[i] = seqno.ordinal_of(o)
+            elif isinstance(o, Outcome):
                 sns.append(o.sn)
                 if o.sn:
                     ordinals[i] = seqno.ordinal_of(o.sn)     # a duplicate may live in a parent

@@ -367,7 +367,11 @@ class Producer:
 
     @property
     def state(self) -> ProducerState:
-        """RUNNING, CLOSING, FENCED, BROKEN or CLOSED."""
+        """RUNNING, CLOSING, FENCED, BROKEN or CLOSED. FENCED as soon as an owner refused
+        this producer's epoch, before the sender takes the answer in: a record's
+        ProducerFenced may reach another thread's future first (SyncProducer)."""
+        if self._acc.fenced is not None and self._state in (ProducerState.RUNNING, ProducerState.CLOSING):
+            return ProducerState.FENCED
         return self._state
 
     @property
@@ -540,7 +544,7 @@ class Producer:
         self._state = to
 
     def _check_running(self) -> None:
-        if self._state is ProducerState.RUNNING:
+        if self._state is ProducerState.RUNNING and self._acc.fenced is None:
             return
         self._raise_if_broken()
         raise ProducerClosed(f"producer of {self.stream!r} is {self._state.value.lower()}")
