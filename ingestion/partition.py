@@ -56,25 +56,57 @@ class Outcome:
     duplicate: bool = False
 
 
+class Barrier:
+    """The end of one PutRecords call's writes: one future for every partition's
+    `Results` of the call (no future, callback and wait per partition: at 64 partitions a
+    request of 500 records touches about 64). Armed once the call has submitted to every
+    partition (a partition answered at once must not end the wait of those still writing)."""
+
+    __slots__ = ("left", "future", "armed")
+
+    def __init__(self, *, armed: bool = True) -> None:
+        self.left = 0                       # Results of the call not yet complete
+        self.armed = armed
+        self.future: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def done_one(self) -> None:
+        self.left -= 1
+        if self.left == 0 and self.armed and not self.future.done():
+            self.future.set_result(None)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Arm, and wait until every Results of the call is complete, at most timeout_s
+        (never cancelling a write: the dedup table needs every write's outcome)."""
+        self.armed = True
+        if self.left:
+            await asyncio.wait((self.future,), timeout=timeout_s)
+
+
 class Results:
     """The outcomes of one request's records in one partition (an `Outcome`, an int: the
-    SN a write was stored under, or a named error each), with one future that resolves
-    once every one of them is known."""
+    SN a write was stored under, or a named error each); once every one is known, its
+    call's `Barrier` hears it."""
 
-    __slots__ = ("values", "pending", "future")
+    __slots__ = ("values", "pending", "barrier")
 
-    def __init__(self, count: int):
+    def __init__(self, count: int, barrier: Barrier | None = None):
         self.values: list[Outcome | int | SmsError | None] = [None] * count
         self.pending = count
-        self.future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.barrier = barrier if barrier is not None else Barrier()
+        if count:
+            self.barrier.left += 1
 
     def set(self, index: int, value: "Outcome | int | SmsError") -> None:
         if self.values[index] is not None:
             return
         self.values[index] = value
         self.pending -= 1
-        if self.pending == 0 and not self.future.done():
-            self.future.set_result(None)
+        if self.pending == 0:
+            self.barrier.done_one()
+
+    @property
+    def done(self) -> bool:
+        return self.pending == 0
 
 
 def session_key(producer_id: bytes, session_ordinal: int) -> bytes:
@@ -209,14 +241,15 @@ class PartitionIngest:
             it = page.next_iterator
 
     # --- submissions ---------------------------------------------------------------------
-    def submit(self, subs: list[Submission], now_ms: int, *, sn_known: bool = False) -> tuple["Results", set[int]]:
+    def submit(self, subs: list[Submission], now_ms: int, *, sn_known: bool = False,
+               barrier: Barrier | None = None) -> tuple["Results", set[int]]:
         """The outcomes of the submissions (`Results`: one future for all of them) and
         the SSSNs reported missing. The records to write leave as one writer chunk.
         `sn_known`: a duplicate is answered only with the SN of the record it duplicates
         (a producer with an epoch never resends at or below its HWM, so a table that no
         longer knows the SN answers InvalidSssn); writers that pin SSSNs across restarts
         replay below the HWM, and are told "stored" without the SN."""
-        results = Results(len(subs))
+        results = Results(len(subs), barrier)
         if self.writer.queued_records + len(subs) > limits.INGEST_PENDING_RECORDS_MAX:
             error = Throttled(f"{self.chain.chain_id}: {self.writer.queued_records} records already queued")
             for i in range(len(subs)):

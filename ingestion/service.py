@@ -18,7 +18,7 @@ import time
 from kernel.tenants import TenantShares
 from metastore.view import ClusterView, bounded
 from ingestion.fencing import ProducerEpochs, session_producer_id
-from ingestion.partition import Outcome, PartitionIngest, Results, Submission
+from ingestion.partition import Barrier, Outcome, PartitionIngest, Results, Submission
 from ingestion.writer import PartitionWriter
 from sms import wire, limits, seqno
 from kernel import metrics, rpc
@@ -239,6 +239,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             sizes[entry.ordinal] = sizes.get(entry.ordinal, 0) + len(sub.data) + len(sub.key)
         missing_out = []
         submitted: list[tuple[list[int], Results]] = []
+        barrier = Barrier(armed=False)          # every partition's writes of this call
         for ordinal, indexes in by_partition.items():
             chain = view.chains.get(ordinal)
             try:
@@ -263,17 +264,14 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                     # (its verdict ran out during the awaits above: checked again on the retry)
                     raise Unavailable(f"{chain.chain_id}: the producer's epoch is being checked again; retry")
                 results, missing = part.submit([records[i][1] for i in indexes], int(time.time() * 1000),
-                                               sn_known=bool(epoch))
+                                               sn_known=bool(epoch), barrier=barrier)
                 submitted.append((indexes, results))
                 if missing:
                     missing_out.append(sms_pb2.MissingSssns(ordinal=ordinal, sssns=sorted(missing)))
             except SmsError as e:
                 for i in indexes:
                     outcomes[i] = e
-        pending = [r.future for _i, r in submitted if not r.future.done()]
-        if pending:
-            # never cancel them: the dedup table needs every write's outcome
-            await asyncio.wait(pending, timeout=limits.APPEND_TIMEOUT_S)
+        await barrier.wait(limits.APPEND_TIMEOUT_S)
         late = Unavailable("commit not confirmed in time; retry with the same SSSN")
         for indexes, results in submitted:
             for i, value in zip(indexes, results.values):
