@@ -49,7 +49,7 @@ import itertools
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from sortedcontainers import SortedDict
 
@@ -175,7 +175,7 @@ class _Entry:
     expires_ms: int                    # a retry is stale after this, so it may be forgotten
     state: EntryState | None = None
     sn: int | None = None
-    waiters: deque[_Waiter] = field(default_factory=deque)   # only while PENDING
+    waiters: deque[_Waiter] | tuple[()] = ()   # only while PENDING (a deque once one queues: most never do)
 
 
 @dataclass(slots=True, eq=False)
@@ -310,7 +310,9 @@ class DedupTable:
         ticket = None
         if owner is not None:
             ticket = next(self._tickets)
-            owner.waiters.append(_Waiter(ticket, producer_id, sssn, signature, dedup_key, expires_ms))
+            if not owner.waiters:
+                owner.waiters = deque()
+            cast(deque, owner.waiters).append(_Waiter(ticket, producer_id, sssn, signature, dedup_key, expires_ms))
             self._queued += 1
         self._count(kind)
         return Decision(kind, sn, ticket, self._missing(session, hwm, sssn))
@@ -440,8 +442,11 @@ class DedupTable:
         Pending and waiting entries stay until their outcome is known."""
         if session is None:
             return []
-        return [e for s in session.entries.irange(maximum=hwm)
-                if (e := session.entries[s]).state is EntryState.COMMITTED]
+        below = session.entries.bisect_right(hwm)
+        if not below:
+            return []
+        committed = EntryState.COMMITTED
+        return [e for e in session.entries.values()[:below] if e.state is committed]
 
     def _check_room(self, session: _Session | None, prunable: int, adds_entry: bool, adds_key: bool,
                     owner: _Entry | None) -> None:
@@ -555,9 +560,9 @@ class DedupTable:
         return session, entry
 
     def _take_waiters(self, entry: _Entry) -> deque[_Waiter]:
-        waiters, entry.waiters = entry.waiters, deque()
+        waiters, entry.waiters = entry.waiters, ()
         self._queued -= len(waiters)
-        return waiters
+        return waiters if isinstance(waiters, deque) else deque()
 
     @staticmethod
     def _entry_of(w: _Waiter) -> _Entry:
