@@ -1610,6 +1610,130 @@ done:
     return out;
 }
 
+/* ---- the producer's side of PutRecords ------------------------------------------------ */
+
+static PyObject *s_extra;
+
+/* A bytes attribute of a record; NULL with TypeError when it is not bytes. */
+static PyObject *
+record_bytes(PyObject *record, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(record, name);
+    if (v != NULL && !PyBytes_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "record field %S must be bytes, not %s", name, Py_TYPE(v)->tp_name);
+        Py_CLEAR(v);
+    }
+    return v;
+}
+
+/* encode_session_entries(records, submit_ms): per record (key, data, sssn, extra
+ * attributes), ENTRY (<IHH: data, key, meta lengths) + key + meta + data, the meta being
+ * the SSSN and submit-time TLVs (>BBQBBQ) and then `extra`. */
+static PyObject *
+w_encode_session_entries(PyObject *self, PyObject *args)
+{
+    PyObject *records, *seq = NULL, *out = NULL;
+    unsigned long long submit_ms;
+    if (!PyArg_ParseTuple(args, "OK", &records, &submit_ms))
+        return NULL;
+    seq = PySequence_Fast(records, "records must be iterable");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *key = record_bytes(r, s_key), *data = key ? record_bytes(r, s_data) : NULL;
+        PyObject *extra = data ? record_bytes(r, s_extra) : NULL, *sssn_obj = extra ? PyObject_GetAttr(r, s_sssn) : NULL;
+        unsigned long long sssn = 0;
+        if (sssn_obj != NULL) {
+            sssn = PyLong_AsUnsignedLongLong(sssn_obj);
+            if (sssn == (unsigned long long)-1 && PyErr_Occurred())
+                Py_CLEAR(sssn_obj);
+        }
+        if (sssn_obj == NULL) {
+            Py_XDECREF(key); Py_XDECREF(data); Py_XDECREF(extra);
+            Py_CLEAR(out);
+            goto done;
+        }
+        Py_ssize_t kl = PyBytes_GET_SIZE(key), dl = PyBytes_GET_SIZE(data), el = PyBytes_GET_SIZE(extra);
+        Py_ssize_t ml = 20 + el;
+        if (kl > 0xFFFF || ml > 0xFFFF || (unsigned long long)dl > 0xFFFFFFFFULL) {
+            PyErr_Format(PyExc_OverflowError, "record %zd: key of %zd, meta of %zd or data of %zd bytes does "
+                         "not fit an entry", i, kl, ml, dl);
+            Py_DECREF(key); Py_DECREF(data); Py_DECREF(extra); Py_DECREF(sssn_obj);
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyObject *entry = PyBytes_FromStringAndSize(NULL, 8 + kl + ml + dl);
+        if (entry != NULL) {
+            unsigned char *p = (unsigned char *)PyBytes_AS_STRING(entry);
+            put_le32(p, (uint32_t)dl);
+            put_le16(p + 4, (uint16_t)kl);
+            put_le16(p + 6, (uint16_t)ml);
+            p += 8;
+            memcpy(p, PyBytes_AS_STRING(key), (size_t)kl);
+            p += kl;
+            p[0] = TAG_SSSN; p[1] = 8; put_be64(p + 2, (uint64_t)sssn);
+            p[10] = TAG_SUBMIT_MS; p[11] = 8; put_be64(p + 12, (uint64_t)submit_ms);
+            p += 20;
+            memcpy(p, PyBytes_AS_STRING(extra), (size_t)el);
+            p += el;
+            memcpy(p, PyBytes_AS_STRING(data), (size_t)dl);
+        }
+        Py_DECREF(key); Py_DECREF(data); Py_DECREF(extra); Py_DECREF(sssn_obj);
+        if (entry == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, entry);
+    }
+done:
+    Py_XDECREF(seq);
+    return out;
+}
+
+/* decode_put_results(sequence_numbers, ordinals, count): (SNs, partition ordinals). */
+static PyObject *
+w_decode_put_results(PyObject *self, PyObject *args)
+{
+    Py_buffer sns, ords;
+    Py_ssize_t count;
+    PyObject *out = NULL, *a = NULL, *b = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*n", &sns, &ords, &count))
+        return NULL;
+    if (check_configured() < 0)
+        goto done;
+    if (count < 0 || sns.len != 16 * count || ords.len != 4 * count) {
+        raise_named(ErrInvalidArgument, "PutRecords answer of %zd SN bytes and %zd ordinal bytes for %zd records",
+                    sns.len, ords.len, count);
+        goto done;
+    }
+    a = PyList_New(count);
+    b = a ? PyList_New(count) : NULL;
+    if (b == NULL)
+        goto done;
+    const unsigned char *sp = sns.buf, *op = ords.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *sn = int_from_be128(sp + 16 * i), *ordinal = sn ? PyLong_FromUnsignedLong(le32(op + 4 * i)) : NULL;
+        if (ordinal == NULL) {
+            Py_XDECREF(sn);
+            goto done;
+        }
+        PyList_SET_ITEM(a, i, sn);
+        PyList_SET_ITEM(b, i, ordinal);
+    }
+    out = PyTuple_Pack(2, a, b);
+done:
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    PyBuffer_Release(&sns);
+    PyBuffer_Release(&ords);
+    return out;
+}
+
 /* ---- the module --------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1625,6 +1749,10 @@ static PyMethodDef methods[] = {
     {"columns", w_columns, METH_VARARGS, "columns(batch, start, end) -> (count, 12 column buffers)"},
     {"columns_many", w_columns_many, METH_O, "columns_many([(batch, start, end), ...]) -> one set of columns"},
     {"signature", w_signature, METH_VARARGS, "signature(key, data, headers=b'') -> 16 bytes"},
+    {"encode_session_entries", w_encode_session_entries, METH_VARARGS,
+     "encode_session_entries(records, submit_ms) -> [entry bytes]"},
+    {"decode_put_results", w_decode_put_results, METH_VARARGS,
+     "decode_put_results(sequence_numbers, ordinals, count) -> (SNs, ordinals)"},
     {"hash_key", w_hash_key, METH_O, "hash_key(key bytes) -> int (MD5, big-endian)"},
     {NULL, NULL, 0, NULL},
 };
@@ -1642,7 +1770,8 @@ PyInit__wire(void)
     s_session_ordinal = PyUnicode_InternFromString("session_ordinal");
     s_headers = PyUnicode_InternFromString("headers");
     s_producer_id = PyUnicode_InternFromString("producer_id");
-    if (!s_producer_id || !s_key || !s_data || !s_sssn || !s_dedup_key || !s_session_ordinal || !s_headers)
+    s_extra = PyUnicode_InternFromString("extra");
+    if (!s_extra || !s_producer_id || !s_key || !s_data || !s_sssn || !s_dedup_key || !s_session_ordinal || !s_headers)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddIntConstant(m, "HEADER_BYTES", HEADER_BYTES) < 0) {

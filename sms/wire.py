@@ -241,7 +241,7 @@ def encode_session_entry(key: bytes, data: bytes, sssn: int, submit_ms: int, ext
     return ENTRY.pack(len(data), len(key), len(meta)) + key + meta + data
 
 
-def encode_session_entries(records: Iterable[Any], submit_ms: int) -> list[bytes]:
+def _encode_session_entries(records: Iterable[Any], submit_ms: int) -> list[bytes]:
     """encode_session_entry() for each record (anything with key, data, sssn and extra),
     all with the same submit time: one call per request, not per record. (Any: the
     producer's PendingRecord, whose `data` is bytes until it is encoded and None after.)"""
@@ -269,7 +269,7 @@ def encode_put_results(sns: list[int], ordinals: list[int]) -> tuple[bytes, byte
     return b"".join(to_bytes(sn) for sn in sns), encode_session_ordinals(ordinals)
 
 
-def decode_put_results(sequence_numbers: bytes, ordinals: bytes, count: int) -> tuple[list[int], list[int]]:
+def _decode_put_results(sequence_numbers: bytes, ordinals: bytes, count: int) -> tuple[list[int], list[int]]:
     """(SNs, partition ordinals) of a PutRecords answer; InvalidArgument when a field's
     length does not match the request's record count."""
     if len(sequence_numbers) != SN_BYTES * count or len(ordinals) != ORDINAL.size * count:
@@ -932,7 +932,8 @@ def _columns_many(slices: Sequence[tuple[bytes, int, int]]) -> Columns:
 reference = types.SimpleNamespace(
     encode_puts=_encode_puts, parse_put=_parse_put, stored_entries=_stored_entries, check_framing=_check_framing,
     check_records=_check_records, decode_records=_decode_records, session_fields=_session_fields, columns=_columns,
-    columns_many=_columns_many,
+    columns_many=_columns_many, encode_session_entries=_encode_session_entries,
+    decode_put_results=_decode_put_results,
     signature=_signature, hash_key=_hash_of)
 
 
@@ -977,6 +978,8 @@ if TYPE_CHECKING:
     decode_records = _decode_records
     columns = _columns
     columns_many = _columns_many
+    encode_session_entries = _encode_session_entries
+    decode_put_results = _decode_put_results
     session_fields = _session_fields
     signature = _signature
     hash_key = _hash_of
@@ -989,6 +992,8 @@ else:
     decode_records = _impl.decode_records
     columns = _impl.columns
     columns_many = _impl.columns_many
+    encode_session_entries = _impl.encode_session_entries
+    decode_put_results = _impl.decode_put_results
     session_fields = _impl.session_fields
     signature = _impl.signature
     hash_key = _impl.hash_key
