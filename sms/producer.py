@@ -975,6 +975,8 @@ class SyncProducer:
                                      or self._handoff_bytes + size > limits.PRODUCER_SYNC_HANDOFF_BYTES_MAX):
                 if not self._room.wait(limits.PRODUCER_SYNC_WAIT_CHECK_S):
                     self._check_open()
+            if self._closed:                        # (close() began while this send checked its record)
+                raise ProducerClosed(f"producer of {self._producer.stream!r} is closed")
             self._handoff.append((record, future))
             self._handoff_bytes += size
             if self._take_scheduled:
@@ -1060,10 +1062,10 @@ class SyncProducer:
             self._run(self._close())
         with self._room:
             self._room.notify_all()               # (threads waiting for room see the close)
-        for _record, future in self._handoff:     # (only if the loop stopped first)
+            left, self._handoff = self._handoff, []
+        for _record, future in left:              # (only if the loop stopped first)
             if not future.done():
                 future.set_exception(ProducerClosed("the client of this producer closed before the record was sent"))
-        self._handoff.clear()
 
     async def _close(self) -> None:
         async with self._order:
