@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from bisect import bisect_right
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, cast
@@ -368,6 +368,33 @@ class Accumulator:
         elif not outcome.cancelled():
             outcome.set_result(ProducerResult(sn, ordinal, record.sssn, duplicate))
 
+    def _settle_stored(self, items: list[PendingRecord], sns: list[int], ordinals: list[int],
+                       duplicates: set[int]) -> None:
+        """_settle_ok of every record of an answer with no error, in one loop: item j stored
+        under sns[j] (0: a duplicate whose SN the owner no longer knows) in ordinals[j]."""
+        sessions = self.sessions
+        pending_bytes = self.pending_bytes
+        try:
+            for j, record in enumerate(items):
+                session = sessions[record.ordinal]
+                if session.records.pop(record.sssn, None) is not record:
+                    errors.invariant(False, f"p{session.ordinal}: sssn {record.sssn} settled twice or never sent")
+                pending_bytes -= record.size
+                record.settled = True
+                order = session.order
+                while order and order[0].settled:
+                    order.popleft()
+                duplicate = j in duplicates if duplicates else False
+                outcome = record.outcome
+                if record.index >= 0:
+                    outcome.settle_result(record.index, sns[j] or None, ordinals[j], record.sssn, duplicate)
+                elif not outcome.cancelled():
+                    outcome.set_result(ProducerResult(sns[j] or None, ordinals[j], record.sssn, duplicate))
+        finally:
+            self.pending_bytes = pending_bytes
+        self.totals["acked"] += len(items)
+        self.totals["duplicates"] += len(duplicates)
+
     @staticmethod
     def _count_settled(session: Session, record: PendingRecord) -> None:
         record.settled = True
@@ -654,6 +681,12 @@ class Accumulator:
         throttled: set[int] = set()                 # partitions with a record answered Throttled
         sessions = self.sessions
         sns, ordinals = wire.decode_put_results(response.sequence_numbers, response.ordinals, len(items))
+        if not failed:
+            # the usual answer: every record stored (some maybe as duplicates)
+            for ordinal, n in Counter(r.ordinal for r in items).items():
+                answered[ordinal] = [n, []]
+            self._settle_stored(items, sns, ordinals, duplicates)
+            items = []
         settle, settle_ok = self._settle, self._settle_ok
         for j, record in enumerate(items):
             ordinal = record.ordinal
