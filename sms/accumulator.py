@@ -303,7 +303,8 @@ class Accumulator:
                     session.order.clear()
                 if sssn is None:
                     sssn = session.next_sssn
-                errors.invariant(sssn <= limits.SSSN_MAX, f"p{ordinal}: SSSNs exhausted")
+                if sssn > limits.SSSN_MAX:          # (no message built per record)
+                    errors.invariant(False, f"p{ordinal}: SSSNs exhausted")
                 if sink is None:
                     record = PendingRecord(ordinal, sssn, session.next_seq, key, data, extra, size,
                                            outcome_of(i), now_s, deadline_s, hash_key, pins is not None)  # type: ignore[operator]

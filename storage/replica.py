@@ -379,7 +379,8 @@ class Replica:
                                  max_bytes=limits.BATCH_BYTES_MAX * limit)
         out = []
         for s in slices:
-            invariant(s.start == 0, f"{self.chain_id}: batch boundary {s.first_sn} not at {after_sn}")
+            if s.start != 0:
+                invariant(False, f"{self.chain_id}: batch boundary {s.first_sn} not at {after_sn}")
             out.append(s.batch)
             if len(out) >= limit:
                 break
