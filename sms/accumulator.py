@@ -255,8 +255,8 @@ class Accumulator:
         is idle (a replay starts the session again there). add_many() of one record."""
         pins = None if sssn is None else [(session.ordinal, sssn)]
         added = self.add_many([(key, data, hash_key, extra)], 0, lambda _i: outcome, now_s, pins)
-        errors.invariant(added == 1 and session.records.get(session.next_sssn - 1) is not None,
-                         f"p{session.ordinal}: a record room() made room for was not added")
+        if not (added == 1 and session.records.get(session.next_sssn - 1) is not None):
+            errors.invariant(False, f"p{session.ordinal}: a record room() made room for was not added")
 
     def add_many(self, prepared: Sequence[tuple[bytes, bytes, int, bytes]], start: int,
                  outcome_of: Callable[[int], Outcome] | BatchSink, now_s: float,
@@ -479,9 +479,9 @@ class Accumulator:
                 if partition is None:
                     wake_s = min(wake_s, self._no_route(session, now_s))
                     continue
-            errors.invariant(session.queue[0].sssn == session.hwm + 1,
-                             f"p{session.ordinal}: idle session queue starts at sssn {session.queue[0].sssn}, "
-                             f"hwm {session.hwm}")
+            if session.queue[0].sssn != session.hwm + 1:
+                errors.invariant(False, f"p{session.ordinal}: idle session queue starts at sssn "
+                                        f"{session.queue[0].sssn}, hwm {session.hwm}")
             wake_s = min(wake_s, session.queue[0].deadline_s)
             if session.not_before_s > now_s:
                 wake_s = min(wake_s, session.not_before_s)
@@ -727,8 +727,8 @@ class Accumulator:
         front of their queues (they are the lowest un-settled SSSNs), with a backoff."""
         for ordinal, (sent, again) in by_ordinal.items():
             session = self.sessions[ordinal]
-            errors.invariant(session.inflight == sent, f"p{ordinal}: {sent} records answered, "
-                                                       f"{session.inflight} in flight")
+            if session.inflight != sent:
+                errors.invariant(False, f"p{ordinal}: {sent} records answered, {session.inflight} in flight")
             session.inflight = 0
             if again:
                 if session.queue and session.queue[0].sssn < again[-1].sssn:
@@ -742,9 +742,9 @@ class Accumulator:
                 self.totals["retries"] += len(again)
             else:
                 session.failures = 0
-            errors.invariant(not session.queue or session.queue[0].sssn == session.hwm + 1,
-                             f"p{ordinal}: queue starts at sssn {session.queue and session.queue[0].sssn}, "
-                             f"hwm {session.hwm}")
+            if session.queue and session.queue[0].sssn != session.hwm + 1:
+                errors.invariant(False, f"p{ordinal}: queue starts at sssn {session.queue[0].sssn}, "
+                                        f"hwm {session.hwm}")
         if refresh:
             self.want_refresh()
 
