@@ -104,10 +104,6 @@ class Results:
         if self.pending == 0:
             self.barrier.done_one()
 
-    @property
-    def done(self) -> bool:
-        return self.pending == 0
-
 
 def session_key(producer_id: bytes, session_ordinal: int) -> bytes:
     """The dedup table's name for a session: (producer, partition). A child partition's
@@ -243,8 +239,8 @@ class PartitionIngest:
     # --- submissions ---------------------------------------------------------------------
     def submit(self, subs: list[Submission], now_ms: int, *, sn_known: bool = False,
                barrier: Barrier | None = None) -> tuple["Results", set[int]]:
-        """The outcomes of the submissions (`Results`: one future for all of them) and
-        the SSSNs reported missing. The records to write leave as one writer chunk.
+        """The outcomes of the submissions (`Results`, complete when `barrier` hears it)
+        and the SSSNs reported missing. The records to write leave as one writer chunk.
         `sn_known`: a duplicate is answered only with the SN of the record it duplicates
         (a producer with an epoch never resends at or below its HWM, so a table that no
         longer knows the SN answers InvalidSssn); writers that pin SSSNs across restarts

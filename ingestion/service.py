@@ -219,21 +219,14 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             session = entries.get(so) if so is not None else None
             if session is not None and session.state is open_state:
                 # the usual record: its session's partition is open here, and is where it goes
-                if not session.hash_lo <= hash_key < session.hash_hi:
+                # (no bisect of the open map)
+                if not session.covers(hash_key):
                     raise InvalidArgument(f"record {i}: its session partition p{session.ordinal:04d} does not "
                                           "cover its hash key")
                 entry = session
                 sub.session_ordinal = None
-                ordinal = entry.ordinal
-                ordinals[i] = ordinal
-                sub.hwm = hwm_of.get(ordinal, -1)
-                indexes_of = by_partition.get(ordinal)
-                if indexes_of is None:
-                    indexes_of = by_partition[ordinal] = []
-                indexes_of.append(i)
-                sizes[ordinal] = sizes.get(ordinal, 0) + len(sub.data) + len(sub.key)
-                continue
-            entry = view.map.open_for_hash(hash_key)
+            else:
+                entry = view.map.open_for_hash(hash_key)
             if sub.session_ordinal is not None:
                 # a record of the producer's session with a partition since split or merged
                 session = entries.get(sub.session_ordinal)
@@ -253,10 +246,11 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                     entry = session      # this node's map is older: the parent's head decides
                 if session.ordinal == entry.ordinal:
                     sub.session_ordinal = None
-            ordinals[i] = entry.ordinal
-            sub.hwm = hwm_of.get(entry.ordinal if sub.session_ordinal is None else sub.session_ordinal, -1)
-            by_partition.setdefault(entry.ordinal, []).append(i)
-            sizes[entry.ordinal] = sizes.get(entry.ordinal, 0) + len(sub.data) + len(sub.key)
+            ordinal = entry.ordinal
+            ordinals[i] = ordinal
+            sub.hwm = hwm_of.get(ordinal if sub.session_ordinal is None else sub.session_ordinal, -1)
+            by_partition.setdefault(ordinal, []).append(i)
+            sizes[ordinal] = sizes.get(ordinal, 0) + len(sub.data) + len(sub.key)
         missing_out = []
         submitted: list[tuple[list[int], Results]] = []
         barrier = Barrier(armed=False)          # every partition's writes of this call

@@ -604,8 +604,7 @@ class Producer:
                         self._kick()
                     if i == n:
                         break
-                    if acc.info is not None and self._state is ProducerState.RUNNING and i > start:
-                        continue
+                # no room, no map yet, or the record after a refused one: one record, waiting for room
                 key, data, hash_key, extra = prepared[i]
                 try:
                     await self._queue(key, data, hash_key, extra, outcomes[i])
@@ -829,25 +828,24 @@ class _RecordFuture(concurrent.futures.Future):  # type: ignore[type-arg]
                     cond = self._cond = threading.Condition()
         return cond
 
-    def set_result(self, result: Any) -> None:
+    def _settled_unwatched(self, result: Any, exception: BaseException | None) -> bool:
+        """Set the outcome here if nothing waits on this future (no condition made yet);
+        False: the base class must, to wake its waiters and run its callbacks."""
         with _MAKE_CONDITION:
-            if self._cond is None:
-                if self._state in _SETTLED:
-                    raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
-                self._result = result
-                self._state = _FINISHED
-                return
-        super().set_result(result)
+            if self._cond is not None:
+                return False
+            if self._state in _SETTLED:
+                raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
+            self._result, self._exception, self._state = result, exception, _FINISHED
+            return True
+
+    def set_result(self, result: Any) -> None:
+        if not self._settled_unwatched(result, None):
+            super().set_result(result)
 
     def set_exception(self, exception: BaseException | None) -> None:
-        with _MAKE_CONDITION:
-            if self._cond is None:
-                if self._state in _SETTLED:
-                    raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
-                self._exception = exception
-                self._state = _FINISHED
-                return
-        super().set_exception(exception)
+        if not self._settled_unwatched(None, exception):
+            super().set_exception(exception)
 
     def done(self) -> bool:
         return self._state in _SETTLED
@@ -948,7 +946,8 @@ class SyncProducer:
             if not needs_reference((partition_key, data)):
                 raise
             # over the inline limit, or a file: uploaded on the loop, then sent by reference
-            return self._run(self._send(data, partition_key, explicit_hash_key, dedup_key, headers))
+            return self._run(self._after_handoff(lambda: self._producer.send(
+                data, partition_key, explicit_hash_key=explicit_hash_key, dedup_key=dedup_key, headers=headers)))
         extra = prepared.extra
         dedup = _dedup_key_bytes(dedup_key)
         if dedup is not None:
@@ -956,7 +955,8 @@ class SyncProducer:
         record = (prepared.key, prepared.data, prepared.hash_key, extra)
         if self._producer._acc.info is None:
             # the first record loads the stream map: StreamNotFound raises here, not on the future
-            return self._run(self._send_prepared(record))
+            return self._run(self._after_handoff(
+                lambda: cast("Coroutine[Any, Any, asyncio.Future[ProducerResult]]", self._producer._queue(*record))))
         future: concurrent.futures.Future[ProducerResult] = _RecordFuture()
         self._hand_off(record, future)
         return future
@@ -991,11 +991,7 @@ class SyncProducer:
 
     def _schedule_take(self) -> None:
         """(on the loop) A task that takes the hand-off."""
-        self._loop.create_task(self._take())
-
-    async def _take(self) -> None:
-        async with self._order:
-            await self._take_locked()
+        self._loop.create_task(self._taken())
 
     async def _take_locked(self) -> None:
         """Queue everything handed off so far, in order (the caller holds _order); waits
@@ -1010,20 +1006,20 @@ class SyncProducer:
                 return
             await self._producer._queue_outcomes([r for r, _f in items], [f for _r, f in items])
 
-    async def _send(self, data: bytes, partition_key: str, explicit_hash_key: int | str | None,
-                    dedup_key: bytes | str | None,
-                    headers: Headers | None) -> concurrent.futures.Future[ProducerResult]:
+    async def _taken(self) -> None:
+        """Every record handed off so far is queued (before what the caller does next)."""
         async with self._order:
             await self._take_locked()
-            future = await self._producer.send(data, partition_key, explicit_hash_key=explicit_hash_key,
-                                               dedup_key=dedup_key, headers=headers)
-        return _concurrent_of(future)
 
-    async def _send_prepared(self, record: tuple[bytes, bytes, int, bytes]) -> concurrent.futures.Future[Any]:
+    async def _after_handoff(self, queue: Callable[[], Coroutine[Any, Any, asyncio.Future[_T]]]
+                             ) -> concurrent.futures.Future[_T]:
+        """`queue()` (a producer call that queues records and returns their future) after
+        every record handed off so far, so one thread's records keep their order; its
+        future as a concurrent one."""
         async with self._order:
             await self._take_locked()
-            future = await self._producer._queue(*record)
-        return _concurrent_of(cast("asyncio.Future[ProducerResult]", future))
+            future = await queue()
+        return _concurrent_of(future)
 
     def put(self, data: bytes, partition_key: str, **kwargs: Any) -> ProducerResult:
         """send() (`kwargs`: explicit_hash_key, dedup_key, headers) and wait for the
@@ -1037,13 +1033,8 @@ class SyncProducer:
             InvalidArgument, InvalidPartitionKey, InvalidHashKey, RecordTooLarge,
             InvalidRecordHeader, StreamNotFound, ProducerClosed, InternalError."""
         self._check_open()
-        return self._run(self._send_batch(list(records)))
-
-    async def _send_batch(self, records: list[RecordInput]) -> concurrent.futures.Future[BatchResults]:
-        async with self._order:
-            await self._take_locked()
-            future = await self._producer.send_batch(records)
-        return _concurrent_of(future)
+        batch = list(records)
+        return self._run(self._after_handoff(lambda: self._producer.send_batch(batch)))
 
     def flush(self) -> None:
         """Wait until every record sent before is settled. Raises InternalError if the
@@ -1051,8 +1042,7 @@ class SyncProducer:
         self._run(self._flush())
 
     async def _flush(self) -> None:
-        async with self._order:
-            await self._take_locked()
+        await self._taken()
         await self._producer.flush()
 
     def close(self) -> None:
@@ -1068,8 +1058,7 @@ class SyncProducer:
                 future.set_exception(ProducerClosed("the client of this producer closed before the record was sent"))
 
     async def _close(self) -> None:
-        async with self._order:
-            await self._take_locked()
+        await self._taken()
         await self._producer.close()
 
     def statistics(self) -> dict[str, Any]:

@@ -999,13 +999,18 @@ else:
     hash_key = _impl.hash_key
 
 
+def _refuse_sealed(batch: bytes) -> None:
+    """CorruptBatch for a sealed batch: the retrieval role opens every stored batch of an
+    encrypted stream before it answers (kernel/encryption.py), so one reaching a reader is
+    a bug, never records."""
+    if len(batch) > 1 and batch[1] & FLAG_SEALED:
+        raise CorruptBatch("a sealed (encrypted) batch reached a reader; it must be opened first")
+
+
 def _clear_only(decode: Callable[..., Any]) -> Callable[..., Any]:
-    """`decode` refusing a sealed batch by name: the retrieval role opens every stored
-    batch of an encrypted stream before it answers (kernel/encryption.py), so one reaching a
-    reader is a bug, never records."""
+    """`decode` refusing a sealed batch by name (`_refuse_sealed`)."""
     def decode_clear(batch: bytes, *args: Any) -> Any:
-        if len(batch) > 1 and batch[1] & FLAG_SEALED:
-            raise CorruptBatch("a sealed (encrypted) batch reached a reader; it must be opened first")
+        _refuse_sealed(batch)
         return decode(batch, *args)
     decode_clear.__doc__ = decode.__doc__
     return decode_clear
@@ -1015,8 +1020,7 @@ def _clear_only_slices(decode: Callable[..., Any]) -> Callable[..., Any]:
     """`_clear_only` for a decoder of many (batch, start, end) slices."""
     def decode_clear(slices: Sequence[tuple[bytes, int, int]]) -> Any:
         for batch, _start, _end in slices:
-            if len(batch) > 1 and batch[1] & FLAG_SEALED:
-                raise CorruptBatch("a sealed (encrypted) batch reached a reader; it must be opened first")
+            _refuse_sealed(batch)
         return decode(slices)
     decode_clear.__doc__ = decode.__doc__
     return decode_clear
