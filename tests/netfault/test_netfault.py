@@ -34,17 +34,26 @@ SLOW_KINDS = tuple(k for k in trials.KINDS if k not in FAST_KINDS)
 CONNECT_TIMEOUT_S = 1.0
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# One thread per connection, each with a timeout: under packet loss a client's data and
+# its FIN can both be dropped, and a server that served one connection at a time then sat
+# in recv() on that half-open connection while the next test's client timed out (CI,
+# 2026-12-05: test_packet_loss_drops_a_share_of_packets failed its check after heal).
 ECHO_SERVER = textwrap.dedent("""
-    import socket, sys
+    import socket, sys, threading
+    def serve(c):
+        with c:
+            c.settimeout(5.0)
+            try:
+                c.sendall(c.recv(64))
+            except OSError:
+                pass
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((sys.argv[1], int(sys.argv[2])))
     s.listen()
     while True:
         c, _ = s.accept()
-        data = c.recv(64)
-        c.sendall(data)
-        c.close()
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
 """)
 CLIENT = textwrap.dedent("""
     import socket, sys, time
