@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import struct
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ from typing import NamedTuple, cast
 from sortedcontainers import SortedDict
 
 from sms.errors import SmsError, invariant
+from sms.seqno import COUNTER_UNIT
 from sms.types import IngestionPolicy
 
 # Limits and errors are defined in sms/; re-exported here for the table's callers.
@@ -178,12 +180,39 @@ class _Entry:
     waiters: deque[_Waiter] | tuple[()] = ()   # only while PENDING (a deque once one queues: most never do)
 
 
+RUN_SIGNATURE_BYTES = 16               # a run's signatures are this long each (wire.signature)
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """Fresh consecutive SSSNs of one session, written together (`submit_fresh`): what
+    `submit` would hold as one PENDING entry each, held as columns. COMMITTED once
+    `committed_fresh` gives its first SN (record k: sn + k * COUNTER_UNIT). A session's
+    runs lie above all its entries; anything but the fast path that looks at the session
+    first turns its runs into entries (`_materialize`), so the rest of the table knows
+    only entries."""
+
+    first: int                         # SSSN of its first record
+    count: int
+    signatures: bytes                  # RUN_SIGNATURE_BYTES per record
+    submits: bytes                     # each record's submit_ms, <Q
+    now_ms: int                        # the clock it was submitted at (its entries' expiry)
+    expires_min: int                   # at most every record's expiry (prune looks no closer above it)
+    expires_max: int
+    sn: int | None = None              # None: PENDING
+
+    @property
+    def last(self) -> int:
+        return self.first + self.count - 1
+
+
 @dataclass(slots=True, eq=False)
 class _Session:
     producer_id: bytes
     expires_ms: int                    # every retry the session can send is stale after this
     pruned_hwm: int = HWM_NONE         # entries at or below are dropped once committed
     entries: SortedDict = field(default_factory=SortedDict)   # sssn -> _Entry
+    runs: list[_Run] = field(default_factory=list)            # above every entry, in SSSN order
 
 
 def _pid(producer_id: bytes) -> str:
@@ -259,7 +288,7 @@ class DedupTable:
         if submit_ms < now_ms - self.window_ms:
             raise StaleSubmission(f"{self.name}: producer {_pid(producer_id)}: sssn {sssn} submitted "
                                   f"{now_ms - submit_ms} ms ago; the dedup window is {self.window_ms} ms")
-        session = self._sessions.get(producer_id)
+        session = self._session(producer_id)
         if session is not None:
             hwm = max(hwm, session.pruned_hwm)     # an HWM never goes back (requests reorder)
         entry = session.entries.get(sssn) if session is not None else None
@@ -327,6 +356,7 @@ class DedupTable:
         returned in its place (and changed nothing). Only the first decision carries the
         missing SSSNs below the run; a gap inside the run comes with the record after it:
         together, the SSSNs that `submit` would have reported."""
+        self._session(producer_id)
         fast = self._fresh_run(producer_id, hwm, now_ms, records)
         if fast is None:
             out: list[Decision | SmsError] = []
@@ -403,7 +433,7 @@ class DedupTable:
         waiters settle here at once; the others go through `committed`."""
         if not self.deduplicating:
             return []
-        session = self._sessions.get(producer_id)
+        session = self._session(producer_id)
         if session is None:
             invariant(False, f"{self.name}: outcomes for {_pid(producer_id)}, which has no session")
         out: list[Resolution] = []
@@ -424,6 +454,163 @@ class DedupTable:
                 self._entries -= 1
         self._pending -= settled
         return out
+
+    # --- fresh runs, decided and settled whole ------------------------------------------
+    def submit_fresh(self, producer_id: bytes, hwm: int, now_ms: int, first: int, count: int, submit_min: int,
+                     submit_max: int, signatures: bytes, submits: bytes) -> _Run | None:
+        """The common submission decided at once, with no object per record: `count`
+        consecutive SSSNs from `first` of one session (submit times between submit_min and
+        submit_max, `submits` each as <Q, `signatures` RUN_SIGNATURE_BYTES each), no dedup
+        keys, fresh (above everything the session holds, and no SSSN missing below it) and
+        with room. Every record is then a WRITE, and the table is as `submit` would have
+        left it; the returned run is settled by `committed_fresh` or `failed_fresh`. None:
+        not such a run, nothing changed; submit its records with `submit_run`, which
+        decides each as `submit` does."""
+        last = first + count - 1
+        if (not self.deduplicating or count < 1 or hwm < HWM_NONE or first < 0 or last > SSSN_MAX
+                or not 0 < len(producer_id) <= SESSION_KEY_BYTES_MAX
+                or not now_ms - self.window_ms <= submit_min <= submit_max <= now_ms + DEDUP_CLOCK_SKEW_MS_MAX
+                or len(signatures) != RUN_SIGNATURE_BYTES * count or len(submits) != 8 * count):
+            return None
+        session = self._sessions.get(producer_id)
+        pruned: list[_Entry] = []
+        if session is None:
+            if first != hwm + 1 or len(self._sessions) >= self.sessions_max or count > self.entries_per_session_max:
+                return None
+        else:
+            hwm = max(hwm, session.pruned_hwm)
+            entries, runs = session.entries, session.runs
+            top = runs[-1].last if runs else (entries.keys()[-1] if entries else HWM_NONE)
+            if first <= hwm or first <= top:
+                return None
+            # no SSSN missing in (hwm, first): the session holds every one of them
+            held = len(entries) - entries.bisect_right(hwm)
+            held += sum(min(r.count, r.last - hwm) for r in runs if r.last > hwm)
+            if held != first - hwm - 1:
+                return None
+            pruned = self._prunable(session, hwm)
+            run_pruned = sum(min(r.count, hwm - r.first + 1) for r in runs if r.sn is not None and r.first <= hwm)
+            held_all = len(entries) + sum(r.count for r in runs)
+            if held_all - len(pruned) - run_pruned + count > self.entries_per_session_max:
+                return None
+        window_ms = self.window_ms
+        run = _Run(first, count, signatures, submits, now_ms, max(submit_min, now_ms) + window_ms,
+                   max(submit_max, now_ms) + window_ms)
+        if session is None:
+            session = self._sessions[producer_id] = _Session(producer_id, run.expires_max)
+        else:
+            if pruned:
+                entries = session.entries
+                if entries.bisect_right(hwm) == len(pruned):
+                    del entries.keys()[:len(pruned)]
+                    self._entries -= len(pruned)
+                else:
+                    for entry in pruned:
+                        self._drop_entry(session, entry)
+            if session.runs:
+                self._prune_runs_below(session, hwm)
+            session.expires_ms = max(session.expires_ms, run.expires_max)
+        session.pruned_hwm = hwm
+        session.runs.append(run)
+        self._entries += count
+        self._pending += count
+        self._writes_total += count
+        return run
+
+    def committed_fresh(self, producer_id: bytes, run: _Run, sn: int) -> list[Resolution]:
+        """A run of `submit_fresh` committed, record k under sn + k * COUNTER_UNIT. A run
+        that became entries meanwhile settles record by record (`committed_run`), with the
+        resolutions of what queued on them."""
+        session = self._sessions.get(producer_id)
+        if session is None or not any(r is run for r in session.runs):
+            return self.committed_run(producer_id, [(run.first + k, sn + k * COUNTER_UNIT) for k in range(run.count)])
+        if not (run.sn is None and sn >= 0):
+            invariant(False, f"{self.name}: run {_pid(producer_id)}/{run.first} committed twice, or under sn {sn}")
+        run.sn = sn
+        self._pending -= run.count
+        if run.first <= session.pruned_hwm:        # (as `_settle`: at or below the HWM, gone at once)
+            self._prune_runs_below(session, session.pruned_hwm)
+        return []
+
+    def failed_fresh(self, producer_id: bytes, run: _Run) -> list[Resolution]:
+        """A run of `submit_fresh` was not written: it goes (record by record, with what
+        queued on them, if it became entries meanwhile)."""
+        session = self._sessions.get(producer_id)
+        if session is None or not any(r is run for r in session.runs):
+            out: list[Resolution] = []
+            for k in range(run.count):
+                out.extend(self.failed(producer_id, run.first + k))
+            return out
+        if not (run.sn is None):
+            invariant(False, f"{self.name}: run {_pid(producer_id)}/{run.first} failed after it committed")
+        session.runs.remove(run)
+        self._entries -= run.count
+        self._pending -= run.count
+        return []
+
+    def entries_of(self, producer_id: bytes) -> list[_Entry]:
+        """The session's entries in SSSN order, its runs as the entries they stand for
+        (made for the caller; the table is not changed). For tests and inspection."""
+        session = self._sessions.get(producer_id)
+        if session is None:
+            return []
+        return list(session.entries.values()) + [e for run in session.runs for e in self._run_entries(producer_id, run)]
+
+    def _session(self, producer_id: bytes) -> _Session | None:
+        """The session with its runs made into entries (what the record-by-record paths see)."""
+        session = self._sessions.get(producer_id)
+        if session is not None and session.runs:
+            self._materialize(session)
+        return session
+
+    def _materialize(self, session: _Session) -> None:
+        for run in session.runs:
+            session.entries.update((e.sssn, e) for e in self._run_entries(session.producer_id, run))
+        session.runs = []                          # (the counters already count them)
+
+    def _run_entries(self, producer_id: bytes, run: _Run) -> list[_Entry]:
+        window_ms, now_ms, sigs = self.window_ms, run.now_ms, run.signatures
+        submits = struct.unpack(f"<{run.count}Q", run.submits)
+        state = EntryState.PENDING if run.sn is None else EntryState.COMMITTED
+        step = RUN_SIGNATURE_BYTES
+        return [_Entry(producer_id, run.first + k, sigs[k * step:(k + 1) * step], None,
+                       max(submits[k], now_ms) + window_ms, state,
+                       None if run.sn is None else run.sn + k * COUNTER_UNIT)
+                for k in range(run.count)]
+
+    def _prune_runs_below(self, session: _Session, hwm: int) -> None:
+        """Committed runs' records at or below the HWM go (whole runs, or a run's front)."""
+        kept: list[_Run] = []
+        for run in session.runs:
+            if run.sn is None or run.first > hwm:
+                kept.append(run)
+            elif run.last <= hwm:
+                self._entries -= run.count
+            else:
+                k = hwm - run.first + 1
+                run.first += k
+                run.count -= k
+                run.signatures = run.signatures[k * RUN_SIGNATURE_BYTES:]
+                run.submits = run.submits[8 * k:]
+                run.sn += k * COUNTER_UNIT
+                self._entries -= k
+                kept.append(run)
+        session.runs = kept
+
+    def _prune_runs(self, session: _Session, now_ms: int) -> None:
+        """`prune` of a session's runs: committed runs whose every record is stale go
+        whole; a committed run only partly stale becomes entries (pruned one by one)."""
+        kept: list[_Run] = []
+        partly = False
+        for run in session.runs:
+            if run.sn is not None and run.expires_max < now_ms:
+                self._entries -= run.count
+                continue
+            partly = partly or (run.sn is not None and run.expires_min < now_ms)
+            kept.append(run)
+        session.runs = kept
+        if partly:
+            self._materialize(session)
 
     def _key_holder(self, dedup_key: bytes | None, now_ms: int) -> _Entry | None:
         """The entry that wrote (or is writing) this dedup key within the window."""
@@ -501,7 +688,8 @@ class DedupTable:
         out = []
         for w in waiters:
             if w.producer_id != producer_id or w.sssn != sssn:
-                twin_session = self._sessions[w.producer_id]
+                twin_session = self._session(w.producer_id)
+                assert twin_session is not None
                 twin = twin_session.entries[w.sssn]
                 if twin.state is EntryState.WAITING:
                     self._transition(twin, EntryState.COMMITTED)
@@ -529,7 +717,8 @@ class DedupTable:
         if not waiters:
             return []
         first = waiters.popleft()
-        heir_session = self._sessions[first.producer_id]
+        heir_session = self._session(first.producer_id)
+        assert heir_session is not None
         heir = heir_session.entries.get(first.sssn)
         if heir is None:                           # a retry of the failed record itself
             if not (first.producer_id == producer_id and first.sssn == sssn):
@@ -552,7 +741,7 @@ class DedupTable:
         return [Resolution(first.ticket, DecisionKind.WRITE, first.producer_id, first.sssn)]
 
     def _pending_entry(self, producer_id: bytes, sssn: int) -> tuple[_Session, _Entry]:
-        session = self._sessions.get(producer_id)
+        session = self._session(producer_id)
         entry = session.entries.get(sssn) if session is not None else None
         if not (entry is not None and entry.state is EntryState.PENDING):
             invariant(False, f"{self.name}: outcome for {_pid(producer_id)}/{sssn}, which is "
@@ -585,10 +774,12 @@ class DedupTable:
             del self._keys[key]
         for producer_id in list(self._sessions):
             session = self._sessions[producer_id]
+            if session.runs:
+                self._prune_runs(session, now_ms)
             for entry in [e for e in session.entries.values()
                           if e.state is EntryState.COMMITTED and e.expires_ms < now_ms]:
                 self._drop_entry(session, entry)
-            if session.expires_ms < now_ms and not session.entries:
+            if session.expires_ms < now_ms and not session.entries and not session.runs:
                 del self._sessions[producer_id]    # quiet past the window: its retries are stale
 
     def rebuild(self, records: Iterable[StoredRecord | tuple], now_ms: int) -> int:
@@ -721,6 +912,17 @@ class DedupTable:
                     invariant(holder is not None and holder.state is EntryState.PENDING
                               and any(w.producer_id == producer_id and w.sssn == sssn for w in holder.waiters),
                               "waiting entry not queued on its dedup key's pending write")
+            top = session.entries.keys()[-1] if session.entries else -1
+            for run in session.runs:
+                invariant(run.count >= 1 and run.first > top, "a run not above its session's entries and runs")
+                invariant(len(run.signatures) == RUN_SIGNATURE_BYTES * run.count and len(run.submits) == 8 * run.count,
+                          "a run's columns do not match its count")
+                invariant(run.sn is None or run.first > session.pruned_hwm, "committed run at or below the HWM")
+                top = run.last
+                entries += run.count
+                pending += run.count if run.sn is None else 0
+            invariant(len(session.entries) + sum(r.count for r in session.runs) <= self.entries_per_session_max,
+                      f"{self.name}: {_pid(producer_id)} holds too many entries")
         for key, holder in self._keys.items():
             invariant(holder.dedup_key == key and holder.state in (EntryState.PENDING, EntryState.COMMITTED),
                       "dedup key held by a settled or foreign entry")

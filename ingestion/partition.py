@@ -105,6 +105,25 @@ class Results:
             self.barrier.done_one()
 
 
+class RunResults:
+    """The outcome of one fresh run (`PartitionIngest.submit_fresh`): the SN of its first
+    record (record k: value + k * COUNTER_UNIT) or one named error for all of them; its
+    call's `Barrier` hears it once known."""
+
+    __slots__ = ("count", "value", "barrier")
+
+    def __init__(self, count: int, barrier: Barrier):
+        self.count = count
+        self.value: int | SmsError | None = None
+        self.barrier = barrier
+        barrier.left += 1
+
+    def set(self, value: "int | SmsError") -> None:
+        if self.value is None:
+            self.value = value
+            self.barrier.done_one()
+
+
 def session_key(producer_id: bytes, session_ordinal: int) -> bytes:
     """The dedup table's name for a session: (producer, partition). A child partition's
     table also holds its ancestors' sessions, so a retry of a record that a parent stored
@@ -292,6 +311,43 @@ class PartitionIngest:
         self._write(writes)
         missing.difference_update(s.sssn for s in subs)   # arrived later in this same request
         return results, missing
+
+    def submit_fresh(self, producer_id: bytes, run: tuple, hwm: int, now_ms: int,
+                     barrier: Barrier) -> RunResults | None:
+        """A run of one request (`wire.put_runs`: consecutive SSSNs of the producer's
+        session with this partition, in the usual form) submitted whole when the table takes
+        it as fresh (`DedupTable.submit_fresh`): one table step, one writer chunk, one
+        outcome, no object per record. None: not fresh here (a retry, a gap, no room, a
+        table still rebuilding, a full queue); nothing changed, and the caller submits its
+        records with `submit`, which decides and answers each."""
+        _o, _start, count, first, submit_min, submit_max, _hl, _hh, signatures, submits, stored, _size = run
+        if not self.table.deduplicating or not self.ready.is_set() \
+                or self.writer.queued_records + count > limits.INGEST_PENDING_RECORDS_MAX:
+            return None
+        key = session_key(producer_id, self.chain.ordinal)
+        token = self.table.submit_fresh(key, hwm, now_ms, first, count, submit_min, submit_max, signatures, submits)
+        if token is None:
+            return None
+        results = RunResults(count, barrier)
+        try:
+            chunk = self.writer.submit(stored, count)
+        except SmsError as e:     # writer closed or full: the run was not written
+            self._apply(self.table.failed_fresh(key, token))
+            results.set(e)
+            return results
+        chunk.add_done_callback(lambda f: self._written_fresh(f, key, token, results))
+        return results
+
+    def _written_fresh(self, chunk: asyncio.Future, key: bytes, token, results: RunResults) -> None:
+        error = Unavailable(f"{self.chain.chain_id}: write cancelled") if chunk.cancelled() else chunk.exception()
+        if error is None:
+            sn = chunk.result()
+            resolutions = self.table.committed_fresh(key, token, sn)
+            results.set(sn)
+        else:
+            resolutions = self.table.failed_fresh(key, token)
+            results.set(error if isinstance(error, SmsError) else Unavailable(str(error)))
+        self._apply(resolutions)
 
     def _write(self, writes: list[tuple["Results", int, Submission, bool]]) -> None:
         if not writes:

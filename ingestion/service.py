@@ -18,7 +18,7 @@ import time
 from kernel.tenants import TenantShares
 from metastore.view import ClusterView, bounded
 from ingestion.fencing import ProducerEpochs, session_producer_id
-from ingestion.partition import Barrier, Outcome, PartitionIngest, Results, Submission
+from ingestion.partition import Barrier, Outcome, PartitionIngest, Results, RunResults, Submission
 from ingestion.writer import PartitionWriter
 from sms import wire, limits, seqno
 from kernel import metrics, rpc
@@ -29,7 +29,7 @@ from sms.metadata import ChainConfig, tenant_of
 from kernel.ports import HeadPort
 from sms.proto import sms_pb2, sms_pb2_grpc
 from kernel.rpc import rpc_errors
-from sms.types import PartitionState, StreamStatus, partition_id
+from sms.types import IngestionPolicy, PartitionState, StreamStatus, partition_id
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +189,22 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         epoch = request.producer_epoch
         if epoch and not request.producer_id:
             raise InvalidArgument("producer_epoch without a producer_id")
-        records = parse_put_entries(request.count, request.entries, request.producer_id, epoch)
+        limited = view.config.write_records_per_s or view.config.write_bytes_per_s
+        runs = None
+        if request.session_ordinals and request.producer_id and not limited \
+                and view.config.ingestion_policy is IngestionPolicy.AT_LEAST_ONCE_NO_DUP:
+            # the producer's usual request, as runs of columns (None: anything else, or bad input)
+            runs = wire.put_runs(request.count, request.entries, request.producer_id,
+                                 session_producer_id(request.producer_id, epoch), request.session_ordinals)
+        if runs is None:
+            records = parse_put_entries(request.count, request.entries, request.producer_id, epoch)
         if epoch:
             await self.epochs.admit(request.stream, request.producer_id, epoch)
+        if runs is not None:
+            answer = await self._put_runs(request, view, runs, epoch, t0)
+            if answer is not None:
+                return answer
+            records = parse_put_entries(request.count, request.entries, request.producer_id, epoch)
         if request.session_ordinals:
             if not request.producer_id or len(request.session_ordinals) != wire.ORDINAL.size * len(records):
                 raise InvalidArgument(f"session_ordinals of {len(request.session_ordinals)} bytes; expected 4 per "
@@ -203,7 +216,6 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         tenant_admitted, tenant_throttled = await self.tenants.admit_write(tenant_of(request.stream), records)
         by_partition: dict[int, list[int]] = {}
         sizes: dict[int, int] = {}              # bytes per partition (metrics)
-        limited = view.config.write_records_per_s or view.config.write_bytes_per_s
         ordinals = [0] * len(records)
         unrouted: set[int] = set()
         outcomes: list[Outcome | int | SmsError | None] = [None] * len(records)
@@ -308,6 +320,120 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                 errors_out.append(sms_pb2.RecordError(index=i, name=err.name, message=err.message))
         _count_put(request.stream, records, by_partition, sizes, errors_out, duplicates, routed, unrouted)
         metrics.COMMIT_SECONDS.labels(request.stream).observe(time.perf_counter() - t0)
+        sn_bytes, ordinal_bytes = wire.encode_put_results(sns, ordinals)
+        return sms_pb2.PutRecordsResponse(
+            sequence_numbers=sn_bytes, ordinals=ordinal_bytes,
+            errors=errors_out, duplicates=duplicates, missing=missing_out, map_version=view.map.version)
+
+    async def _put_runs(self, request, view, runs: list, epoch: int, t0: float):
+        """PutRecords of the producer's usual request (`wire.put_runs`), run by run: each
+        run whose partition is open, owned here and ready, with every record's hash key in
+        its range, goes to its partition whole (`PartitionIngest.submit_fresh`); a run the
+        table does not take as fresh goes record by record (`submit`) like any other. The
+        answer is the one the record-by-record path gives. None, before anything is
+        submitted: a run this path does not route (another owner, a closing or newer
+        partition, a tenant's limit...); the caller takes the record-by-record path."""
+        entries = {e.ordinal: e for e in view.map.entries}
+        open_state = PartitionState.OPEN
+        parts: list[PartitionIngest] = []
+        for run in runs:
+            entry = entries.get(run[0])
+            chain = view.chains.get(run[0])
+            if entry is None or entry.state is not open_state or chain is None or chain.sealed \
+                    or chain.head != self.node_id or not (entry.covers(run[6]) and entry.covers(run[7])):
+                return None
+            part = self._partition(chain, view)
+            if not part.ready.is_set():
+                return None
+            parts.append(part)
+        if not await self.tenants.writes_unlimited(tenant_of(request.stream)):
+            return None
+        if epoch and not self.epochs.still_current(request.stream, request.producer_id, epoch):
+            return None
+        session_id = session_producer_id(request.producer_id, epoch)
+        hwm_of = dict(request.hwm)
+        now_ms = int(time.time() * 1000)
+        barrier = Barrier(armed=False)
+        records = None                  # parsed only if a run goes record by record
+        submitted: list[RunResults | Results] = []
+        missing_of: dict[int, set[int]] = {}
+        for run, part in zip(runs, parts):
+            ordinal, start, count = run[0], run[1], run[2]
+            hwm = hwm_of.get(ordinal, -1)
+            results = part.submit_fresh(session_id, run, hwm, now_ms, barrier)
+            if results is None:
+                if records is None:
+                    records = parse_put_entries(request.count, request.entries, request.producer_id, epoch)
+                subs = [records[i][1] for i in range(start, start + count)]
+                for sub in subs:
+                    sub.hwm, sub.session_ordinal = hwm, None
+                try:
+                    results, missing = part.submit(subs, now_ms, sn_known=bool(epoch), barrier=barrier)
+                except SmsError as e:
+                    results, missing = Results(count, barrier), set()
+                    for k in range(count):
+                        results.set(k, e)
+                if missing:
+                    missing_of.setdefault(ordinal, set()).update(missing)
+            submitted.append(results)
+        for run in runs:          # an SSSN that came in this request, in another run, is not missing
+            if run[0] in missing_of:
+                missing_of[run[0]].difference_update(range(run[3], run[3] + run[2]))
+        missing_out = [sms_pb2.MissingSssns(ordinal=o, sssns=sorted(m)) for o, m in missing_of.items() if m]
+        await barrier.wait(limits.APPEND_TIMEOUT_S)
+        unit = seqno.COUNTER_UNIT
+        late = Unavailable("commit not confirmed in time; retry with the same SSSN")
+        sns: list[int] = []
+        ordinals: list[int] = []
+        errors_out, duplicates = [], []
+        stored: dict[int, list[int]] = {}        # per partition: records and bytes stored (metrics)
+        for run, results in zip(runs, submitted):
+            ordinal, start, count = run[0], run[1], run[2]
+            if type(results) is RunResults:
+                value = results.value
+                if type(value) is int:
+                    sns.extend(range(value, value + count * unit, unit))
+                    ordinals.extend([ordinal] * count)
+                    done = stored.setdefault(ordinal, [0, 0])
+                    done[0] += count
+                    done[1] += run[11]
+                    continue
+                err = late if value is None else value
+                values: list = [err] * count
+            else:
+                values = [late if v is None else v for v in results.values]
+            ok = 0
+            for k, o in enumerate(values, start):
+                if type(o) is int:
+                    sns.append(o)
+                    ordinals.append(ordinal)
+                    ok += 1
+                elif isinstance(o, Outcome):
+                    sns.append(o.sn)
+                    ordinals.append(seqno.ordinal_of(o.sn) if o.sn else ordinal)
+                    if o.duplicate:
+                        duplicates.append(k)
+                    else:
+                        ok += 1
+                else:
+                    err = o if isinstance(o, SmsError) else Unavailable(str(o))
+                    sns.append(0)
+                    ordinals.append(ordinal)
+                    errors_out.append(sms_pb2.RecordError(index=k, name=err.name, message=err.message))
+            if ok:
+                done = stored.setdefault(ordinal, [0, 0])
+                done[0] += ok
+                done[1] += run[11] * ok // count        # (bytes: the run's share; exact when all are stored)
+        stream = request.stream
+        metrics.PUT_BATCH_RECORDS.labels(stream).observe(request.count)
+        for ordinal, (n, size) in stored.items():
+            metrics.PUT_RECORDS.labels(stream, partition_id(ordinal)).inc(n)
+            metrics.PUT_BYTES.labels(stream, partition_id(ordinal)).inc(size)
+        if duplicates:
+            metrics.PUT_DUPLICATES.labels(stream).inc(len(duplicates))
+        for e in errors_out:
+            metrics.PUT_RECORD_ERRORS.labels(stream, e.name).inc()
+        metrics.COMMIT_SECONDS.labels(stream).observe(time.perf_counter() - t0)
         sn_bytes, ordinal_bytes = wire.encode_put_results(sns, ordinals)
         return sms_pb2.PutRecordsResponse(
             sequence_numbers=sn_bytes, ordinals=ordinal_bytes,

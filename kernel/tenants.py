@@ -55,6 +55,11 @@ class TenantShares:
     async def _nodes(self, role: str) -> int:
         return max(1, sum(1 for n in (await self.view.nodes()).values() if role in n.roles))
 
+    async def writes_unlimited(self, tenant: str) -> bool:
+        """True when the tenant has no write limit (every request is admitted whole)."""
+        config = await self.config(tenant, time.monotonic())
+        return not (config.write_records_per_s or config.write_bytes_per_s)
+
     async def admit_write(self, tenant: str, records: Sequence[tuple[int, Any]]) -> tuple[int, Throttled | None]:
         """How many of a request's records (a prefix; each `(hash key, submission)` with
         `key` and `data`) the tenant's write share here admits, and the error of the rest

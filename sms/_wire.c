@@ -279,9 +279,9 @@ hash_key_of(const unsigned char *key, size_t len)
 
 /* ---- signatures: xxh3-128 of <H key_len LE> key data headers ---------------------------- */
 
-static PyObject *
-signature_of(const unsigned char *key, size_t key_len, const unsigned char *data, size_t data_len,
-             const unsigned char *headers, size_t headers_len)
+static void
+signature_into(unsigned char out[16], const unsigned char *key, size_t key_len, const unsigned char *data,
+               size_t data_len, const unsigned char *headers, size_t headers_len)
 {
     XXH3_state_t state;
     unsigned char prefix[2];
@@ -294,7 +294,16 @@ signature_of(const unsigned char *key, size_t key_len, const unsigned char *data
     if (headers_len)
         XXH3_128bits_update(&state, headers, headers_len);
     XXH128_canonicalFromHash(&canon, XXH3_128bits_digest(&state));
-    return PyBytes_FromStringAndSize((const char *)canon.digest, 16);
+    memcpy(out, canon.digest, 16);
+}
+
+static PyObject *
+signature_of(const unsigned char *key, size_t key_len, const unsigned char *data, size_t data_len,
+             const unsigned char *headers, size_t headers_len)
+{
+    unsigned char digest[16];
+    signature_into(digest, key, key_len, data, data_len, headers, headers_len);
+    return PyBytes_FromStringAndSize((const char *)digest, 16);
 }
 
 static PyObject *
@@ -1734,6 +1743,175 @@ done:
     return out;
 }
 
+/* ---- put_runs: a request in the producer's usual form, as runs of columns ---------- */
+
+static int
+append_run(PyObject *out, uint32_t ordinal, Py_ssize_t start, Py_ssize_t end, uint64_t first_sssn,
+           uint64_t submit_min, uint64_t submit_max, const unsigned char *hash_min, const unsigned char *hash_max,
+           const unsigned char *sigs, const unsigned char *submits, const unsigned char *stored, size_t stored_len,
+           long long size)
+{
+    Py_ssize_t count = end - start;
+    PyObject *run = PyTuple_New(12);
+    if (run == NULL)
+        return -1;
+    PyObject *items[12] = {
+        PyLong_FromUnsignedLong(ordinal),
+        PyLong_FromSsize_t(start),
+        PyLong_FromSsize_t(count),
+        PyLong_FromUnsignedLongLong(first_sssn),
+        PyLong_FromUnsignedLongLong(submit_min),
+        PyLong_FromUnsignedLongLong(submit_max),
+        int_from_be128(hash_min),
+        int_from_be128(hash_max),
+        PyBytes_FromStringAndSize((const char *)sigs + 16 * start, 16 * count),
+        PyBytes_FromStringAndSize((const char *)submits + 8 * start, 8 * count),
+        PyBytes_FromStringAndSize((const char *)stored, (Py_ssize_t)stored_len),
+        PyLong_FromLongLong(size),
+    };
+    int bad = 0;
+    for (int j = 0; j < 12; j++) {
+        if (items[j] == NULL)
+            bad = 1;
+        PyTuple_SET_ITEM(run, j, items[j]);
+    }
+    if (bad || PyList_Append(out, run) < 0) {
+        Py_DECREF(run);
+        return -1;
+    }
+    Py_DECREF(run);
+    return 0;
+}
+
+/* put_runs(count, blob, producer_id, session_id, ordinals) -> [(ordinal, start, count, first_sssn, submit_min,
+ * submit_max, hash_min, hash_max, signatures, submits, stored, size)] or None: see sms.wire._put_runs. */
+static PyObject *
+w_put_runs(PyObject *self, PyObject *args)
+{
+    Py_ssize_t count;
+    Py_buffer blob, pid, sid, ords;
+    if (!PyArg_ParseTuple(args, "ny*y*y*y*", &count, &blob, &pid, &sid, &ords))
+        return NULL;
+    PyObject *out = NULL;
+    Buf stored = {0};
+    unsigned char *sigs = NULL, *submits = NULL;
+    if (check_configured() < 0)
+        goto done;
+    const unsigned char *b = blob.buf, *op = ords.buf;
+    size_t n = (size_t)blob.len;
+    long long put_meta_max = 2 * 5 + 16 + 8 + 8 + 4 + DEDUP_KEY_BYTES_MAX;
+    long long headers_meta_max = RECORD_HEADERS_BYTES_MAX + RECORD_HEADERS_MAX * 4;
+    if (pid.len == 0 || sid.len == 0 || sid.len > 0xFF || count < 1 || count > PUT_RECORDS_COUNT_MAX ||
+        ords.len != 4 * count || pid.len > PRODUCER_ID_BYTES_MAX ||
+        (long long)n > PUT_RECORDS_BYTES_MAX + count * (ENTRY_BYTES + put_meta_max + headers_meta_max))
+        goto none;
+    sigs = PyMem_Malloc(16 * (size_t)count);
+    submits = PyMem_Malloc(8 * (size_t)count);
+    if (sigs == NULL || submits == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    out = PyList_New(0);
+    if (out == NULL)
+        goto done;
+    const size_t meta_len_out = 2 + (size_t)sid.len + 10;
+    size_t offset = 0, stored_start = 0;
+    long long total = 0, run_size = 0;
+    Py_ssize_t run_start = 0;
+    uint32_t run_ordinal = 0;
+    uint64_t prev_sssn = 0, first_sssn = 0, submit_min = 0, submit_max = 0;
+    unsigned char digest[16], hash_min[16], hash_max[16];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (offset + ENTRY_BYTES > n)
+            goto none;
+        size_t data_len = le32(b + offset), key_len = le16(b + offset + 4), meta_len = le16(b + offset + 6);
+        size_t k = offset + ENTRY_BYTES, m = k + key_len, d = m + meta_len;
+        offset = d + data_len;
+        if (offset > n || (long long)data_len > RECORD_DATA_BYTES_MAX)
+            goto none;
+        Py_ssize_t chars = 0;
+        int ok = key_chars(b + k, key_len, &chars);
+        if (ok < 0)
+            goto fail;
+        if (!ok || chars < PARTITION_KEY_CHARS_MIN || chars > PARTITION_KEY_CHARS_MAX)
+            goto none;
+        if (meta_len != 20 || b[m] != TAG_SSSN || b[m + 1] != 8 || b[m + 10] != TAG_SUBMIT_MS || b[m + 11] != 8)
+            goto none;
+        uint64_t sssn = be64(b + m + 2), submit_ms = be64(b + m + 12);
+        uint32_t ordinal = le32(op + 4 * i);
+        md5(b + k, key_len, digest);
+        if (i == 0 || ordinal != run_ordinal || prev_sssn == UINT64_MAX || sssn != prev_sssn + 1) {
+            if (i > 0 && append_run(out, run_ordinal, run_start, i, first_sssn, submit_min, submit_max, hash_min,
+                                    hash_max, sigs, submits, stored.p + stored_start, stored.len - stored_start,
+                                    run_size) < 0)
+                goto fail;
+            run_start = i;
+            run_ordinal = ordinal;
+            first_sssn = sssn;
+            submit_min = submit_max = submit_ms;
+            memcpy(hash_min, digest, 16);
+            memcpy(hash_max, digest, 16);
+            stored_start = stored.len;
+            run_size = 0;
+        } else {
+            if (submit_ms < submit_min)
+                submit_min = submit_ms;
+            if (submit_ms > submit_max)
+                submit_max = submit_ms;
+            if (memcmp(digest, hash_min, 16) < 0)
+                memcpy(hash_min, digest, 16);
+            if (memcmp(digest, hash_max, 16) > 0)
+                memcpy(hash_max, digest, 16);
+        }
+        prev_sssn = sssn;
+        signature_into(sigs + 16 * i, b + k, key_len, b + d, data_len, NULL, 0);
+        for (int j = 0; j < 8; j++)
+            submits[8 * i + j] = (unsigned char)(submit_ms >> (8 * j));
+        if (buf_reserve(&stored, ENTRY_BYTES + key_len + meta_len_out + data_len) < 0)
+            goto fail;
+        unsigned char *w = stored.p + stored.len;
+        put_le32(w, (uint32_t)data_len);
+        put_le16(w + 4, (uint16_t)key_len);
+        put_le16(w + 6, (uint16_t)meta_len_out);
+        w += ENTRY_BYTES;
+        memcpy(w, b + k, key_len);
+        w += key_len;
+        w[0] = TAG_PRODUCER_ID;
+        w[1] = (unsigned char)sid.len;
+        memcpy(w + 2, sid.buf, (size_t)sid.len);
+        w += 2 + sid.len;
+        w[0] = TAG_SSSN;
+        w[1] = 8;
+        put_be64(w + 2, sssn);
+        w += 10;
+        memcpy(w, b + d, data_len);
+        stored.len += ENTRY_BYTES + key_len + meta_len_out + data_len;
+        total += (long long)(data_len + key_len);
+        run_size += (long long)(data_len + key_len);
+    }
+    if (offset != n || total > PUT_RECORDS_BYTES_MAX)
+        goto none;
+    if (append_run(out, run_ordinal, run_start, count, first_sssn, submit_min, submit_max, hash_min, hash_max, sigs,
+                   submits, stored.p + stored_start, stored.len - stored_start, run_size) < 0)
+        goto fail;
+    goto done;
+none:
+    Py_XDECREF(out);
+    out = Py_NewRef(Py_None);
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    PyMem_Free(stored.p);
+    PyMem_Free(sigs);
+    PyMem_Free(submits);
+    PyBuffer_Release(&blob);
+    PyBuffer_Release(&pid);
+    PyBuffer_Release(&sid);
+    PyBuffer_Release(&ords);
+    return out;
+}
+
 /* ---- the module --------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1753,6 +1931,8 @@ static PyMethodDef methods[] = {
      "encode_session_entries(records, submit_ms) -> [entry bytes]"},
     {"decode_put_results", w_decode_put_results, METH_VARARGS,
      "decode_put_results(sequence_numbers, ordinals, count) -> (SNs, ordinals)"},
+    {"put_runs", w_put_runs, METH_VARARGS,
+     "put_runs(count, blob, producer_id, session_id, ordinals) -> [run] or None"},
     {"hash_key", w_hash_key, METH_O, "hash_key(key bytes) -> int (MD5, big-endian)"},
     {NULL, NULL, 0, NULL},
 };

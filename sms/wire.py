@@ -54,7 +54,7 @@ import xxhash
 
 from sms import hashing, limits, seqno
 from sms.errors import (CorruptBatch, InvalidArgument, InvalidPartitionKey, InvalidRecordHeader, RecordTooLarge,
-                        RequestTooLarge)
+                        RequestTooLarge, SmsError)
 from sms.types import Record
 
 log = logging.getLogger(__name__)
@@ -632,6 +632,76 @@ def _parse_put(count: int, blob: bytes, producer_id: bytes) -> list[PutEntry]:
     return out
 
 
+class PutRun(NamedTuple):
+    """Consecutive records of a PutRecords request in the producer's usual form, as
+    ingestion takes them whole (`put_runs`): one session partition, consecutive SSSNs, no
+    dedup key, explicit hash key or header. Columns, not a record object each."""
+
+    ordinal: int                # the session partition (request.session_ordinals) of every record
+    start: int                  # index of its first record in the request
+    length: int                 # its records
+    first_sssn: int             # the records' SSSNs are first_sssn, first_sssn + 1, ...
+    submit_min: int             # the smallest and largest submit time (ms)
+    submit_max: int
+    hash_min: int               # the smallest and largest hash key (routing: both in range, all are)
+    hash_max: int
+    signatures: bytes           # SIGNATURE_BYTES per record (wire.signature)
+    submits: bytes              # each record's submit time, <Q each
+    stored: bytes               # the records' stored entries (stored_entries, session_id, no session ordinal)
+    size: int                   # bytes of keys and data
+
+
+SIGNATURE_BYTES = 16
+_SUBMITS = struct.Struct("<Q")
+
+
+class _RunRecord(NamedTuple):
+    key: bytes
+    data: bytes
+    headers: bytes
+    producer_id: bytes
+    sssn: int
+    dedup_key: None
+    session_ordinal: None
+
+
+def _put_runs(count: int, blob: bytes, producer_id: bytes, session_id: bytes,
+              ordinals: bytes) -> list[PutRun] | None:
+    """A PutRecords request as runs (`PutRun`), when every record is in the producer's
+    usual form (its meta exactly an SSSN and a submit time) with a session partition each
+    (`ordinals`, 4 bytes little-endian per record), and the request is valid as
+    `parse_put` checks it; None otherwise (the caller then takes `parse_put`'s way, which
+    names any error). A run ends where the session partition changes or an SSSN is not
+    the one after its predecessor's."""
+    if not producer_id or not 0 < len(session_id) <= 0xFF or len(ordinals) != ORDINAL.size * count:
+        return None
+    try:
+        entries = _parse_put(count, blob, producer_id)
+    except SmsError:
+        return None
+    for _i, _k, m, d, _end in _walk_entries(blob, count, 0, len(blob)):
+        if d - m != _SESSION_META.size or blob[m] != TAG_SSSN or blob[m + 1] != 8 or blob[m + 10] != TAG_SUBMIT_MS \
+                or blob[m + 11] != 8:
+            return None
+    ords = decode_ordinals(ordinals)
+    runs: list[PutRun] = []
+    i = 0
+    while i < count:
+        j = i + 1
+        while j < count and ords[j] == ords[i] and entries[j].sssn == entries[j - 1].sssn + 1:
+            j += 1
+        run = entries[i:j]
+        submits = [e.submit_ms for e in run]
+        hashes = [e.hash_key for e in run]
+        runs.append(PutRun(
+            ords[i], i, j - i, run[0].sssn, min(submits), max(submits), min(hashes), max(hashes),
+            b"".join(e.signature for e in run), b"".join(_SUBMITS.pack(t) for t in submits),
+            _stored_entries([_RunRecord(e.key, e.data, b"", session_id, e.sssn, None, None) for e in run]),
+            sum(len(e.key) + len(e.data) for e in run)))
+        i = j
+    return runs
+
+
 class StoredRecord(Protocol):
     """What `stored_entries` reads of a record to store (ingestion's writes)."""
 
@@ -933,7 +1003,7 @@ reference = types.SimpleNamespace(
     encode_puts=_encode_puts, parse_put=_parse_put, stored_entries=_stored_entries, check_framing=_check_framing,
     check_records=_check_records, decode_records=_decode_records, session_fields=_session_fields, columns=_columns,
     columns_many=_columns_many, encode_session_entries=_encode_session_entries,
-    decode_put_results=_decode_put_results,
+    decode_put_results=_decode_put_results, put_runs=_put_runs,
     signature=_signature, hash_key=_hash_of)
 
 
@@ -980,6 +1050,7 @@ if TYPE_CHECKING:
     columns_many = _columns_many
     encode_session_entries = _encode_session_entries
     decode_put_results = _decode_put_results
+    put_runs = _put_runs
     session_fields = _session_fields
     signature = _signature
     hash_key = _hash_of
@@ -994,6 +1065,7 @@ else:
     columns_many = _impl.columns_many
     encode_session_entries = _impl.encode_session_entries
     decode_put_results = _impl.decode_put_results
+    put_runs = _impl.put_runs
     session_fields = _impl.session_fields
     signature = _impl.signature
     hash_key = _impl.hash_key

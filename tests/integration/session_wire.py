@@ -118,11 +118,14 @@ class Channels:
 
 def send_entries(channels: Channels, address: str, stream: str, producer_id: bytes, entries: Sequence[bytes],
                  hwm: Mapping[int, int] | None = None, timeout_s: float = limits.PUT_TIMEOUT_S,
-                 epoch: int = 0) -> Answer:
+                 epoch: int = 0, session_ordinals: Sequence[int] | None = None) -> Answer:
     """One PutRecords of already-encoded entries to `address` (of the producer's `epoch`,
-    0: none); a whole-request error (gRPC status) is raised as its named SmsError."""
+    0: none; with each record's session partition in `session_ordinals`, as the producer
+    sends them, when given); a whole-request error (gRPC status) is raised as its named
+    SmsError."""
     request = sms_pb2.PutRecordsRequest(stream=stream, count=len(entries), entries=b"".join(entries),
-                                        producer_id=producer_id, hwm=dict(hwm or {}), producer_epoch=epoch)
+                                        producer_id=producer_id, hwm=dict(hwm or {}), producer_epoch=epoch,
+                                        session_ordinals=wire.encode_session_ordinals(session_ordinals or ()))
     try:
         resp = channels.stub(address).PutRecords(request, timeout=timeout_s)
     except grpc.RpcError as e:
@@ -146,11 +149,14 @@ class RawSession:
     """One producer (id) writing to one stream, every session field chosen by the test."""
 
     def __init__(self, client, stream: str, producer_id: bytes, *, channels: Channels | None = None,
-                 epoch: int = 0):
+                 epoch: int = 0, session_ordinals: bool = False):
         self.client = client                   # sms.Client (sync): stream info only
         self.stream = stream
         self.producer_id = producer_id
         self.epoch = epoch                     # the producer's epoch on every request (0: none)
+        # send each record's session partition (its partition now), as sms.Producer does: the
+        # owner then takes a request in the usual form as runs (ingestion's fast path)
+        self.session_ordinals = session_ordinals
         self._own_channels = channels is None
         self.channels = channels or Channels()
         self.info: StreamInfo = client.get_stream_info(stream)
@@ -192,7 +198,9 @@ class RawSession:
         missing: dict[int, tuple[int, ...]] = {}
         for owner, indexes in groups.items():
             answer = send_entries(self.channels, owner, self.stream, self.producer_id,
-                                  [encode(records[i]) for i in indexes], hwm, timeout_s, self.epoch)
+                                  [encode(records[i]) for i in indexes], hwm, timeout_s, self.epoch,
+                                  [self.ordinal_of(records[i].key) for i in indexes] if self.session_ordinals
+                                  else None)
             for i, ack in zip(indexes, answer.acks):
                 acks[i] = ack
             for ordinal, sssns in answer.missing.items():

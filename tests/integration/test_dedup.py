@@ -90,13 +90,16 @@ def table_of(client, address: str, stream: str, ordinal: int = 0) -> dict | None
     return None
 
 
-@pytest.fixture
-def sessions(client):
-    """RawSession(stream, producer_id) factory; every session is closed at teardown."""
+@pytest.fixture(params=["records", "runs"])
+def sessions(client, request):
+    """RawSession(stream, producer_id) factory; every session is closed at teardown. Each
+    test runs twice: without session partitions in the request (the owner decides record
+    by record) and with them, as sms.Producer sends (a request in the usual form goes
+    through the owner's runs: `wire.put_runs`, `DedupTable.submit_fresh`)."""
     made: list[RawSession] = []
 
     def make(stream: str, producer_id: bytes) -> RawSession:
-        made.append(RawSession(client, stream, producer_id))
+        made.append(RawSession(client, stream, producer_id, session_ordinals=request.param == "runs"))
         return made[-1]
 
     yield make
