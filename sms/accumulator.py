@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from bisect import bisect_right
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, cast
@@ -60,6 +60,11 @@ class BatchSink(Protocol):
     index settles through these instead of an `Outcome`."""
 
     def settle_result(self, index: int, sn: int | None, ordinal: int, sssn: int, duplicate: bool) -> None: ...
+    def settle_stored(self, records: Sequence["PendingRecord"], start: int, end: int, sns: Sequence[int],
+                      ordinals: Sequence[int], duplicates: set[int]) -> None:
+        """settle_result of records[start:end], all of this sink: record j stored under
+        sns[j] (0: its SN is no longer known) in ordinals[j], a duplicate if j is in
+        `duplicates`."""
     def settle_error(self, index: int, error: BaseException) -> None: ...
     def settled(self, index: int) -> bool: ...
 
@@ -144,6 +149,7 @@ class PutRequest:
     owner: str
     message: sms_pb2.PutRecordsRequest
     records: list[PendingRecord]
+    counts: dict[int, int] = field(default_factory=dict)   # records per session partition
 
 
 class Room:
@@ -369,30 +375,47 @@ class Accumulator:
         elif not outcome.cancelled():
             outcome.set_result(ProducerResult(sn, ordinal, record.sssn, duplicate))
 
-    def _settle_stored(self, items: list[PendingRecord], sns: list[int], ordinals: list[int],
-                       duplicates: set[int]) -> None:
-        """_settle_ok of every record of an answer with no error, in one loop: item j stored
-        under sns[j] (0: a duplicate whose SN the owner no longer knows) in ordinals[j]."""
+    def _settle_stored(self, items: list[PendingRecord], counts: dict[int, int], sns: list[int],
+                       ordinals: list[int], duplicates: set[int]) -> None:
+        """_settle_ok of every record of an answer with no error, session by session (the
+        request's items are `counts` records of each session in turn): item j stored under
+        sns[j] (0: a duplicate whose SN the owner no longer knows) in ordinals[j]. The
+        records of one send_batch() settle into its columns in one call."""
         sessions = self.sessions
         pending_bytes = self.pending_bytes
+        pos = 0
         try:
-            for j, record in enumerate(items):
-                session = sessions[record.ordinal]
-                if session.records.pop(record.sssn, None) is not record:
-                    errors.invariant(False, f"p{session.ordinal}: sssn {record.sssn} settled twice or never sent")
-                pending_bytes -= record.size
-                record.settled = True
+            for ordinal, n in counts.items():
+                session, end = sessions[ordinal], pos + n
+                held = session.records
+                for j in range(pos, end):
+                    record = items[j]
+                    if held.pop(record.sssn, None) is not record:
+                        errors.invariant(False, f"p{ordinal}: sssn {record.sssn} settled twice or never sent")
+                    pending_bytes -= record.size
+                    record.settled = True
                 order = session.order
                 while order and order[0].settled:
                     order.popleft()
-                duplicate = j in duplicates if duplicates else False
-                outcome = record.outcome
-                if record.index >= 0:
-                    outcome.settle_result(record.index, sns[j] or None, ordinals[j], record.sssn, duplicate)
-                elif not outcome.cancelled():
-                    outcome.set_result(ProducerResult(sns[j] or None, ordinals[j], record.sssn, duplicate))
+                j = pos
+                while j < end:
+                    record = items[j]
+                    outcome = record.outcome
+                    if record.index >= 0:
+                        k = j + 1
+                        while k < end and items[k].outcome is outcome:
+                            k += 1
+                        outcome.settle_stored(items, j, k, sns, ordinals, duplicates)
+                        j = k
+                        continue
+                    if not outcome.cancelled():
+                        outcome.set_result(ProducerResult(sns[j] or None, ordinals[j], record.sssn, j in duplicates))
+                    j += 1
+                pos = end
         finally:
             self.pending_bytes = pending_bytes
+        if pos != len(items):
+            errors.invariant(False, f"{len(items)} records answered, {pos} counted in their sessions")
         self.totals["acked"] += len(items)
         self.totals["duplicates"] += len(duplicates)
 
@@ -564,7 +587,11 @@ class Accumulator:
         queue, within the request bounds and the owner's per-session window."""
         items: list[PendingRecord] = []
         hwms: dict[int, int] = {}
+        counts: dict[int, int] = {}
+        ordinals: list[int] = []
+        fresh: list[PendingRecord] = []
         size = 0
+        count_max, bytes_max = limits.PUT_RECORDS_COUNT_MAX, limits.PUT_RECORDS_BYTES_MAX
         start = self._round_robin % len(sessions)
         self._round_robin += 1
         for session in sessions[start:] + sessions[:start]:
@@ -572,42 +599,45 @@ class Accumulator:
             partition = self.partition(session.ordinal)
             closed = partition is not None and partition.state is not PartitionState.OPEN
             if closed:
+                before = len(items)
                 taken, size = self._take_closed(session, owner, items, size)
+                fresh.extend(r for r in items[before:] if r.entry is None)
             else:
                 queue = session.queue
                 window_top = session.hwm_seq + PRODUCER_SESSION_WINDOW_MAX
-                while queue and len(items) < limits.PUT_RECORDS_COUNT_MAX:
+                room = count_max - len(items)
+                taken_bytes = size
+                while queue and taken < room:
                     record = queue[0]
-                    if record.seq > window_top or size + record.size > limits.PUT_RECORDS_BYTES_MAX:
+                    if record.seq > window_top or size + record.size > bytes_max:
                         break
                     queue.popleft()
                     size += record.size
                     items.append(record)
+                    if record.entry is None:
+                        fresh.append(record)
                     taken += 1
-                if taken:
-                    session.queued_bytes -= sum(r.size for r in items[-taken:])
+                session.queued_bytes -= size - taken_bytes
             if taken:
                 session.inflight = taken
                 session.urgent = False
                 hwms[session.ordinal] = session.hwm
-            if len(items) >= limits.PUT_RECORDS_COUNT_MAX or (session.queue and taken == 0 and items):
+                counts[session.ordinal] = taken
+                ordinals.extend([session.ordinal] * taken)
+            if len(items) >= count_max or (session.queue and taken == 0 and items):
                 break                              # full (a session that could not add one: bytes)
         errors.invariant(items, "an owner was due with nothing to send")
-        fresh = [r for r in items if r.entry is None]
         if fresh:
             self._encode(fresh)
-        entries: list[bytes] = []
         for record in items:
             record.attempts += 1
-            entries.append(cast(bytes, record.entry))     # (_encode() gave every record its entry)
+        entries = [cast(bytes, r.entry) for r in items]    # (_encode() gave every record its entry)
         self.inflight[owner] = len(items)
         self.totals["requests"] += 1
         message = sms_pb2.PutRecordsRequest(stream=self.stream, count=len(items), entries=b"".join(entries),
                                             producer_id=self.producer_id, producer_epoch=self.producer_epoch,
-                                            hwm=hwms,
-                                            session_ordinals=wire.encode_session_ordinals(
-                                                [r.ordinal for r in items]))
-        return PutRequest(owner, message, items)
+                                            hwm=hwms, session_ordinals=wire.encode_session_ordinals(ordinals))
+        return PutRequest(owner, message, items, counts)
 
     def _encode(self, records: list[PendingRecord]) -> None:
         """First send: stamp the submit time; each entry is reused unchanged by every resend."""
@@ -684,9 +714,9 @@ class Accumulator:
         sns, ordinals = wire.decode_put_results(response.sequence_numbers, response.ordinals, len(items))
         if not failed:
             # the usual answer: every record stored (some maybe as duplicates)
-            for ordinal, n in Counter(r.ordinal for r in items).items():
+            for ordinal, n in request.counts.items():
                 answered[ordinal] = [n, []]
-            self._settle_stored(items, sns, ordinals, duplicates)
+            self._settle_stored(items, request.counts, sns, ordinals, duplicates)
             items = []
         settle, settle_ok = self._settle, self._settle_ok
         for j, record in enumerate(items):

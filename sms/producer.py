@@ -27,7 +27,8 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, overload
 
 from sms import wire, errors, limits
-from sms.accumulator import HWM_NONE, SESSION_META_BYTES, Accumulator, Outcome, ProducerResult, PutRequest, Session
+from sms.accumulator import (HWM_NONE, SESSION_META_BYTES, Accumulator, Outcome, PendingRecord, ProducerResult,
+                             PutRequest, Session)
 from sms.records import PreparedRecord, needs_reference, prepare_record, prepare_records, record_fields
 from sms.limits import (
     PRODUCER_DELIVERY_TIMEOUT_S,
@@ -207,6 +208,26 @@ class _BatchOutcome:
             self.dups[index] = 1
         self.pending -= 1
         if self.pending == 0:
+            self._resolve()
+
+    def settle_stored(self, records: Sequence[PendingRecord], start: int, end: int, sns: Sequence[int],
+                      ordinals: Sequence[int], duplicates: set[int]) -> None:
+        state, out_sns, out_ordinals, out_sssns = self.state, self.sns, self.ordinals, self.sssns
+        settled = 0
+        for j in range(start, end):
+            record = records[j]
+            i = record.index
+            if state[i]:
+                continue
+            state[i] = 1
+            out_sns[i] = sns[j] or None
+            out_ordinals[i] = ordinals[j]
+            out_sssns[i] = record.sssn
+            if duplicates and j in duplicates:
+                self.dups[i] = 1
+            settled += 1
+        self.pending -= settled
+        if settled and self.pending == 0:
             self._resolve()
 
     def settle_error(self, index: int, error: BaseException) -> None:
