@@ -130,6 +130,7 @@ class Session:
     failures: int = 0                # consecutive rounds with a retriable answer
     not_before_s: float = 0.0        # backoff: send nothing before this time
     urgent: bool = False             # the owner reported missing SSSNs: no linger
+    eager: bool = False              # a send_batch() record is queued: the caller's batch is whole, no linger
 
     @property
     def hwm(self) -> int:
@@ -317,6 +318,7 @@ class Accumulator:
                 else:
                     record = PendingRecord(ordinal, sssn, session.next_seq, key, data, extra, size, sink, now_s,
                                            deadline_s, hash_key, pins is not None, index=i)
+                    session.eager = True
                 session.next_sssn = sssn + 1
                 session.next_seq += 1
                 session.records[sssn] = record
@@ -518,7 +520,7 @@ class Accumulator:
             count, size = count + len(session.queue), size + session.queued_bytes
             owner_load[owner] = (count, size)
             linger_end_s = session.queue[0].enqueued_s + self.linger_s
-            if (session.urgent or self.flushing or session.queue[0].attempts or linger_end_s <= now_s
+            if (session.urgent or session.eager or self.flushing or session.queue[0].attempts or linger_end_s <= now_s
                     or count >= limits.PUT_RECORDS_COUNT_MAX or size >= limits.PUT_RECORDS_BYTES_MAX):
                 due.add(owner)
             elif owner not in self.inflight:
@@ -621,6 +623,7 @@ class Accumulator:
             if taken:
                 session.inflight = taken
                 session.urgent = False
+                session.eager = session.eager and bool(session.queue)
                 hwms[session.ordinal] = session.hwm
                 counts[session.ordinal] = taken
                 ordinals.extend([session.ordinal] * taken)

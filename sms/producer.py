@@ -339,7 +339,9 @@ class Producer:
             stream: the stream it writes to.
             producer_id: its identity across restarts, 1..PRODUCER_ID_BYTES_MAX bytes
                 (str as UTF-8); None: a random one.
-            linger_ms: how long a record may wait for others to fill a request.
+            linger_ms: how long a record of send() may wait for others to fill a request
+                (a send_batch() is a whole batch: it goes at once, or with the next
+                request if one is in flight to its owner).
             max_pending_per_partition: un-settled records per partition before send() waits.
             max_pending_bytes: un-settled bytes in all before send() waits.
             retry_backoff_ms, retry_backoff_max_ms: the first and the longest wait
