@@ -333,6 +333,10 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         answer is the one the record-by-record path gives. None, before anything is
         submitted: a run this path does not route (another owner, a closing or newer
         partition, a tenant's limit...); the caller takes the record-by-record path."""
+        if len(runs) != len({run[0] for run in runs}):
+            # a partition's records in several runs (SSSNs with gaps, or partitions interleaved:
+            # SPS outputs pin their SSSNs so): its records go together, record by record
+            return None
         entries = {e.ordinal: e for e in view.map.entries}
         open_state = PartitionState.OPEN
         parts: list[PartitionIngest] = []
@@ -356,7 +360,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         barrier = Barrier(armed=False)
         records = None                  # parsed only if a run goes record by record
         submitted: list[RunResults | Results] = []
-        missing_of: dict[int, set[int]] = {}
+        missing_of: dict[int, set[int]] = {}         # (one run per partition: submit leaves out its own SSSNs)
         for run, part in zip(runs, parts):
             ordinal, start, count = run[0], run[1], run[2]
             hwm = hwm_of.get(ordinal, -1)
@@ -376,9 +380,6 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                 if missing:
                     missing_of.setdefault(ordinal, set()).update(missing)
             submitted.append(results)
-        for run in runs:          # an SSSN that came in this request, in another run, is not missing
-            if run[0] in missing_of:
-                missing_of[run[0]].difference_update(range(run[3], run[3] + run[2]))
         missing_out = [sms_pb2.MissingSssns(ordinal=o, sssns=sorted(m)) for o, m in missing_of.items() if m]
         await barrier.wait(limits.APPEND_TIMEOUT_S)
         unit = seqno.COUNTER_UNIT
