@@ -372,12 +372,7 @@ class DedupTable:
             session = self._sessions[producer_id] = _Session(producer_id, expires_ms)
         session.expires_ms = max(session.expires_ms, expires_ms)
         entries = session.entries
-        if prunable and entries.bisect_right(hwm) == len(prunable):
-            del entries.keys()[:len(prunable)]     # every entry up to the HWM: one slice
-            self._entries -= len(prunable)
-        else:
-            for pruned in prunable:
-                self._drop_entry(session, pruned)
+        self._drop_pruned(session, hwm, prunable)
         session.pruned_hwm = hwm
         out: list[Decision | SmsError] = [_WRITE_TRACKED] * len(records)
         window_ms = self.window_ms
@@ -499,14 +494,7 @@ class DedupTable:
         if session is None:
             session = self._sessions[producer_id] = _Session(producer_id, run.expires_max)
         else:
-            if pruned:
-                entries = session.entries
-                if entries.bisect_right(hwm) == len(pruned):
-                    del entries.keys()[:len(pruned)]
-                    self._entries -= len(pruned)
-                else:
-                    for entry in pruned:
-                        self._drop_entry(session, entry)
+            self._drop_pruned(session, hwm, pruned)
             if session.runs:
                 self._prune_runs_below(session, hwm)
             session.expires_ms = max(session.expires_ms, run.expires_max)
@@ -622,6 +610,16 @@ class DedupTable:
         if not (holder.state in (EntryState.PENDING, EntryState.COMMITTED)):
             invariant(False, f"{self.name}: dedup key held by an entry in state {holder.state}")
         return holder
+
+    def _drop_pruned(self, session: _Session, hwm: int, prunable: list[_Entry]) -> None:
+        """Drop `_prunable`'s entries (every entry up to the HWM, when all are committed:
+        one slice)."""
+        if prunable and session.entries.bisect_right(hwm) == len(prunable):
+            del session.entries.keys()[:len(prunable)]
+            self._entries -= len(prunable)
+        else:
+            for pruned in prunable:
+                self._drop_entry(session, pruned)
 
     @staticmethod
     def _prunable(session: _Session | None, hwm: int) -> list[_Entry]:

@@ -302,28 +302,11 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         for indexes, results in submitted:
             for i, value in zip(indexes, results.values):
                 outcomes[i] = late if value is None else value
-        routed = ordinals[:]                  # (the partition each record went to, for the metrics)
-        sns, errors_out, duplicates = [], [], []
+        answer = _Answer()
         for i, o in enumerate(outcomes):
-            if type(o) is int:                    # stored under this SN (the usual answer)
-                sns.append(o)
-                ordinals[i] = seqno.ordinal_of(o)
-            elif isinstance(o, Outcome):
-                sns.append(o.sn)
-                if o.sn:
-                    ordinals[i] = seqno.ordinal_of(o.sn)     # a duplicate may live in a parent
-                if o.duplicate:
-                    duplicates.append(i)
-            else:
-                err = o if isinstance(o, SmsError) else Unavailable(str(o))
-                sns.append(0)
-                errors_out.append(sms_pb2.RecordError(index=i, name=err.name, message=err.message))
-        _count_put(request.stream, records, by_partition, sizes, errors_out, duplicates, routed, unrouted)
-        metrics.COMMIT_SECONDS.labels(request.stream).observe(time.perf_counter() - t0)
-        sn_bytes, ordinal_bytes = wire.encode_put_results(sns, ordinals)
-        return sms_pb2.PutRecordsResponse(
-            sequence_numbers=sn_bytes, ordinals=ordinal_bytes,
-            errors=errors_out, duplicates=duplicates, missing=missing_out, map_version=view.map.version)
+            answer.add(i, o, ordinals[i])
+        _count_put(request.stream, records, by_partition, sizes, answer, ordinals, unrouted)
+        return answer.response(request.stream, t0, missing_out, view.map.version)
 
     async def _put_runs(self, request, view, runs: list, epoch: int, t0: float):
         """PutRecords of the producer's usual request (`wire.put_runs`), run by run: each
@@ -371,74 +354,30 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                 subs = [records[i][1] for i in range(start, start + count)]
                 for sub in subs:
                     sub.hwm, sub.session_ordinal = hwm, None
-                try:
-                    results, missing = part.submit(subs, now_ms, sn_known=bool(epoch), barrier=barrier)
-                except SmsError as e:
-                    results, missing = Results(count, barrier), set()
-                    for k in range(count):
-                        results.set(k, e)
+                results, missing = part.submit(subs, now_ms, sn_known=bool(epoch), barrier=barrier)
                 if missing:
                     missing_of.setdefault(ordinal, set()).update(missing)
             submitted.append(results)
         missing_out = [sms_pb2.MissingSssns(ordinal=o, sssns=sorted(m)) for o, m in missing_of.items() if m]
         await barrier.wait(limits.APPEND_TIMEOUT_S)
-        unit = seqno.COUNTER_UNIT
         late = Unavailable("commit not confirmed in time; retry with the same SSSN")
-        sns: list[int] = []
-        ordinals: list[int] = []
-        errors_out, duplicates = [], []
-        stored: dict[int, list[int]] = {}        # per partition: records and bytes stored (metrics)
-        for run, results in zip(runs, submitted):
-            ordinal, start, count = run[0], run[1], run[2]
+        answer = _Answer()
+        stored: dict[int, tuple[int, int]] = {}      # per partition: records and bytes stored (metrics)
+        for (ordinal, start, count, *_columns, size), results in zip(runs, submitted):
             if type(results) is RunResults:
-                value = results.value
+                value = late if results.value is None else results.value
                 if type(value) is int:
-                    sns.extend(range(value, value + count * unit, unit))
-                    ordinals.extend([ordinal] * count)
-                    done = stored.setdefault(ordinal, [0, 0])
-                    done[0] += count
-                    done[1] += run[11]
+                    answer.add_run(value, count, ordinal)
+                    stored[ordinal] = (count, size)
                     continue
-                err = late if value is None else value
-                values: list = [err] * count
+                values: list = [value] * count
             else:
                 values = [late if v is None else v for v in results.values]
-            ok = 0
-            for k, o in enumerate(values, start):
-                if type(o) is int:
-                    sns.append(o)
-                    ordinals.append(ordinal)
-                    ok += 1
-                elif isinstance(o, Outcome):
-                    sns.append(o.sn)
-                    ordinals.append(seqno.ordinal_of(o.sn) if o.sn else ordinal)
-                    if o.duplicate:
-                        duplicates.append(k)
-                    else:
-                        ok += 1
-                else:
-                    err = o if isinstance(o, SmsError) else Unavailable(str(o))
-                    sns.append(0)
-                    ordinals.append(ordinal)
-                    errors_out.append(sms_pb2.RecordError(index=k, name=err.name, message=err.message))
+            ok = sum(answer.add(k, o, ordinal) for k, o in enumerate(values, start))
             if ok:
-                done = stored.setdefault(ordinal, [0, 0])
-                done[0] += ok
-                done[1] += run[11] * ok // count        # (bytes: the run's share; exact when all are stored)
-        stream = request.stream
-        metrics.PUT_BATCH_RECORDS.labels(stream).observe(request.count)
-        for ordinal, (n, size) in stored.items():
-            metrics.PUT_RECORDS.labels(stream, partition_id(ordinal)).inc(n)
-            metrics.PUT_BYTES.labels(stream, partition_id(ordinal)).inc(size)
-        if duplicates:
-            metrics.PUT_DUPLICATES.labels(stream).inc(len(duplicates))
-        for e in errors_out:
-            metrics.PUT_RECORD_ERRORS.labels(stream, e.name).inc()
-        metrics.COMMIT_SECONDS.labels(stream).observe(time.perf_counter() - t0)
-        sn_bytes, ordinal_bytes = wire.encode_put_results(sns, ordinals)
-        return sms_pb2.PutRecordsResponse(
-            sequence_numbers=sn_bytes, ordinals=ordinal_bytes,
-            errors=errors_out, duplicates=duplicates, missing=missing_out, map_version=view.map.version)
+                stored[ordinal] = (ok, size * ok // count)   # (bytes: the run's share; exact when all are stored)
+        _count_stored(request.stream, request.count, stored, answer)
+        return answer.response(request.stream, t0, missing_out, view.map.version)
 
     @rpc_errors
     async def IngestionStatus(self, request, context):
@@ -449,23 +388,76 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
             for st in (p.status() for p in self.partitions.values())])
 
 
-def _count_put(stream: str, records, by_partition: dict[int, list[int]], sizes: dict[int, int], errors_out,
-               duplicates: list[int], routed: list[int], unrouted: set[int]) -> None:
-    """A PutRecords call's metrics: records and bytes acknowledged per partition (the
-    submitted ones but those that failed or were duplicates, taken off one by one),
-    duplicates, and errors by name."""
-    metrics.PUT_BATCH_RECORDS.labels(stream).observe(len(records))
+class _Answer:
+    """A PutRecords answer, built record by record in request order: each record's SN (0:
+    failed, or a duplicate whose SN is no longer known), the partition it is in, the
+    duplicates and the errors by index."""
+
+    __slots__ = ("sns", "ordinals", "duplicates", "errors")
+
+    def __init__(self) -> None:
+        self.sns: list[int] = []
+        self.ordinals: list[int] = []
+        self.duplicates: list[int] = []
+        self.errors: list[sms_pb2.RecordError] = []
+
+    def add(self, index: int, outcome, routed: int) -> bool:
+        """Record `index`'s outcome (an SN it was stored under, an `Outcome` or an error;
+        `routed`: the partition it went to). True when this call stored it."""
+        if type(outcome) is int:                  # stored under this SN (the usual answer)
+            self.sns.append(outcome)
+            self.ordinals.append(seqno.ordinal_of(outcome))
+            return True
+        if isinstance(outcome, Outcome):
+            self.sns.append(outcome.sn)
+            # (a duplicate may live in a parent)
+            self.ordinals.append(seqno.ordinal_of(outcome.sn) if outcome.sn else routed)
+            if outcome.duplicate:
+                self.duplicates.append(index)
+            return not outcome.duplicate
+        err = outcome if isinstance(outcome, SmsError) else Unavailable(str(outcome))
+        self.sns.append(0)
+        self.ordinals.append(routed)
+        self.errors.append(sms_pb2.RecordError(index=index, name=err.name, message=err.message))
+        return False
+
+    def add_run(self, first_sn: int, count: int, ordinal: int) -> None:
+        """`count` records stored in `ordinal` from `first_sn` on (one per counter step)."""
+        unit = seqno.COUNTER_UNIT
+        self.sns.extend(range(first_sn, first_sn + count * unit, unit))
+        self.ordinals.extend([ordinal] * count)
+
+    def response(self, stream: str, t0: float, missing: list, map_version: int) -> sms_pb2.PutRecordsResponse:
+        metrics.COMMIT_SECONDS.labels(stream).observe(time.perf_counter() - t0)
+        sn_bytes, ordinal_bytes = wire.encode_put_results(self.sns, self.ordinals)
+        return sms_pb2.PutRecordsResponse(
+            sequence_numbers=sn_bytes, ordinals=ordinal_bytes,
+            errors=self.errors, duplicates=self.duplicates, missing=missing, map_version=map_version)
+
+
+def _count_put(stream: str, records, by_partition: dict[int, list[int]], sizes: dict[int, int], answer: _Answer,
+               routed: list[int], unrouted: set[int]) -> None:
+    """A PutRecords call's metrics (`_count_stored`): records and bytes acknowledged per
+    partition are the submitted ones but those that failed or were duplicates, taken off
+    one by one."""
     done = {o: len(indexes) for o, indexes in by_partition.items()}
-    for i in [e.index for e in errors_out] + list(duplicates):
+    for i in [e.index for e in answer.errors] + list(answer.duplicates):
         o = routed[i]
         if i not in unrouted and o in done:
             done[o] -= 1
             sizes[o] -= len(records[i][1].data) + len(records[i][1].key)
-    for o, n in done.items():
-        if n > 0:
-            metrics.PUT_RECORDS.labels(stream, partition_id(o)).inc(n)
-            metrics.PUT_BYTES.labels(stream, partition_id(o)).inc(max(0, sizes.get(o, 0)))
-    if duplicates:
-        metrics.PUT_DUPLICATES.labels(stream).inc(len(duplicates))
-    for e in errors_out:
+    _count_stored(stream, len(records), {o: (n, max(0, sizes.get(o, 0))) for o, n in done.items() if n > 0},
+                  answer)
+
+
+def _count_stored(stream: str, count: int, stored: dict[int, tuple[int, int]], answer: _Answer) -> None:
+    """A PutRecords call of `count` records: records and bytes stored per partition,
+    duplicates, and errors by name."""
+    metrics.PUT_BATCH_RECORDS.labels(stream).observe(count)
+    for o, (n, size) in stored.items():
+        metrics.PUT_RECORDS.labels(stream, partition_id(o)).inc(n)
+        metrics.PUT_BYTES.labels(stream, partition_id(o)).inc(size)
+    if answer.duplicates:
+        metrics.PUT_DUPLICATES.labels(stream).inc(len(answer.duplicates))
+    for e in answer.errors:
         metrics.PUT_RECORD_ERRORS.labels(stream, e.name).inc()
