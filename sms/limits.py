@@ -511,3 +511,16 @@ KINESIS_BODY_READ_S = 30.0               # a request's body must arrive within t
 KINESIS_SEND_TIMEOUT_S = 30.0            # a SubscribeToShard event the client does not take within this ends it
 relation("KINESIS_REQUEST_BYTES_MAX <= KINESIS_INFLIGHT_BYTES_MAX")
 KINESIS_DRAIN_BYTES_MAX = 4 * KINESIS_REQUEST_BYTES_MAX   # an oversized body is read and dropped up to this, then cut
+
+# --- queues: per-record delivery on a stream (queues/, docs/queues.md) ---------------------
+QUEUE_RECEIVE_RECORDS_MAX = 10           # records one receive returns (as Kinesis and SQS)
+QUEUE_WAIT_S_MAX = 20                    # a receive's long poll (as Kinesis and SQS)
+QUEUE_VISIBILITY_S_DEFAULT = 30          # a queue's visibility timeout unless configured (as Kinesis)
+QUEUE_VISIBILITY_S_MAX = 43_200          # 12 hours (as Kinesis and SQS)
+QUEUE_MAX_RECEIVE_COUNT_DEFAULT = 6      # receives before a record becomes a dead letter (as Kinesis)
+QUEUE_MAX_RECEIVE_COUNT_MAX = 1000
+QUEUE_WINDOW_RECORDS_MAX = 20_000        # records of one partition fetched and not done (available or in
+                                         # flight): a queue's memory per partition is bounded by it
+QUEUE_DEAD_LETTERS_MAX = 10_000          # dead letters one partition keeps (more go round again)
+QUEUE_HANDLE_CHARS_MAX = 1024            # a receipt handle (as the Kinesis model)
+relation("QUEUE_RECEIVE_RECORDS_MAX <= QUEUE_WINDOW_RECORDS_MAX")

@@ -1,0 +1,1 @@
+"""Queues on a stream: per-record delivery with acknowledgements (docs/queues.md)."""
