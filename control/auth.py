@@ -97,7 +97,16 @@ STREAM_FIELDS = {
     "/sms.v1.Control/GroupState": "stream", "/sms.v1.Control/GroupWrite": "stream",
     "/sms.v1.Control/ListGroups": "stream", "/sms.v1.Control/ResetGroup": "stream",
     "/sms.v1.Control/DeleteGroup": "stream", "/sms.v1.Control/InitProducer": "stream",
+    "/sms.v1.Control/CreateQueue": "stream",
 }
+# the calls that name a queue in a field, rewritten to its stored name (control/queues.py),
+# and those whose answer describes queues, shown without the prefix
+QUEUE_FIELDS = {
+    "/sms.v1.Control/CreateQueue": "name", "/sms.v1.Control/DescribeQueue": "name",
+    "/sms.v1.Control/UpdateQueue": "name", "/sms.v1.Control/DeleteQueue": "name",
+}
+QUEUE_ANSWERS = ("/sms.v1.Control/CreateQueue", "/sms.v1.Control/DescribeQueue", "/sms.v1.Control/UpdateQueue")
+LIST_QUEUES = "/sms.v1.Control/ListQueues"
 ITERATOR_CALLS = ("/sms.v1.Retrieval/GetNextRecords", "/sms.v1.Retrieval/Subscribe")
 DESCRIPTION_CALLS = ("/sms.v1.Control/CreateStream", "/sms.v1.Control/DescribeStream",
                      "/sms.v1.Control/UpdateStream", "/sms.v1.Control/RepartitionStream")
@@ -114,6 +123,16 @@ def scope_request(principal: "Principal", method: str, request):
     if principal.tenant != DEFAULT_TENANT:
         rpc.CALLER_PREFIX.set(qualify(principal.tenant, ""))
     field = STREAM_FIELDS.get(method)
+    queue_field = QUEUE_FIELDS.get(method)
+    if queue_field is not None:
+        name = getattr(request, queue_field)
+        if not isinstance(name, str) or metadata.TENANT_SEP in name:
+            raise InvalidArgument(f"queue name {str(name)[:80]!r}; expected [a-zA-Z0-9_.-]{{1,"
+                                  f"{limits.QUEUE_NAME_CHARS_MAX}}}")
+        setattr(request, queue_field, qualify(principal.tenant, name))
+    if method == LIST_QUEUES and request.stream:
+        metadata.validate_stream_name(request.stream, stored=False)
+        request.stream = qualify(principal.tenant, request.stream)
     if field is not None:
         name = getattr(request, field)
         metadata.validate_stream_name(name, stored=False)
@@ -136,11 +155,26 @@ def scope_request(principal: "Principal", method: str, request):
                 error.message = rpc.for_caller(error.message)
             return answer
         return shown_errors
+    if method in QUEUE_ANSWERS:
+        return _queue_shown
+    if method == LIST_QUEUES:
+        def listed(answer):
+            kept = [q for q in answer.queues if principal.sees(unqualify(q.stream))]
+            del answer.queues[:]
+            answer.queues.extend(_queue_shown(q) for q in kept)
+            return answer
+        return listed
     if method == LIST_STREAMS:
         return lambda answer: type(answer)(names=[unqualify(n) for n in answer.names
                                                   if tenant_of(n) == principal.tenant
                                                   and principal.sees(unqualify(n))])
     return None
+
+
+def _queue_shown(answer):
+    answer.name = unqualify(answer.name)
+    answer.stream = unqualify(answer.stream)
+    return answer
 
 
 # method -> the right it needs (a method not here needs ADMIN)
@@ -163,6 +197,8 @@ RIGHTS: dict[str, str] = {
     "/sms.v1.Control/GroupState": READ, "/sms.v1.Control/GroupWrite": READ, "/sms.v1.Control/ListGroups": DESCRIBE,
     "/sms.v1.Retrieval/GetNextRecords": READ, "/sms.v1.Retrieval/Subscribe": READ, "/sms.v1.Retrieval/GetRecord": READ,
     "/sms.v1.Ingestion/PutRecords": WRITE, "/sms.v1.Control/InitProducer": WRITE,
+    "/sms.v1.Control/CreateQueue": ADMIN, "/sms.v1.Control/UpdateQueue": ADMIN, "/sms.v1.Control/DeleteQueue": ADMIN,
+    "/sms.v1.Control/DescribeQueue": DESCRIBE, "/sms.v1.Control/ListQueues": DESCRIBE,
 }
 
 

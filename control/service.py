@@ -21,11 +21,12 @@ from control import auth, repartition, revocation
 from control.phases import Kind
 from control.admin import StreamAdmin, changed_tags, validate_create
 from control.groups import Groups
+from control.queues import Queues
 from kernel import audit
 from metastore import producers
 from metastore.view import ClusterView, bounded
 from sms import convert, limits, metadata, seqno
-from sms.errors import (FailedPrecondition, InvalidArgument, InvalidStreamConfig, InvalidProducerId, InvalidSplitPoint, SmsError,
+from sms.errors import (FailedPrecondition, InvalidArgument, InvalidStreamConfig, InvalidProducerId, InvalidSplitPoint, QueueNotFound, SmsError,
                         Unavailable)
 from sms.metadata import ConsumerRecord
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -112,6 +113,12 @@ def repartition_request(request: sms_pb2.RepartitionStreamRequest) -> repartitio
     raise InvalidArgument(f"repartition op {op[:32]!r}; expected split, merge or scale")
 
 
+def _queue_pb(q) -> sms_pb2.QueueDescription:
+    return sms_pb2.QueueDescription(name=q.name, stream=q.stream, status=q.status.value, created_ms=q.created_ms,
+                                    start=q.start, timestamp_ms=q.timestamp_ms, visibility_s=q.visibility_s,
+                                    max_receive_count=q.max_receive_count, uid=f"{q.uid:x}")
+
+
 class ControlService(sms_pb2_grpc.ControlServicer):
     def __init__(self, view: ClusterView, admin: StreamAdmin | None, control_role: bool = False):
         self.view = view
@@ -119,6 +126,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         self.control_role = control_role
         self.storage_service = None         # storage.service.StorageService of this process, if it stores
         self.groups = Groups(view.store, view)
+        self.queues = Queues(view.store, view)
 
     # --- credentials (control/auth.py; the guard lets admin keys only call these) --------
     @rpc_errors
@@ -212,6 +220,45 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     @audited(audit.GROUP_DELETE, _group)
     async def DeleteGroup(self, request, context):
         await self.groups.delete(request.stream, request.group)
+        return sms_pb2.Empty()
+
+    # --- queues (control/queues.py, docs/queues.md): any node answers -------------------------
+    @rpc_errors
+    @audited(audit.QUEUE_CREATE, _named("name"))
+    async def CreateQueue(self, request, context):
+        queue = await self.queues.create(
+            request.name, request.stream, request.start, request.timestamp_ms,
+            request.visibility_s if request.HasField("visibility_s") else None,
+            request.max_receive_count if request.HasField("max_receive_count") else None)
+        return _queue_pb(queue)
+
+    @rpc_errors
+    async def DescribeQueue(self, request, context):
+        queue = await self.queues.describe(request.name)
+        caller = auth.CURRENT.get()
+        if caller is not None and not caller.sees(auth.unqualify(queue.stream)):
+            raise QueueNotFound(f"queue {request.name!r} does not exist")     # (a key limited to other streams)
+        return _queue_pb(queue)
+
+    @rpc_errors
+    async def ListQueues(self, request, context):
+        caller = auth.CURRENT.get()
+        tenant = caller.tenant if caller is not None else metadata.DEFAULT_TENANT
+        if request.stream:
+            metadata.validate_stream_name(request.stream)
+        return sms_pb2.ListQueuesResponse(queues=[_queue_pb(q) for q in await self.queues.list(tenant, request.stream)])
+
+    @rpc_errors
+    @audited(audit.QUEUE_UPDATE, _named("name"))
+    async def UpdateQueue(self, request, context):
+        return _queue_pb(await self.queues.update(
+            request.name, request.visibility_s if request.HasField("visibility_s") else None,
+            request.max_receive_count if request.HasField("max_receive_count") else None))
+
+    @rpc_errors
+    @audited(audit.QUEUE_DELETE, _named("name"))
+    async def DeleteQueue(self, request, context):
+        await self.queues.delete(request.name)
         return sms_pb2.Empty()
 
     # --- producer epochs (metastore/producers.py): any node answers ---------------------------

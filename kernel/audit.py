@@ -65,6 +65,7 @@ KEY_REWRAP = "key.rewrap"                  # master key rotation: every stream's
 CERTIFICATE_REVOKE = "certificate.revoke"
 NODE_DRAIN, NODE_UNDRAIN, NODE_REMOVE = "node.drain", "node.undrain", "node.remove"
 GROUP_RESET, GROUP_DELETE = "group.reset", "group.delete"
+QUEUE_CREATE, QUEUE_UPDATE, QUEUE_DELETE = "queue.create", "queue.update", "queue.delete"
 AUTH_REFUSED = "auth.refused"              # no credential, or a malformed, unknown, revoked or wrong one
 AUTH_DENIED = "auth.denied"                # a credential without the right (or a certificate that is not a node's)
 REPLICATION_REFUSED = "replication.refused"    # a hello from a node that is not the chain's predecessor

@@ -109,6 +109,8 @@ _ERRORS: dict[str, tuple[str, int]] = {
     "StreamNotFound": ("ResourceNotFoundException", 400),
     "PartitionNotFound": ("ResourceNotFoundException", 400),
     "GroupNotFound": ("ResourceNotFoundException", 400),
+    "QueueNotFound": ("ResourceNotFoundException", 400),
+    "QueueAlreadyExists": ("ResourceInUseException", 400),
     "RecordNotFound": ("ResourceNotFoundException", 400),
     "StreamAlreadyExists": ("ResourceInUseException", 400),
     "StreamNotActive": ("ResourceInUseException", 400),

@@ -18,7 +18,7 @@ from sms import aio, security
 from sms.limits import AUDIT_READ_EVENTS_MAX
 from sms.consumer import SyncGroupConsumer
 from sms.payloads import PayloadReader, PayloadRef
-from sms.types import (ClusterInfo, GetRecordBatchResult, GetRecordsResult, Headers, IteratorType, NodeLoad,
+from sms.types import (ClusterInfo, GetRecordBatchResult, GetRecordsResult, Headers, IteratorType, NodeLoad, QueueInfo,
                        PartitionInfo, PutRecordResult, PutRecordsResult, Record, RecordInput, StreamInfo)
 
 if TYPE_CHECKING:
@@ -382,6 +382,35 @@ class Client:
     def delete_group(self, stream: str, group: str) -> None:
         """Delete a consumer group. Raises GroupNotFound, StreamNotFound."""
         return self._run(self._aio.delete_group(stream, group))
+
+    # --- queues (docs/queues.md) ---------------------------------------------------------
+    def create_queue(self, stream: str, name: str, *, starting_position: str = "LATEST", timestamp_ms: int = 0,
+                     visibility_timeout_s: int | None = None, max_receive_count: int | None = None) -> QueueInfo:
+        """A queue on `stream`; as `sms.aio.Client.create_queue`.
+
+        Raises:
+            QueueAlreadyExists, StreamNotFound, InvalidArgument, LimitExceeded."""
+        return self._run(self._aio.create_queue(stream, name, starting_position=starting_position,
+                                                timestamp_ms=timestamp_ms, visibility_timeout_s=visibility_timeout_s,
+                                                max_receive_count=max_receive_count))
+
+    def describe_queue(self, name: str) -> QueueInfo:
+        """Raises QueueNotFound."""
+        return self._run(self._aio.describe_queue(name))
+
+    def list_queues(self, stream: str = "") -> list[QueueInfo]:
+        """The queues (on `stream` when given), by name."""
+        return self._run(self._aio.list_queues(stream))
+
+    def update_queue(self, name: str, *, visibility_timeout_s: int | None = None,
+                     max_receive_count: int | None = None) -> QueueInfo:
+        """New settings; what is not given stays. Raises QueueNotFound, InvalidArgument."""
+        return self._run(self._aio.update_queue(name, visibility_timeout_s=visibility_timeout_s,
+                                                max_receive_count=max_receive_count))
+
+    def delete_queue(self, name: str) -> None:
+        """Raises QueueNotFound."""
+        return self._run(self._aio.delete_queue(name))
 
     def register_consumer(self, stream: str, consumer: str) -> None:
         """Register a consumer whose unread records retention keeps (when the stream

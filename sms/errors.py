@@ -70,8 +70,17 @@ class RecordNotFound(SmsError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class QueueNotFound(SmsError):
+    """No queue of that name (docs/queues.md)."""
+    code = grpc.StatusCode.NOT_FOUND
+
+
 # ALREADY_EXISTS
 class StreamAlreadyExists(SmsError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class QueueAlreadyExists(SmsError):
     code = grpc.StatusCode.ALREADY_EXISTS
 
 

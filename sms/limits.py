@@ -524,3 +524,6 @@ QUEUE_WINDOW_RECORDS_MAX = 20_000        # records of one partition fetched and 
 QUEUE_DEAD_LETTERS_MAX = 10_000          # dead letters one partition keeps (more go round again)
 QUEUE_HANDLE_CHARS_MAX = 1024            # a receipt handle (as the Kinesis model)
 relation("QUEUE_RECEIVE_RECORDS_MAX <= QUEUE_WINDOW_RECORDS_MAX")
+QUEUE_NAME_CHARS_MAX = 128               # (as the Kinesis model)
+QUEUES_PER_STREAM_MAX = 20               # (Kinesis: a queue counts as one of a stream's 20 registered consumers)
+QUEUES_MAX = 10_000                      # queues in a cluster (each is one metadata entry)

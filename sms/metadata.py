@@ -40,6 +40,7 @@ DISK_FAILED = "/disk_failed"   # storage nodes whose disk failed, each child hol
 KEYS = "/keys"              # credentials (control/auth.py): one child per key, never its secret
 TENANTS = "/tenants"        # tenants besides "default" (control/auth.py), one child each
 TENANT_SEP = "~"            # a tenant's stream "orders" is stored as "<tenant>~orders" ("default": "orders")
+QUEUES = "/queues"          # queues on streams (control/queues.py), one child each by stored name
 SUSPECTS = "/suspects"      # storage nodes report peers that refused connections (control/detector.py)
 
 _STREAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,%d}" % limits.STREAM_NAME_CHARS_MAX)
@@ -167,6 +168,11 @@ def producers_path(name: str) -> str:
 def producer_path(name: str, producer_id: bytes) -> str:
     """A named producer's epoch entry (metastore/producers.py): its id in hex."""
     return f"{STREAMS}/{name}/producers/{producer_id.hex()}"
+
+
+def queue_path(name: str) -> str:
+    """A queue's entry (control/queues.py): its stored name, a tenant's prefix in front."""
+    return f"{QUEUES}/{name}"
 
 
 def archive_path(name: str, ordinal: int) -> str:

@@ -413,3 +413,25 @@ class NodeLoad:
 class ClusterInfo:
     control_address: str
     nodes: tuple[NodeInfo, ...] = field(default_factory=tuple)
+
+
+class QueueStatus(str, enum.Enum):
+    ACTIVE = "ACTIVE"
+    DELETING = "DELETING"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """A queue on a stream (docs/queues.md): `create_queue`, `describe_queue`, `list_queues`.
+    `max_receive_count` 0: dead letters off (a record goes round until acknowledged or
+    trimmed). `uid`: the queue's id, which its receipt handles carry (a queue deleted and
+    made again under its name takes none of the old handles)."""
+    name: str
+    stream: str
+    status: QueueStatus
+    created_ms: int
+    start: str                     # LATEST, TRIM_HORIZON or AT_TIMESTAMP
+    timestamp_ms: int              # AT_TIMESTAMP's
+    visibility_s: int
+    max_receive_count: int
+    uid: int

@@ -9,19 +9,20 @@ node fails, another member of the chain is tried.
 
 `Client` is a facade over five parts, each a module of this package and each building on
 the ones before it: `transport` (options, channels, discovery, the calls the others make),
-`admin`, `reads` (with payloads by reference), `writes` and `groups` (consumer groups).
+`admin`, `reads` (with payloads by reference), `writes`, `groups` (consumer groups) and
+`queues`.
 """
 
 from __future__ import annotations
 
 from sms.aio.admin import TENANT_LIMITS
-from sms.aio.groups import Groups
+from sms.aio.queues import Queues
 from sms.aio.writes import _encode_puts
 
 __all__ = ["TENANT_LIMITS", "Client", "_encode_puts"]
 
 
-class Client(Groups):
+class Client(Queues):
     """A client of the cluster at `address` ("host:port[,host:port...]", any nodes).
 
     TLS (docs/security.md): `ca_file` is the cluster CA's certificate to trust, and

@@ -185,6 +185,31 @@ class ControlStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.RewrapDataKeysResponse.FromString,
                 _registered_method=True)
+        self.CreateQueue = channel.unary_unary(
+                '/sms.v1.Control/CreateQueue',
+                request_serializer=sms_dot_proto_dot_sms__pb2.CreateQueueRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.QueueDescription.FromString,
+                _registered_method=True)
+        self.DescribeQueue = channel.unary_unary(
+                '/sms.v1.Control/DescribeQueue',
+                request_serializer=sms_dot_proto_dot_sms__pb2.QueueRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.QueueDescription.FromString,
+                _registered_method=True)
+        self.ListQueues = channel.unary_unary(
+                '/sms.v1.Control/ListQueues',
+                request_serializer=sms_dot_proto_dot_sms__pb2.ListQueuesRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.ListQueuesResponse.FromString,
+                _registered_method=True)
+        self.UpdateQueue = channel.unary_unary(
+                '/sms.v1.Control/UpdateQueue',
+                request_serializer=sms_dot_proto_dot_sms__pb2.UpdateQueueRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.QueueDescription.FromString,
+                _registered_method=True)
+        self.DeleteQueue = channel.unary_unary(
+                '/sms.v1.Control/DeleteQueue',
+                request_serializer=sms_dot_proto_dot_sms__pb2.QueueRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -391,6 +416,37 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateQueue(self, request, context):
+        """queues on a stream (control/queues.py, docs/queues.md): any node answers
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeQueue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQueues(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateQueue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteQueue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -543,6 +599,31 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.RewrapDataKeys,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.RewrapDataKeysResponse.SerializeToString,
+            ),
+            'CreateQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateQueue,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.CreateQueueRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.QueueDescription.SerializeToString,
+            ),
+            'DescribeQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeQueue,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.QueueRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.QueueDescription.SerializeToString,
+            ),
+            'ListQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueues,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.ListQueuesRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.ListQueuesResponse.SerializeToString,
+            ),
+            'UpdateQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateQueue,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.UpdateQueueRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.QueueDescription.SerializeToString,
+            ),
+            'DeleteQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteQueue,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.QueueRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1356,6 +1437,141 @@ class Control:
             '/sms.v1.Control/RewrapDataKeys',
             sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
             sms_dot_proto_dot_sms__pb2.RewrapDataKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/CreateQueue',
+            sms_dot_proto_dot_sms__pb2.CreateQueueRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.QueueDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/DescribeQueue',
+            sms_dot_proto_dot_sms__pb2.QueueRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.QueueDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/ListQueues',
+            sms_dot_proto_dot_sms__pb2.ListQueuesRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.ListQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/UpdateQueue',
+            sms_dot_proto_dot_sms__pb2.UpdateQueueRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.QueueDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/DeleteQueue',
+            sms_dot_proto_dot_sms__pb2.QueueRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

@@ -159,3 +159,26 @@ def test_binary_data_is_base64_in_json_and_escaped_in_text(up):
     shown = cli.ok(cli.sms_cmd(d, "read", "bin")).splitlines()
     assert shown[0].endswith(r" k [h=\xff, t=v]: \xde\xad\xbe\xef"), shown
     assert shown[1].endswith(" k: deadbeef") and shown[2].endswith(" k: héllo"), shown
+
+
+def test_queue_commands(up):
+    """`sms queue create|list|describe|update|delete` (docs/queues.md), text and JSON; a bad
+    setting is one line naming the error, and changes nothing."""
+    d = up.data_dir
+    cli.ok(cli.sms_cmd(d, "stream", "create", "tasks", "--partitions", "2"))
+    made = json.loads(cli.ok(cli.sms_cmd(d, "queue", "create", "tasks", "work", "--start", "TRIM_HORIZON",
+                                         "--visibility-s", "45", "--json")))
+    assert (made["name"], made["stream"], made["start"], made["visibility_s"], made["max_receive_count"]) == (
+        "work", "tasks", "TRIM_HORIZON", 45, 6)
+    assert "work  on tasks  ACTIVE  from TRIM_HORIZON  visibility 45 s  dead letters after 6 receives" in cli.ok(
+        cli.sms_cmd(d, "queue", "describe", "work"))
+    bad = cli.sms_cmd(d, "queue", "update", "work", "--visibility-s", "99999")
+    assert bad.returncode != 0 and "InvalidArgument" in _one_line(bad.stderr)
+    updated = json.loads(cli.ok(cli.sms_cmd(d, "queue", "update", "work", "--no-dead-letters", "--json")))
+    assert (updated["visibility_s"], updated["max_receive_count"], updated["uid"]) == (45, 0, made["uid"])
+    assert [q["name"] for q in json.loads(cli.ok(cli.sms_cmd(d, "queue", "list", "--stream", "tasks", "--json")))] \
+        == ["work"]
+    assert "queue work deleted" in cli.ok(cli.sms_cmd(d, "queue", "delete", "work"))
+    gone = cli.sms_cmd(d, "queue", "describe", "work")
+    assert gone.returncode != 0 and "QueueNotFound" in _one_line(gone.stderr)
+    assert cli.ok(cli.sms_cmd(d, "queue", "list")).strip() == "no queues"

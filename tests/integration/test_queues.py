@@ -1,0 +1,154 @@
+"""Queues on a stream (issue 34; control/queues.py, docs/queues.md): their definitions,
+through the real client on a real TLS cluster with keys and tenants.
+
+- Create, describe, list, update and delete, with the Kinesis defaults (LATEST, 30 s, 6).
+- Bad input is a named error and changes nothing.
+- A queue is one tenant's: another tenant sees no such queue and cannot put one on a
+  stream that is not its own; a key limited to other streams sees none of it; a consumer
+  key cannot make one.
+- A queue made again under the same name is another queue (a new uid: its handles are new).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import sms
+from sms import errors, limits
+from sms.types import QueueStatus
+
+pytestmark = pytest.mark.integration
+
+
+def _with(cluster, token: str) -> sms.Client:
+    return sms.Client(cluster.address, ca_file=cluster.ca_file, token=token)
+
+
+@pytest.fixture(scope="module")
+def stream(client):
+    client.create_stream("queued", partitions=2, replication_factor=3)
+    client.create_stream("queued-other", partitions=1, replication_factor=3)
+    return "queued"
+
+
+def test_create_describe_list_update_delete(client, stream):
+    before = int(time.time() * 1000)
+    q = client.create_queue(stream, "jobs")
+    assert (q.name, q.stream, q.status, q.start) == ("jobs", stream, QueueStatus.ACTIVE, "LATEST")
+    assert (q.visibility_s, q.max_receive_count) == (limits.QUEUE_VISIBILITY_S_DEFAULT,
+                                                     limits.QUEUE_MAX_RECEIVE_COUNT_DEFAULT) == (30, 6)
+    assert before <= q.created_ms <= int(time.time() * 1000) and q.uid > 0
+    assert client.describe_queue("jobs") == q
+    other = client.create_queue("queued-other", "audit", starting_position="AT_TIMESTAMP", timestamp_ms=before,
+                                visibility_timeout_s=0, max_receive_count=0)
+    assert (other.start, other.timestamp_ms, other.visibility_s, other.max_receive_count) == (
+        "AT_TIMESTAMP", before, 0, 0)
+    assert [x.name for x in client.list_queues()] == ["audit", "jobs"]
+    assert [x.name for x in client.list_queues(stream)] == ["jobs"]
+    changed = client.update_queue("jobs", visibility_timeout_s=120)
+    assert (changed.visibility_s, changed.max_receive_count, changed.uid) == (120, 6, q.uid)
+    changed = client.update_queue("jobs", max_receive_count=0)
+    assert (changed.visibility_s, changed.max_receive_count) == (120, 0)
+    assert client.describe_queue("jobs") == changed
+    client.delete_queue("jobs")
+    client.delete_queue("audit")
+    with pytest.raises(errors.QueueNotFound):
+        client.describe_queue("jobs")
+    assert client.list_queues() == []
+    again = client.create_queue(stream, "jobs", starting_position="TRIM_HORIZON")
+    assert again.uid != q.uid and again.start == "TRIM_HORIZON"
+    client.delete_queue("jobs")
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda c, s: c.create_queue(s, "bad name"), errors.InvalidArgument),
+    (lambda c, s: c.create_queue(s, "x" * (limits.QUEUE_NAME_CHARS_MAX + 1)), errors.InvalidArgument),
+    (lambda c, s: c.create_queue(s, ".."), errors.InvalidArgument),
+    (lambda c, s: c.create_queue(s, "a~b"), errors.InvalidArgument),
+    (lambda c, s: c.create_queue(s, "q", starting_position="NEWEST"), errors.InvalidArgument),
+    (lambda c, s: c.create_queue(s, "q", starting_position="AT_TIMESTAMP"), errors.InvalidArgument),
+    (lambda c, s: c.create_queue(s, "q", timestamp_ms=5), errors.InvalidArgument),
+    (lambda c, s: c.create_queue(s, "q", visibility_timeout_s=limits.QUEUE_VISIBILITY_S_MAX + 1),
+     errors.InvalidArgument),
+    (lambda c, s: c.create_queue(s, "q", visibility_timeout_s=-1), errors.InvalidArgument),
+    (lambda c, s: c.create_queue(s, "q", max_receive_count=limits.QUEUE_MAX_RECEIVE_COUNT_MAX + 1),
+     errors.InvalidArgument),
+    (lambda c, s: c.create_queue(s, "q", max_receive_count=True), errors.InvalidArgument),
+    (lambda c, s: c.create_queue("no-such-stream", "q"), errors.StreamNotFound),
+    (lambda c, s: c.describe_queue("no-such-queue"), errors.QueueNotFound),
+    (lambda c, s: c.update_queue("no-such-queue", visibility_timeout_s=5), errors.QueueNotFound),
+    (lambda c, s: c.delete_queue("no-such-queue"), errors.QueueNotFound),
+    (lambda c, s: c.list_queues("bad stream name"), errors.InvalidArgument),
+])
+def test_bad_input_is_named_and_changes_nothing(client, stream, call, error):
+    with pytest.raises(error):
+        call(client, stream)
+    assert client.list_queues() == []
+
+
+def test_a_queue_name_is_taken_once(client, stream):
+    client.create_queue(stream, "once")
+    try:
+        with pytest.raises(errors.QueueAlreadyExists):
+            client.create_queue("queued-other", "once")
+        assert client.describe_queue("once").stream == stream
+        with pytest.raises(errors.InvalidArgument):
+            client.update_queue("once", visibility_timeout_s=limits.QUEUE_VISIBILITY_S_MAX + 1)
+        assert client.describe_queue("once").visibility_s == 30
+    finally:
+        client.delete_queue("once")
+
+
+def test_a_queue_is_its_tenants_own(cluster, client, stream):
+    client.create_tenant("qacme")
+    client.create_tenant("qglobex")
+    acme = _with(cluster, client.create_key("admin", tenant="qacme")[1])
+    globex = _with(cluster, client.create_key("admin", tenant="qglobex")[1])
+    try:
+        acme.create_stream("orders", partitions=1)
+        q = acme.create_queue("orders", "work")
+        assert (q.name, q.stream) == ("work", "orders")                 # shown under the tenant's names
+        assert [x.name for x in acme.list_queues()] == ["work"]
+        assert globex.list_queues() == [] and client.list_queues() == []
+        with pytest.raises(errors.QueueNotFound):
+            globex.describe_queue("work")
+        with pytest.raises(errors.QueueNotFound):
+            globex.delete_queue("work")
+        with pytest.raises(errors.StreamNotFound):
+            globex.create_queue("orders", "mine")          # acme's stream is not globex's to queue
+        with pytest.raises(errors.StreamNotFound):
+            acme.create_queue(stream, "theirs")            # nor the default tenant's
+        g = globex.create_queue  # a tenant's queue names are its own: the same name is free elsewhere
+        globex.create_stream("orders", partitions=1)
+        assert g("orders", "work").uid != q.uid
+        assert acme.describe_queue("work").uid == q.uid
+        globex.delete_queue("work")
+        acme.delete_queue("work")
+    finally:
+        acme.close()
+        globex.close()
+
+
+def test_keys_need_their_rights(cluster, client, stream):
+    client.create_queue(stream, "guarded")
+    consumer = _with(cluster, client.create_key("consumer", name="queue reader")[1])
+    elsewhere = _with(cluster, client.create_key("consumer", streams=["queued-other"])[1])
+    try:
+        assert consumer.describe_queue("guarded").stream == stream
+        assert [x.name for x in consumer.list_queues()] == ["guarded"]
+        with pytest.raises(errors.PermissionDenied):
+            consumer.create_queue(stream, "mine")
+        with pytest.raises(errors.PermissionDenied):
+            consumer.delete_queue("guarded")
+        with pytest.raises(errors.PermissionDenied):
+            consumer.update_queue("guarded", visibility_timeout_s=1)
+        with pytest.raises(errors.QueueNotFound):
+            elsewhere.describe_queue("guarded")            # a key limited to other streams sees none of it
+        assert elsewhere.list_queues() == []
+        assert client.describe_queue("guarded").visibility_s == 30
+    finally:
+        consumer.close()
+        elsewhere.close()
+        client.delete_queue("guarded")
