@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_mypy_strict_passes_on_sms():
-    """sms/ and queues/state.py (mypy.ini's `files`)."""
+    """sms/ and queues/ state and log (mypy.ini's `files`)."""
     if importlib.util.find_spec("mypy") is None:
         pytest.skip("mypy is not installed (pip install -e '.[test]')")
-    run = subprocess.run([sys.executable, "-m", "mypy", "sms/", "queues/state.py"], cwd=ROOT, capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "mypy", "sms/", "queues/state.py", "queues/log.py"], cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, f"mypy sms/ queues/ failed:\n{run.stdout}{run.stderr}"
 
