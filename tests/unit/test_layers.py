@@ -20,7 +20,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OURS = {"sms", "metastore", "kernel", "archive", "storage", "ingestion", "retrieval", "control", "kinesis", "sps",
-        "spark_sps", "node"}
+        "spark_sps", "node", "queues"}
 ALLOWED = {
     "sms": {"sms"},
     "metastore": {"sms", "metastore"},
@@ -33,6 +33,7 @@ ALLOWED = {
     # the Kinesis endpoint: a client of the roles over gRPC, which verifies keys as control/auth.py keeps them
     "kinesis": {"sms", "metastore", "kernel", "control", "kinesis"},
     "sps": {"sms", "metastore", "kernel", "sps"},
+    "queues": {"sms", "metastore", "kernel", "queues"},     # the queue owners (docs/queues.md)
     "spark_sps": {"sms", "sps", "spark_sps"},
     "node": OURS,
 }
