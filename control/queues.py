@@ -70,9 +70,12 @@ class Queues:
         self.view = view
 
     async def create(self, name: str, stream: str, start: str = "", timestamp_ms: int = 0,
-                     visibility_s: int | None = None, max_receive_count: int | None = None) -> QueueInfo:
-        """A new queue on `stream` (both stored names). Raises QueueAlreadyExists,
-        StreamNotFound, InvalidArgument, LimitExceeded."""
+                     visibility_s: int | None = None, max_receive_count: int | None = None,
+                     make_log=None, drop_log=None) -> QueueInfo:
+        """A new queue on `stream` (both stored names). `make_log(queue, stream view)` makes
+        its state log before its entry is written, `drop_log(queue)` removes it again when
+        the entry cannot be (the control leader's StreamAdmin; ControlService.CreateQueue).
+        Raises QueueAlreadyExists, StreamNotFound, InvalidArgument, LimitExceeded."""
         validate_queue_name(name)
         metadata.validate_stream_name(stream)
         if metadata.tenant_of(name) != metadata.tenant_of(stream):
@@ -89,8 +92,9 @@ class Queues:
         receives = validate_max_receive_count(limits.QUEUE_MAX_RECEIVE_COUNT_DEFAULT if max_receive_count is None
                                               else max_receive_count)
         view = await bounded(self.view.stream(stream, max_age_s=0), f"the config of stream {stream[:64]!r}")
-        if view.config.status is StreamStatus.DELETING:
-            raise StreamNotFound(f"stream {stream!r} is being deleted")
+        if view.config.status is StreamStatus.DELETING or metadata.is_queue_state(stream):
+            raise StreamNotFound(f"stream {stream!r} is being deleted" if view.config.status is StreamStatus.DELETING
+                                 else f"stream {stream!r} is a queue's state log, not a stream to queue")
         existing = await self._all()
         if sum(1 for q in existing if q.stream == stream) >= limits.QUEUES_PER_STREAM_MAX:
             raise LimitExceeded(f"stream {stream!r} has {limits.QUEUES_PER_STREAM_MAX} queues; delete one first")
@@ -99,13 +103,19 @@ class Queues:
         queue = QueueInfo(name=name, stream=stream, status=QueueStatus.ACTIVE, created_ms=int(time.time() * 1000),
                           start=start, timestamp_ms=timestamp_ms, visibility_s=visibility,
                           max_receive_count=receives, uid=secrets.randbits(63) + 1)
+        if await self.store.get(metadata.queue_path(name)) is not None:
+            raise QueueAlreadyExists(f"queue {name!r} exists")
         try:
             await self.store.commit([Create(metadata.QUEUES)])
         except NodeExistsError:
             pass
+        if make_log is not None:
+            await make_log(queue, view)
         try:
             await self.store.commit([Create(metadata.queue_path(name), to_bytes(queue))])
         except NodeExistsError:
+            if drop_log is not None:
+                await drop_log(queue)
             raise QueueAlreadyExists(f"queue {name!r} exists") from None
         return queue
 
@@ -150,12 +160,19 @@ class Queues:
                 raise QueueNotFound(f"queue {name!r} does not exist") from None
         raise Unavailable(f"queue {name!r} kept changing under this update; try again")
 
-    async def delete(self, name: str) -> None:
-        validate_queue_name(name)
+    async def delete(self, name: str, drop_log=None) -> None:
+        """The queue's entry, then (`drop_log(queue)`) its state log."""
+        queue = await self.describe(name)
         try:
             await self.store.delete(metadata.queue_path(name))
         except NoNodeError:
             raise QueueNotFound(f"queue {name!r} does not exist") from None
+        if drop_log is not None:
+            await drop_log(queue)
+
+    async def on_stream(self, stream: str) -> list[QueueInfo]:
+        """The queues on `stream` (a stored name): a stream with queues is not deleted."""
+        return [q for q in await self._all() if q.stream == stream]
 
     async def _all(self) -> list[QueueInfo]:
         try:

@@ -26,7 +26,8 @@ from kernel import audit
 from metastore import producers
 from metastore.view import ClusterView, bounded
 from sms import convert, limits, metadata, seqno
-from sms.errors import (FailedPrecondition, InvalidArgument, InvalidStreamConfig, InvalidProducerId, InvalidSplitPoint, QueueNotFound, SmsError,
+from sms.errors import (FailedPrecondition, InvalidArgument, InvalidStreamConfig, InvalidProducerId, InvalidSplitPoint, InvalidStreamName, QueueNotFound, SmsError,
+                        StreamInUse, StreamNotFound,
                         Unavailable)
 from sms.metadata import ConsumerRecord
 from sms.proto import sms_pb2, sms_pb2_grpc
@@ -226,11 +227,27 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     @rpc_errors
     @audited(audit.QUEUE_CREATE, _named("name"))
     async def CreateQueue(self, request, context):
+        admin = self._admin()                 # (it makes the queue's state log: a stream)
+
+        async def make_log(queue, view) -> None:
+            source = view.config
+            log = validate_create(metadata.queue_state_stream(queue.name, queue.uid), 1, source.replication_factor,
+                                  "disk", "", source.retention_hours, retention_s=source.retention_s,
+                                  min_in_sync=source.min_in_sync)
+            await admin.create_stream(log)
+
         queue = await self.queues.create(
             request.name, request.stream, request.start, request.timestamp_ms,
             request.visibility_s if request.HasField("visibility_s") else None,
-            request.max_receive_count if request.HasField("max_receive_count") else None)
+            request.max_receive_count if request.HasField("max_receive_count") else None,
+            make_log=make_log, drop_log=self._drop_queue_log)
         return _queue_pb(queue)
+
+    async def _drop_queue_log(self, queue) -> None:
+        try:
+            await self._admin().delete_stream(metadata.queue_state_stream(queue.name, queue.uid))
+        except StreamNotFound:
+            pass
 
     @rpc_errors
     async def DescribeQueue(self, request, context):
@@ -258,7 +275,8 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     @rpc_errors
     @audited(audit.QUEUE_DELETE, _named("name"))
     async def DeleteQueue(self, request, context):
-        await self.queues.delete(request.name)
+        self._admin()                         # (it deletes the queue's state log: a stream)
+        await self.queues.delete(request.name, drop_log=self._drop_queue_log)
         return sms_pb2.Empty()
 
     # --- producer epochs (metastore/producers.py): any node answers ---------------------------
@@ -311,6 +329,9 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     @audited(audit.STREAM_CREATE, _named("name"))
     async def CreateStream(self, request, context):
         admin = self._admin()
+        if metadata.is_queue_state(request.name):
+            raise InvalidStreamName(f"stream names starting {metadata.QUEUE_STATE_PREFIX!r} are the queues' state logs "
+                                    "(docs/queues.md)")
         archive = {"archive": request.archive or None, "archive_after_s": request.archive_after_s or None,
                    "local_retention_s": request.local_retention_s or None, "compression": request.compression or None}
         config = validate_create(request.name, request.partitions, request.replication_factor,
@@ -329,14 +350,23 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     @rpc_errors
     @audited(audit.STREAM_DELETE, _named("name"))
     async def DeleteStream(self, request, context):
-        await self._admin().delete_stream(request.name)
+        admin = self._admin()
+        queues = await self.queues.on_stream(request.name)
+        if queues:
+            raise StreamInUse(f"stream {request.name!r} has queues ({', '.join(q.name for q in queues)}): delete them "
+                              "first")
+        if metadata.is_queue_state(request.name):
+            raise InvalidArgument(f"stream {request.name!r} is a queue's state log: delete the queue instead")
+        await admin.delete_stream(request.name)
         return sms_pb2.Empty()
 
     # the reads any node answers wait at most METADATA_READ_WAIT_S for the metadata, then
     # say Unavailable: the client moves on to another node (tests/netfault)
     @rpc_errors
     async def ListStreams(self, request, context):
-        return sms_pb2.ListStreamsResponse(names=await bounded(self.view.list_streams(), "ListStreams"))
+        names = await bounded(self.view.list_streams(), "ListStreams")
+        # (a queue's state log is the queue's, not a stream of its tenant's: docs/queues.md)
+        return sms_pb2.ListStreamsResponse(names=[n for n in names if not metadata.is_queue_state(n)])
 
     @rpc_errors
     async def DescribeStream(self, request, context):

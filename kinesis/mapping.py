@@ -114,6 +114,7 @@ _ERRORS: dict[str, tuple[str, int]] = {
     "RecordNotFound": ("ResourceNotFoundException", 400),
     "StreamAlreadyExists": ("ResourceInUseException", 400),
     "StreamNotActive": ("ResourceInUseException", 400),
+    "StreamInUse": ("ResourceInUseException", 400),
     "RepartitionInProgress": ("ResourceInUseException", 400),
     "PartitionClosed": ("ResourceInUseException", 400),
     "ExpiredIterator": ("ExpiredIteratorException", 400),

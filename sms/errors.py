@@ -220,6 +220,10 @@ class StreamNotActive(FailedPrecondition):
     retriable = True
 
 
+class StreamInUse(FailedPrecondition):
+    """The stream has queues (docs/queues.md): delete them first, as Kinesis asks."""
+
+
 class ProducerClosed(FailedPrecondition):
     """send() after close() began, or a record still un-settled when the producer stopped."""
 

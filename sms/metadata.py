@@ -175,6 +175,20 @@ def queue_path(name: str) -> str:
     return f"{QUEUES}/{name}"
 
 
+QUEUE_STATE_PREFIX = "queue-state."    # the state log of a queue (docs/queues.md): no one else's stream name
+
+
+def queue_state_stream(queue: str, uid: int) -> str:
+    """The stored name of the state log of the queue of stored name `queue` and id `uid`:
+    in the queue's tenant."""
+    tenant, sep, _name = queue.rpartition(TENANT_SEP)
+    return f"{tenant}{sep}{QUEUE_STATE_PREFIX}{uid:016x}"
+
+
+def is_queue_state(stream: str) -> bool:
+    return stream.rpartition(TENANT_SEP)[2].startswith(QUEUE_STATE_PREFIX)
+
+
 def archive_path(name: str, ordinal: int) -> str:
     """A partition's archive state (archive/index.py); its children are its fragments."""
     return f"{STREAMS}/{name}/archive/{ordinal}"

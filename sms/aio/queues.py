@@ -47,7 +47,7 @@ class Queues(Groups):
         request = sms_pb2.CreateQueueRequest(name=name, stream=stream, start=starting_position,
                                              timestamp_ms=timestamp_ms)
         _settings(request, visibility_timeout_s, max_receive_count)
-        return queue_from_pb(await self._discovery_call("CreateQueue", request))
+        return queue_from_pb(await self._admin_call("CreateQueue", request))
 
     async def describe_queue(self, name: str) -> QueueInfo:
         """Raises QueueNotFound."""
@@ -69,4 +69,4 @@ class Queues(Groups):
     async def delete_queue(self, name: str) -> None:
         """The queue and its delivery state; the stream and its records stay. Raises
         QueueNotFound."""
-        await self._discovery_call("DeleteQueue", sms_pb2.QueueRequest(name=name))
+        await self._admin_call("DeleteQueue", sms_pb2.QueueRequest(name=name))

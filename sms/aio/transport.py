@@ -27,7 +27,7 @@ class Transport:
 
     def __init__(self, address: str, *, timeout_s: float = limits.RPC_TIMEOUT_S, ca_file: str | None = None,
                  cert_file: str | None = None, key_file: str | None = None, token: str | None = None,
-                 payloads: str = "inline") -> None:
+                 payloads: str = "inline", internal: bool = False) -> None:
         """A client of the nodes at `address`; no call is made until the first method.
 
         Args:
@@ -41,6 +41,10 @@ class Transport:
                 PAYLOAD_INLINE_READ_BYTES_MAX; a larger one stays a reference), or
                 "reference", its reference; `Record.payload` names it either way and
                 `open_payload` streams it (docs/api.md, "Payloads by reference").
+            internal: a node's own client of its cluster (the queue owners' state logs,
+                docs/queues.md): `address` is a node's cluster port and `cert_file`/`key_file`
+                the node's certificate; every call goes to a node's cluster port, where the
+                certificate is the credential (no token) and stream names are stored names.
 
         Raises:
             InvalidArgument: a TLS file that cannot be read, or another `payloads`."""
@@ -59,6 +63,8 @@ class Transport:
         self._cluster: ClusterInfo | None = None
         self._shunned: dict[str, float] = {}       # address -> until when discovery asks it last
         self._read_member: dict[tuple[str, int], int] = {}
+        self.internal = internal
+        self._cluster_ports: dict[str, str] = {}     # internal: a node's client port -> its cluster port
 
     @property
     def _metadata(self) -> tuple[tuple[str, str], ...] | None:
@@ -103,7 +109,10 @@ class Transport:
 
     async def _call(self, address: str, stub_cls: Any, method: str, request: Any,
                     timeout_s: float | None = None) -> Any:
-        stub = stub_cls(self._channel(address))
+        if self.internal and self._cluster is not None and address not in self._cluster_ports \
+                and address not in self._cluster_ports.values() and address not in self.address.split(","):
+            await self.describe_cluster()           # (a node this client has not seen yet)
+        stub = stub_cls(self._channel(self._cluster_ports.get(address, address)))
         try:
             return await getattr(stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
@@ -150,6 +159,8 @@ class Transport:
         leader's address, from the first node that answers (and learnt for discovery)."""
         self._cluster = convert.cluster_from_pb(await self._discovery_call("DescribeCluster", sms_pb2.Empty(),
                                                                            learn_cluster=False))
+        if self.internal:
+            self._cluster_ports = {n.address: n.internal_address for n in self._cluster.nodes}
         return self._cluster
 
     async def _admin_call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:

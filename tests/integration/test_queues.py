@@ -18,6 +18,7 @@ import pytest
 import sms
 from sms import errors, limits
 from sms.types import QueueStatus
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -152,3 +153,34 @@ def test_keys_need_their_rights(cluster, client, stream):
         consumer.close()
         elsewhere.close()
         client.delete_queue("guarded")
+
+
+def test_a_queue_keeps_its_state_log_and_its_stream(cluster, client, stream):
+    """A queue's state log is a stream of its own (docs/queues.md): made and deleted with the
+    queue, not listed, not a name anyone else may take; a stream with queues stays."""
+    q = client.create_queue(stream, "logged")
+    log_name = f"queue-state.{q.uid:016x}"
+    info = client.get_stream_info(log_name)
+    assert len(info.partitions) == 1 and info.replication_factor == client.get_stream_info(stream).replication_factor
+    assert log_name not in client.list_streams() and stream in client.list_streams()
+    with pytest.raises(errors.StreamInUse):
+        client.delete_stream(stream)
+    with pytest.raises(errors.InvalidArgument):
+        client.delete_stream(log_name)
+    with pytest.raises(errors.InvalidStreamName):
+        client.create_stream("queue-state.mine")
+    with pytest.raises(errors.StreamNotFound):
+        client.create_queue(log_name, "of-a-log")
+    client.delete_queue("logged")
+
+    def gone() -> bool:                             # (a deleted stream goes once its replicas are dropped)
+        try:
+            client.get_stream_info(log_name)
+        except errors.StreamNotFound:
+            return True
+        return False
+    wait_until(gone, 30, "the state log of a deleted queue to go")
+    client.create_stream("queued-doomed", partitions=1)
+    client.create_queue("queued-doomed", "brief")
+    client.delete_queue("brief")
+    client.delete_stream("queued-doomed")               # no queue left: it goes
