@@ -104,6 +104,7 @@ STREAM_FIELDS = {
 QUEUE_FIELDS = {
     "/sms.v1.Control/CreateQueue": "name", "/sms.v1.Control/DescribeQueue": "name",
     "/sms.v1.Control/UpdateQueue": "name", "/sms.v1.Control/DeleteQueue": "name",
+    "/sms.v1.Queues/Receive": "queue", "/sms.v1.Queues/Settle": "queue",
 }
 QUEUE_ANSWERS = ("/sms.v1.Control/CreateQueue", "/sms.v1.Control/DescribeQueue", "/sms.v1.Control/UpdateQueue")
 LIST_QUEUES = "/sms.v1.Control/ListQueues"
@@ -199,6 +200,7 @@ RIGHTS: dict[str, str] = {
     "/sms.v1.Ingestion/PutRecords": WRITE, "/sms.v1.Control/InitProducer": WRITE,
     "/sms.v1.Control/CreateQueue": ADMIN, "/sms.v1.Control/UpdateQueue": ADMIN, "/sms.v1.Control/DeleteQueue": ADMIN,
     "/sms.v1.Control/DescribeQueue": DESCRIBE, "/sms.v1.Control/ListQueues": DESCRIBE,
+    "/sms.v1.Queues/Receive": READ, "/sms.v1.Queues/Settle": READ,
 }
 
 

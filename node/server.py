@@ -129,7 +129,7 @@ class _Node:
         self.parent_watch: asyncio.Task | None = None
         self.background: set[asyncio.Task] = set()
         self.keys = self.revoked = None
-        self.storage = self.ingestion = self.retrieval = self.election = None
+        self.storage = self.ingestion = self.retrieval = self.election = self.queues = None
         self.registrations: list[tuple[str, bytes]] = []
         self.kinesis_address = ""
         self.kinesis_task: asyncio.Task | None = None
@@ -204,7 +204,8 @@ class _Node:
         from sms.proto import sms_pb2_grpc
         roles = self.roles
         self.control = ControlService(self.view, None, control_role="control" in roles)
-        sms_pb2_grpc.add_ControlServicer_to_server(self.control, self.server)
+        for srv in self.servers:          # (the cluster port serves its discovery reads only: node/tls.py)
+            sms_pb2_grpc.add_ControlServicer_to_server(self.control, srv)
         self.health = NodeHealth(("control",) + tuple(r for r in ("storage", "ingestion", "retrieval") if r in roles))
         self.health.add_to(self.server)
         await self.health.starting()
@@ -221,7 +222,22 @@ class _Node:
             local_head = (lambda: HeadSession(storage)) if storage is not None else None
             self.ingestion = IngestionService(self.node_id, self.view, local_head=local_head, channels=self.channels)
             self.ingestion.start()
-            sms_pb2_grpc.add_IngestionServicer_to_server(self.ingestion, self.server)
+            for srv in self.servers:      # (the cluster port serves PutRecords only: node/tls.py)
+                sms_pb2_grpc.add_IngestionServicer_to_server(self.ingestion, srv)
+            # the owners of queues' partitions whose head is here (docs/queues.md): each a
+            # client of this cluster as this node (its certificate, the cluster ports)
+            from queues.service import QueueService
+            from sms import aio
+            view = self.view
+
+            async def cluster_ports() -> dict[str, str]:
+                return {n.address: n.internal_address for n in (await view.nodes()).values()}
+            internal = aio.Client(self.cluster_address or self.address, ca_file="", token="", internal=True,
+                                  tls_config=self.tls, cluster_ports=cluster_ports)
+            self.queues = QueueService(self.node_id, self.view, internal)
+            self.queues.start()
+            for srv in self.servers:
+                sms_pb2_grpc.add_QueuesServicer_to_server(self.queues, srv)
         if "retrieval" in roles:
             from retrieval.service import RetrievalService
             from sms.tokens import TokenCodec
@@ -420,6 +436,8 @@ class _Node:
         await asyncio.to_thread(stop_metrics, self.metrics_server, self.collector)
         if self.revoked is not None:
             await self.revoked.close()
+        if self.queues is not None:
+            await self.queues.close()
         if self.ingestion is not None:
             await self.ingestion.close()
         if self.storage is not None:

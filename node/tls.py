@@ -28,6 +28,14 @@ from kernel import audit
 from sms import errors, limits, rpc, security
 
 INTERNAL_SERVICES = ("/sms.v1.Storage/",)      # served to cluster nodes only, on the cluster port
+# what a node's own client of its cluster (sms.aio.Client internal: the queue owners' state
+# logs, docs/queues.md) calls on the cluster port besides Storage, Retrieval and Queues: the
+# discovery reads and a producer's calls. No other Control or Ingestion call is served there:
+# admin calls need the client port and a key, even from a node.
+CLUSTER_PORT_CLIENT_CALLS = frozenset({
+    "/sms.v1.Control/DescribeCluster", "/sms.v1.Control/DescribeStream", "/sms.v1.Control/InitProducer",
+    "/sms.v1.Ingestion/PutRecords"})
+_CLUSTER_PORT_SERVICES = ("/sms.v1.Storage/", "/sms.v1.Retrieval/", "/sms.v1.Queues/")
 # answered without a key (probes carry none; they tell nothing of streams or records: node/health.py)
 PUBLIC_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/")
 
@@ -49,14 +57,15 @@ def _behaviour(handler: grpc.RpcMethodHandler) -> tuple[str, object]:
     return kind, getattr(handler, kind)
 
 
-def _refusing(handler: grpc.RpcMethodHandler, method: str, message: str) -> grpc.RpcMethodHandler:
+def _refusing(handler: grpc.RpcMethodHandler, method: str, message: str,
+              detail: str = "a cluster-internal call on the client port") -> grpc.RpcMethodHandler:
     """`handler` with its behaviour replaced by a PermissionDenied answer (a coroutine
     serves every kind of call: a streaming one that writes nothing)."""
     kind, _inner = _behaviour(handler)
 
     async def refuse(_request, context):
         audit.event(audit.AUTH_DENIED, method, "PermissionDenied", audit.who_cert(security.peer_cert(context)),
-                    audit.peer(context), "a cluster-internal call on the client port")
+                    audit.peer(context), detail)
         await _abort(context, errors.PermissionDenied(message))
     return handler._replace(**{kind: refuse})
 
@@ -201,4 +210,9 @@ class ClusterPortGuard(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        return _node_only(handler, handler_call_details.method, self.revoked)
+        method = handler_call_details.method
+        if not method.startswith(_CLUSTER_PORT_SERVICES) and method not in CLUSTER_PORT_CLIENT_CALLS \
+                and not method.startswith(PUBLIC_SERVICES):
+            return _refusing(handler, method, f"{method} is not served on a cluster port: call the client port "
+                                              f"with a key", "a client's call on the cluster port")
+        return _node_only(handler, method, self.revoked)

@@ -158,6 +158,33 @@ def decode(data: bytes) -> tuple[RecordKind, int, int, list[Change]]:
 _OP = struct.Struct(">B")
 
 
+def _size(c: Change) -> int:
+    return 21 + 16 * len(c.sns) if c.op is Op.FETCH else 50
+
+
+def split(changes: list[Change], max_bytes: int) -> list[list[Change]]:
+    """`changes` cut into runs whose records encode to at most `max_bytes` each (a fetch of
+    more SNs than fit is cut into fetches of fewer, the cursor with the last): at least one
+    run, in order."""
+    per_fetch = max(1, (max_bytes - _HEAD.size - 21) // 16)
+    runs: list[list[Change]] = [[]]
+    size = _HEAD.size
+    for c in changes:
+        pieces = [c]
+        if c.op is Op.FETCH and len(c.sns) > per_fetch:
+            cuts = range(0, len(c.sns), per_fetch)
+            pieces = [Change(Op.FETCH, value=c.value if i + per_fetch >= len(c.sns) else 0,
+                             sns=c.sns[i:i + per_fetch]) for i in cuts]
+        for piece in pieces:
+            n = _size(piece)
+            if runs[-1] and size + n > max_bytes:
+                runs.append([])
+                size = _HEAD.size
+            runs[-1].append(piece)
+            size += n
+    return runs
+
+
 def rebuild(queue_uid: int, ordinal: int, records: Iterable[bytes], **bounds: int) -> tuple[PartitionQueue, int]:
     """A partition's state from its log's records (bytes, in log order, of every ordinal:
     others' are skipped): from the last snapshot of the current owner epochs on, each

@@ -28,10 +28,8 @@ the owner's: a replay does not consult one), so a replay gives the very same sta
 
 from __future__ import annotations
 
-import base64
 import enum
 import heapq
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -39,6 +37,10 @@ from typing import NamedTuple
 from sortedcontainers import SortedDict, SortedList
 
 from sms import errors, limits, seqno
+from sms.queue import Handle, make_handle, parse_handle
+
+__all__ = ["Kind", "Entry", "Delivery", "Op", "Change", "Handle", "make_handle", "parse_handle", "HandleError",
+           "PartitionQueue", "replay", "arrival_ms"]
 
 
 class Kind(enum.IntEnum):
@@ -93,41 +95,7 @@ class Change(NamedTuple):
     kind: Kind = Kind.AVAILABLE
 
 
-# --- receipt handles ------------------------------------------------------------------------
-
-_HANDLE = struct.Struct(">BQIQQQB")   # version, queue uid, ordinal, sn hi, sn lo, nonce, dead
-_HANDLE_VERSION = 1
-
-
-class Handle(NamedTuple):
-    queue_uid: int
-    ordinal: int
-    sn: int
-    nonce: int
-    dead: bool
-
-
-def make_handle(queue_uid: int, ordinal: int, sn: int, nonce: int, dead: bool) -> str:
-    raw = _HANDLE.pack(_HANDLE_VERSION, queue_uid, ordinal, sn >> 64, sn & (2**64 - 1), nonce, 1 if dead else 0)
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def parse_handle(text: str) -> Handle:
-    """A receipt handle's fields, or InvalidArgument naming what is wrong with it."""
-    if not isinstance(text, str) or not 0 < len(text) <= limits.QUEUE_HANDLE_CHARS_MAX:
-        raise errors.InvalidArgument("a receipt handle is a non-empty string this queue issued")
-    try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (ValueError, TypeError):
-        raise errors.InvalidArgument("the receipt handle is not one this queue issued (not base64url)") from None
-    if len(raw) != _HANDLE.size or raw[0] != _HANDLE_VERSION:
-        raise errors.InvalidArgument("the receipt handle is not one this queue issued")
-    _v, uid, ordinal, hi, lo, nonce, dead = _HANDLE.unpack(raw)
-    if dead > 1 or nonce == 0:
-        raise errors.InvalidArgument("the receipt handle is not one this queue issued")
-    return Handle(uid, ordinal, (hi << 64) | lo, nonce, bool(dead))
-
-
+# --- receipt handles: their layout is the client's (sms/queue.py) ---------------------------
 class HandleError(enum.Enum):
     """Why one entry of an ack, visibility change or restore failed (its ErrorCode)."""
     EXPIRED = "ReceiptHandleExpired"      # the record was delivered again, acked or restored since

@@ -14,7 +14,8 @@ import threading
 from collections.abc import Coroutine, Generator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from sms import aio, security
+from sms import aio, limits, security
+from sms.queue import Handles, Queue, QueueRecord, SettleResult
 from sms.limits import AUDIT_READ_EVENTS_MAX
 from sms.consumer import SyncGroupConsumer
 from sms.payloads import PayloadReader, PayloadRef
@@ -412,6 +413,11 @@ class Client:
         """Raises QueueNotFound."""
         return self._run(self._aio.delete_queue(name))
 
+    def queue(self, name: str) -> "SyncQueue":
+        """A worker's handle on the queue `name` (sms/queue.py): receive, ack,
+        change_visibility, and the dead-letter calls."""
+        return SyncQueue(self, self._aio.queue(name))
+
     def register_consumer(self, stream: str, consumer: str) -> None:
         """Register a consumer whose unread records retention keeps (when the stream
         protects unread records). Raises StreamNotFound."""
@@ -460,3 +466,39 @@ class Client:
 
 
 _END = object()
+
+
+class SyncQueue:
+    """`sms.queue.Queue` for threads: each call runs on the client's loop."""
+
+    def __init__(self, client: Client, queue: Queue) -> None:
+        self._client = client
+        self._queue = queue
+        self.name = queue.name
+
+    def receive(self, limit: int = limits.QUEUE_RECEIVE_RECORDS_MAX, *, wait_s: float = 0,
+                visibility_timeout_s: int | None = None) -> list[QueueRecord]:
+        """Up to `limit` (1-10) visible records, each now in flight; `wait_s` (0-20) long
+        polls. Raises QueueNotFound, InvalidArgument."""
+        return self._client._run(self._queue.receive(limit, wait_s=wait_s, visibility_timeout_s=visibility_timeout_s))
+
+    def ack(self, handles: Handles) -> SettleResult:
+        """The records are done (answered once durable); check `failed`."""
+        return self._client._run(self._queue.ack(handles))
+
+    def change_visibility(self, handles: Handles, visibility_timeout_s: int) -> SettleResult:
+        return self._client._run(self._queue.change_visibility(handles, visibility_timeout_s))
+
+    def receive_dead_letters(self, limit: int = limits.QUEUE_RECEIVE_RECORDS_MAX, *, wait_s: float = 0,
+                             visibility_timeout_s: int | None = None) -> list[QueueRecord]:
+        return self._client._run(self._queue.receive_dead_letters(limit, wait_s=wait_s,
+                                                                  visibility_timeout_s=visibility_timeout_s))
+
+    def ack_dead_letters(self, handles: Handles) -> SettleResult:
+        return self._client._run(self._queue.ack_dead_letters(handles))
+
+    def change_dead_letter_visibility(self, handles: Handles, visibility_timeout_s: int) -> SettleResult:
+        return self._client._run(self._queue.change_dead_letter_visibility(handles, visibility_timeout_s))
+
+    def restore_dead_letters(self, handles: Handles) -> SettleResult:
+        return self._client._run(self._queue.restore_dead_letters(handles))

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from sms import errors
+from typing import TYPE_CHECKING, cast
+
 from sms.aio.groups import Groups
 from sms.proto import sms_pb2
+from sms.queue import Queue
 from sms.types import QueueInfo, QueueStatus
+
+if TYPE_CHECKING:
+    from sms.aio import Client
 
 _STARTS = ("LATEST", "TRIM_HORIZON", "AT_TIMESTAMP")
 
@@ -65,6 +71,11 @@ class Queues(Groups):
         request = sms_pb2.UpdateQueueRequest(name=name)
         _settings(request, visibility_timeout_s, max_receive_count)
         return queue_from_pb(await self._discovery_call("UpdateQueue", request))
+
+    def queue(self, name: str) -> Queue:
+        """A worker's handle on the queue `name`: receive, ack, change_visibility and the
+        dead-letter calls (sms/queue.py). Makes no call until it is used."""
+        return Queue(cast("Client", self), name)
 
     async def delete_queue(self, name: str) -> None:
         """The queue and its delivery state; the stream and its records stay. Raises

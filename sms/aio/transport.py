@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
 import grpc
@@ -27,7 +28,9 @@ class Transport:
 
     def __init__(self, address: str, *, timeout_s: float = limits.RPC_TIMEOUT_S, ca_file: str | None = None,
                  cert_file: str | None = None, key_file: str | None = None, token: str | None = None,
-                 payloads: str = "inline", internal: bool = False) -> None:
+                 payloads: str = "inline", internal: bool = False,
+                 tls_config: security.TlsConfig | None = None,
+                 cluster_ports: Callable[[], Awaitable[dict[str, str]]] | None = None) -> None:
         """A client of the nodes at `address`; no call is made until the first method.
 
         Args:
@@ -45,6 +48,10 @@ class Transport:
                 docs/queues.md): `address` is a node's cluster port and `cert_file`/`key_file`
                 the node's certificate; every call goes to a node's cluster port, where the
                 certificate is the credential (no token) and stream names are stored names.
+            tls_config: the TLS to use, as bytes (a node's own, for `internal`), instead of
+                the files.
+            cluster_ports: `internal`'s map of each node's client port to its cluster port
+                (the node's own view of the cluster: clients are not told cluster ports).
 
         Raises:
             InvalidArgument: a TLS file that cannot be read, or another `payloads`."""
@@ -53,7 +60,7 @@ class Transport:
         self.payloads = payloads
         self.address = address
         self.timeout_s = timeout_s
-        self.tls = security.TlsConfig.resolve(ca_file, cert_file, key_file)
+        self.tls = tls_config if tls_config is not None else security.TlsConfig.resolve(ca_file, cert_file, key_file)
         # the key's token goes with every call, over TLS only: never in clear text
         token = security.resolve_token(token)
         self._own_metadata = (("authorization", f"Bearer {token}"),) if token and self.tls is not None else None
@@ -65,6 +72,7 @@ class Transport:
         self._read_member: dict[tuple[str, int], int] = {}
         self.internal = internal
         self._cluster_ports: dict[str, str] = {}     # internal: a node's client port -> its cluster port
+        self._ports_source = cluster_ports
 
     @property
     def _metadata(self) -> tuple[tuple[str, str], ...] | None:
@@ -109,9 +117,9 @@ class Transport:
 
     async def _call(self, address: str, stub_cls: Any, method: str, request: Any,
                     timeout_s: float | None = None) -> Any:
-        if self.internal and self._cluster is not None and address not in self._cluster_ports \
+        if self._ports_source is not None and address not in self._cluster_ports \
                 and address not in self._cluster_ports.values() and address not in self.address.split(","):
-            await self.describe_cluster()           # (a node this client has not seen yet)
+            self._cluster_ports = await self._ports_source()     # (a node this client has not seen yet)
         stub = stub_cls(self._channel(self._cluster_ports.get(address, address)))
         try:
             return await getattr(stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
@@ -159,8 +167,6 @@ class Transport:
         leader's address, from the first node that answers (and learnt for discovery)."""
         self._cluster = convert.cluster_from_pb(await self._discovery_call("DescribeCluster", sms_pb2.Empty(),
                                                                            learn_cluster=False))
-        if self.internal:
-            self._cluster_ports = {n.address: n.internal_address for n in self._cluster.nodes}
         return self._cluster
 
     async def _admin_call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:

@@ -1908,9 +1908,132 @@ class Retrieval:
             _registered_method=True)
 
 
-class StorageStub:
+class QueuesStub:
     """---- storage: the chain ----
+    Queues on streams (queues/service.py, docs/queues.md): each node serves the partitions whose
+    chain head it is (a call naming another partition answers it in not_owned)
     """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Receive = channel.unary_unary(
+                '/sms.v1.Queues/Receive',
+                request_serializer=sms_dot_proto_dot_sms__pb2.QueueReceiveRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.QueueReceiveResponse.FromString,
+                _registered_method=True)
+        self.Settle = channel.unary_unary(
+                '/sms.v1.Queues/Settle',
+                request_serializer=sms_dot_proto_dot_sms__pb2.QueueSettleRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.QueueSettleResponse.FromString,
+                _registered_method=True)
+
+
+class QueuesServicer:
+    """---- storage: the chain ----
+    Queues on streams (queues/service.py, docs/queues.md): each node serves the partitions whose
+    chain head it is (a call naming another partition answers it in not_owned)
+    """
+
+    def Receive(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Settle(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_QueuesServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Receive': grpc.unary_unary_rpc_method_handler(
+                    servicer.Receive,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.QueueReceiveRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.QueueReceiveResponse.SerializeToString,
+            ),
+            'Settle': grpc.unary_unary_rpc_method_handler(
+                    servicer.Settle,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.QueueSettleRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.QueueSettleResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'sms.v1.Queues', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('sms.v1.Queues', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Queues:
+    """---- storage: the chain ----
+    Queues on streams (queues/service.py, docs/queues.md): each node serves the partitions whose
+    chain head it is (a call naming another partition answers it in not_owned)
+    """
+
+    @staticmethod
+    def Receive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Queues/Receive',
+            sms_dot_proto_dot_sms__pb2.QueueReceiveRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.QueueReceiveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Settle(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Queues/Settle',
+            sms_dot_proto_dot_sms__pb2.QueueSettleRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.QueueSettleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class StorageStub:
+    """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
         """Constructor.
@@ -1936,8 +2059,7 @@ class StorageStub:
 
 
 class StorageServicer:
-    """---- storage: the chain ----
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def Append(self, request_iterator, context):
         """ingestion -> head: unsequenced batches in, commit acks out (pipelined)
@@ -1988,8 +2110,7 @@ def add_StorageServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Storage:
-    """---- storage: the chain ----
-    """
+    """Missing associated documentation comment in .proto file."""
 
     @staticmethod
     def Append(request_iterator,

@@ -31,7 +31,7 @@ from tests.conftest import client_channel, read_stream, stream_name
 
 pytestmark = pytest.mark.integration
 
-SERVICES = ("Control", "Ingestion", "Retrieval")
+SERVICES = ("Control", "Ingestion", "Retrieval", "Queues")
 DEPTH = 10_000
 HOSTILE_TEXT = {
     "nested JSON array": "[" * DEPTH + "]" * DEPTH,
@@ -51,6 +51,7 @@ STREAM_CALL_WAIT_S = 3.0        # a streaming answer: its first message, an erro
 
 
 BASELINE = {"stream": "{victim}", "name": "{victim}", "partition_id": "p0000", "group": "fuzz-group",
+            "queue": "fuzz-queue",
             "key": "fuzz-member", "position": "TRIM_HORIZON", "iterator_type": "TRIM_HORIZON", "role": "consumer"}
 
 
@@ -148,6 +149,7 @@ def test_every_rpc_answers_hostile_fields_with_a_named_error(local):
         before = read_stream(client, target)
         victim = stream_name("fuzz-victim")         # the calls' stream: it may be changed, or deleted
         client.create_stream(victim, partitions=1, replication_factor=2)
+        client.create_queue(victim, "fuzz-queue", starting_position="TRIM_HORIZON")
         storage = client.get_stream_info(target).partition(0).chain[0].address
         unnamed, calls, outcomes = [], 0, Counter()
         for address in (local.address, storage):

@@ -184,3 +184,114 @@ def test_a_queue_keeps_its_state_log_and_its_stream(cluster, client, stream):
     client.create_queue("queued-doomed", "brief")
     client.delete_queue("brief")
     client.delete_stream("queued-doomed")               # no queue left: it goes
+
+
+# --- delivery ----------------------------------------------------------------------------------
+
+def _drain(q, want: int, wait_s: float = 5.0, ack: bool = True) -> list:
+    """Receive until `want` records came (acking each batch unless told not to)."""
+    got: list = []
+    deadline = time.monotonic() + 60
+    while len(got) < want and time.monotonic() < deadline:
+        batch = q.receive(10, wait_s=wait_s)
+        got += batch
+        if batch and ack:
+            result = q.ack(batch)
+            assert not result.failed, result.failed
+    return got
+
+
+def test_every_record_is_delivered_and_an_acked_one_never_again(client):
+    client.create_stream("jobs-all", partitions=3, replication_factor=3)
+    client.put_records("jobs-all", [(f"k{i}", b"before-%d" % i) for i in range(20)])
+    client.create_queue("jobs-all", "all", starting_position="TRIM_HORIZON", visibility_timeout_s=2)
+    client.put_records("jobs-all", [(f"k{i}", b"after-%d" % i, None, {"n": str(i)}) for i in range(30)])
+    q = client.queue("all")
+    got = _drain(q, 50)
+    assert sorted(r.data for r in got) == sorted([b"before-%d" % i for i in range(20)] +
+                                                 [b"after-%d" % i for i in range(30)])
+    assert len({r.record_id for r in got}) == 50 and all(r.receive_count == 1 for r in got)
+    after = [r for r in got if r.data.startswith(b"after")]
+    assert all(r.headers == {"n": r.data.split(b"-")[1]} for r in after)
+    assert {r.partition_id for r in got} == {"p0000", "p0001", "p0002"}
+    assert all(r.arrival_ms <= r.first_receive_ms for r in got)
+    assert q.receive(10, wait_s=3) == []                     # acked: past their visibility, still none
+    client.delete_queue("all")
+
+
+def test_latest_starts_at_the_queues_creation(client):
+    client.create_stream("jobs-latest", partitions=2, replication_factor=3)
+    client.put_records("jobs-latest", [(f"k{i}", b"old") for i in range(10)])
+    client.create_queue("jobs-latest", "fresh")
+    client.put_records("jobs-latest", [(f"k{i}", b"new") for i in range(5)])
+    got = _drain(client.queue("fresh"), 5)
+    assert [r.data for r in got] == [b"new"] * 5
+    assert client.queue("fresh").receive(10, wait_s=1) == []
+    client.delete_queue("fresh")
+
+
+def test_an_unacknowledged_record_comes_back_then_becomes_a_dead_letter(client):
+    client.create_stream("jobs-dead", partitions=1, replication_factor=3)
+    client.create_queue("jobs-dead", "flaky", starting_position="TRIM_HORIZON", visibility_timeout_s=1,
+                        max_receive_count=2)
+    client.put_records("jobs-dead", [("k", b"poison"), ("k", b"fine")])
+    q = client.queue("flaky")
+    first = _drain(q, 2, ack=False)
+    assert sorted(r.data for r in first) == [b"fine", b"poison"]
+    q.ack([r for r in first if r.data == b"fine"])
+    again = _drain(q, 1, ack=False)                          # back after its visibility timeout
+    assert [(r.data, r.receive_count, r.record_id) for r in again] == [
+        (b"poison", 2, [r.record_id for r in first if r.data == b"poison"][0])]
+    assert again[0].first_receive_ms == [r for r in first if r.data == b"poison"][0].first_receive_ms
+    stale = q.ack([r for r in first if r.data == b"poison"])  # the first delivery's handle: expired
+    assert [f[1] for f in stale.failed] == ["ReceiptHandleExpired"]
+    assert q.receive(10, wait_s=2.5) == []                   # received twice: a dead letter now
+    dead = wait_until(lambda: q.receive_dead_letters(10, wait_s=1), 10, "the dead letter")
+    assert [(r.data, r.receive_count) for r in dead] == [(b"poison", 2)]
+    refused = q.ack(dead)
+    assert [f[1] for f in refused.failed] == ["InvalidDeadLetterHandle"]
+    restored = q.restore_dead_letters(dead)
+    assert not restored.failed
+    back = _drain(q, 1, ack=False)
+    assert [(r.data, r.receive_count) for r in back] == [(b"poison", 1)]
+    assert not q.ack(back).failed
+    assert q.receive(10, wait_s=1.5) == [] and q.receive_dead_letters(10) == []
+    client.delete_queue("flaky")
+
+
+def test_visibility_can_be_extended_or_dropped(client):
+    client.create_stream("jobs-vis", partitions=1, replication_factor=3)
+    client.create_queue("jobs-vis", "vis", starting_position="TRIM_HORIZON", visibility_timeout_s=1)
+    client.put_records("jobs-vis", [("k", b"slow"), ("k", b"retry")])
+    q = client.queue("vis")
+    got = {r.data: r for r in _drain(q, 2, ack=False)}
+    assert not q.change_visibility([got[b"slow"]], 30).failed
+    assert not q.change_visibility([got[b"retry"]], 0).failed
+    now = q.receive(10, wait_s=2, visibility_timeout_s=30)      # (this receive's own timeout)
+    assert [(r.data, r.receive_count) for r in now] == [(b"retry", 2)]
+    assert q.receive(10, wait_s=2) == []                     # "slow" is in flight for 30 s
+    assert not q.ack([got[b"slow"]]).failed and not q.ack(now).failed
+    client.delete_queue("vis")
+
+
+@pytest.mark.parametrize("call", [
+    lambda q: q.receive(0), lambda q: q.receive(11), lambda q: q.receive(1, wait_s=21),
+    lambda q: q.receive(1, visibility_timeout_s=-1), lambda q: q.ack([]), lambda q: q.ack(["x"] * 11),
+    lambda q: q.change_visibility(["x"], 50_000),
+])
+def test_bad_queue_calls_are_named(client, stream, call):
+    if "badcalls" not in [x.name for x in client.list_queues()]:
+        client.create_queue(stream, "badcalls")
+    with pytest.raises(errors.InvalidArgument):
+        call(client.queue("badcalls"))
+
+
+def test_handles_no_queue_issued_fail_one_by_one(client, stream):
+    client.create_queue(stream, "forged")
+    try:
+        result = client.queue("forged").ack(["not-a-handle", "A" * 51, ""])
+        assert result.successful == [] and [f[1] for f in result.failed] == ["InvalidArgument"] * 3
+        with pytest.raises(errors.QueueNotFound):
+            client.queue("no-such-queue").receive(1)
+    finally:
+        client.delete_queue("forged")

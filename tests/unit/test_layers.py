@@ -33,7 +33,9 @@ ALLOWED = {
     # the Kinesis endpoint: a client of the roles over gRPC, which verifies keys as control/auth.py keeps them
     "kinesis": {"sms", "metastore", "kernel", "control", "kinesis"},
     "sps": {"sms", "metastore", "kernel", "sps"},
-    "queues": {"sms", "metastore", "kernel", "queues"},     # the queue owners (docs/queues.md)
+    # the queue owners (docs/queues.md): a key's streams as control/auth.py keeps them, and the
+    # queues' entries as control/queues.py writes them
+    "queues": {"sms", "metastore", "kernel", "control", "queues"},
     "spark_sps": {"sms", "sps", "spark_sps"},
     "node": OURS,
 }

@@ -1,0 +1,347 @@
+"""The owner of one partition of one queue, on the node that is the partition's chain head
+(docs/queues.md, "Where the state lives"), and the owners of a node (`Owners`).
+
+An owner is a client of its own cluster (`sms.aio.Client` in internal mode: the node's
+certificate, the cluster ports, stored names). It
+- takes the partition over: a record of the queue's state log written by a producer whose
+  id is the queue's and the partition's, which opens a new epoch of that id and so fences
+  the previous owner off (no write of its lands after); then reads the log from the
+  partition's latest snapshot up to that record and rebuilds the state (queues/log.py);
+- fetches the partition's committed records into the state while its window has room,
+  keeping their data for delivery;
+- hands records to receives, takes acks, visibility changes and restores, and writes what
+  changed to the log every QUEUE_LOG_FLUSH_MS: a receive is answered at once, a settle
+  once its change is in the log;
+- writes a snapshot of the state every QUEUE_SNAPSHOT_CHANGES changes (or
+  QUEUE_SNAPSHOT_INTERVAL_S), and its SN in the metadata store (one write per snapshot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from kernel.aiotools import cancel_and_wait, raise_if_cancelling
+from metastore import Create, NodeExistsError, NoNodeError, Set
+from metastore.view import ClusterView
+from queues import log as qlog
+from queues.state import Change, Delivery, Handle, HandleError, Op, PartitionQueue
+from sms import errors, limits, metadata, seqno
+from sms.types import QueueInfo, Record
+
+log = logging.getLogger(__name__)
+
+
+def _nonces() -> Iterator[int]:
+    while True:
+        yield secrets.randbits(64) or 1
+
+
+def snapshot_path(queue: str, ordinal: int) -> str:
+    return f"{metadata.queue_path(queue)}/snapshots/{ordinal}"
+
+
+def producer_id(queue: QueueInfo, ordinal: int) -> bytes:
+    return b"queue:" + queue.uid.to_bytes(8, "big") + ordinal.to_bytes(4, "big")
+
+
+def _below(cursor: int, ordinal: int) -> int:
+    """The highest SN of partition `ordinal` below `cursor` (> 0), as AFTER_SEQUENCE_NUMBER
+    takes it: the cursor is a bound (a time's, or a record's SN + 1), not a record's SN."""
+    return ((cursor - 1) >> seqno.ORDINAL_BITS << seqno.ORDINAL_BITS) | ordinal if (
+        (cursor - 1) & seqno.ORDINAL_MAX) >= ordinal else \
+        (((cursor - 1) >> seqno.ORDINAL_BITS) - 1 << seqno.ORDINAL_BITS) | ordinal
+
+
+def start_cursor(queue: QueueInfo) -> int:
+    """Where a partition's delivery begins when its log says nothing yet: LATEST is what was
+    written from the queue's creation on (so it does not move with the first receive)."""
+    if queue.start == "TRIM_HORIZON":
+        return 0
+    return seqno.lower_bound_for_time(queue.timestamp_ms if queue.start == "AT_TIMESTAMP" else queue.created_ms)
+
+
+class PartitionOwner:
+    def __init__(self, queue: QueueInfo, ordinal: int, client: Any, view: ClusterView):
+        self.queue = queue
+        self.ordinal = ordinal
+        self.client = client                  # sms.aio.Client, internal
+        self.view = view
+        self.log_stream = metadata.queue_state_stream(queue.name, queue.uid)
+        self.state: PartitionQueue | None = None
+        self.ready = asyncio.Event()
+        self.error: errors.SmsError | None = None
+        self.closed = False
+        self.available = asyncio.Event()      # records may be visible: long polls look again
+        self.data: dict[int, Record] = {}     # the records of live entries, for delivery
+        self.data_bytes = 0
+        self.pending: list[Change] = []       # not yet in the log
+        self.waiting: list[asyncio.Future[None]] = []   # settles answered once `pending` is
+        self.flush_wake = asyncio.Event()
+        self.changes_since_snapshot = 0
+        self.snapshot_at = time.monotonic()
+        self.ended = False                    # a closed partition read to its end
+        self.producer: Any = None
+        self.task: asyncio.Task[None] | None = None
+        self.nonces = _nonces()
+        self.room_wake = asyncio.Event()
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"queue-{self.queue.name}-{self.ordinal}")
+
+    async def close(self, reason: str = "the queue's owner moved") -> None:
+        self.closed = True
+        await cancel_and_wait(self.task)
+        if self.producer is not None:
+            try:
+                await self.producer.close(flush=False)
+            except errors.SmsError:
+                pass
+        self._fail_waiting(errors.Unavailable(f"queue {self.queue.name!r} p{self.ordinal:04d}: {reason}; retry"))
+        self.available.set()
+
+    def _fail_waiting(self, error: errors.SmsError) -> None:
+        waiting, self.waiting = self.waiting, []
+        for fut in waiting:
+            if not fut.done():
+                fut.set_exception(error)
+
+    async def _run(self) -> None:
+        try:
+            await self._take_over()
+            self.ready.set()
+            self.available.set()
+            await asyncio.gather(self._fetch_loop(), self._flush_loop())
+        except asyncio.CancelledError:
+            raise
+        except errors.ProducerFenced as e:
+            self.error = errors.Unavailable(f"queue {self.queue.name!r} p{self.ordinal:04d} has another owner now: "
+                                            f"{e.message}")
+        except errors.SmsError as e:
+            self.error = e
+            log.warning("queue %s p%04d: the owner stops: %s: %s", self.queue.name, self.ordinal, e.name, e.message)
+        except Exception as e:     # a bug: this owner stops; the node makes a new one at the next call
+            log.exception("queue %s p%04d: the owner failed", self.queue.name, self.ordinal)
+            self.error = errors.InternalError(f"queue owner failed: {type(e).__name__}: {e}")
+        self.closed = True
+        self.ready.set()
+        self._fail_waiting(self.error or errors.Unavailable("the queue's owner stopped"))
+        self.available.set()
+
+    async def _take_over(self) -> None:
+        self.producer = self.client.producer(self.log_stream, producer_id(self.queue, self.ordinal), linger_ms=0)
+        mark = await self.producer.put(qlog.encode(qlog.RecordKind.TAKEOVER, self.ordinal, 0, []),
+                                       str(self.ordinal))
+        records = await self._read_log(mark.sn)
+        state, _floor = qlog.rebuild(self.queue.uid, self.ordinal, records)
+        if not records:
+            state.apply([Change(Op.FETCH, value=start_cursor(self.queue))])
+            self.pending.append(Change(Op.FETCH, value=state.cursor))
+        self.state = state
+        log.info("queue %s p%04d: taken over at epoch %d from %d log records (%d entries, cursor %d)",
+                 self.queue.name, self.ordinal, self.producer.epoch, len(records), len(state.entries), state.cursor)
+
+    async def _read_log(self, upto_sn: int) -> list[bytes]:
+        """This partition's log records from its latest snapshot up to `upto_sn` (the
+        takeover mark: everything before it is committed, and final)."""
+        entry = await self.view.store.get(snapshot_path(self.queue.name, self.ordinal))
+        start = int(entry.value) if entry is not None else 0
+        if start:
+            iterator = await self.client.get_iterator(self.log_stream, 0, "AT_SEQUENCE_NUMBER", sequence_number=start)
+        else:
+            iterator = await self.client.get_iterator(self.log_stream, 0, "TRIM_HORIZON")
+        mine = str(self.ordinal)
+        out: list[bytes] = []
+        while iterator:
+            page = await self.client.get_next_records(iterator, limits.GET_RECORDS_COUNT_MAX,
+                                                      wait_ms=limits.QUEUE_FETCH_WAIT_MS)
+            for r in page.records:
+                if r.sn >= upto_sn:
+                    return out
+                if r.partition_key == mine:
+                    out.append(r.data)
+            iterator = page.next_iterator
+        return out
+
+    # --- fetching -------------------------------------------------------------------------
+    async def _fetch_loop(self) -> None:
+        state = self.state
+        assert state is not None
+        iterator: str | None = None
+        while not self.closed:
+            room = min(state.room(), limits.QUEUE_FETCH_RECORDS_MAX)
+            if room <= 0 or self.data_bytes >= limits.QUEUE_WINDOW_BYTES_MAX:
+                await self._wait_room()
+                continue
+            try:
+                if iterator is None:
+                    iterator = await (self.client.get_iterator(self.queue.stream, self.ordinal, "AFTER_SEQUENCE_NUMBER",
+                                                               sequence_number=_below(state.cursor, self.ordinal))
+                                      if state.cursor else
+                                      self.client.get_iterator(self.queue.stream, self.ordinal, "TRIM_HORIZON"))
+                page = await self.client.get_next_records(iterator, room, wait_ms=limits.QUEUE_FETCH_WAIT_MS,
+                                                          skip_trimmed=True)
+            except errors.ExpiredIterator:
+                iterator = None
+                continue
+            except (errors.Unavailable, errors.Timeout) as e:
+                raise_if_cancelling()
+                log.info("queue %s p%04d: a fetch failed, again: %s", self.queue.name, self.ordinal, e)
+                iterator = None
+                await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
+                continue
+            if page.records:
+                self._record(state.fetch([r.sn for r in page.records], page.records[-1].sn + 1))
+                for r in page.records:
+                    self.data[r.sn] = r
+                    self.data_bytes += len(r.data) + len(r.partition_key) + len(r.meta)
+                self.available.set()
+            iterator = page.next_iterator
+            if iterator is None:                # a closed partition, read to its end
+                self.ended = True
+                return
+
+    async def _wait_room(self) -> None:
+        self.room_wake.clear()
+        try:
+            await asyncio.wait_for(self.room_wake.wait(), limits.QUEUE_FETCH_WAIT_MS / 1000)
+        except TimeoutError:
+            pass
+
+    def _done(self, sn: int) -> None:
+        """An entry left the state (acked or trimmed): its data goes, and there is room."""
+        r = self.data.pop(sn, None)
+        if r is not None:
+            self.data_bytes -= len(r.data) + len(r.partition_key) + len(r.meta)
+        self.room_wake.set()
+
+    # --- the log --------------------------------------------------------------------------
+    def _record(self, changes: list[Change]) -> None:
+        if changes:
+            self.pending += changes
+            for c in changes:
+                if c.op is Op.ACK:
+                    self._done(c.sn)
+                elif c.op is Op.DEAD:
+                    self._done(c.sn)            # (a dead letter's data is read again when received)
+                elif c.op in (Op.EXPIRE, Op.VISIBILITY, Op.RESTORE):
+                    self.available.set()
+            if len(self.pending) >= limits.QUEUE_LOG_CHANGES_MAX:
+                self.flush_wake.set()       # (a flush's worth: not waiting for the timer)
+
+    async def _flush_loop(self) -> None:
+        while not self.closed:
+            try:
+                await asyncio.wait_for(self.flush_wake.wait(), limits.QUEUE_LOG_FLUSH_MS / 1000)
+            except TimeoutError:
+                pass
+            self.flush_wake.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        """What changed, into the log; then the settles waiting on it are answered."""
+        state = self.state
+        assert state is not None
+        if state.next_deadline() is not None:
+            self._record(state.expire(self._now_ms(), self.queue.max_receive_count))
+        pending, self.pending = self.pending, []
+        waiting, self.waiting = self.waiting, []
+        if pending:
+            await self._put(qlog.RecordKind.CHANGES, pending)
+            self.changes_since_snapshot += len(pending)
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result(None)
+        if self.changes_since_snapshot >= limits.QUEUE_SNAPSHOT_CHANGES or (
+                self.changes_since_snapshot and time.monotonic() - self.snapshot_at > limits.QUEUE_SNAPSHOT_INTERVAL_S):
+            await self._snapshot()
+
+    async def _put(self, kind: qlog.RecordKind, changes: list[Change]) -> int:
+        """`changes` as log records of at most QUEUE_LOG_RECORD_BYTES_MAX each (the first of
+        kind `kind`, the rest CHANGES), sent as one batch; the SN of the first."""
+        parts = qlog.split(changes, limits.QUEUE_LOG_RECORD_BYTES_MAX)
+        records = [(str(self.ordinal), qlog.encode(kind if i == 0 else qlog.RecordKind.CHANGES, self.ordinal,
+                                                   self.producer.epoch, part))
+                   for i, part in enumerate(parts)]
+        results = await (await self.producer.send_batch(records))
+        failed = results.failed
+        if failed:
+            raise failed[0][1]
+        return results[0].sn
+
+    async def _snapshot(self) -> None:
+        state = self.state
+        assert state is not None
+        sn = await self._put(qlog.RecordKind.SNAPSHOT, state.snapshot())
+        self.changes_since_snapshot = 0
+        self.snapshot_at = time.monotonic()
+        path = snapshot_path(self.queue.name, self.ordinal)
+        for op in (Set(path, str(sn).encode()), Create(path, str(sn).encode())):
+            try:
+                await self.view.store.commit([op])
+                return
+            except (NoNodeError, NodeExistsError):
+                continue
+
+    # --- calls ----------------------------------------------------------------------------
+    @staticmethod
+    def _now_ms() -> int:
+        return int(time.time() * 1000)
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.closed:
+            raise errors.Unavailable(f"queue {self.queue.name!r} p{self.ordinal:04d}: its owner stopped; retry")
+
+    async def receive(self, limit: int, visibility_s: int, dead: bool) -> list[tuple[Delivery, Record]]:
+        self.check()
+        state = self.state
+        assert state is not None
+        deliveries, changes = state.receive(limit, self._now_ms(), visibility_s * 1000, self.nonces,
+                                            max_receive_count=self.queue.max_receive_count, dead=dead)
+        self._record(changes)
+        out = []
+        for d in deliveries:
+            record = self.data.get(d.sn)
+            if record is None:
+                try:
+                    record = await self.client.get_record(self.queue.stream, d.sn)
+                except (errors.RecordNotFound, errors.RecordsTrimmed):
+                    self._record(state.trim(d.sn + 1))        # (retention took it: it ends delivery)
+                    continue
+            out.append((d, record))
+        return out
+
+    def settle(self, handle: Handle, op: str, visibility_s: int) -> tuple[HandleError | None, asyncio.Future[None]]:
+        """An ack, visibility change or restore; the future resolves once it is in the log."""
+        self.check()
+        state = self.state
+        assert state is not None
+        now = self._now_ms()
+        if op == "ack":
+            error, changes = state.ack(handle, now, self.queue.max_receive_count)
+        elif op == "visibility":
+            error, changes = state.change_visibility(handle, now, visibility_s * 1000, self.queue.max_receive_count)
+        else:
+            error, changes = state.restore(handle, now, self.queue.max_receive_count)
+        self._record(changes)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if error is None:
+            self.waiting.append(fut)
+            self.flush_wake.set()
+        else:
+            fut.set_result(None)
+        return error, fut
+
+    def status(self) -> dict[str, Any]:
+        state = self.state
+        return {"queue": self.queue.name, "ordinal": self.ordinal, "ready": self.ready.is_set(),
+                "error": self.error.name if self.error else "",
+                "available": len(state.available) if state else 0, "in_flight": state.in_flight() if state else 0,
+                "dead": state.dead if state else 0, "cursor": state.cursor if state else 0}
