@@ -164,7 +164,7 @@ class Queues:
         """The queue's entry, then (`drop_log(queue)`) its state log."""
         queue = await self.describe(name)
         try:
-            await self.store.delete(metadata.queue_path(name))
+            await self.store.delete(metadata.queue_path(name), recursive=True)     # (its snapshots' SNs too)
         except NoNodeError:
             raise QueueNotFound(f"queue {name!r} does not exist") from None
         if drop_log is not None:

@@ -10,8 +10,8 @@ certificate, the cluster ports, stored names). It
 - fetches the partition's committed records into the state while its window has room,
   keeping their data for delivery;
 - hands records to receives, takes acks, visibility changes and restores, and writes what
-  changed to the log every QUEUE_LOG_FLUSH_MS: a receive is answered at once, a settle
-  once its change is in the log;
+  changed to the log (at once when a call waits, else every QUEUE_LOG_FLUSH_MS): every
+  call is answered once its change is in the log;
 - writes a snapshot of the state every QUEUE_SNAPSHOT_CHANGES changes (or
   QUEUE_SNAPSHOT_INTERVAL_S), and its SN in the metadata store (one write per snapshot).
 """
@@ -84,6 +84,7 @@ class PartitionOwner:
         self.flush_wake = asyncio.Event()
         self.changes_since_snapshot = 0
         self.snapshot_at = time.monotonic()
+        self.snapshot_every_s = float(limits.QUEUE_SNAPSHOT_INTERVAL_S)
         self.ended = False                    # a closed partition read to its end
         self.producer: Any = None
         self.task: asyncio.Task[None] | None = None
@@ -137,18 +138,24 @@ class PartitionOwner:
         self.producer = self.client.producer(self.log_stream, producer_id(self.queue, self.ordinal), linger_ms=0)
         mark = await self.producer.put(qlog.encode(qlog.RecordKind.TAKEOVER, self.ordinal, 0, []),
                                        str(self.ordinal))
-        records = await self._read_log(mark.sn)
+        # (a snapshot well inside the log's retention: a new owner finds its latest one)
+        info = await self.client.get_stream_info(self.log_stream)
+        retention_s = info.retention_s or info.retention_hours * 3600
+        self.snapshot_every_s = min(float(limits.QUEUE_SNAPSHOT_INTERVAL_S), retention_s / 4)
+        records, since = await self._read_log(mark.sn)
         state, _floor = qlog.rebuild(self.queue.uid, self.ordinal, records)
         if not records:
             state.apply([Change(Op.FETCH, value=start_cursor(self.queue))])
             self.pending.append(Change(Op.FETCH, value=state.cursor))
         self.state = state
-        log.info("queue %s p%04d: taken over at epoch %d from %d log records (%d entries, cursor %d)",
-                 self.queue.name, self.ordinal, self.producer.epoch, len(records), len(state.entries), state.cursor)
+        log.info("queue %s p%04d: taken over at epoch %d from %d log records since %s (%d entries, cursor %d)",
+                 self.queue.name, self.ordinal, self.producer.epoch, len(records),
+                 f"the snapshot at {since}" if since else "the log's start", len(state.entries), state.cursor)
 
-    async def _read_log(self, upto_sn: int) -> list[bytes]:
+    async def _read_log(self, upto_sn: int) -> tuple[list[bytes], int]:
         """This partition's log records from its latest snapshot up to `upto_sn` (the
-        takeover mark: everything before it is committed, and final)."""
+        takeover mark: everything before it is committed, and final), and the snapshot's
+        SN (0: none, from the log's start)."""
         entry = await self.view.store.get(snapshot_path(self.queue.name, self.ordinal))
         start = int(entry.value) if entry is not None else 0
         if start:
@@ -162,11 +169,11 @@ class PartitionOwner:
                                                       wait_ms=limits.QUEUE_FETCH_WAIT_MS)
             for r in page.records:
                 if r.sn >= upto_sn:
-                    return out
+                    return out, start
                 if r.partition_key == mine:
                     out.append(r.data)
             iterator = page.next_iterator
-        return out
+        return out, start
 
     # --- fetching -------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
@@ -258,7 +265,7 @@ class PartitionOwner:
             if not fut.done():
                 fut.set_result(None)
         if self.changes_since_snapshot >= limits.QUEUE_SNAPSHOT_CHANGES or (
-                self.changes_since_snapshot and time.monotonic() - self.snapshot_at > limits.QUEUE_SNAPSHOT_INTERVAL_S):
+                self.changes_since_snapshot and time.monotonic() - self.snapshot_at > self.snapshot_every_s):
             await self._snapshot()
 
     async def _put(self, kind: qlog.RecordKind, changes: list[Change]) -> int:
@@ -281,12 +288,21 @@ class PartitionOwner:
         self.changes_since_snapshot = 0
         self.snapshot_at = time.monotonic()
         path = snapshot_path(self.queue.name, self.ordinal)
-        for op in (Set(path, str(sn).encode()), Create(path, str(sn).encode())):
+        value = str(sn).encode()
+        try:
+            await self.view.store.commit([Set(path, value)])
+            return
+        except NoNodeError:
+            pass
+        # the first snapshot of the partition (a commit's Create makes no parents: a queue
+        # deleted meanwhile is not brought back)
+        for made in (Create(path.rsplit("/", 1)[0]), Create(path, value)):
             try:
-                await self.view.store.commit([op])
-                return
-            except (NoNodeError, NodeExistsError):
+                await self.view.store.commit([made])
+            except NodeExistsError:
                 continue
+            except NoNodeError:
+                return
 
     # --- calls ----------------------------------------------------------------------------
     @staticmethod
@@ -306,17 +322,56 @@ class PartitionOwner:
         deliveries, changes = state.receive(limit, self._now_ms(), visibility_s * 1000, self.nonces,
                                             max_receive_count=self.queue.max_receive_count, dead=dead)
         self._record(changes)
+        if deliveries:
+            # answered once the receive is in the log: a new owner knows the records are in
+            # flight (and their counts), and an owner that lost the partition while paused
+            # hands out nothing (its flush is fenced)
+            await self._logged()
+        missing = [d.sn for d in deliveries if d.sn not in self.data]
+        if missing:
+            await self._reload(missing)
         out = []
         for d in deliveries:
             record = self.data.get(d.sn)
             if record is None:
-                try:
-                    record = await self.client.get_record(self.queue.stream, d.sn)
-                except (errors.RecordNotFound, errors.RecordsTrimmed):
-                    self._record(state.trim(d.sn + 1))        # (retention took it: it ends delivery)
-                    continue
+                # (not readable now: it stays in flight, and comes back at its deadline; one
+                # that retention took leaves at the next trim)
+                log.warning("queue %s p%04d: record %d could not be read for delivery", self.queue.name,
+                            self.ordinal, d.sn)
+                continue
             out.append((d, record))
         return out
+
+    async def _reload(self, sns: list[int]) -> None:
+        """The data of entries this owner did not fetch itself (it rebuilt them from the log,
+        or they are dead letters): read again from the partition, a page from the lowest.
+        Records retention took leave the state."""
+        state = self.state
+        assert state is not None
+        wanted = set(sns)
+        lowest = min(sns)
+        try:
+            iterator = await self.client.get_iterator(self.queue.stream, self.ordinal, "AT_SEQUENCE_NUMBER",
+                                                      sequence_number=lowest)
+        except errors.RecordsTrimmed:
+            iterator = None
+        if iterator is None:
+            first = await self.client.get_iterator(self.queue.stream, self.ordinal, "TRIM_HORIZON")
+            page = await self.client.get_next_records(first, 1)
+            if page.records and page.records[0].sn > lowest:
+                self._record(state.trim(page.records[0].sn))         # (retention took them: delivery ends)
+            return
+        while wanted and iterator:
+            page = await self.client.get_next_records(iterator, limits.QUEUE_FETCH_RECORDS_MAX)
+            for r in page.records:
+                if r.sn in wanted:
+                    wanted.discard(r.sn)
+                    if r.sn in state.entries and r.sn not in self.data:
+                        self.data[r.sn] = r
+                        self.data_bytes += len(r.data) + len(r.partition_key) + len(r.meta)
+            if not page.records or page.records[-1].sn >= max(sns):
+                break
+            iterator = page.next_iterator
 
     def settle(self, handle: Handle, op: str, visibility_s: int) -> tuple[HandleError | None, asyncio.Future[None]]:
         """An ack, visibility change or restore; the future resolves once it is in the log."""
@@ -331,13 +386,18 @@ class PartitionOwner:
         else:
             error, changes = state.restore(handle, now, self.queue.max_receive_count)
         self._record(changes)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if error is None:
-            self.waiting.append(fut)
-            self.flush_wake.set()
-        else:
-            fut.set_result(None)
+            return None, self._logged()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
         return error, fut
+
+    def _logged(self) -> asyncio.Future[None]:
+        """Resolves once what changed so far is in the log (the next flush, at once)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.append(fut)
+        self.flush_wake.set()
+        return fut
 
     def status(self) -> dict[str, Any]:
         state = self.state

@@ -179,8 +179,12 @@ class PartitionQueue:
     def ack(self, handle: Handle, now_ms: int, max_receive_count: int = 0) -> tuple[HandleError | None, list[Change]]:
         """The record is done. A handle of the record's latest delivery acks it even after
         its deadline passed, until another receive takes it (a worker that finished late
-        is not made to do it again)."""
+        is not made to do it again). An ack of a record that is done already succeeds and
+        changes nothing, as SQS's DeleteMessage: a worker that retries an ack whose answer
+        it lost learns that the record is done."""
         changes = self.expire(now_ms, max_receive_count)
+        if handle.sn not in self.entries and handle.sn < self.cursor:
+            return None, changes
         error = self._check(handle, late=True)
         if error is None:
             change = Change(Op.ACK, sn=handle.sn)

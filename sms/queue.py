@@ -229,8 +229,13 @@ class Queue:
                                          f"{limits.QUEUE_VISIBILITY_S_MAX}")
         results: dict[int, tuple[str, str]] = {}
         todo = list(range(len(texts)))
-        for attempt in range(2):               # (once more after a map refresh: a head moved)
-            owners = {o: address for address, ordinals in await self._owners(refresh=attempt > 0) for o in ordinals}
+        deadline = time.monotonic() + limits.QUEUE_CLIENT_RETRY_S
+        refresh = False
+        while todo:
+            # a handle whose owner moved (WrongOwner) or did not answer (its node died: the
+            # partition's new head takes over) goes again, to the owner the map names now,
+            # until QUEUE_CLIENT_RETRY_S; an ack that did land answers success again
+            owners = {o: address for address, ordinals in await self._owners(refresh) for o in ordinals}
             groups: dict[str, list[int]] = {}
             for i in todo:
                 ordinal = _ordinal_of(texts[i])
@@ -246,19 +251,22 @@ class Queue:
                     sms_pb2.QueueSettleEntry(handle=texts[i], op=op, visibility_s=visibility_s) for i in indexes])
                 try:
                     answer = await self.client._call(address, sms_pb2_grpc.QueuesStub, "Settle", request)
+                    outcomes = [(r.error_name, r.error_message) for r in answer.results]
                 except (errors.Unavailable, errors.Timeout) as e:
-                    for i in indexes:
-                        results[i] = (e.name, e.message)
-                    continue
-                for i, r in zip(indexes, answer.results):
-                    if r.error_name == "WrongOwner" and attempt == 0:
+                    outcomes = [(e.name, e.message)] * len(indexes)
+                for i, (name, message) in zip(indexes, outcomes):
+                    results[i] = (name, message)
+                    if name in _RETRIED:
                         todo.append(i)
-                    else:
-                        results[i] = (r.error_name, r.error_message)
-            if not todo:
+            if not todo or time.monotonic() >= deadline:
                 break
+            refresh = True
+            await asyncio.sleep(limits.QUEUE_POLL_INTERVAL_MS / 1000)
         return SettleResult([texts[i] for i in range(len(texts)) if not results.get(i, ("",))[0]],
                             [(texts[i], *results[i]) for i in range(len(texts)) if results.get(i, ("",))[0]])
+
+
+_RETRIED = frozenset({"WrongOwner", "Unavailable", "Timeout"})
 
 
 def _record(pb: Any) -> QueueRecord:
