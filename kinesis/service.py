@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from control.admin import changed_tags
-from kinesis import mapping, settings
+from kinesis import mapping, queues, settings
 from kinesis.mapping import shard_id
 from kinesis.protocol import KinesisError
 from sms import errors, limits, seqno
@@ -53,11 +53,6 @@ def operation(name: str):
 
 # the model's operations this endpoint does not answer yet, and why (docs/kinesis.md)
 NOT_SUPPORTED = {
-    **{op: "queues are not served by this endpoint yet" for op in (
-        "CreateQueue", "DescribeQueue", "ListQueues", "UpdateQueue", "DeleteQueue", "ReceiveQueueRecords",
-        "AcknowledgeQueueRecords", "UpdateQueueRecordsVisibility", "ReceiveDeadLetterQueueRecords",
-        "RestoreDeadLetterQueueRecords", "AcknowledgeDeadLetterQueueRecords",
-        "UpdateDeadLetterQueueRecordsVisibility")},
     **{op: "channels are not served by this endpoint yet" for op in (
         "CreateChannel", "DescribeChannel", "ListChannels", "UpdateChannel", "DeleteChannel")},
     **{op: "resource policies are not kept: access is by SMS keys (docs/security.md)" for op in (
@@ -690,3 +685,4 @@ async def describe_limits(svc: KinesisService, params: dict[str, Any], caller: C
 
 
 HANDLERS.update(settings.OPERATIONS)
+HANDLERS.update(queues.OPERATIONS)

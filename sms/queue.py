@@ -117,21 +117,26 @@ def _ordinal_of(handle: str) -> int | None:
 class Queue:
     """A queue, as its workers use it (`sms.aio.Client.queue`)."""
 
-    def __init__(self, client: "Client", name: str):
+    def __init__(self, client: "Client", name: str, *, shared: bool = False):
+        """`shared`: the client serves callers of several tenants (the Kinesis endpoint's),
+        whose names it must not cache across them: every call reads the queue and its
+        stream's map afresh."""
         self.client = client
         self.name = name
+        self.shared = shared
         self._info: tuple[float, QueueInfo] | None = None
         self._turn = 0
 
     async def info(self, fresh: bool = False) -> QueueInfo:
-        if self._info is None or fresh or time.monotonic() - self._info[0] > limits.QUEUE_CONFIG_CACHE_S * 10:
+        if self._info is None or fresh or self.shared \
+                or time.monotonic() - self._info[0] > limits.QUEUE_CONFIG_CACHE_S * 10:
             self._info = (time.monotonic(), await self.client.describe_queue(self.name))
         return self._info[1]
 
     async def _owners(self, refresh: bool = False) -> list[tuple[str, list[int]]]:
         """(owner address, its partitions) for every partition that may hold records."""
         info = await self.info()
-        stream = await self.client.get_stream_info(info.stream, refresh=refresh)
+        stream = await self.client.get_stream_info(info.stream, refresh=refresh or self.shared)
         by: dict[str, list[int]] = {}
         for p in stream.partitions:
             if p.ingestion_owner is None:

@@ -132,7 +132,7 @@ def test_bad_input_gets_named_errors(cluster, kinesis):
         kinesis.get_records(ShardIterator="not-an-iterator")
     assert e.value.response["Error"]["Code"] == "InvalidArgumentException"
     with pytest.raises(ClientError) as e:
-        kinesis.list_queues()
+        kinesis.list_channels()
     assert e.value.response["Error"]["Code"] == "InvalidArgumentException"
     assert "not served" in e.value.response["Error"]["Message"]
 
