@@ -50,6 +50,20 @@ def validate_max_receive_count(count: int) -> int:
     return count
 
 
+def consumer_name(queue: QueueInfo) -> str:
+    """The registered consumer a queue is on its stream (docs/queues.md): what it has not
+    acknowledged is kept while the stream protects unread records."""
+    return f"queue.{queue.uid:016x}"
+
+
+def start_cursor(queue: QueueInfo) -> int:
+    """Where a partition's delivery begins when its log says nothing yet: LATEST is what was
+    written from the queue's creation on (so it does not move with the first receive)."""
+    if queue.start == "TRIM_HORIZON":
+        return 0
+    return seqno.lower_bound_for_time(queue.timestamp_ms if queue.start == "AT_TIMESTAMP" else queue.created_ms)
+
+
 def to_bytes(q: QueueInfo) -> bytes:
     d = dataclasses.asdict(q)
     d["status"] = q.status.value

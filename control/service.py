@@ -21,7 +21,7 @@ from control import auth, repartition, revocation
 from control.phases import Kind
 from control.admin import StreamAdmin, changed_tags, validate_create
 from control.groups import Groups
-from control.queues import Queues
+from control.queues import Queues, consumer_name, start_cursor
 from kernel import audit
 from metastore import producers
 from metastore.view import ClusterView, bounded
@@ -234,7 +234,16 @@ class ControlService(sms_pb2_grpc.ControlServicer):
             log = validate_create(metadata.queue_state_stream(queue.name, queue.uid), 1, source.replication_factor,
                                   "disk", "", source.retention_hours, retention_s=source.retention_s,
                                   min_in_sync=source.min_in_sync)
-            await admin.create_stream(log)
+            # a registered consumer of its stream (docs/queues.md): from its start on, what it
+            # has not acknowledged is kept while the stream protects unread records
+            start = start_cursor(queue)
+            await admin.update_consumer(queue.stream, consumer_name(queue), {
+                e.ordinal: seqno.highest_below(start, e.ordinal) for e in view.map.entries} if start else {})
+            try:
+                await admin.create_stream(log)
+            except SmsError:
+                await admin.update_consumer(queue.stream, consumer_name(queue), {}, remove=True)
+                raise
 
         queue = await self.queues.create(
             request.name, request.stream, request.start, request.timestamp_ms,
@@ -244,8 +253,13 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         return _queue_pb(queue)
 
     async def _drop_queue_log(self, queue) -> None:
+        admin = self._admin()
         try:
-            await self._admin().delete_stream(metadata.queue_state_stream(queue.name, queue.uid))
+            await admin.update_consumer(queue.stream, consumer_name(queue), {}, remove=True)
+        except StreamNotFound:
+            pass
+        try:
+            await admin.delete_stream(metadata.queue_state_stream(queue.name, queue.uid))
         except StreamNotFound:
             pass
 

@@ -34,7 +34,7 @@ INTERNAL_SERVICES = ("/sms.v1.Storage/",)      # served to cluster nodes only, o
 # admin calls need the client port and a key, even from a node.
 CLUSTER_PORT_CLIENT_CALLS = frozenset({
     "/sms.v1.Control/DescribeCluster", "/sms.v1.Control/DescribeStream", "/sms.v1.Control/InitProducer",
-    "/sms.v1.Ingestion/PutRecords"})
+    "/sms.v1.Ingestion/PutRecords", "/sms.v1.Control/UpdateConsumer"})
 _CLUSTER_PORT_SERVICES = ("/sms.v1.Storage/", "/sms.v1.Retrieval/", "/sms.v1.Queues/")
 # answered without a key (probes carry none; they tell nothing of streams or records: node/health.py)
 PUBLIC_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/")

@@ -27,6 +27,7 @@ from typing import Any
 
 from kernel.aiotools import cancel_and_wait, raise_if_cancelling
 from metastore import Create, NodeExistsError, NoNodeError, Set
+from control.queues import consumer_name, start_cursor
 from metastore.view import ClusterView
 from queues import log as qlog
 from queues.state import Change, Delivery, Handle, HandleError, Op, PartitionQueue
@@ -49,22 +50,6 @@ def producer_id(queue: QueueInfo, ordinal: int) -> bytes:
     return b"queue:" + queue.uid.to_bytes(8, "big") + ordinal.to_bytes(4, "big")
 
 
-def _below(cursor: int, ordinal: int) -> int:
-    """The highest SN of partition `ordinal` below `cursor` (> 0), as AFTER_SEQUENCE_NUMBER
-    takes it: the cursor is a bound (a time's, or a record's SN + 1), not a record's SN."""
-    return ((cursor - 1) >> seqno.ORDINAL_BITS << seqno.ORDINAL_BITS) | ordinal if (
-        (cursor - 1) & seqno.ORDINAL_MAX) >= ordinal else \
-        (((cursor - 1) >> seqno.ORDINAL_BITS) - 1 << seqno.ORDINAL_BITS) | ordinal
-
-
-def start_cursor(queue: QueueInfo) -> int:
-    """Where a partition's delivery begins when its log says nothing yet: LATEST is what was
-    written from the queue's creation on (so it does not move with the first receive)."""
-    if queue.start == "TRIM_HORIZON":
-        return 0
-    return seqno.lower_bound_for_time(queue.timestamp_ms if queue.start == "AT_TIMESTAMP" else queue.created_ms)
-
-
 class PartitionOwner:
     def __init__(self, queue: QueueInfo, ordinal: int, client: Any, view: ClusterView):
         self.queue = queue
@@ -85,6 +70,8 @@ class PartitionOwner:
         self.changes_since_snapshot = 0
         self.snapshot_at = time.monotonic()
         self.snapshot_every_s = float(limits.QUEUE_SNAPSHOT_INTERVAL_S)
+        self.checkpoint_at = float("-inf")
+        self.checkpointed: str | int = ""
         self.ended = False                    # a closed partition read to its end
         self.producer: Any = None
         self.task: asyncio.Task[None] | None = None
@@ -188,7 +175,7 @@ class PartitionOwner:
             try:
                 if iterator is None:
                     iterator = await (self.client.get_iterator(self.queue.stream, self.ordinal, "AFTER_SEQUENCE_NUMBER",
-                                                               sequence_number=_below(state.cursor, self.ordinal))
+                                                               sequence_number=seqno.highest_below(state.cursor, self.ordinal))
                                       if state.cursor else
                                       self.client.get_iterator(self.queue.stream, self.ordinal, "TRIM_HORIZON"))
                 page = await self.client.get_next_records(iterator, room, wait_ms=limits.QUEUE_FETCH_WAIT_MS,
@@ -267,6 +254,30 @@ class PartitionOwner:
         if self.changes_since_snapshot >= limits.QUEUE_SNAPSHOT_CHANGES or (
                 self.changes_since_snapshot and time.monotonic() - self.snapshot_at > self.snapshot_every_s):
             await self._snapshot()
+        if time.monotonic() - self.checkpoint_at > limits.QUEUE_CHECKPOINT_INTERVAL_S:
+            await self._checkpoint()
+
+    async def _checkpoint(self) -> None:
+        """The queue's checkpoint in this partition, as a registered consumer of the stream:
+        just below its lowest record not done (what retention keeps while the stream protects
+        unread records), or SHARD_END once a closed partition is done."""
+        state = self.state
+        assert state is not None
+        self.checkpoint_at = time.monotonic()
+        lowest = state.entries.keys()[0] if state.entries else state.cursor
+        if self.ended and not state.entries:
+            value: str | int = "SHARD_END"
+        elif lowest > 0:
+            value = seqno.highest_below(lowest, self.ordinal)
+        else:
+            return
+        if value == self.checkpointed:
+            return
+        try:
+            await self.client.checkpoint_consumer(self.queue.stream, consumer_name(self.queue), {self.ordinal: value})
+            self.checkpointed = value
+        except errors.SmsError as e:         # (the next flush tries again)
+            log.info("queue %s p%04d: checkpoint failed: %s: %s", self.queue.name, self.ordinal, e.name, e.message)
 
     async def _put(self, kind: qlog.RecordKind, changes: list[Change]) -> int:
         """`changes` as log records of at most QUEUE_LOG_RECORD_BYTES_MAX each (the first of

@@ -541,3 +541,4 @@ QUEUE_POLL_INTERVAL_MS = 100             # a long-polling receive looks again at
 QUEUE_CONFIG_CACHE_S = 1.0               # a node re-reads a queue's settings at most this often
 QUEUE_CLIENT_WAIT_SLICE_MS = 250         # a client's long poll over several owner nodes waits at each this long in turn
 QUEUE_CLIENT_RETRY_S = 30.0              # a client sends a settle whose owner moved or did not answer again so long
+QUEUE_CHECKPOINT_INTERVAL_S = 5.0        # a queue owner records its partition's checkpoint (retention) this often

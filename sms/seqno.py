@@ -47,6 +47,16 @@ def lower_bound_for_time(ts_ms: int) -> int:
     return max(0, min(ts_ms, TS_MAX)) << TS_SHIFT
 
 
+def highest_below(bound: int, ordinal: int) -> int:
+    """The highest SN of partition `ordinal` below `bound` (> 0): where a reader that starts
+    at a bound (a time's, or a record's SN + 1) stands, as an SN of that partition."""
+    below = bound - 1
+    high = below >> ORDINAL_BITS
+    if below & ORDINAL_MAX < ordinal:
+        high -= 1
+    return (high << ORDINAL_BITS) | ordinal
+
+
 def to_bytes(sn: int) -> bytes:
     """16 bytes, big-endian: byte order equals numeric order (LMDB keys)."""
     return sn.to_bytes(16, "big")

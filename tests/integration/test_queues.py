@@ -295,3 +295,25 @@ def test_handles_no_queue_issued_fail_one_by_one(client, stream):
             client.queue("no-such-queue").receive(1)
     finally:
         client.delete_queue("forged")
+
+
+def test_a_queue_keeps_what_it_has_not_acknowledged(client):
+    """A queue is a registered consumer of its stream: while the stream protects unread
+    records, a trim keeps every record the queue has not finished (docs/queues.md)."""
+    client.create_stream("jobs-kept", partitions=1, replication_factor=3)
+    client.update_stream("jobs-kept", protect_unread=True)
+    q = client.create_queue("jobs-kept", "kept", starting_position="TRIM_HORIZON", visibility_timeout_s=60)
+    assert f"queue.{q.uid:016x}" in client.get_stream_info("jobs-kept").consumers
+    client.put_records("jobs-kept", [("k", b"job-%d" % i) for i in range(10)])
+    got = sorted(_drain(client.queue("kept"), 10, ack=False), key=lambda r: int(r.record_id))
+    assert not client.queue("kept").ack(got[:4]).failed        # the four lowest are done
+
+    def kept() -> list[bytes]:
+        client.trim_stream("jobs-kept", before_time_ms=int(time.time() * 1000))
+        return [r.data for r in client.read_stream("jobs-kept")]
+    wait_until(lambda: kept() == [b"job-%d" % i for i in range(4, 10)], 30,
+               "a trim to take the acknowledged records and keep the rest")
+    assert not client.queue("kept").ack(got[4:]).failed
+    wait_until(lambda: kept() == [], 30, "a trim to take the rest once they are acknowledged")
+    client.delete_queue("kept")
+    assert f"queue.{q.uid:016x}" not in client.get_stream_info("jobs-kept").consumers
