@@ -30,6 +30,7 @@ from sms.errors import (FailedPrecondition, InvalidArgument, InvalidStreamConfig
                         StreamInUse, StreamNotFound,
                         Unavailable)
 from sms.metadata import ConsumerRecord
+from sms.types import PartitionState
 from sms.proto import sms_pb2, sms_pb2_grpc
 from kernel.rpc import rpc_errors
 from sms.rpc import to_sms_error
@@ -231,7 +232,9 @@ class ControlService(sms_pb2_grpc.ControlServicer):
 
         async def make_log(queue, view) -> None:
             source = view.config
-            log = validate_create(metadata.queue_state_stream(queue.name, queue.uid), 1, source.replication_factor,
+            parts = min(max(1, sum(1 for e in view.map.entries if e.state is PartitionState.OPEN)),
+                        limits.QUEUE_LOG_PARTITIONS_MAX)
+            log = validate_create(metadata.queue_state_stream(queue.name, queue.uid), parts, source.replication_factor,
                                   "disk", "", source.retention_hours, retention_s=source.retention_s,
                                   min_in_sync=source.min_in_sync)
             # a registered consumer of its stream (docs/queues.md): from its start on, what it

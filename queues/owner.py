@@ -77,6 +77,9 @@ class PartitionOwner:
         self.task: asyncio.Task[None] | None = None
         self.nonces = _nonces()
         self.room_wake = asyncio.Event()
+        self.lease_until = float("-inf")      # monotonic: no other owner serves before then
+        self.log_ordinal = 0                  # the log's partition this one's changes go to
+        self.log_hash = 0
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -122,9 +125,16 @@ class PartitionOwner:
         self.available.set()
 
     async def _take_over(self) -> None:
+        # the partition's part of the log: the log's partition `ordinal` modulo their count
+        # (the log has one per partition of the stream at the queue's making, up to
+        # QUEUE_LOG_PARTITIONS_MAX: the owners' writes go down that many chains at once)
+        log_partitions = sorted((await self.client.get_stream_info(self.log_stream)).partitions,
+                                key=lambda p: p.ordinal)
+        mine = log_partitions[self.ordinal % len(log_partitions)]
+        self.log_ordinal, self.log_hash = mine.ordinal, mine.hash_lo
         self.producer = self.client.producer(self.log_stream, producer_id(self.queue, self.ordinal), linger_ms=0)
         mark = await self.producer.put(qlog.encode(qlog.RecordKind.TAKEOVER, self.ordinal, 0, []),
-                                       str(self.ordinal))
+                                       str(self.ordinal), explicit_hash_key=self.log_hash)
         # (a snapshot well inside the log's retention: a new owner finds its latest one)
         info = await self.client.get_stream_info(self.log_stream)
         retention_s = info.retention_s or info.retention_hours * 3600
@@ -134,6 +144,10 @@ class PartitionOwner:
         if not records:
             state.apply([Change(Op.FETCH, value=start_cursor(self.queue))])
             self.pending.append(Change(Op.FETCH, value=state.cursor))
+        # a previous owner may hand out records under its lease until a lease from its last
+        # write has passed; that write began before our epoch fenced it (InitProducer waited
+        # for every verdict of the old epoch to run out), so a lease from now covers it
+        await asyncio.sleep(limits.QUEUE_OWNER_LEASE_S)
         self.state = state
         log.info("queue %s p%04d: taken over at epoch %d from %d log records since %s (%d entries, cursor %d)",
                  self.queue.name, self.ordinal, self.producer.epoch, len(records),
@@ -146,9 +160,10 @@ class PartitionOwner:
         entry = await self.view.store.get(snapshot_path(self.queue.name, self.ordinal))
         start = int(entry.value) if entry is not None else 0
         if start:
-            iterator = await self.client.get_iterator(self.log_stream, 0, "AT_SEQUENCE_NUMBER", sequence_number=start)
+            iterator = await self.client.get_iterator(self.log_stream, self.log_ordinal, "AT_SEQUENCE_NUMBER",
+                                                      sequence_number=start)
         else:
-            iterator = await self.client.get_iterator(self.log_stream, 0, "TRIM_HORIZON")
+            iterator = await self.client.get_iterator(self.log_stream, self.log_ordinal, "TRIM_HORIZON")
         mine = str(self.ordinal)
         out: list[bytes] = []
         while iterator:
@@ -234,6 +249,9 @@ class PartitionOwner:
                 await asyncio.wait_for(self.flush_wake.wait(), limits.QUEUE_LOG_FLUSH_MS / 1000)
             except TimeoutError:
                 pass
+            if self.waiting and limits.QUEUE_LOG_LINGER_MS:
+                # (a call waits: a moment for the calls right behind it, to share its write)
+                await asyncio.sleep(limits.QUEUE_LOG_LINGER_MS / 1000)
             self.flush_wake.clear()
             await self.flush()
 
@@ -246,8 +264,13 @@ class PartitionOwner:
         pending, self.pending = self.pending, []
         waiting, self.waiting = self.waiting, []
         if pending:
+            began = time.monotonic()
             await self._put(qlog.RecordKind.CHANGES, pending)
             self.changes_since_snapshot += len(pending)
+            # the log took a write of ours begun then: until a lease from then has passed,
+            # no other owner serves this partition (a new one waits the lease out after it
+            # fenced us: `_take_over`), so receives may be answered before their write
+            self.lease_until = began + limits.QUEUE_OWNER_LEASE_S
         for fut in waiting:
             if not fut.done():
                 fut.set_result(None)
@@ -284,7 +307,7 @@ class PartitionOwner:
         kind `kind`, the rest CHANGES), sent as one batch; the SN of the first."""
         parts = qlog.split(changes, limits.QUEUE_LOG_RECORD_BYTES_MAX)
         records = [(str(self.ordinal), qlog.encode(kind if i == 0 else qlog.RecordKind.CHANGES, self.ordinal,
-                                                   self.producer.epoch, part))
+                                                   self.producer.epoch, part), self.log_hash)
                    for i, part in enumerate(parts)]
         results = await (await self.producer.send_batch(records))
         failed = results.failed
@@ -333,10 +356,12 @@ class PartitionOwner:
         deliveries, changes = state.receive(limit, self._now_ms(), visibility_s * 1000, self.nonces,
                                             max_receive_count=self.queue.max_receive_count, dead=dead)
         self._record(changes)
-        if deliveries:
-            # answered once the receive is in the log: a new owner knows the records are in
-            # flight (and their counts), and an owner that lost the partition while paused
-            # hands out nothing (its flush is fenced)
+        if deliveries and time.monotonic() >= self.lease_until:
+            # with no lease left, answered once the receive is in the log: an owner that lost
+            # the partition while it was paused hands out nothing (its write is fenced). Under
+            # a lease, at once: its write follows within QUEUE_LOG_FLUSH_MS (an owner that dies
+            # before it leaves those records to be delivered again at once, their counts one
+            # short)
             await self._logged()
         missing = [d.sn for d in deliveries if d.sn not in self.data]
         if missing:

@@ -67,21 +67,24 @@ class QueueService(sms_pb2_grpc.QueuesServicer):
 
     async def _owner(self, queue: QueueInfo, ordinal: int) -> PartitionOwner | None:
         """The owner of the queue's partition here (made and started at first use), or None
-        when this node is not the partition's head."""
+        when this node is not the partition's head. A running owner is taken as it is: the
+        check loop looks at its partition's head every QUEUE_OWNER_CHECK_S, and until it
+        closes it, an owner whose partition moved serves nothing a new owner serves (its
+        writes are fenced, its lease waited out: queues/owner.py)."""
+        key = (queue.name, queue.uid, ordinal)
+        owner = self.owners.get(key)
+        if owner is not None and not owner.closed:
+            if owner.queue != queue:
+                owner.queue = queue                  # (new settings: visibility, max receive count)
+            return owner
         view = await bounded(self.view.stream(queue.stream), f"stream {queue.stream[:64]!r}")
         chain = view.chains.get(ordinal)
         if chain is None or chain.head != self.node_id:
             return None
-        key = (queue.name, queue.uid, ordinal)
-        owner = self.owners.get(key)
-        if owner is not None and owner.closed:
+        if owner is not None:
             del self.owners[key]                     # (it stopped: a new one takes over again)
-            owner = None
-        if owner is None:
-            owner = self.owners[key] = PartitionOwner(queue, ordinal, self.client, self.view)
-            owner.start()
-        elif owner.queue != queue:
-            owner.queue = queue                      # (new settings: visibility, max receive count)
+        owner = self.owners[key] = PartitionOwner(queue, ordinal, self.client, self.view)
+        owner.start()
         return owner
 
     async def _check_loop(self) -> None:

@@ -530,7 +530,7 @@ QUEUES_MAX = 10_000                      # queues in a cluster (each is one meta
 QUEUE_FETCH_RECORDS_MAX = 1000           # records one owner fetches into a partition's state at once
 QUEUE_FETCH_WAIT_MS = 500                # ... long-polling the partition this long for new ones
 QUEUE_WINDOW_BYTES_MAX = 16 * 1024 * 1024   # data of a partition's live records held for delivery
-QUEUE_LOG_FLUSH_MS = 10                  # an owner writes its changes to the state log this often
+QUEUE_LOG_FLUSH_MS = 50                 # an owner writes changes no call waits for (receives under its lease) this often
 QUEUE_LOG_CHANGES_MAX = 4096             # ... or as soon as this many are waiting
 QUEUE_LOG_RECORD_BYTES_MAX = 512 * 1024  # one record of a state log
 relation("QUEUE_LOG_RECORD_BYTES_MAX <= RECORD_DATA_BYTES_MAX")
@@ -542,3 +542,8 @@ QUEUE_CONFIG_CACHE_S = 1.0               # a node re-reads a queue's settings at
 QUEUE_CLIENT_WAIT_SLICE_MS = 250         # a client's long poll over several owner nodes waits at each this long in turn
 QUEUE_CLIENT_RETRY_S = 30.0              # a client sends a settle whose owner moved or did not answer again so long
 QUEUE_CHECKPOINT_INTERVAL_S = 5.0        # a queue owner records its partition's checkpoint (retention) this often
+QUEUE_LOG_PARTITIONS_MAX = 16            # partitions of a queue's state log (one per partition of its stream, up to this)
+QUEUE_LOG_LINGER_MS = 5                  # ... a write a call waits for lingers this long for the calls behind it
+QUEUE_OWNER_LEASE_S = 2.0                # a queue owner answers receives before their write for so long after a write
+                                         # of its began; a new owner waits it out before it serves
+relation("QUEUE_LOG_FLUSH_MS / 1000 < QUEUE_OWNER_LEASE_S")

@@ -174,6 +174,7 @@ class Queue:
         deadline = time.monotonic() + wait_s
         refresh = False
         out: list[QueueRecord] = []
+        waited = False
         while True:
             owners = await self._owners(refresh)
             refresh = False
@@ -181,14 +182,18 @@ class Queue:
                 return out
             self._turn += 1
             start = self._turn % len(owners)
+            order = owners[start:] + owners[:start]
+            # every owner once without waiting; only when none had a record, a long poll at
+            # one of them (with several owners, a slice at a time: records may turn up at
+            # another), then every owner again
             left = deadline - time.monotonic()
-            for address, ordinals in owners[start:] + owners[:start]:
+            polls = [(address, ordinals, 0) for address, ordinals in order]
+            if waited and left > 0:
+                slice_s = min(left, limits.QUEUE_CLIENT_WAIT_SLICE_MS / 1000) if len(owners) > 1 else left
+                polls = [(order[0][0], order[0][1], int(slice_s * 1000))]
+            for address, ordinals, wait_ms in polls:
                 if len(out) >= limit:
                     break
-                # with several owners, a long poll waits at one a slice at a time (records
-                # may turn up at another)
-                wait_ms = 0 if out else int(max(0.0, min(left, limits.QUEUE_CLIENT_WAIT_SLICE_MS / 1000
-                                                        if len(owners) > 1 else left)) * 1000)
                 request = sms_pb2.QueueReceiveRequest(queue=self.name, ordinals=ordinals, limit=limit - len(out),
                                                       wait_ms=wait_ms, dead=dead)
                 if visibility_timeout_s is not None:
@@ -203,6 +208,7 @@ class Queue:
                 out += [_record(r) for r in answer.records]
             if out or time.monotonic() >= deadline:
                 return out
+            waited = not waited
             if refresh:
                 await asyncio.sleep(limits.QUEUE_POLL_INTERVAL_MS / 1000)
 

@@ -161,7 +161,8 @@ def test_a_queue_keeps_its_state_log_and_its_stream(cluster, client, stream):
     q = client.create_queue(stream, "logged")
     log_name = f"queue-state.{q.uid:016x}"
     info = client.get_stream_info(log_name)
-    assert len(info.partitions) == 1 and info.replication_factor == client.get_stream_info(stream).replication_factor
+    source = client.get_stream_info(stream)
+    assert len(info.partitions) == len(source.partitions) and info.replication_factor == source.replication_factor
     assert log_name not in client.list_streams() and stream in client.list_streams()
     with pytest.raises(errors.StreamInUse):
         client.delete_stream(stream)
