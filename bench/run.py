@@ -91,7 +91,7 @@ _EXTRAS: dict[str, tuple] = {
                   {"steps": [40, 400, 4000], "idle_s": 5.0, "settle_s": 12.0, "load_records": 40_000}),
 }
 _PRESET_EXTRAS = ("tls_cost", "encryption_cost", "throttle", "consumer_group", "archive",   # {"preset": <mode>}
-                  "kinesis")
+                  "kinesis", "queues")
 
 MODES: dict[str, dict] = {
     mode: copy.deepcopy({**{name: values[i] for name, values in _SETTINGS.items()},
@@ -437,6 +437,9 @@ def extras(run: Run, cfg: dict, workdir: str) -> dict:
         elif name == "kinesis":
             from bench import kinesis
             out[name] = run.call("extra kinesis", kinesis.run_preset, params["preset"])
+        elif name == "queues":
+            from bench import queues
+            out[name] = run.call("extra queues", queues.run_preset, params["preset"])
     return out
 
 
@@ -589,6 +592,7 @@ def targets(sms: dict | None, base: dict, extra: dict | None = None) -> list[dic
         *_archive_targets(extra),
         _encryption_target(extra),
         *_kinesis_targets(extra),
+        *_queue_targets(extra),
     ]
 
 
@@ -610,6 +614,13 @@ def _kinesis_targets(extra: dict | None) -> list[dict]:
     from bench import kinesis
     k = _get(extra, "kinesis")
     return kinesis.targets(k if k is not None else {"skipped": "not run in this mode"})
+
+
+def _queue_targets(extra: dict | None) -> list[dict]:
+    """Issue 34's: queue receive+ack throughput, redelivery after a worker's death (bench/queues.py)."""
+    from bench import queues
+    q = _get(extra, "queues")
+    return queues.targets(q if q is not None else {"skipped": "not run in this mode"})
 
 
 def _archive_targets(extra: dict | None) -> list[dict]:
