@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from control import auth
-from control.queues import from_bytes as queue_from_bytes
+from control.queues import from_bytes as queue_from_bytes, validate_queue_name
 from kernel.aiotools import cancel_and_wait
 from kernel.rpc import rpc_errors
 from metastore.view import ClusterView, bounded
@@ -54,6 +54,7 @@ class QueueService(sms_pb2_grpc.QueuesServicer):
 
     # --- owners ---------------------------------------------------------------------------
     async def _queue(self, name: str, fresh: bool = False) -> QueueInfo:
+        validate_queue_name(name)
         cached = self._queues.get(name)
         if cached is not None and not fresh and time.monotonic() - cached[0] < limits.QUEUE_CONFIG_CACHE_S:
             return cached[1]

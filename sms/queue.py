@@ -135,7 +135,7 @@ class Queue:
 
     async def _owners(self, refresh: bool = False) -> list[tuple[str, list[int]]]:
         """(owner address, its partitions) for every partition that may hold records."""
-        info = await self.info()
+        info = await self.info(fresh=refresh)        # (made again on another stream, meanwhile)
         stream = await self.client.get_stream_info(info.stream, refresh=refresh or self.shared)
         by: dict[str, list[int]] = {}
         for p in stream.partitions:

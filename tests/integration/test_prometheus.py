@@ -170,7 +170,10 @@ def test_prometheus_scrapes_every_node_with_the_monitor_key(up, prometheus):
         seen = targets(prometheus, "sms")
         return set(seen) == nodes and all(t["health"] == "up" for t in seen.values())
     wait_until(all_up, SCRAPE_DEADLINE_S, f"every node up in job sms: {targets(prometheus, 'sms')}")
-    assert query_value(prometheus, 'count(sms_node_info{job="sms"})') == len(nodes)
+    # (Prometheus reports a target's health before it commits that scrape's samples: a
+    # query right after the first "up" may not see them yet)
+    wait_until(lambda: query_value(prometheus, 'count(sms_node_info{job="sms"})') == len(nodes), SCRAPE_DEADLINE_S,
+               "every node's sms_node_info in prometheus")
 
     written = f'sum(sms_put_records_total{{job="sms", stream="{STREAM}"}}) or vector(0)'
     assert query_value(prometheus, written) == 0
