@@ -54,7 +54,7 @@ class NodeCollector:
     leader every chain."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, node_id: str, roles: tuple[str, ...], data_dir: str,
-                 storage=None, ingestion=None, view=None, is_leader=lambda: False, groups=None):
+                 storage=None, ingestion=None, view=None, is_leader=lambda: False, groups=None, queues=None):
         self.loop = loop
         self.node_id = node_id
         self.roles = roles
@@ -64,6 +64,7 @@ class NodeCollector:
         self.view = view
         self.is_leader = is_leader
         self.groups = groups          # control/groups.py: consumer groups' and SPS stages' leases
+        self.queues = queues          # queues/service.py: the owners of queues' partitions here
         self._lag: tuple[float, list] | None = None     # (when, the consumer lag families)
 
     def describe(self):
@@ -98,6 +99,8 @@ class NodeCollector:
                 out += self._lag[1]
         if self.ingestion is not None:
             out += self._ingestion()
+        if self.queues is not None:
+            out += self._queues()
         if self.view is not None and self.is_leader():
             out += await self._chains()
         return out
@@ -246,6 +249,22 @@ class NodeCollector:
             queued.add_metric(values, st["queued_records"])
             inflight.add_metric(values, st["inflight_batches"])
         return [entries, sessions, keys, queued, inflight]
+
+    def _queues(self) -> list:
+        """Each queue partition owned here (on the partition's head): its records by state,
+        and how old its oldest record not done is (docs/queues.md)."""
+        labels = ["queue", "stream", "partition"]
+        records = GaugeMetricFamily("sms_queue_records", "Records of a queue's partition not done, by state: "
+                                    "available, in_flight, dead (dead letters)", labels=labels + ["state"])
+        oldest = GaugeMetricFamily("sms_queue_oldest_age_seconds", "Age of the oldest record of a queue's partition "
+                                   "not done (0: none): how far its workers are behind", labels=labels)
+        now_ms = time.time() * 1000
+        for st in self.queues.status():
+            values = [st["queue"], st["stream"], partition_id(st["ordinal"])]
+            for state in ("available", "in_flight", "dead"):
+                records.add_metric(values + [state], st[state])
+            oldest.add_metric(values, max(0.0, (now_ms - st["oldest_ms"]) / 1000) if st["oldest_ms"] else 0.0)
+        return [records, oldest]
 
     async def _chains(self) -> list:
         labels = ["stream", "partition"]

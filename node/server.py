@@ -295,7 +295,8 @@ class _Node:
         control = self.control
         self.collector = NodeCollector(self.loop, self.node_id, self.roles, self.data_dir, storage=self.storage,
                                        ingestion=self.ingestion, view=self.view,
-                                       is_leader=lambda: control.admin is not None, groups=control.groups)
+                                       is_leader=lambda: control.admin is not None, groups=control.groups,
+                                       queues=self.queues)
         keys = self.keys if self.tls is not None else None
         console = (Console(self.loop, self.node_id, self.view, control.groups,
                            is_leader=lambda: control.admin is not None, keys=keys)

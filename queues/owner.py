@@ -437,7 +437,9 @@ class PartitionOwner:
 
     def status(self) -> dict[str, Any]:
         state = self.state
-        return {"queue": self.queue.name, "ordinal": self.ordinal, "ready": self.ready.is_set(),
-                "error": self.error.name if self.error else "",
+        oldest = state.entries.keys()[0] if state is not None and state.entries else 0
+        return {"queue": self.queue.name, "stream": self.queue.stream, "ordinal": self.ordinal,
+                "ready": self.ready.is_set(), "error": self.error.name if self.error else "",
                 "available": len(state.available) if state else 0, "in_flight": state.in_flight() if state else 0,
-                "dead": state.dead if state else 0, "cursor": state.cursor if state else 0}
+                "dead": state.dead if state else 0, "cursor": state.cursor if state else 0,
+                "oldest_ms": seqno.timestamp_ms_of(oldest) if oldest else 0}

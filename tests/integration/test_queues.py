@@ -318,3 +318,28 @@ def test_a_queue_keeps_what_it_has_not_acknowledged(client):
     wait_until(lambda: kept() == [], 30, "a trim to take the rest once they are acknowledged")
     client.delete_queue("kept")
     assert f"queue.{q.uid:016x}" not in client.get_stream_info("jobs-kept").consumers
+
+
+def test_a_queues_state_is_in_its_owners_metrics(cluster, client):
+    """sms_queue_records by state and sms_queue_oldest_age_seconds, on the partition's head
+    (docs/operations.md, the metrics)."""
+    from tests.integration.test_metrics import scrape
+    client.create_stream("jobs-metered", partitions=1, replication_factor=3)
+    client.create_queue("jobs-metered", "metered", starting_position="TRIM_HORIZON", visibility_timeout_s=60)
+    client.put_records("jobs-metered", [("k", b"job-%d" % i) for i in range(12)])
+    q = client.queue("metered")
+    got = _drain(q, 5, ack=False)                 # (in flight for 60 s: 5 or more, the rest available)
+    head = client.get_stream_info("jobs-metered").partition(0).chain[0].node_id
+    url = f"https://{cluster.procs[head].metrics_address}/metrics"
+
+    def states() -> dict[str, float]:
+        samples = scrape(url, cluster.ca_file, cluster.admin_token)
+        return {labels["state"]: v for labels, v in samples.get("sms_queue_records", [])
+                if labels["queue"] == "metered" and labels["stream"] == "jobs-metered"}
+    counts = wait_until(lambda: (s := states()) and s, 10, "the queue's series")
+    assert counts["available"] + counts["in_flight"] == 12 and counts["in_flight"] >= len(got) and counts["dead"] == 0
+    samples = scrape(url, cluster.ca_file, cluster.admin_token)
+    [(_labels, age)] = [(labels, v) for labels, v in samples["sms_queue_oldest_age_seconds"]
+                        if labels["queue"] == "metered"]
+    assert 0 < age < 120
+    client.delete_queue("metered")
