@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kinesis import mapping
+from kinesis.operations import operation
 from kinesis.protocol import KinesisError
 from sms import errors, limits
 from sms.queue import Queue
@@ -20,16 +21,7 @@ from sms.types import QueueInfo
 if TYPE_CHECKING:
     from kinesis.service import Caller, KinesisService
 
-OPERATIONS: dict[str, Any] = {}          # name -> handler; kinesis/service.py serves them with its own
-
 _QUEUE_ARN = re.compile(r"arn:aws[a-z-]*:kinesis:([a-z0-9-]*):(\d{12}):queue/([a-zA-Z0-9_.-]{1,128})")
-
-
-def operation(name: str):
-    def register(fn):
-        OPERATIONS[name] = fn
-        return fn
-    return register
 
 
 def queue_arn(region: str, account: str, name: str) -> str:
@@ -48,7 +40,13 @@ def _queue_named(params: dict[str, Any], caller: Caller) -> str:
     return m.group(3)
 
 
-def _description(q: QueueInfo, created_s: float, caller: Caller) -> dict[str, Any]:
+def _queue(svc: KinesisService, params: dict[str, Any], caller: Caller) -> Queue:
+    """The queue the request's QueueARN names, as the endpoint's shared client sees it (no
+    name cached across callers: sms/queue.py, `shared`)."""
+    return Queue(svc.client, _queue_named(params, caller), shared=True)
+
+
+def _description(q: QueueInfo, caller: Caller) -> dict[str, Any]:
     position: dict[str, Any] = {"Type": q.start}
     if q.start == "AT_TIMESTAMP":
         position["Timestamp"] = q.timestamp_ms / 1000
@@ -98,13 +96,13 @@ async def create_queue(svc: KinesisService, params: dict[str, Any], caller: Call
     except errors.StreamNotFound:
         raise KinesisError("ResourceNotFoundException",
                            f"Stream {stream} under account {caller.account} not found.") from None
-    return {"QueueDescription": _description(q, q.created_ms / 1000, caller)}
+    return {"QueueDescription": _description(q, caller)}
 
 
 @operation("DescribeQueue")
 async def describe_queue(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
     q = await svc.client.describe_queue(_queue_named(params, caller))
-    return {"QueueDescription": _description(q, q.created_ms / 1000, caller)}
+    return {"QueueDescription": _description(q, caller)}
 
 
 @operation("UpdateQueue")
@@ -112,7 +110,7 @@ async def update_queue(svc: KinesisService, params: dict[str, Any], caller: Call
     visibility, receives = _settings(params.get("QueueAttributes"))
     q = await svc.client.update_queue(_queue_named(params, caller), visibility_timeout_s=visibility,
                                       max_receive_count=receives)
-    return {"QueueDescription": _description(q, q.created_ms / 1000, caller)}
+    return {"QueueDescription": _description(q, caller)}
 
 
 @operation("DeleteQueue")
@@ -155,7 +153,7 @@ def _records(records) -> list[dict[str, Any]]:
 
 
 async def _receive(svc: KinesisService, params: dict[str, Any], caller: Caller, dead: bool) -> dict[str, Any]:
-    q = Queue(svc.client, _queue_named(params, caller), shared=True)
+    q = _queue(svc, params, caller)
     call = q.receive_dead_letters if dead else q.receive
     got = await call(params.get("Limit") or limits.QUEUE_RECEIVE_RECORDS_MAX, wait_s=params.get("WaitTimeSeconds") or 0,
                      visibility_timeout_s=params.get("VisibilityTimeoutSeconds"))
@@ -178,26 +176,28 @@ async def receive_dead_letters(svc: KinesisService, params: dict[str, Any], call
     return await _receive(svc, params, caller, dead=True)
 
 
+async def _handles(svc: KinesisService, params: dict[str, Any], caller: Caller, call) -> dict[str, Any]:
+    """An operation on the entries' receipt handles: `call`, a Queue method."""
+    return _settled(await call(_queue(svc, params, caller), [e["ReceiptHandle"] for e in params["Entries"]]))
+
+
 @operation("AcknowledgeQueueRecords")
 async def acknowledge(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-    q = Queue(svc.client, _queue_named(params, caller), shared=True)
-    return _settled(await q.ack([e["ReceiptHandle"] for e in params["Entries"]]))
+    return await _handles(svc, params, caller, Queue.ack)
 
 
 @operation("AcknowledgeDeadLetterQueueRecords")
 async def acknowledge_dead_letters(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-    q = Queue(svc.client, _queue_named(params, caller), shared=True)
-    return _settled(await q.ack_dead_letters([e["ReceiptHandle"] for e in params["Entries"]]))
+    return await _handles(svc, params, caller, Queue.ack_dead_letters)
 
 
 @operation("RestoreDeadLetterQueueRecords")
 async def restore_dead_letters(svc: KinesisService, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-    q = Queue(svc.client, _queue_named(params, caller), shared=True)
-    return _settled(await q.restore_dead_letters([e["ReceiptHandle"] for e in params["Entries"]]))
+    return await _handles(svc, params, caller, Queue.restore_dead_letters)
 
 
 async def _visibility(svc: KinesisService, params: dict[str, Any], caller: Caller, dead: bool) -> dict[str, Any]:
-    q = Queue(svc.client, _queue_named(params, caller), shared=True)
+    q = _queue(svc, params, caller)
     call = q.change_dead_letter_visibility if dead else q.change_visibility
     by_timeout: dict[int, list[str]] = {}
     for e in params["Entries"]:

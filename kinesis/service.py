@@ -16,12 +16,13 @@ import asyncio
 import base64
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from control.admin import changed_tags
-from kinesis import mapping, queues, settings
+from kinesis import mapping, queues, settings  # noqa: F401 (queues, settings: their operations register)
+from kinesis.operations import HANDLERS, operation
 from kinesis.mapping import shard_id
 from kinesis.protocol import KinesisError
 from sms import errors, limits, seqno
@@ -39,16 +40,6 @@ class Caller:
     region: str
     account: str
 
-
-Handler = Callable[["KinesisService", dict[str, Any], Caller], Awaitable[dict[str, Any]]]
-HANDLERS: dict[str, Handler] = {}
-
-
-def operation(name: str):
-    def register(fn: Handler) -> Handler:
-        HANDLERS[name] = fn
-        return fn
-    return register
 
 
 # the model's operations this endpoint does not answer yet, and why (docs/kinesis.md)
@@ -683,6 +674,3 @@ async def describe_limits(svc: KinesisService, params: dict[str, Any], caller: C
     return {"ShardLimit": limits.TENANT_PARTITIONS_MAX, "OpenShardCount": open_shards,
             "OnDemandStreamCount": on_demand, "OnDemandStreamCountLimit": limits.TENANT_STREAMS_MAX}
 
-
-HANDLERS.update(settings.OPERATIONS)
-HANDLERS.update(queues.OPERATIONS)

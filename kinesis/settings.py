@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kinesis import mapping
+from kinesis.operations import operation
 from kinesis.protocol import KinesisError
 from sms import limits
 from sms.types import StreamInfo
@@ -17,14 +18,6 @@ from sms.types import StreamInfo
 if TYPE_CHECKING:
     from kinesis.service import Caller, KinesisService
 
-OPERATIONS: dict[str, Any] = {}          # name -> handler; kinesis/service.py serves them with its own
-
-
-def operation(name: str):
-    def register(fn):
-        OPERATIONS[name] = fn
-        return fn
-    return register
 
 # the metrics EnableEnhancedMonitoring names; "ALL" stands for all seven
 SHARD_METRICS = ("IncomingBytes", "IncomingRecords", "OutgoingBytes", "OutgoingRecords",

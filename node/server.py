@@ -232,8 +232,8 @@ class _Node:
 
             async def cluster_ports() -> dict[str, str]:
                 return {n.address: n.internal_address for n in (await view.nodes()).values()}
-            internal = aio.Client(self.cluster_address or self.address, ca_file="", token="", internal=True,
-                                  tls_config=self.tls, cluster_ports=cluster_ports)
+            internal = aio.Client(self.cluster_address or self.address, ca_file="", token="", tls_config=self.tls,
+                                  cluster_ports=cluster_ports)
             self.queues = QueueService(self.node_id, self.view, internal)
             self.queues.start()
             for srv in self.servers:

@@ -4,9 +4,11 @@ One record is what one partition's owner flushed at once: the changes it made si
 last flush (`CHANGES`), its whole state (`SNAPSHOT`, the changes `PartitionQueue.snapshot`
 gives), or the mark a new owner writes when it takes the partition over (`TAKEOVER`, no
 changes). Every record carries the source partition's ordinal and the writing owner's
-epoch (the chain epoch it took the partition over at): a replay ignores a record of an
-older epoch than a takeover before it (a paused owner that wrote after it lost the
-partition).
+epoch. The owners' fencing is their producer's epoch (queues/owner.py: once the takeover
+mark is written, no write of an older owner lands after it), and the mark bounds what a new
+owner reads; `rebuild` also ignores a record of an older epoch than a takeover mark before
+it, for marks that carry one (the owners write theirs before their epoch is known, as 0,
+so for them this check never fires).
 
     record:  <B version=1> <B kind> <I ordinal> <Q owner epoch> <I changes> change*
     change:  <B op> and the op's fields (big-endian; SNs as 16 bytes)

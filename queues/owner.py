@@ -1,7 +1,7 @@
 """The owner of one partition of one queue, on the node that is the partition's chain head
-(docs/queues.md, "Where the state lives"), and the owners of a node (`Owners`).
+(docs/queues.md, "Where the state lives"); queues/service.py makes and closes them.
 
-An owner is a client of its own cluster (`sms.aio.Client` in internal mode: the node's
+An owner is a client of its own cluster (`sms.aio.Client` with `cluster_ports`: the node's
 certificate, the cluster ports, stored names). It
 - takes the partition over: a record of the queue's state log written by a producer whose
   id is the queue's and the partition's, which opens a new epoch of that id and so fences
@@ -10,8 +10,9 @@ certificate, the cluster ports, stored names). It
 - fetches the partition's committed records into the state while its window has room,
   keeping their data for delivery;
 - hands records to receives, takes acks, visibility changes and restores, and writes what
-  changed to the log (at once when a call waits, else every QUEUE_LOG_FLUSH_MS): every
-  call is answered once its change is in the log;
+  changed to the log (at once when a call waits, else every QUEUE_LOG_FLUSH_MS): a settle
+  is answered once its change is in the log, a receive at once while the owner holds its
+  lease (`flush`);
 - writes a snapshot of the state every QUEUE_SNAPSHOT_CHANGES changes (or
   QUEUE_SNAPSHOT_INTERVAL_S), and its SN in the metadata store (one write per snapshot).
 """
@@ -40,6 +41,11 @@ log = logging.getLogger(__name__)
 def _nonces() -> Iterator[int]:
     while True:
         yield secrets.randbits(64) or 1
+
+
+def _size(r: Record) -> int:
+    """What a record's data costs the window (QUEUE_WINDOW_BYTES_MAX)."""
+    return len(r.data) + len(r.partition_key) + len(r.meta)
 
 
 def snapshot_path(queue: str, ordinal: int) -> str:
@@ -128,15 +134,14 @@ class PartitionOwner:
         # the partition's part of the log: the log's partition `ordinal` modulo their count
         # (the log has one per partition of the stream at the queue's making, up to
         # QUEUE_LOG_PARTITIONS_MAX: the owners' writes go down that many chains at once)
-        log_partitions = sorted((await self.client.get_stream_info(self.log_stream)).partitions,
-                                key=lambda p: p.ordinal)
+        info = await self.client.get_stream_info(self.log_stream)
+        log_partitions = sorted(info.partitions, key=lambda p: p.ordinal)
         mine = log_partitions[self.ordinal % len(log_partitions)]
         self.log_ordinal, self.log_hash = mine.ordinal, mine.hash_lo
         self.producer = self.client.producer(self.log_stream, producer_id(self.queue, self.ordinal), linger_ms=0)
         mark = await self.producer.put(qlog.encode(qlog.RecordKind.TAKEOVER, self.ordinal, 0, []),
                                        str(self.ordinal), explicit_hash_key=self.log_hash)
         # (a snapshot well inside the log's retention: a new owner finds its latest one)
-        info = await self.client.get_stream_info(self.log_stream)
         retention_s = info.retention_s or info.retention_hours * 3600
         self.snapshot_every_s = min(float(limits.QUEUE_SNAPSHOT_INTERVAL_S), retention_s / 4)
         records, since = await self._read_log(mark.sn)
@@ -189,10 +194,7 @@ class PartitionOwner:
                 continue
             try:
                 if iterator is None:
-                    iterator = await (self.client.get_iterator(self.queue.stream, self.ordinal, "AFTER_SEQUENCE_NUMBER",
-                                                               sequence_number=seqno.highest_below(state.cursor, self.ordinal))
-                                      if state.cursor else
-                                      self.client.get_iterator(self.queue.stream, self.ordinal, "TRIM_HORIZON"))
+                    iterator = await self._iterator_at(state.cursor)
                 page = await self.client.get_next_records(iterator, room, wait_ms=limits.QUEUE_FETCH_WAIT_MS,
                                                           skip_trimmed=True)
             except errors.ExpiredIterator:
@@ -207,13 +209,19 @@ class PartitionOwner:
             if page.records:
                 self._record(state.fetch([r.sn for r in page.records], page.records[-1].sn + 1))
                 for r in page.records:
-                    self.data[r.sn] = r
-                    self.data_bytes += len(r.data) + len(r.partition_key) + len(r.meta)
+                    self._keep(r)
                 self.available.set()
             iterator = page.next_iterator
             if iterator is None:                # a closed partition, read to its end
                 self.ended = True
                 return
+
+    async def _iterator_at(self, cursor: int) -> str:
+        """An iterator of the partition from `cursor` on (a bound, not a record's SN)."""
+        if not cursor:
+            return await self.client.get_iterator(self.queue.stream, self.ordinal, "TRIM_HORIZON")
+        return await self.client.get_iterator(self.queue.stream, self.ordinal, "AFTER_SEQUENCE_NUMBER",
+                                              sequence_number=seqno.highest_below(cursor, self.ordinal))
 
     async def _wait_room(self) -> None:
         self.room_wake.clear()
@@ -222,11 +230,15 @@ class PartitionOwner:
         except TimeoutError:
             pass
 
+    def _keep(self, r: Record) -> None:
+        self.data[r.sn] = r
+        self.data_bytes += _size(r)
+
     def _done(self, sn: int) -> None:
         """An entry left the state (acked or trimmed): its data goes, and there is room."""
         r = self.data.pop(sn, None)
         if r is not None:
-            self.data_bytes -= len(r.data) + len(r.partition_key) + len(r.meta)
+            self.data_bytes -= _size(r)
         self.room_wake.set()
 
     # --- the log --------------------------------------------------------------------------
@@ -403,14 +415,15 @@ class PartitionOwner:
                 if r.sn in wanted:
                     wanted.discard(r.sn)
                     if r.sn in state.entries and r.sn not in self.data:
-                        self.data[r.sn] = r
-                        self.data_bytes += len(r.data) + len(r.partition_key) + len(r.meta)
+                        self._keep(r)
             if not page.records or page.records[-1].sn >= max(sns):
                 break
             iterator = page.next_iterator
 
-    def settle(self, handle: Handle, op: str, visibility_s: int) -> tuple[HandleError | None, asyncio.Future[None]]:
-        """An ack, visibility change or restore; the future resolves once it is in the log."""
+    def settle(self, handle: Handle, op: str,
+               visibility_s: int) -> tuple[HandleError | None, asyncio.Future[None] | None]:
+        """An ack, visibility change or restore: (its error, None), or (None, a future that
+        resolves once it is in the log)."""
         self.check()
         state = self.state
         assert state is not None
@@ -422,11 +435,7 @@ class PartitionOwner:
         else:
             error, changes = state.restore(handle, now, self.queue.max_receive_count)
         self._record(changes)
-        if error is None:
-            return None, self._logged()
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
-        return error, fut
+        return (None, self._logged()) if error is None else (error, None)
 
     def _logged(self) -> asyncio.Future[None]:
         """Resolves once what changed so far is in the log (the next flush, at once)."""

@@ -12,7 +12,6 @@ waits up to `wait_ms` (long polling) for a partition to have records.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import Any
 
@@ -26,8 +25,6 @@ from queues.state import HandleError, parse_handle
 from sms import errors, limits, metadata, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import QueueInfo
-
-log = logging.getLogger(__name__)
 
 SETTLE_OPS = {"ack": False, "visibility": False, "ack_dead": True, "visibility_dead": True, "restore": True}
 
@@ -169,55 +166,56 @@ class QueueService(sms_pb2_grpc.QueuesServicer):
         results = [sms_pb2.QueueSettleResult() for _ in request.entries]
         waits: list[tuple[int, asyncio.Future[None]]] = []
         for i, entry in enumerate(request.entries):
-            result = results[i]
-            dead = SETTLE_OPS.get(entry.op)
-            if dead is None:
-                result.error_name, result.error_message = "InvalidArgument", \
-                    f"op {entry.op[:32]!r}; expected one of {', '.join(SETTLE_OPS)}"
-                continue
-            if entry.visibility_s > limits.QUEUE_VISIBILITY_S_MAX:
-                result.error_name, result.error_message = "InvalidArgument", \
-                    f"visibility timeout {entry.visibility_s} s; at most {limits.QUEUE_VISIBILITY_S_MAX}"
-                continue
-            try:
-                handle = parse_handle(entry.handle)
-            except errors.InvalidArgument as e:
-                result.error_name, result.error_message = e.name, e.message
-                continue
-            if handle.queue_uid != queue.uid:
-                result.error_name, result.error_message = HandleError.EXPIRED.value, \
-                    "the receipt handle is of another queue, or of this queue before it was made again"
-                continue
-            if handle.dead != dead:
-                result.error_name, result.error_message = HandleError.NOT_DEAD.value, \
-                    "a dead letter's handle is for the dead-letter calls, and only it" if handle.dead else \
-                    "the dead-letter calls take the handles of dead-letter receives"
-                continue
-            try:
-                owner = await self._owner(queue, handle.ordinal)
-                if owner is None:
-                    raise errors.WrongOwner(f"p{handle.ordinal:04d} of {auth.unqualify(queue.stream)!r} is not "
-                                            f"served here; refresh the stream's map")
-                if not owner.ready.is_set():
-                    await asyncio.wait_for(owner.ready.wait(), limits.RPC_TIMEOUT_S)
-                error, fut = owner.settle(handle, entry.op.removesuffix("_dead"), entry.visibility_s)
-            except (errors.SmsError, TimeoutError) as e:
-                named = e if isinstance(e, errors.SmsError) else errors.Unavailable("the queue's owner is not ready")
-                result.error_name, result.error_message = named.name, named.message
-                continue
-            if error is not None:
-                result.error_name = error.value
-                result.error_message = ("the record was received again, acknowledged or restored since this handle "
-                                        "was issued" if error is HandleError.EXPIRED else
-                                        "not a dead letter's handle")
+            outcome = await self._settle_one(queue, entry)
+            if isinstance(outcome, asyncio.Future):
+                waits.append((i, outcome))
             else:
-                waits.append((i, fut))
+                results[i].error_name, results[i].error_message = outcome
         for i, fut in waits:
             try:
                 await fut
             except errors.SmsError as e:       # (not in the log: the owner stopped; the caller retries)
                 results[i].error_name, results[i].error_message = e.name, e.message
         return sms_pb2.QueueSettleResponse(results=results)
+
+    async def _settle_one(self, queue: QueueInfo, entry) -> tuple[str, str] | asyncio.Future[None]:
+        """One entry of a Settle: its (error name, message), or a future that resolves once
+        its change is in the log."""
+        dead = SETTLE_OPS.get(entry.op)
+        if dead is None:
+            return "InvalidArgument", f"op {entry.op[:32]!r}; expected one of {', '.join(SETTLE_OPS)}"
+        if entry.visibility_s > limits.QUEUE_VISIBILITY_S_MAX:
+            return "InvalidArgument", (f"visibility timeout {entry.visibility_s} s; at most "
+                                       f"{limits.QUEUE_VISIBILITY_S_MAX}")
+        try:
+            handle = parse_handle(entry.handle)
+        except errors.InvalidArgument as e:
+            return e.name, e.message
+        if handle.queue_uid != queue.uid:
+            return (HandleError.EXPIRED.value,
+                    "the receipt handle is of another queue, or of this queue before it was made again")
+        if handle.dead != dead:
+            return HandleError.NOT_DEAD.value, ("a dead letter's handle is for the dead-letter calls, and only it"
+                                                if handle.dead else
+                                                "the dead-letter calls take the handles of dead-letter receives")
+        try:
+            owner = await self._owner(queue, handle.ordinal)
+            if owner is None:
+                raise errors.WrongOwner(f"p{handle.ordinal:04d} of {auth.unqualify(queue.stream)!r} is not "
+                                        f"served here; refresh the stream's map")
+            if not owner.ready.is_set():
+                await asyncio.wait_for(owner.ready.wait(), limits.RPC_TIMEOUT_S)
+            error, fut = owner.settle(handle, entry.op.removesuffix("_dead"), entry.visibility_s)
+        except TimeoutError:
+            return "Unavailable", "the queue's owner is not ready"
+        except errors.SmsError as e:
+            return e.name, e.message
+        if error is HandleError.EXPIRED:
+            return error.value, "the record was received again, acknowledged or restored since this handle was issued"
+        if error is not None:
+            return error.value, "not a dead letter's handle"
+        assert fut is not None
+        return fut
 
     def status(self) -> list[dict[str, Any]]:
         return [owner.status() for owner in self.owners.values()]

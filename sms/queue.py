@@ -107,6 +107,11 @@ def _handles(handles: Handles) -> list[str]:
     return out
 
 
+def _check_visibility(seconds: int) -> None:
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= limits.QUEUE_VISIBILITY_S_MAX:
+        raise errors.InvalidArgument(f"visibility_timeout_s {seconds!r}; expected 0..{limits.QUEUE_VISIBILITY_S_MAX}")
+
+
 def _ordinal_of(handle: str) -> int | None:
     try:
         return parse_handle(handle).ordinal
@@ -167,10 +172,8 @@ class Queue:
             raise errors.InvalidArgument(f"limit {limit!r}; expected 1..{limits.QUEUE_RECEIVE_RECORDS_MAX}")
         if not isinstance(wait_s, (int, float)) or not 0 <= wait_s <= limits.QUEUE_WAIT_S_MAX:
             raise errors.InvalidArgument(f"wait_s {wait_s!r}; expected 0..{limits.QUEUE_WAIT_S_MAX}")
-        if visibility_timeout_s is not None and (isinstance(visibility_timeout_s, bool) or not isinstance(
-                visibility_timeout_s, int) or not 0 <= visibility_timeout_s <= limits.QUEUE_VISIBILITY_S_MAX):
-            raise errors.InvalidArgument(f"visibility_timeout_s {visibility_timeout_s!r}; expected 0.."
-                                         f"{limits.QUEUE_VISIBILITY_S_MAX}")
+        if visibility_timeout_s is not None:
+            _check_visibility(visibility_timeout_s)
         deadline = time.monotonic() + wait_s
         refresh = False
         out: list[QueueRecord] = []
@@ -234,10 +237,7 @@ class Queue:
 
     async def _settle(self, handles: Handles, op: str, visibility_s: int = 0) -> SettleResult:
         texts = _handles(handles)
-        if isinstance(visibility_s, bool) or not isinstance(visibility_s, int) \
-                or not 0 <= visibility_s <= limits.QUEUE_VISIBILITY_S_MAX:
-            raise errors.InvalidArgument(f"visibility_timeout_s {visibility_s!r}; expected 0.."
-                                         f"{limits.QUEUE_VISIBILITY_S_MAX}")
+        _check_visibility(visibility_s)
         results: dict[int, tuple[str, str]] = {}
         todo = list(range(len(texts)))
         deadline = time.monotonic() + limits.QUEUE_CLIENT_RETRY_S
@@ -273,8 +273,9 @@ class Queue:
                 break
             refresh = True
             await asyncio.sleep(limits.QUEUE_POLL_INTERVAL_MS / 1000)
-        return SettleResult([texts[i] for i in range(len(texts)) if not results.get(i, ("",))[0]],
-                            [(texts[i], *results[i]) for i in range(len(texts)) if results.get(i, ("",))[0]])
+        # (every handle has its outcome from the first round: "" names no error)
+        return SettleResult([texts[i] for i in range(len(texts)) if not results[i][0]],
+                            [(texts[i], *results[i]) for i in range(len(texts)) if results[i][0]])
 
 
 _RETRIED = frozenset({"WrongOwner", "Unavailable", "Timeout"})

@@ -28,8 +28,7 @@ class Transport:
 
     def __init__(self, address: str, *, timeout_s: float = limits.RPC_TIMEOUT_S, ca_file: str | None = None,
                  cert_file: str | None = None, key_file: str | None = None, token: str | None = None,
-                 payloads: str = "inline", internal: bool = False,
-                 tls_config: security.TlsConfig | None = None,
+                 payloads: str = "inline", tls_config: security.TlsConfig | None = None,
                  cluster_ports: Callable[[], Awaitable[dict[str, str]]] | None = None) -> None:
         """A client of the nodes at `address`; no call is made until the first method.
 
@@ -44,14 +43,13 @@ class Transport:
                 PAYLOAD_INLINE_READ_BYTES_MAX; a larger one stays a reference), or
                 "reference", its reference; `Record.payload` names it either way and
                 `open_payload` streams it (docs/api.md, "Payloads by reference").
-            internal: a node's own client of its cluster (the queue owners' state logs,
-                docs/queues.md): `address` is a node's cluster port and `cert_file`/`key_file`
-                the node's certificate; every call goes to a node's cluster port, where the
-                certificate is the credential (no token) and stream names are stored names.
-            tls_config: the TLS to use, as bytes (a node's own, for `internal`), instead of
-                the files.
-            cluster_ports: `internal`'s map of each node's client port to its cluster port
-                (the node's own view of the cluster: clients are not told cluster ports).
+            tls_config: the TLS to use, as bytes, instead of the files (a node's own).
+            cluster_ports: makes this a node's own client of its cluster (the queue owners'
+                state logs, docs/queues.md): it gives each node's client port -> its cluster
+                port (the node's own view: clients are not told cluster ports), and every
+                call goes to a cluster port, where the node's certificate (`tls_config`) is
+                the credential (no token) and stream names are stored names. `address` is
+                then a node's cluster port.
 
         Raises:
             InvalidArgument: a TLS file that cannot be read, or another `payloads`."""
@@ -70,8 +68,7 @@ class Transport:
         self._cluster: ClusterInfo | None = None
         self._shunned: dict[str, float] = {}       # address -> until when discovery asks it last
         self._read_member: dict[tuple[str, int], int] = {}
-        self.internal = internal
-        self._cluster_ports: dict[str, str] = {}     # internal: a node's client port -> its cluster port
+        self._cluster_ports: dict[str, str] = {}     # a node's client port -> its cluster port (cluster_ports)
         self._ports_source = cluster_ports
 
     @property

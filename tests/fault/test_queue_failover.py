@@ -44,6 +44,7 @@ class History:
     acked_at: dict[str, float] = field(default_factory=dict)     # record id -> when its first ack returned ok
     ids: dict[str, bytes] = field(default_factory=dict)          # record id -> data
     deliveries: list[tuple[float, float, str]] = field(default_factory=list)   # (receive began, ended, record id)
+    last_receive_began: float = 0.0                              # of the last receive that returned, empty or not
     forgotten: dict[str, float] = field(default_factory=dict)    # record id -> when its holder "died"
     errors: list[str] = field(default_factory=list)
 
@@ -61,6 +62,7 @@ def _worker(cluster, name: str, stop: threading.Event, history: History) -> None
                 continue
             ended = time.monotonic()
             with history.lock:
+                history.last_receive_began = max(history.last_receive_began, began)
                 for r in got:
                     history.deliveries.append((began, ended, r.record_id))
                     history.ids[r.record_id] = r.data
@@ -104,7 +106,7 @@ def _producer(client, stream: str, history: History) -> None:
             batch = [b for b, r in zip(batch, result.records) if not r.ok]
         with history.lock:
             history.put.update(b"job-%d" % i for i in range(start, start + 100))
-        time.sleep(0.02)
+        time.sleep(0.02)            # (the load's pace: the producer still writes when the fault comes)
 
 
 def _queue_log_lines(cluster) -> list[str]:
@@ -186,8 +188,11 @@ def _trial(cluster, fault: str) -> None:
             wait_until(all_acked, DONE_WITHIN_S, f"every record acknowledged after the {fault}")
         except AssertionError:
             raise AssertionError(_diagnose(history, cluster, client)) from None
-        # long enough for anything acked to have come back, had it been going to
-        time.sleep(VISIBILITY_S + 1)
+        # the workers go on until a receive that began a visibility timeout after the last ack
+        # has returned: anything acknowledged would have come back by then, had it been going to
+        quiet_from = time.monotonic() + VISIBILITY_S + 1
+        wait_until(lambda: history.last_receive_began > quiet_from, DONE_WITHIN_S,
+                   "a receive begun a visibility timeout after the last ack")
         stop.set()
         for w in workers:
             w.join(30)
