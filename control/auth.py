@@ -97,7 +97,7 @@ STREAM_FIELDS = {
     "/sms.v1.Control/GroupState": "stream", "/sms.v1.Control/GroupWrite": "stream",
     "/sms.v1.Control/ListGroups": "stream", "/sms.v1.Control/ResetGroup": "stream",
     "/sms.v1.Control/DeleteGroup": "stream", "/sms.v1.Control/InitProducer": "stream",
-    "/sms.v1.Control/CreateQueue": "stream",
+    "/sms.v1.Control/CreateQueue": "stream", "/sms.v1.Control/CreateChannel": "stream",
 }
 # the calls that name a queue in a field, rewritten to its stored name (control/queues.py),
 # and those whose answer describes queues, shown without the prefix
@@ -108,6 +108,14 @@ QUEUE_FIELDS = {
 }
 QUEUE_ANSWERS = ("/sms.v1.Control/CreateQueue", "/sms.v1.Control/DescribeQueue", "/sms.v1.Control/UpdateQueue")
 LIST_QUEUES = "/sms.v1.Control/ListQueues"
+# the same for channels (control/channels.py)
+CHANNEL_FIELDS = {
+    "/sms.v1.Control/CreateChannel": "name", "/sms.v1.Control/DescribeChannel": "name",
+    "/sms.v1.Control/UpdateChannel": "name", "/sms.v1.Control/DeleteChannel": "name",
+}
+CHANNEL_ANSWERS = ("/sms.v1.Control/CreateChannel", "/sms.v1.Control/DescribeChannel",
+                   "/sms.v1.Control/UpdateChannel")
+LIST_CHANNELS = "/sms.v1.Control/ListChannels"
 ITERATOR_CALLS = ("/sms.v1.Retrieval/GetNextRecords", "/sms.v1.Retrieval/Subscribe")
 DESCRIPTION_CALLS = ("/sms.v1.Control/CreateStream", "/sms.v1.Control/DescribeStream",
                      "/sms.v1.Control/UpdateStream", "/sms.v1.Control/RepartitionStream")
@@ -131,7 +139,14 @@ def scope_request(principal: "Principal", method: str, request):
             raise InvalidArgument(f"queue name {str(name)[:80]!r}; expected [a-zA-Z0-9_.-]{{1,"
                                   f"{limits.QUEUE_NAME_CHARS_MAX}}}")
         setattr(request, queue_field, qualify(principal.tenant, name))
-    if method == LIST_QUEUES and request.stream:
+    channel_field = CHANNEL_FIELDS.get(method)
+    if channel_field is not None:
+        name = getattr(request, channel_field)
+        if not isinstance(name, str) or metadata.TENANT_SEP in name:
+            raise InvalidArgument(f"channel name {str(name)[:80]!r}; expected [a-zA-Z0-9_.-]{{1,"
+                                  f"{limits.CHANNEL_NAME_CHARS_MAX}}}")
+        setattr(request, channel_field, qualify(principal.tenant, name))
+    if method in (LIST_QUEUES, LIST_CHANNELS) and request.stream:
         metadata.validate_stream_name(request.stream, stored=False)
         request.stream = qualify(principal.tenant, request.stream)
     if field is not None:
@@ -158,6 +173,15 @@ def scope_request(principal: "Principal", method: str, request):
         return shown_errors
     if method in QUEUE_ANSWERS:
         return _queue_shown
+    if method in CHANNEL_ANSWERS:
+        return _queue_shown
+    if method == LIST_CHANNELS:
+        def channels_listed(answer):
+            kept = [c for c in answer.channels if principal.sees(unqualify(c.stream))]
+            del answer.channels[:]
+            answer.channels.extend(_queue_shown(c) for c in kept)
+            return answer
+        return channels_listed
     if method == LIST_QUEUES:
         def listed(answer):
             kept = [q for q in answer.queues if principal.sees(unqualify(q.stream))]
@@ -201,6 +225,9 @@ RIGHTS: dict[str, str] = {
     "/sms.v1.Control/CreateQueue": ADMIN, "/sms.v1.Control/UpdateQueue": ADMIN, "/sms.v1.Control/DeleteQueue": ADMIN,
     "/sms.v1.Control/DescribeQueue": DESCRIBE, "/sms.v1.Control/ListQueues": DESCRIBE,
     "/sms.v1.Queues/Receive": READ, "/sms.v1.Queues/Settle": READ,
+    "/sms.v1.Control/CreateChannel": ADMIN, "/sms.v1.Control/UpdateChannel": ADMIN,
+    "/sms.v1.Control/DeleteChannel": ADMIN,
+    "/sms.v1.Control/DescribeChannel": DESCRIBE, "/sms.v1.Control/ListChannels": DESCRIBE,
 }
 
 

@@ -21,16 +21,18 @@ from control import auth, repartition, revocation
 from control.phases import Kind
 from control.admin import StreamAdmin, changed_tags, validate_create
 from control.groups import Groups
+from control import channels as channel_defs
+from control.channels import Channels
 from control.queues import Queues, consumer_name, start_cursor
 from kernel import audit
 from metastore import producers
 from metastore.view import ClusterView, bounded
 from sms import convert, limits, metadata, seqno
-from sms.errors import (FailedPrecondition, InvalidArgument, InvalidStreamConfig, InvalidProducerId, InvalidSplitPoint, InvalidStreamName, QueueNotFound, SmsError,
+from sms.errors import (FailedPrecondition, InvalidArgument, InvalidStreamConfig, InvalidProducerId, InvalidSplitPoint, InvalidStreamName, QueueNotFound, ChannelNotFound, SmsError,
                         StreamInUse, StreamNotFound,
                         Unavailable)
 from sms.metadata import ConsumerRecord
-from sms.types import PartitionState
+from sms.types import ChannelDestination, PartitionState
 from sms.proto import sms_pb2, sms_pb2_grpc
 from kernel.rpc import rpc_errors
 from sms.rpc import to_sms_error
@@ -121,6 +123,22 @@ def _queue_pb(q) -> sms_pb2.QueueDescription:
                                     max_receive_count=q.max_receive_count, uid=f"{q.uid:x}")
 
 
+def _channel_pb(c) -> sms_pb2.ChannelDescription:
+    d = c.destination
+    return sms_pb2.ChannelDescription(
+        name=c.name, stream=c.stream, status=c.status.value, created_ms=c.created_ms,
+        destination=sms_pb2.ChannelDestination(kind=d.kind, url=d.url, compression=d.compression,
+                                               key_template=d.key_template, catalog_uri=d.catalog_uri,
+                                               warehouse=d.warehouse, namespace=d.namespace, table=d.table,
+                                               partition_by_hour=d.partition_by_hour),
+        data_freshness_s=c.data_freshness_s, start=c.start, record_format=c.record_format,
+        schema=[sms_pb2.ChannelColumn(name=n, type=t) for n, t in c.schema], dead_letter_url=c.dead_letter_url,
+        uid=f"{c.uid:x}", partitions=[sms_pb2.ChannelPartitionStatus(
+            ordinal=p.ordinal, position=p.position, last_commit_ms=p.last_commit_ms, records=p.records,
+            files=p.files, dead_letters=p.dead_letters, node=p.node, error=p.error, lag_ms=p.lag_ms)
+            for p in c.partitions])
+
+
 class ControlService(sms_pb2_grpc.ControlServicer):
     def __init__(self, view: ClusterView, admin: StreamAdmin | None, control_role: bool = False):
         self.view = view
@@ -129,6 +147,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         self.storage_service = None         # storage.service.StorageService of this process, if it stores
         self.groups = Groups(view.store, view)
         self.queues = Queues(view.store, view)
+        self.channels = Channels(view.store, view)     # (node/server.py sets its defaults: catalog, warehouse)
 
     # --- credentials (control/auth.py; the guard lets admin keys only call these) --------
     @rpc_errors
@@ -296,6 +315,67 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         await self.queues.delete(request.name, drop_log=self._drop_queue_log)
         return sms_pb2.Empty()
 
+    # --- channels (control/channels.py, docs/channels.md): any node answers ------------------
+    @rpc_errors
+    @audited(audit.CHANNEL_CREATE, _named("name"))
+    async def CreateChannel(self, request, context):
+        admin = self._admin()                 # (it registers the channel as a consumer of its stream)
+
+        async def register(channel) -> None:
+            view = await self.view.stream(channel.stream, max_age_s=0)
+            start = seqno.lower_bound_for_time(channel.created_ms) if channel.start == "LATEST" else 0
+            await admin.update_consumer(channel.stream, channel_defs.consumer_name(channel), {
+                e.ordinal: seqno.highest_below(start, e.ordinal) for e in view.map.entries} if start else {})
+
+        d = request.destination
+        destination = ChannelDestination(kind=d.kind, url=d.url, compression=d.compression,
+                                         key_template=d.key_template, catalog_uri=d.catalog_uri,
+                                         warehouse=d.warehouse, namespace=d.namespace, table=d.table,
+                                         partition_by_hour=d.partition_by_hour)
+        channel = await self.channels.create(
+            request.name, request.stream, destination, start=request.start,
+            data_freshness_s=request.data_freshness_s if request.HasField("data_freshness_s") else None,
+            record_format=request.record_format, schema=[(c.name, c.type) for c in request.schema],
+            dead_letter_url=request.dead_letter_url, register=register)
+        return _channel_pb(channel)
+
+    async def _deregister_channel(self, channel) -> None:
+        try:
+            await self._admin().update_consumer(channel.stream, channel_defs.consumer_name(channel), {}, remove=True)
+        except StreamNotFound:
+            pass
+
+    @rpc_errors
+    async def DescribeChannel(self, request, context):
+        channel = await self.channels.describe(request.name)
+        caller = auth.CURRENT.get()
+        if caller is not None and not caller.sees(auth.unqualify(channel.stream)):
+            raise ChannelNotFound(f"channel {request.name!r} does not exist")
+        return _channel_pb(channel)
+
+    @rpc_errors
+    async def ListChannels(self, request, context):
+        caller = auth.CURRENT.get()
+        tenant = caller.tenant if caller is not None else metadata.DEFAULT_TENANT
+        if request.stream:
+            metadata.validate_stream_name(request.stream)
+        return sms_pb2.ListChannelsResponse(channels=[_channel_pb(c) for c in
+                                                      await self.channels.list(tenant, request.stream)])
+
+    @rpc_errors
+    @audited(audit.CHANNEL_UPDATE, _named("name"))
+    async def UpdateChannel(self, request, context):
+        await self.channels.update(request.name, request.data_freshness_s
+                                   if request.HasField("data_freshness_s") else None)
+        return _channel_pb(await self.channels.describe(request.name))
+
+    @rpc_errors
+    @audited(audit.CHANNEL_DELETE, _named("name"))
+    async def DeleteChannel(self, request, context):
+        self._admin()
+        await self.channels.delete(request.name, deregister=self._deregister_channel)
+        return sms_pb2.Empty()
+
     # --- producer epochs (metastore/producers.py): any node answers ---------------------------
     @rpc_errors
     async def InitProducer(self, request, context):
@@ -374,6 +454,10 @@ class ControlService(sms_pb2_grpc.ControlServicer):
                               "first")
         if metadata.is_queue_state(request.name):
             raise InvalidArgument(f"stream {request.name!r} is a queue's state log: delete the queue instead")
+        channels = await self.channels.on_stream(request.name)
+        if channels:
+            raise StreamInUse(f"stream {request.name!r} has channels ({', '.join(c.name for c in channels)}): delete "
+                              "them first")
         await admin.delete_stream(request.name)
         return sms_pb2.Empty()
 

@@ -66,6 +66,7 @@ CERTIFICATE_REVOKE = "certificate.revoke"
 NODE_DRAIN, NODE_UNDRAIN, NODE_REMOVE = "node.drain", "node.undrain", "node.remove"
 GROUP_RESET, GROUP_DELETE = "group.reset", "group.delete"
 QUEUE_CREATE, QUEUE_UPDATE, QUEUE_DELETE = "queue.create", "queue.update", "queue.delete"
+CHANNEL_CREATE, CHANNEL_UPDATE, CHANNEL_DELETE = "channel.create", "channel.update", "channel.delete"
 AUTH_REFUSED = "auth.refused"              # no credential, or a malformed, unknown, revoked or wrong one
 AUTH_DENIED = "auth.denied"                # a credential without the right (or a certificate that is not a node's)
 REPLICATION_REFUSED = "replication.refused"    # a hello from a node that is not the chain's predecessor

@@ -121,6 +121,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("queues.snapshot_interval_s", float, limits.QUEUE_SNAPSHOT_INTERVAL_S,
             "... or this long, when anything changed (keep it well under the stream's retention)",
             "QUEUE_SNAPSHOT_INTERVAL_S", 0.1, 86_400.0),
+    Setting("channels.catalog_uri", str, "",
+            "the Iceberg catalog of channels that name none: sqlite:////shared/path.db or an http(s):// REST "
+            "catalog, the same on every node (default: sqlite under this node's data directory; `sms up`: the "
+            "cluster's)", "CHANNEL_CATALOG_URI"),
+    Setting("channels.warehouse", str, "",
+            "... and its warehouse: file:///shared/dir or s3://bucket/prefix", "CHANNEL_WAREHOUSE"),
     Setting("retention.check_interval_s", float, limits.RETENTION_CHECK_INTERVAL_S,
             "nodes apply retention this often", "RETENTION_CHECK_INTERVAL_S", 0.1, 3600.0),
     Setting("replication.compression", str, limits.REPLICATION_COMPRESSION,

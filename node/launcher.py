@@ -237,6 +237,9 @@ class LocalCluster:
         env = {**os.environ, logs.ENV_FILE: logfile}
         if not env.get(ENV_MASTER_KEY_FILE) and not env.get(encryption.ENV_MASTER_KEY):
             env[ENV_MASTER_KEY_FILE] = self.master_key_file      # (the cluster's own, made at start)
+        # channels that name no Iceberg catalog share the cluster's (docs/channels.md)
+        env.setdefault("SMS_CHANNELS_CATALOG_URI", f"sqlite:///{self.data_dir}/channels/catalog.db")
+        env.setdefault("SMS_CHANNELS_WAREHOUSE", f"file://{self.data_dir}/channels/warehouse")
         with os.fdopen(os.open(_out_file(logfile), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
             node.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=bool(self.launcher_pid), env=env)

@@ -54,7 +54,7 @@ class NodeCollector:
     leader every chain."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, node_id: str, roles: tuple[str, ...], data_dir: str,
-                 storage=None, ingestion=None, view=None, is_leader=lambda: False, groups=None, queues=None):
+                 storage=None, ingestion=None, view=None, is_leader=lambda: False, groups=None, queues=None, channels=None):
         self.loop = loop
         self.node_id = node_id
         self.roles = roles
@@ -65,6 +65,7 @@ class NodeCollector:
         self.is_leader = is_leader
         self.groups = groups          # control/groups.py: consumer groups' and SPS stages' leases
         self.queues = queues          # queues/service.py: the owners of queues' partitions here
+        self.channels = channels      # delivery/manager.py: the channel workers here
         self._lag: tuple[float, list] | None = None     # (when, the consumer lag families)
 
     def describe(self):
@@ -101,6 +102,8 @@ class NodeCollector:
             out += self._ingestion()
         if self.queues is not None:
             out += self._queues()
+        if self.channels is not None:
+            out += self._channels()
         if self.view is not None and self.is_leader():
             out += await self._chains()
         return out
@@ -265,6 +268,36 @@ class NodeCollector:
                 records.add_metric(values + [state], st[state])
             oldest.add_metric(values, max(0.0, (now_ms - st["oldest_ms"]) / 1000) if st["oldest_ms"] else 0.0)
         return [records, oldest]
+
+    def _channels(self) -> list:
+        """Each channel partition worked on here (on the partition's head): how far its
+        destination is behind, what it delivered, and whether it is failing
+        (docs/channels.md)."""
+        labels = ["channel", "stream", "partition"]
+        lag = GaugeMetricFamily("sms_channel_lag_seconds", "How far a channel's destination is behind its "
+                                "partition: the oldest record read and not committed, or the stream's lag",
+                                labels=labels)
+        records = CounterMetricFamily("sms_channel_records", "Records a channel delivered into its destination",
+                                      labels=labels)
+        commits = CounterMetricFamily("sms_channel_commits", "Commits (files, table appends) of a channel",
+                                      labels=labels)
+        dead = CounterMetricFamily("sms_channel_dead_letters", "Records of a channel that did not parse",
+                                   labels=labels)
+        failures = CounterMetricFamily("sms_channel_failures", "Failed attempts of a channel's worker since it "
+                                       "started here (each retried)", labels=labels)
+        last = GaugeMetricFamily("sms_channel_last_commit_timestamp_seconds", "When a channel last committed a "
+                                 "partition's records (0: not yet)", labels=labels)
+        failing = GaugeMetricFamily("sms_channel_failing", "1 while a channel's last attempt failed", labels=labels)
+        for st in self.channels.status():
+            values = [st["channel"], st["stream"], partition_id(st["ordinal"])]
+            lag.add_metric(values, st["lag_s"])
+            records.add_metric(values, st["records"])
+            commits.add_metric(values, st["commits"])
+            dead.add_metric(values, st["dead_letters"])
+            failures.add_metric(values, st["failures"])
+            last.add_metric(values, st["last_commit_ms"] / 1000)
+            failing.add_metric(values, 1 if st["error"] else 0)
+        return [lag, records, commits, dead, failures, last, failing]
 
     async def _chains(self) -> list:
         labels = ["stream", "partition"]

@@ -130,6 +130,7 @@ class _Node:
         self.background: set[asyncio.Task] = set()
         self.keys = self.revoked = None
         self.storage = self.ingestion = self.retrieval = self.election = self.queues = None
+        self.deliveries = None
         self.registrations: list[tuple[str, bytes]] = []
         self.kinesis_address = ""
         self.kinesis_task: asyncio.Task | None = None
@@ -204,6 +205,10 @@ class _Node:
         from sms.proto import sms_pb2_grpc
         roles = self.roles
         self.control = ControlService(self.view, None, control_role="control" in roles)
+        here = os.path.abspath(self.data_dir)
+        self.control.channels.defaults = {       # (docs/channels.md: one catalog for every node)
+            "catalog_uri": limits.CHANNEL_CATALOG_URI or f"sqlite:///{here}/channels/catalog.db",
+            "warehouse": limits.CHANNEL_WAREHOUSE or f"file://{here}/channels/warehouse"}
         for srv in self.servers:          # (the cluster port serves its discovery reads only: node/tls.py)
             sms_pb2_grpc.add_ControlServicer_to_server(self.control, srv)
         self.health = NodeHealth(("control",) + tuple(r for r in ("storage", "ingestion", "retrieval") if r in roles))
@@ -238,6 +243,12 @@ class _Node:
             self.queues.start()
             for srv in self.servers:
                 sms_pb2_grpc.add_QueuesServicer_to_server(self.queues, srv)
+            # the workers of channels' partitions whose head is here (docs/channels.md)
+            from delivery.manager import ChannelManager
+            self.deliveries = ChannelManager(self.node_id, self.view, aio.Client(
+                self.cluster_address or self.address, ca_file="", token="", tls_config=self.tls,
+                cluster_ports=cluster_ports))
+            self.deliveries.start()
         if "retrieval" in roles:
             from retrieval.service import RetrievalService
             from sms.tokens import TokenCodec
@@ -296,7 +307,7 @@ class _Node:
         self.collector = NodeCollector(self.loop, self.node_id, self.roles, self.data_dir, storage=self.storage,
                                        ingestion=self.ingestion, view=self.view,
                                        is_leader=lambda: control.admin is not None, groups=control.groups,
-                                       queues=self.queues)
+                                       queues=self.queues, channels=self.deliveries)
         keys = self.keys if self.tls is not None else None
         console = (Console(self.loop, self.node_id, self.view, control.groups,
                            is_leader=lambda: control.admin is not None, keys=keys)
@@ -437,6 +448,8 @@ class _Node:
         await asyncio.to_thread(stop_metrics, self.metrics_server, self.collector)
         if self.revoked is not None:
             await self.revoked.close()
+        if self.deliveries is not None:
+            await self.deliveries.close()
         if self.queues is not None:
             await self.queues.close()
         if self.ingestion is not None:

@@ -19,7 +19,7 @@ from sms.queue import Handles, Queue, QueueRecord, SettleResult
 from sms.limits import AUDIT_READ_EVENTS_MAX
 from sms.consumer import SyncGroupConsumer
 from sms.payloads import PayloadReader, PayloadRef
-from sms.types import (ClusterInfo, GetRecordBatchResult, GetRecordsResult, Headers, IteratorType, NodeLoad, QueueInfo,
+from sms.types import (ChannelInfo, ClusterInfo, GetRecordBatchResult, GetRecordsResult, Headers, IteratorType, NodeLoad, QueueInfo,
                        PartitionInfo, PutRecordResult, PutRecordsResult, Record, RecordInput, StreamInfo)
 
 if TYPE_CHECKING:
@@ -412,6 +412,33 @@ class Client:
     def delete_queue(self, name: str) -> None:
         """Raises QueueNotFound."""
         return self._run(self._aio.delete_queue(name))
+
+    # --- channels (docs/channels.md) -----------------------------------------------------
+    def create_channel(self, stream: str, name: str, destination: Any, *, data_freshness_s: int | None = None,
+                       starting_position: str = "TRIM_HORIZON", record_format: str = "BYTES",
+                       schema: Any = (), dead_letter_url: str = "") -> ChannelInfo:
+        """A channel delivering `stream` into files or an Iceberg table; as
+        `sms.aio.Client.create_channel`.
+
+        Raises:
+            ChannelAlreadyExists, StreamNotFound, InvalidArgument, LimitExceeded."""
+        return self._run(self._aio.create_channel(stream, name, destination, data_freshness_s=data_freshness_s,
+                                                  starting_position=starting_position, record_format=record_format,
+                                                  schema=schema, dead_letter_url=dead_letter_url))
+
+    def describe_channel(self, name: str) -> ChannelInfo:
+        """The channel with each partition's progress. Raises ChannelNotFound."""
+        return self._run(self._aio.describe_channel(name))
+
+    def list_channels(self, stream: str = "") -> list[ChannelInfo]:
+        return self._run(self._aio.list_channels(stream))
+
+    def update_channel(self, name: str, *, data_freshness_s: int | None = None) -> ChannelInfo:
+        return self._run(self._aio.update_channel(name, data_freshness_s=data_freshness_s))
+
+    def delete_channel(self, name: str) -> None:
+        """Raises ChannelNotFound."""
+        return self._run(self._aio.delete_channel(name))
 
     def queue(self, name: str) -> "SyncQueue":
         """A worker's handle on the queue `name` (sms/queue.py): receive, ack,

@@ -75,12 +75,21 @@ class QueueNotFound(SmsError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class ChannelNotFound(SmsError):
+    """No channel of that name (docs/channels.md)."""
+    code = grpc.StatusCode.NOT_FOUND
+
+
 # ALREADY_EXISTS
 class StreamAlreadyExists(SmsError):
     code = grpc.StatusCode.ALREADY_EXISTS
 
 
 class QueueAlreadyExists(SmsError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class ChannelAlreadyExists(SmsError):
     code = grpc.StatusCode.ALREADY_EXISTS
 
 

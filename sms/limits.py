@@ -547,3 +547,26 @@ QUEUE_LOG_LINGER_MS = 5                  # ... a write a call waits for lingers 
 QUEUE_OWNER_LEASE_S = 2.0                # a queue owner answers receives before their write for so long after a write
                                          # of its began; a new owner waits it out before it serves
 relation("QUEUE_LOG_FLUSH_MS / 1000 < QUEUE_OWNER_LEASE_S")
+
+# --- channels: a stream delivered into Parquet files or an Iceberg table (delivery/, docs/channels.md)
+CHANNEL_NAME_CHARS_MAX = 128             # (as the Kinesis model)
+CHANNELS_PER_STREAM_MAX = 20             # (each is one of the stream's registered consumers)
+CHANNELS_MAX = 1000                      # channels in a cluster
+CHANNEL_FRESHNESS_S_DEFAULT = 60         # a record reaches the destination within about this (Kinesis's default: 900)
+CHANNEL_FRESHNESS_S_MIN = 1
+CHANNEL_FRESHNESS_S_MAX = 900            # (as the Kinesis model)
+CHANNEL_FILE_RECORDS_MAX = 1_000_000     # one commit (one Parquet file, one Iceberg append) holds at most this ...
+CHANNEL_FILE_BYTES_MAX = 64 * 1024 * 1024   # ... and about this much data; a full buffer commits at once
+CHANNEL_READ_RECORDS = 10_000            # a worker reads its partition this many records a page
+CHANNEL_READ_WAIT_MS = 500               # ... long-polling this long when caught up
+CHANNEL_CHECK_S = 1.0                    # a node looks this often for channel partitions whose head it is (or was)
+CHANNEL_RETRY_S = 1.0                    # a worker whose destination or stream failed tries again after this ...
+CHANNEL_RETRY_S_MAX = 30.0               # ... doubling up to this
+CHANNEL_STATUS_INTERVAL_S = 1.0          # a worker records its partition's progress at most this often
+CHANNEL_RESUME_PROBES_MAX = 10_000       # commits a worker finds in the destination beyond its recorded progress
+CHANNEL_TEMPLATE_CHARS_MAX = 512         # a files destination's key template
+CHANNEL_SCHEMA_COLUMNS_MAX = 256         # columns of a JSON channel's schema
+CHANNEL_COMMIT_ATTEMPTS_MAX = 20         # an Iceberg commit that meets a concurrent one (another partition's) tries again this often
+CHANNEL_CATALOG_URI = ""                 # the Iceberg catalog of channels that name none ("": under the node's data directory)
+CHANNEL_WAREHOUSE = ""                   # ... its warehouse
+CHANNEL_STORE_TIMEOUT_S = 60.0           # one write to the destination (a file, a commit) gives up after this

@@ -41,6 +41,7 @@ KEYS = "/keys"              # credentials (control/auth.py): one child per key, 
 TENANTS = "/tenants"        # tenants besides "default" (control/auth.py), one child each
 TENANT_SEP = "~"            # a tenant's stream "orders" is stored as "<tenant>~orders" ("default": "orders")
 QUEUES = "/queues"          # queues on streams (control/queues.py), one child each by stored name
+CHANNELS = "/channels"      # channels of streams (control/channels.py), one child each by stored name
 SUSPECTS = "/suspects"      # storage nodes report peers that refused connections (control/detector.py)
 
 _STREAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,%d}" % limits.STREAM_NAME_CHARS_MAX)
@@ -173,6 +174,16 @@ def producer_path(name: str, producer_id: bytes) -> str:
 def queue_path(name: str) -> str:
     """A queue's entry (control/queues.py): its stored name, a tenant's prefix in front."""
     return f"{QUEUES}/{name}"
+
+
+def channel_path(name: str) -> str:
+    """A channel's entry (control/channels.py): its stored name, a tenant's prefix in front;
+    its partitions' progress are children of it (channel_partition_path)."""
+    return f"{CHANNELS}/{name}"
+
+
+def channel_partition_path(name: str, ordinal: int) -> str:
+    return f"{CHANNELS}/{name}/p{ordinal:04d}"
 
 
 QUEUE_STATE_PREFIX = "queue-state."    # the state log of a queue (docs/queues.md): no one else's stream name

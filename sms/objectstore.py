@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from sms import limits
 from sms.errors import ArchiveUnavailable, FragmentMissing, InvalidArgument, InvalidStreamConfig
 
-_CHARS = "[A-Za-z0-9_.~/-]"
+_CHARS = "[A-Za-z0-9_.~/=-]"
 _NAME = re.compile(f"{_CHARS}+")
 _TEMP = re.compile(r"\..*\.tmp-[0-9a-f]{16}")                # a file store's `.NAME.tmp-<random>`
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")   # S3's rules for a bucket's name
@@ -97,6 +97,11 @@ class FragmentStore(abc.ABC):
     def put(self, name: str, data: bytes) -> None: ...
 
     @abc.abstractmethod
+    def put_new(self, name: str, data: bytes) -> bool:
+        """Put `data` as `name` unless an object of that name exists: True if it was put,
+        False (and nothing changed) if one was there. Atomic: of two callers, one wins."""
+
+    @abc.abstractmethod
     def get(self, name: str) -> bytes: ...
 
     @abc.abstractmethod
@@ -155,6 +160,12 @@ class FileStore(FragmentStore):
             _fsync_dir(os.path.dirname(made))
 
     def put(self, name: str, data: bytes) -> None:
+        self._put(name, data, replace=True)
+
+    def put_new(self, name: str, data: bytes) -> bool:
+        return self._put(name, data, replace=False)
+
+    def _put(self, name: str, data: bytes, replace: bool) -> bool:
         path = self._path(check_name(name))
         directory, base = os.path.split(path)
         temp = os.path.join(directory, f".{base}.tmp-{secrets.token_hex(8)}")
@@ -174,8 +185,17 @@ class FileStore(FragmentStore):
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(temp, path)
+            if replace:
+                os.replace(temp, path)
+            else:
+                try:
+                    os.link(temp, path)             # (fails when the name exists: of two writers, one wins)
+                except FileExistsError:
+                    os.unlink(temp)
+                    return False
+                os.unlink(temp)
             _fsync_dir(directory)
+            return True
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
@@ -282,6 +302,18 @@ class S3Store(FragmentStore):
     def put(self, name: str, data: bytes) -> None:
         with self._calling("put", name):
             self._client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
+
+    def put_new(self, name: str, data: bytes) -> bool:
+        try:
+            with self._calling("put", name):
+                self._client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, IfNoneMatch="*")
+            return True
+        except ArchiveUnavailable as e:
+            cause = e.__cause__
+            code = getattr(cause, "response", {}).get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                return False                # (a conflict: another writer's put of the name won, or is winning)
+            raise
 
     def get(self, name: str) -> bytes:
         with self._calling("get", name):

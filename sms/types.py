@@ -435,3 +435,64 @@ class QueueInfo:
     visibility_s: int
     max_receive_count: int
     uid: int
+
+
+class ChannelStatus(str, enum.Enum):
+    ACTIVE = "ACTIVE"
+    DELETING = "DELETING"
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelDestination:
+    """Where a channel delivers (docs/channels.md). `kind` FILES: Parquet files under `url`
+    (file:///dir or s3://bucket/prefix), named by `key_template`, compressed by
+    `compression` (NONE, GZIP, ZSTD). `kind` ICEBERG: the table `namespace`.`table` of the
+    catalog at `catalog_uri` (sqlite:///path.db or an http(s):// REST catalog), files
+    under `warehouse`; compression NONE, ZSTD or SNAPPY; `partition_by_hour`: the table is
+    partitioned by the hour of arrival_time."""
+    kind: str
+    url: str = ""
+    compression: str = "ZSTD"
+    key_template: str = ""
+    catalog_uri: str = ""
+    warehouse: str = ""
+    namespace: str = ""
+    table: str = ""
+    partition_by_hour: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelPartition:
+    """A partition's delivery by a channel: `position` the SN of the last record delivered
+    ("" none yet, SHARD_END: a closed partition delivered to its end), when it last
+    committed, how many records it has delivered, the node working on it and its last
+    error ("" when the last attempt succeeded)."""
+    ordinal: int
+    position: str = ""
+    last_commit_ms: int = 0
+    records: int = 0
+    files: int = 0
+    dead_letters: int = 0
+    node: str = ""
+    error: str = ""
+    lag_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelInfo:
+    """A channel: a stream delivered into files or an Iceberg table (docs/channels.md).
+    `record_format` BYTES (the data column as it is) or JSON (data parsed into the columns
+    of `schema`, a tuple of (name, type); records that do not parse go to
+    `dead_letter_url`). `uid`: the channel's id (its registered consumer's name)."""
+    name: str
+    stream: str
+    status: ChannelStatus
+    created_ms: int
+    destination: ChannelDestination
+    data_freshness_s: int
+    start: str                     # TRIM_HORIZON or LATEST
+    record_format: str = "BYTES"
+    schema: tuple[tuple[str, str], ...] = ()
+    dead_letter_url: str = ""
+    uid: int = 0
+    partitions: tuple[ChannelPartition, ...] = ()

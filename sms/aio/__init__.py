@@ -16,13 +16,13 @@ the ones before it: `transport` (options, channels, discovery, the calls the oth
 from __future__ import annotations
 
 from sms.aio.admin import TENANT_LIMITS
-from sms.aio.queues import Queues
+from sms.aio.channels import Channels
 from sms.aio.writes import _encode_puts
 
 __all__ = ["TENANT_LIMITS", "Client", "_encode_puts"]
 
 
-class Client(Queues):
+class Client(Channels):
     """A client of the cluster at `address` ("host:port[,host:port...]", any nodes).
 
     TLS (docs/security.md): `ca_file` is the cluster CA's certificate to trust, and

@@ -210,6 +210,31 @@ class ControlStub:
                 request_serializer=sms_dot_proto_dot_sms__pb2.QueueRequest.SerializeToString,
                 response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
                 _registered_method=True)
+        self.CreateChannel = channel.unary_unary(
+                '/sms.v1.Control/CreateChannel',
+                request_serializer=sms_dot_proto_dot_sms__pb2.CreateChannelRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.ChannelDescription.FromString,
+                _registered_method=True)
+        self.DescribeChannel = channel.unary_unary(
+                '/sms.v1.Control/DescribeChannel',
+                request_serializer=sms_dot_proto_dot_sms__pb2.ChannelRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.ChannelDescription.FromString,
+                _registered_method=True)
+        self.ListChannels = channel.unary_unary(
+                '/sms.v1.Control/ListChannels',
+                request_serializer=sms_dot_proto_dot_sms__pb2.ListChannelsRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.ListChannelsResponse.FromString,
+                _registered_method=True)
+        self.UpdateChannel = channel.unary_unary(
+                '/sms.v1.Control/UpdateChannel',
+                request_serializer=sms_dot_proto_dot_sms__pb2.UpdateChannelRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.ChannelDescription.FromString,
+                _registered_method=True)
+        self.DeleteChannel = channel.unary_unary(
+                '/sms.v1.Control/DeleteChannel',
+                request_serializer=sms_dot_proto_dot_sms__pb2.ChannelRequest.SerializeToString,
+                response_deserializer=sms_dot_proto_dot_sms__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -447,6 +472,37 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateChannel(self, request, context):
+        """channels: a stream delivered into files or an Iceberg table (control/channels.py, docs/channels.md)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeChannel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListChannels(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateChannel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteChannel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -623,6 +679,31 @@ def add_ControlServicer_to_server(servicer, server):
             'DeleteQueue': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteQueue,
                     request_deserializer=sms_dot_proto_dot_sms__pb2.QueueRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
+            ),
+            'CreateChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateChannel,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.CreateChannelRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.ChannelDescription.SerializeToString,
+            ),
+            'DescribeChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeChannel,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.ChannelRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.ChannelDescription.SerializeToString,
+            ),
+            'ListChannels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListChannels,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.ListChannelsRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.ListChannelsResponse.SerializeToString,
+            ),
+            'UpdateChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateChannel,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.UpdateChannelRequest.FromString,
+                    response_serializer=sms_dot_proto_dot_sms__pb2.ChannelDescription.SerializeToString,
+            ),
+            'DeleteChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteChannel,
+                    request_deserializer=sms_dot_proto_dot_sms__pb2.ChannelRequest.FromString,
                     response_serializer=sms_dot_proto_dot_sms__pb2.Empty.SerializeToString,
             ),
     }
@@ -1571,6 +1652,141 @@ class Control:
             target,
             '/sms.v1.Control/DeleteQueue',
             sms_dot_proto_dot_sms__pb2.QueueRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/CreateChannel',
+            sms_dot_proto_dot_sms__pb2.CreateChannelRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.ChannelDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/DescribeChannel',
+            sms_dot_proto_dot_sms__pb2.ChannelRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.ChannelDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListChannels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/ListChannels',
+            sms_dot_proto_dot_sms__pb2.ListChannelsRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.ListChannelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/UpdateChannel',
+            sms_dot_proto_dot_sms__pb2.UpdateChannelRequest.SerializeToString,
+            sms_dot_proto_dot_sms__pb2.ChannelDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sms.v1.Control/DeleteChannel',
+            sms_dot_proto_dot_sms__pb2.ChannelRequest.SerializeToString,
             sms_dot_proto_dot_sms__pb2.Empty.FromString,
             options,
             channel_credentials,

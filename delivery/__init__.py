@@ -1,0 +1,1 @@
+"""Channels: streams delivered into Parquet files or Iceberg tables (docs/channels.md)."""

@@ -1,0 +1,91 @@
+"""A node's channel workers (docs/channels.md): every CHANNEL_CHECK_S it looks at each
+channel's stream and runs a `PartitionWorker` for each partition whose chain head it is,
+and stops those whose partition's head moved away or whose channel was deleted. Channel
+work is spread as the chains' heads are (the control plane balances them over the nodes),
+and moves with them; the destinations' commits keep a moved partition from being written
+twice (delivery/destinations.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from control.channels import from_bytes as channel_from_bytes
+from delivery.worker import PartitionWorker
+from kernel.aiotools import cancel_and_wait
+from metastore import NoNodeError
+from metastore.view import ClusterView
+from sms import errors, limits, metadata
+from sms.types import ChannelInfo
+
+log = logging.getLogger("sms.channels")
+
+
+class ChannelManager:
+    def __init__(self, node_id: str, view: ClusterView, client: Any) -> None:
+        self.node_id = node_id
+        self.view = view
+        self.client = client
+        self.workers: dict[tuple[str, int, int], PartitionWorker] = {}
+        self.finished: set[tuple[str, int, int]] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="channel-workers")
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._task)
+        for worker in list(self.workers.values()):
+            await worker.close()
+        self.workers.clear()
+        await self.client.close()
+
+    async def _channels(self) -> list[ChannelInfo]:
+        try:
+            names = await self.view.store.children(metadata.CHANNELS)
+        except NoNodeError:
+            return []
+        out = []
+        for name in names:
+            entry = await self.view.store.get(metadata.channel_path(name))
+            if entry is not None:
+                out.append(channel_from_bytes(entry.value))
+        return out
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.check()
+            except errors.SmsError as e:          # (the metadata store is away: look again later)
+                log.info("channel workers: %s: %s", e.name, e.message)
+            await asyncio.sleep(limits.CHANNEL_CHECK_S)
+
+    async def check(self) -> None:
+        wanted: dict[tuple[str, int, int], tuple[ChannelInfo, int]] = {}
+        for channel in await self._channels():
+            try:
+                view = await self.view.stream(channel.stream)
+            except errors.StreamNotFound:
+                continue
+            for ordinal, chain in view.chains.items():
+                if chain.head == self.node_id:
+                    wanted[(channel.name, channel.uid, ordinal)] = (channel, ordinal)
+        for key, worker in list(self.workers.items()):
+            if key not in wanted or worker.done:
+                del self.workers[key]
+                if worker.ended:
+                    self.finished.add(key)
+                await worker.close()
+            elif wanted[key][0].data_freshness_s != worker.channel.data_freshness_s:
+                worker.channel = wanted[key][0]           # (a new freshness: from the next buffer on)
+        for key, (channel, ordinal) in wanted.items():
+            if key in self.workers or key in self.finished:
+                continue
+            worker = self.workers[key] = PartitionWorker(channel, ordinal, self.client, self.view, self.node_id)
+            worker.start()
+        self.finished &= set(wanted)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [w.status() for w in self.workers.values()]

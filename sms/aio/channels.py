@@ -1,0 +1,104 @@
+"""The asyncio client's channels (docs/channels.md): create, describe, list, update, delete."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sms import errors
+from sms.aio.queues import Queues
+from sms.proto import sms_pb2
+from sms.types import ChannelDestination, ChannelInfo, ChannelPartition, ChannelStatus
+
+
+def channel_from_pb(pb: sms_pb2.ChannelDescription) -> ChannelInfo:
+    d = pb.destination
+    return ChannelInfo(
+        name=pb.name, stream=pb.stream, status=ChannelStatus(pb.status), created_ms=pb.created_ms,
+        destination=ChannelDestination(kind=d.kind, url=d.url, compression=d.compression, key_template=d.key_template,
+                                       catalog_uri=d.catalog_uri, warehouse=d.warehouse, namespace=d.namespace,
+                                       table=d.table, partition_by_hour=d.partition_by_hour),
+        data_freshness_s=pb.data_freshness_s, start=pb.start, record_format=pb.record_format,
+        schema=tuple((c.name, c.type) for c in pb.schema), dead_letter_url=pb.dead_letter_url, uid=int(pb.uid, 16),
+        partitions=tuple(ChannelPartition(ordinal=p.ordinal, position=p.position, last_commit_ms=p.last_commit_ms,
+                                          records=p.records, files=p.files, dead_letters=p.dead_letters, node=p.node,
+                                          error=p.error, lag_ms=p.lag_ms) for p in pb.partitions))
+
+
+def destination(spec: str | Mapping[str, Any] | ChannelDestination) -> ChannelDestination:
+    """A destination from a url (`file:///dir`, `s3://bucket/prefix`: Parquet files;
+    `iceberg://namespace.table`: a table of the cluster's catalog), a dict of
+    ChannelDestination's fields, or one."""
+    if isinstance(spec, ChannelDestination):
+        return spec
+    if isinstance(spec, str):
+        if spec.startswith("iceberg://"):
+            namespace, _, table = spec[len("iceberg://"):].partition(".")
+            return ChannelDestination(kind="ICEBERG", namespace=namespace, table=table)
+        return ChannelDestination(kind="FILES", url=spec)
+    if isinstance(spec, Mapping):
+        fields = dict(spec)
+        if "kind" not in fields:
+            fields["kind"] = "ICEBERG" if "table" in fields else "FILES"
+        try:
+            return ChannelDestination(**{k: v for k, v in fields.items()})
+        except TypeError as e:
+            raise errors.InvalidArgument(f"destination: {e}") from None
+    raise errors.InvalidArgument(f"destination {spec!r}: expected a url, a dict or a ChannelDestination")
+
+
+class Channels(Queues):
+    """The channels part of `sms.aio.Client` (sms/aio/__init__.py), after queues."""
+
+    async def create_channel(self, stream: str, name: str, destination: str | Mapping[str, Any] | ChannelDestination,
+                             *, data_freshness_s: int | None = None, starting_position: str = "TRIM_HORIZON",
+                             record_format: str = "BYTES", schema: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+                             dead_letter_url: str = "") -> ChannelInfo:
+        """A channel delivering `stream` into `destination` (docs/channels.md): Parquet files
+        under a `file:///dir` or `s3://bucket/prefix` url (a dict for compression and
+        key_template), or an Iceberg table (`iceberg://namespace.table`, or a dict with
+        catalog_uri, warehouse, namespace, table, compression, partition_by_hour).
+        `data_freshness_s`: a record reaches the destination within about this (1-900,
+        60 unless given). `record_format` JSON parses data into the columns of `schema`
+        ({name: type} of string, long, double, boolean, timestamp, binary); records that do
+        not parse go to `dead_letter_url`.
+
+        Raises:
+            ChannelAlreadyExists, StreamNotFound, InvalidArgument, LimitExceeded."""
+        d = destination if isinstance(destination, ChannelDestination) else globals()["destination"](destination)
+        if isinstance(schema, Mapping):
+            schema = list(schema.items())
+        request = sms_pb2.CreateChannelRequest(
+            name=name, stream=stream, start=starting_position, record_format=record_format,
+            dead_letter_url=dead_letter_url, schema=[sms_pb2.ChannelColumn(name=str(n), type=str(t)) for n, t in schema],
+            destination=sms_pb2.ChannelDestination(
+                kind=d.kind, url=d.url, compression=d.compression, key_template=d.key_template,
+                catalog_uri=d.catalog_uri, warehouse=d.warehouse, namespace=d.namespace, table=d.table,
+                partition_by_hour=d.partition_by_hour))
+        if data_freshness_s is not None:
+            request.data_freshness_s = _seconds(data_freshness_s)
+        return channel_from_pb(await self._admin_call("CreateChannel", request))
+
+    async def describe_channel(self, name: str) -> ChannelInfo:
+        """The channel with each partition's progress. Raises ChannelNotFound."""
+        return channel_from_pb(await self._discovery_call("DescribeChannel", sms_pb2.ChannelRequest(name=name)))
+
+    async def list_channels(self, stream: str = "") -> list[ChannelInfo]:
+        answer = await self._discovery_call("ListChannels", sms_pb2.ListChannelsRequest(stream=stream))
+        return [channel_from_pb(c) for c in answer.channels]
+
+    async def update_channel(self, name: str, *, data_freshness_s: int | None = None) -> ChannelInfo:
+        request = sms_pb2.UpdateChannelRequest(name=name)
+        if data_freshness_s is not None:
+            request.data_freshness_s = _seconds(data_freshness_s)
+        return channel_from_pb(await self._discovery_call("UpdateChannel", request))
+
+    async def delete_channel(self, name: str) -> None:
+        """The channel and its progress; what it delivered stays. Raises ChannelNotFound."""
+        await self._admin_call("DeleteChannel", sms_pb2.ChannelRequest(name=name))
+
+
+def _seconds(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
+        raise errors.InvalidArgument(f"data_freshness_s {value!r}; expected an int")
+    return value
