@@ -405,3 +405,34 @@ def test_the_query_registers_as_a_consumer_and_protects_what_it_has_not_read(clu
     consumers = client.get_stream_info(stream).consumers
     assert len(consumers) == 2 and "copier" in consumers, consumers
     assert [c for c in consumers if c != "copier"][0].startswith("spark-")
+
+
+def test_a_channel_s_files_and_table_read_with_spark(cluster, client, spark, tmp_path):
+    """A channel's Parquet files (docs/channels.md) are what spark.read.parquet reads, and the
+    data files of its Iceberg table's current snapshot (pyiceberg lists them) too."""
+    pytest.importorskip("pyiceberg")
+    from pyiceberg.catalog.sql import SqlCatalog
+    stream = "spark-channel"
+    client.create_stream(stream, partitions=2, replication_factor=3)
+    out = tmp_path / "files"
+    catalog_uri, warehouse = f"sqlite:///{tmp_path}/catalog.db", f"file://{tmp_path}/warehouse"
+    client.create_channel(stream, "spark-files", f"file://{out}", data_freshness_s=1)
+    client.create_channel(stream, "spark-table", {"namespace": "lake", "table": "events", "catalog_uri": catalog_uri,
+                                                  "warehouse": warehouse}, data_freshness_s=1)
+    put(client, stream, [(k, d) for k, d in keyed("ch", 1500)])
+
+    def delivered(name: str) -> int:
+        return sum(p.records for p in client.describe_channel(name).partitions)
+    wait_until(lambda: delivered("spark-files") == 1500 and delivered("spark-table") == 1500, 60,
+               "1,500 records in both destinations")
+    files = spark.read.option("recursiveFileLookup", "true").parquet(f"file://{out}")
+    assert files.count() == 1500
+    assert files.select("sequence_number").distinct().count() == 1500
+    assert sorted(r.data for r in files.select("data").collect()) == sorted(d for _k, d in keyed("ch", 1500))
+    table = SqlCatalog("sms", uri=catalog_uri, warehouse=warehouse).load_table("lake.events")
+    paths = table.inspect.files().column("file_path").to_pylist()
+    rows = spark.read.parquet(*paths)
+    assert rows.count() == 1500 and rows.select("sequence_number").distinct().count() == 1500
+    assert table.scan().to_arrow().num_rows == 1500
+    client.delete_channel("spark-files")
+    client.delete_channel("spark-table")

@@ -333,3 +333,21 @@ def test_s3_keys_under_prefix(moto_endpoint: str, monkeypatch: pytest.MonkeyPatc
     assert [o["Key"] for o in listed["Contents"]] == ["pre/fix/s/1/a"]
     assert S3Store(f"s3://{bucket}").list("") == ["pre/fix/s/1/a"]
     store.close()
+
+
+def test_put_new_writes_once(store: FragmentStore) -> None:
+    """put_new (channels' commits: delivery/destinations.py) puts a name only if it is absent:
+    of two writers, the second changes nothing and learns it lost."""
+    assert store.put_new("c/p0000/1.parquet", b"first") is True
+    assert store.put_new("c/p0000/1.parquet", b"second") is False
+    assert store.get("c/p0000/1.parquet") == b"first"
+    assert store.list("c/") == ["c/p0000/1.parquet"]           # (no temp file left behind)
+    assert store.put_new("c/p0000/2.parquet", b"") is True
+
+
+def test_put_new_races_have_one_winner(store: FragmentStore) -> None:
+    import concurrent.futures
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(lambda i: store.put_new("race", b"w%d" % i), range(8)))
+    assert won.count(True) == 1
+    assert store.get("race") == b"w%d" % won.index(True)

@@ -1,0 +1,149 @@
+"""Channels under faults (issue 34; delivery/, docs/channels.md): real processes, real kill -9.
+
+A producer writes to a two-partition stream delivered by two channels at once, one into
+Parquet files and one into an Iceberg table (the cluster's SQLite catalog). The node that
+delivers partition 0 (its chain head) is killed with SIGKILL in the middle of a commit:
+the trial watches the destination for the commit's first trace (a file store's temp file;
+a table's new data file that no snapshot holds yet), stops the node there (SIGSTOP), checks
+that the commit is still unfinished, and kills it. Another node becomes the partition's
+head and its worker resumes from what the destination holds. The checker proves, after
+the load, that each destination holds every record of the stream exactly once (by SN),
+and every record the producer saw acknowledged; and that the killed commit's trace is
+there, unreferenced (the kill really was mid-commit).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import sms
+from sms import limits
+from tests.conftest import env_cluster, read_stream, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("pyiceberg")
+
+RECORDS = 6_000
+DONE_WITHIN_S = limits.METASTORE_SESSION_TTL_S * 4 + 90
+CATCH_WITHIN_S = 90
+
+
+def _producer(client, stream: str, acked: set[bytes], stop: threading.Event) -> None:
+    for start in range(0, RECORDS, 100):
+        batch = [{"data": b"ev-%d" % i, "partition_key": f"k{i}"} for i in range(start, start + 100)]
+        while batch:
+            try:
+                result = client.put_records(stream, batch)
+            except sms.errors.SmsError:      # (while the head moves: again; a record stored twice is in the stream twice)
+                continue
+            acked.update(b["data"] for b, r in zip(batch, result.records) if r.ok)
+            batch = [b for b, r in zip(batch, result.records) if not r.ok]
+        if stop.is_set():
+            return
+        time.sleep(0.1)                      # (the load's pace: it still writes when the fault comes)
+
+
+def _catalog(cluster):
+    from pyiceberg.catalog.sql import SqlCatalog
+    return SqlCatalog("sms", uri=f"sqlite:///{cluster.data_dir}/channels/catalog.db",
+                      warehouse=f"file://{cluster.data_dir}/channels/warehouse")
+
+
+def _table_files(cluster) -> set[str]:
+    table = _catalog(cluster).load_table("events.stream")
+    return {p.removeprefix("file://") for p in table.inspect.files().column("file_path").to_pylist()}
+
+
+def _partition_of(path: str) -> str | None:
+    try:
+        return pq.read_table(path, columns=["partition_id"]).column(0)[0].as_py()
+    except (OSError, pa.ArrowInvalid, IndexError):
+        return None                          # (still being written)
+
+
+def _catch_mid_commit(cluster, victim: str, trigger: str, out_dir: str) -> str:
+    """Stop `victim` while it is in the middle of a commit of partition 0 and kill it; the
+    path of the commit's unfinished trace."""
+    data_dir = f"{cluster.data_dir}/channels/warehouse/events.db/stream/data"
+    seen: set[str] = set(glob.glob(f"{data_dir}/*.parquet"))
+    deadline = time.monotonic() + CATCH_WITHIN_S
+    while time.monotonic() < deadline:
+        if trigger == "files":
+            temps = glob.glob(f"{out_dir}/events/p0000/**/.*.tmp-*", recursive=True)
+            if not temps:
+                continue
+            cluster.signal(victim, signal.SIGSTOP)
+            if all(os.path.exists(t) for t in temps[:1]):
+                cluster.kill(victim)
+                return temps[0]
+        else:
+            new = set(glob.glob(f"{data_dir}/*.parquet")) - seen
+            ours = [p for p in new if _partition_of(p) == "p0000"]
+            seen |= {p for p in new if _partition_of(p) is not None}
+            if not ours:
+                continue
+            cluster.signal(victim, signal.SIGSTOP)
+            if not set(ours) & _table_files(cluster):
+                cluster.kill(victim)
+                return ours[0]
+        cluster.signal(victim, signal.SIGCONT)         # (the commit had finished: the next one)
+    raise AssertionError(f"no commit of partition 0 caught unfinished within {CATCH_WITHIN_S} s")
+
+
+def _sns_of_files(out_dir: str) -> list[int]:
+    files = [f for f in glob.glob(f"{out_dir}/**/*.parquet", recursive=True) if "/." not in f]
+    return [int(s) for f in files for s in pq.read_table(f, columns=["sequence_number"]).column(0).to_pylist()]
+
+
+def _sns_of_table(cluster) -> list[int]:
+    rows = _catalog(cluster).load_table("events.stream").scan(selected_fields=("sequence_number",)).to_arrow()
+    return [int(s) for s in rows.column("sequence_number").to_pylist()]
+
+
+@pytest.mark.parametrize("trigger", ["iceberg", "files"])
+def test_kill_mid_commit_delivers_exactly_once(tmp_path_factory, tmp_path, trigger):
+    out_dir = str(tmp_path / "files")
+    with env_cluster(tmp_path_factory, {}, f"channel-{trigger}") as cluster, \
+            sms.Client(cluster.address, **cluster.client_options()) as client:
+        client.create_stream("events", partitions=2, replication_factor=3)
+        client.create_channel("events", "to-files", f"file://{out_dir}", data_freshness_s=1)
+        client.create_channel("events", "to-table", "iceberg://events.stream", data_freshness_s=1)
+        acked: set[bytes] = set()
+        stop = threading.Event()
+        producer = threading.Thread(target=_producer, args=(client, "events", acked, stop), daemon=True)
+        producer.start()
+        wait_until(lambda: len(acked) >= RECORDS // 6, 60, "a sixth of the records written")
+        victim = client.get_stream_info("events").partition(0).chain[0].node_id
+        trace = _catch_mid_commit(cluster, victim, trigger, out_dir)
+        producer.join(180)
+        assert not producer.is_alive()
+        stream = read_stream(client, "events")
+        stream_sns = sorted(r.sn for records in stream.values() for r in records)
+        assert {r.data for records in stream.values() for r in records} >= acked
+        try:
+            wait_until(lambda: sorted(_sns_of_files(out_dir)) == stream_sns == sorted(_sns_of_table(cluster)),
+                       DONE_WITHIN_S, "every record of the stream in both destinations")
+        except AssertionError:
+            files, table = _sns_of_files(out_dir), _sns_of_table(cluster)
+            raise AssertionError(
+                f"stream {len(stream_sns)} records; files {len(files)} ({len(files) - len(set(files))} twice, "
+                f"{len(set(stream_sns) - set(files))} missing); table {len(table)} ({len(table) - len(set(table))} "
+                f"twice, {len(set(stream_sns) - set(table))} missing); "
+                f"{[(p.ordinal, p.position[-6:], p.node, p.error) for p in client.describe_channel('to-table').partitions]}"
+            ) from None
+        # the killed commit left its trace, and nothing of it counts
+        assert os.path.exists(trace)
+        if trigger == "iceberg":
+            assert trace not in _table_files(cluster)
+        new_head = client.get_stream_info("events").partition(0).chain[0].node_id
+        assert new_head != victim
+        assert {p.node for p in client.describe_channel("to-files").partitions if p.ordinal == 0} == {new_head}
