@@ -91,7 +91,7 @@ _EXTRAS: dict[str, tuple] = {
                   {"steps": [40, 400, 4000], "idle_s": 5.0, "settle_s": 12.0, "load_records": 40_000}),
 }
 _PRESET_EXTRAS = ("tls_cost", "encryption_cost", "throttle", "consumer_group", "archive",   # {"preset": <mode>}
-                  "kinesis", "queues")
+                  "kinesis", "queues", "channels")
 
 MODES: dict[str, dict] = {
     mode: copy.deepcopy({**{name: values[i] for name, values in _SETTINGS.items()},
@@ -440,6 +440,9 @@ def extras(run: Run, cfg: dict, workdir: str) -> dict:
         elif name == "queues":
             from bench import queues
             out[name] = run.call("extra queues", queues.run_preset, params["preset"])
+        elif name == "channels":
+            from bench import channels
+            out[name] = run.call("extra channels", channels.run_preset, params["preset"])
     return out
 
 
@@ -593,6 +596,7 @@ def targets(sms: dict | None, base: dict, extra: dict | None = None) -> list[dic
         _encryption_target(extra),
         *_kinesis_targets(extra),
         *_queue_targets(extra),
+        *_channel_targets(extra),
     ]
 
 
@@ -621,6 +625,14 @@ def _queue_targets(extra: dict | None) -> list[dict]:
     from bench import queues
     q = _get(extra, "queues")
     return queues.targets(q if q is not None else {"skipped": "not run in this mode"})
+
+
+def _channel_targets(extra: dict | None) -> list[dict]:
+    """Issue 34's: delivery into Iceberg against the catch-up rate, and the freshness lag at a
+    steady load (bench/channels.py)."""
+    from bench import channels
+    c = _get(extra, "channels")
+    return channels.targets(c if c is not None else {"skipped": "not run in this mode"})
 
 
 def _archive_targets(extra: dict | None) -> list[dict]:

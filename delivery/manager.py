@@ -23,6 +23,15 @@ from sms.types import ChannelInfo
 log = logging.getLogger("sms.channels")
 
 
+def _import_pyiceberg() -> None:
+    import importlib
+    try:
+        importlib.import_module("pyiceberg.catalog.sql")
+        importlib.import_module("pyiceberg.io.pyarrow")
+    except ImportError:
+        pass                       # (the worker names it when it needs it)
+
+
 class ChannelManager:
     def __init__(self, node_id: str, view: ClusterView, client: Any) -> None:
         self.node_id = node_id
@@ -31,11 +40,18 @@ class ChannelManager:
         self.workers: dict[tuple[str, int, int], PartitionWorker] = {}
         self.finished: set[tuple[str, int, int]] = set()
         self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._unwatch: Any = None
+        self._imported = False
 
     def start(self) -> None:
+        # (a channel made or deleted is looked at at once, not at the next check)
+        self._unwatch = self.view.store.watch(metadata.CHANNELS, self._wake.set)
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="channel-workers")
 
     async def close(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
         await cancel_and_wait(self._task)
         for worker in list(self.workers.values()):
             await worker.close()
@@ -60,7 +76,11 @@ class ChannelManager:
                 await self.check()
             except errors.SmsError as e:          # (the metadata store is away: look again later)
                 log.info("channel workers: %s: %s", e.name, e.message)
-            await asyncio.sleep(limits.CHANNEL_CHECK_S)
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), limits.CHANNEL_CHECK_S)
+            except TimeoutError:
+                pass
 
     async def check(self) -> None:
         wanted: dict[tuple[str, int, int], tuple[ChannelInfo, int]] = {}
@@ -80,6 +100,10 @@ class ChannelManager:
                 await worker.close()
             elif wanted[key][0].data_freshness_s != worker.channel.data_freshness_s:
                 worker.channel = wanted[key][0]           # (a new freshness: from the next buffer on)
+        if not self._imported and any(c.destination.kind == "ICEBERG" for c, _o in wanted.values()):
+            # (pyiceberg's first import takes a few tenths of a second: meanwhile the workers read)
+            self._imported = True
+            asyncio.get_running_loop().run_in_executor(None, _import_pyiceberg)
         for key, (channel, ordinal) in wanted.items():
             if key in self.workers or key in self.finished:
                 continue

@@ -79,6 +79,7 @@ class PartitionWorker:
         self.error = ""
         self.lag_ms = 0
         self.failures = 0
+        self.ask_destination = False      # (a table's position, not the recorded progress: after a Conflict)
         self.commit_s = 0.0
         self.buffered_since = 0.0        # wall clock of the oldest record read and not committed (0: none)
         self.task: asyncio.Task[None] | None = None
@@ -107,6 +108,7 @@ class PartitionWorker:
             except Conflict as e:
                 log.info("channel %s p%04d: another worker committed first (%s): resuming", self.channel.name,
                          self.ordinal, e)
+                self.ask_destination = True
                 backoff = limits.CHANNEL_RETRY_S
                 continue
             except asyncio.CancelledError:
@@ -127,53 +129,75 @@ class PartitionWorker:
                 backoff = min(backoff * 2, limits.CHANNEL_RETRY_S_MAX)
 
     async def _deliver(self) -> None:
+        log.info("channel %s p%04d: delivering (%s)", self.channel.name, self.ordinal, self.destination.kind)
         await self._load_progress()
         if self.progress.position == SHARD_END:
             self.ended = True
             raise Ended
         await self._wait_for_parents()
+        await self.client.get_stream_info(self.channel.stream)   # (the map as it is now: a new child is in it)
         self.position = await self._resume()
         iterator: str | None = await self._iterator_after(self.position)
         buffer = Buffer()
         freshness = self.channel.data_freshness_s
-        while True:
-            wait_ms = limits.CHANNEL_READ_WAIT_MS
-            if buffer.records:
-                left = buffer.started + freshness - time.time()
-                wait_ms = max(0, min(wait_ms, int(left * 1000)))
-            page = await self.client.get_next_record_batch(iterator, limits.CHANNEL_READ_RECORDS, wait_ms=wait_ms,
-                                                           skip_trimmed=True)
-            self.lag_ms = page.millis_behind_latest
-            batch = page.batch
-            if len(batch):
-                first, last = batch.first_sn, batch.last_sn
-                assert first is not None and last is not None
-                table = batch.to_arrow(timestamp_unit="us")
-                buffer.add(table, first, last, table.nbytes)
-                self.buffered_since = buffer.started
-            iterator = page.next_iterator
-            full = buffer.records >= limits.CHANNEL_FILE_RECORDS_MAX or buffer.bytes >= limits.CHANNEL_FILE_BYTES_MAX
-            due = buffer.records and time.time() >= buffer.started + freshness
-            if buffer.records and (full or due or iterator is None):
-                await self._commit(buffer)
-                self.buffered_since = 0.0
-                buffer = Buffer()
-                freshness = self.channel.data_freshness_s
-            elif not buffer.records:
-                await self._record()
-            if iterator is None:              # a closed partition read to its end, all committed
-                self.ended = True
-                self.progress = dataclasses.replace(self.progress, position=SHARD_END)
-                await self._record(force=True)
-                await self._checkpoint(SHARD_END)
-                raise Ended
+        committing: asyncio.Task[None] | None = None   # (one commit at a time, while the next buffer fills)
+        try:
+            while True:
+                wait_ms = limits.CHANNEL_READ_WAIT_MS
+                if buffer.records:
+                    left = buffer.started + freshness - time.time()
+                    wait_ms = max(0, min(wait_ms, int(left * 1000)))
+                page = await self.client.get_next_record_batch(iterator, limits.CHANNEL_READ_RECORDS,
+                                                               wait_ms=wait_ms, skip_trimmed=True)
+                self.lag_ms = page.millis_behind_latest
+                batch = page.batch
+                if len(batch):
+                    first, last = batch.first_sn, batch.last_sn
+                    assert first is not None and last is not None
+                    table = batch.to_arrow(timestamp_unit="us")
+                    buffer.add(table, first, last, table.nbytes)
+                    self.buffered_since = buffer.started
+                iterator = page.next_iterator
+                full = (buffer.records >= limits.CHANNEL_FILE_RECORDS_MAX
+                        or buffer.bytes >= limits.CHANNEL_FILE_BYTES_MAX)
+                due = buffer.records and time.time() >= buffer.started + freshness
+                if buffer.records and (full or due or iterator is None):
+                    if committing is not None:
+                        await committing              # (its failure ends this delivery: resume)
+                    committing = asyncio.get_running_loop().create_task(self._commit(buffer))
+                    buffer = Buffer()
+                    freshness = self.channel.data_freshness_s
+                elif not buffer.records and (committing is None or committing.done()):
+                    if committing is not None:
+                        await committing
+                        committing = None
+                    self.buffered_since = 0.0
+                    await self._record()
+                if iterator is None:              # a closed partition read to its end
+                    if committing is not None:
+                        await committing
+                        committing = None
+                    self.ended = True
+                    self.progress = dataclasses.replace(self.progress, position=SHARD_END)
+                    await self._record(force=True)
+                    await self._checkpoint(SHARD_END)
+                    raise Ended
+        finally:
+            if committing is not None and not committing.done():
+                await cancel_and_wait(committing)    # (its thread may still commit: a Conflict on resume)
 
     # --- resume -----------------------------------------------------------------------------
     async def _resume(self) -> int | None:
-        """The last SN the destination holds of this partition (None: none)."""
-        if self.destination.kind == "ICEBERG":
-            return await self._blocking(self.destination.position, self.ordinal)
+        """The last SN the destination holds of this partition (None: none). For a table, the
+        recorded progress is taken as it is (its first commit checks it against the table,
+        a Conflict if it was behind: then the table is asked), so that reading begins at
+        once instead of after a catalog's load."""
         hint = self.progress.position
+        if self.destination.kind == "ICEBERG":
+            if self.ask_destination:
+                self.ask_destination = False
+                return await self._blocking(self.destination.position, self.ordinal)
+            return int(hint) if hint and hint != SHARD_END else None
         position = int(hint) if hint and hint != SHARD_END else self._start_position()
         for _ in range(limits.CHANNEL_RESUME_PROBES_MAX):
             first = await self._first_after(position)
@@ -243,6 +267,7 @@ class PartitionWorker:
                                                 "sms.last_sn": str(buffer.last_sn)})
             await self._blocking(self.dead_store.put_new, key, data)
         started = time.monotonic()
+        assert buffer.first_sn > (self.position or 0)
         await self._blocking(self.destination.commit, self.ordinal, self.position, buffer.first_sn, buffer.last_sn,
                              seqno.timestamp_ms_of(buffer.first_sn), table)
         self.position = buffer.last_sn
@@ -253,6 +278,8 @@ class PartitionWorker:
             records=self.progress.records + table.num_rows, files=self.progress.files + 1,
             dead_letters=self.progress.dead_letters + dead_n)
         self.commit_s = time.monotonic() - started
+        log.debug("channel %s p%04d: committed %d records in %.3f s", self.channel.name, self.ordinal,
+                  table.num_rows, self.commit_s)
         await self._record(force=True)
         await self._checkpoint(buffer.last_sn)
 
@@ -276,7 +303,9 @@ class PartitionWorker:
         """The partition's progress in the metadata store (at most every
         CHANNEL_STATUS_INTERVAL_S unless `force`)."""
         now = time.monotonic()
-        shown = dataclasses.replace(self.progress, node=self.node_id, error=self.error, lag_ms=self.lag_ms)
+        waiting_ms = int(max(0.0, time.time() - self.buffered_since) * 1000) if self.buffered_since else 0
+        shown = dataclasses.replace(self.progress, node=self.node_id, error=self.error,
+                                    lag_ms=max(self.lag_ms, waiting_ms))
         if not force and (now - self.progress_at < limits.CHANNEL_STATUS_INTERVAL_S or shown == self.recorded):
             return
         self.progress_at = now

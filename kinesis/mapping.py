@@ -111,6 +111,8 @@ _ERRORS: dict[str, tuple[str, int]] = {
     "GroupNotFound": ("ResourceNotFoundException", 400),
     "QueueNotFound": ("ResourceNotFoundException", 400),
     "QueueAlreadyExists": ("ResourceInUseException", 400),
+    "ChannelNotFound": ("ResourceNotFoundException", 400),
+    "ChannelAlreadyExists": ("ResourceInUseException", 400),
     "RecordNotFound": ("ResourceNotFoundException", 400),
     "StreamAlreadyExists": ("ResourceInUseException", 400),
     "StreamNotActive": ("ResourceInUseException", 400),

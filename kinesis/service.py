@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from control.admin import changed_tags
-from kinesis import mapping, queues, settings  # noqa: F401 (queues, settings: their operations register)
+from kinesis import channels, mapping, queues, settings  # noqa: F401 (channels, queues, settings: they register)
 from kinesis.operations import HANDLERS, operation
 from kinesis.mapping import shard_id
 from kinesis.protocol import KinesisError
@@ -44,8 +44,6 @@ class Caller:
 
 # the model's operations this endpoint does not answer yet, and why (docs/kinesis.md)
 NOT_SUPPORTED = {
-    **{op: "channels are not served by this endpoint yet" for op in (
-        "CreateChannel", "DescribeChannel", "ListChannels", "UpdateChannel", "DeleteChannel")},
     **{op: "resource policies are not kept: access is by SMS keys (docs/security.md)" for op in (
         "PutResourcePolicy", "GetResourcePolicy", "DeleteResourcePolicy")},
     **{op: "there is no billing on this cluster, and so no minimum throughput commitment or warm throughput"

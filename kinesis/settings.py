@@ -50,7 +50,8 @@ async def _resource(svc: KinesisService, params: dict[str, Any], caller: Caller)
                            f"(docs/kinesis.md)")
     if ":queue/" in arn or ":channel/" in arn:
         raise KinesisError("InvalidArgumentException",
-                           f"ResourceARN {arn[:200]}: queues and channels are not served by this endpoint yet")
+                           f"ResourceARN {arn[:200]}: tags are kept on streams only, not on queues or channels "
+                           f"(docs/kinesis.md)")
     return await svc._stream({"StreamARN": arn, "StreamId": params.get("StreamId")}, caller)
 
 

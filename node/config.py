@@ -121,6 +121,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("queues.snapshot_interval_s", float, limits.QUEUE_SNAPSHOT_INTERVAL_S,
             "... or this long, when anything changed (keep it well under the stream's retention)",
             "QUEUE_SNAPSHOT_INTERVAL_S", 0.1, 86_400.0),
+    Setting("channels.file_records_max", int, limits.CHANNEL_FILE_RECORDS_MAX,
+            "records of one channel commit (a Parquet file, a table append) at most: a fuller buffer commits "
+            "before its data_freshness_s", "CHANNEL_FILE_RECORDS_MAX", 1, 100_000_000),
+    Setting("channels.file_bytes_max", int, limits.CHANNEL_FILE_BYTES_MAX,
+            "... and bytes of data at most (a worker holds up to this per partition it delivers)",
+            "CHANNEL_FILE_BYTES_MAX", 1024, 4 * GiB),
     Setting("channels.catalog_uri", str, "",
             "the Iceberg catalog of channels that name none: sqlite:////shared/path.db or an http(s):// REST "
             "catalog, the same on every node (default: sqlite under this node's data directory; `sms up`: the "

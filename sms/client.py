@@ -431,9 +431,11 @@ class Client:
         return self._run(self._aio.describe_channel(name))
 
     def list_channels(self, stream: str = "") -> list[ChannelInfo]:
+        """The channels (of `stream` when given), by name."""
         return self._run(self._aio.list_channels(stream))
 
     def update_channel(self, name: str, *, data_freshness_s: int | None = None) -> ChannelInfo:
+        """A new data freshness. Raises ChannelNotFound, InvalidArgument."""
         return self._run(self._aio.update_channel(name, data_freshness_s=data_freshness_s))
 
     def delete_channel(self, name: str) -> None:

@@ -11,8 +11,9 @@ shows its progress on stderr when that is a terminal (`_progress`), never on std
 
 One module per command group, each adding its own parsers (`add_parsers`): `cluster` (up,
 serve, status, demo, config, completion), `streams`, `records` (put, read), `groups`
-(consumer), `queues` (queue), `nodes`, `access` (key, tenant, certs, audit) and `graphs`; `common` is what
-they share (finding the cluster, a client, output, progress).
+(consumer), `queues` (queue), `channels` (channel), `nodes`, `access` (key, tenant, certs,
+audit) and `graphs`; `common` is what they share (finding the cluster, a client, output,
+progress).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import sys
 
 import argcomplete
 
-from node.cli import access, cluster, graphs, groups, nodes, queues, records, streams
+from node.cli import access, channels, cluster, graphs, groups, nodes, queues, records, streams
 from node.cli.common import DEFAULT_DATA_DIR, DISTRIBUTION
 from sms import errors
 
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sms", description="SMS: chained-replication stream storage")
     p.add_argument("--version", action=_VersionAction, help="print the version of the sms-sps package and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for group in (cluster, streams, records, groups, queues, nodes, access, graphs):
+    for group in (cluster, streams, records, groups, queues, channels, nodes, access, graphs):
         group.add_parsers(sub, common)
     return p
 

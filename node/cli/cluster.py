@@ -1,4 +1,5 @@
-"""`sms up`, `serve`, `status`, `demo`, `config` and `completion`: running a cluster and looking at it."""
+"""`sms up`, `serve`, `status`, `demo`, `config` and `completion`: running a cluster and looking at it
+(`status`: nodes, replicas, streams, and a line per channel from node/cli/channels.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 
 import argcomplete
 
+from node.cli.channels import summary as channel_summary
 from node.cli.common import DEFAULT_PORT, _client, _emit
 from node.cli.streams import _describe, _describe_text
 from sms import errors, limits
@@ -207,6 +209,12 @@ def cmd_status(args) -> int:
                 streams.append(_describe(client.get_stream_info(name)))
             except errors.StreamNotFound:
                 continue      # deleted meanwhile
+        channels = []
+        for c in client.list_channels():
+            try:
+                channels.append(channel_summary(client.describe_channel(c.name)))
+            except errors.ChannelNotFound:
+                continue      # deleted meanwhile
     short = _short_of_replicas(streams, {n.node_id for n in cluster.nodes})
     lines = [f"control: {cluster.control_address}"]
     if short:
@@ -245,7 +253,9 @@ def cmd_status(args) -> int:
                          f"dedup keys {t.get('dedup_keys', 0)} queued {p['queued_records']}")
     for d in streams:
         lines.append(_describe_text(d))
-    _emit(args, {"control": cluster.control_address, "nodes": nodes, "streams": streams, "under_replicated": short},
+    lines += [line for _, line in channels]
+    _emit(args, {"control": cluster.control_address, "nodes": nodes, "streams": streams, "under_replicated": short,
+                 "channels": [shown for shown, _ in channels]},
           "\n".join(lines))
     return 0
 
@@ -381,7 +391,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     serve.add_argument("--session-file", help=argparse.SUPPRESS)   # fault tests: expose the ZooKeeper session
     serve.set_defaults(func=cmd_serve)
 
-    status = sub.add_parser("status", parents=[common], help="nodes, chains, roles, process ids")
+    status = sub.add_parser("status", parents=[common], help="nodes, chains, roles, process ids, streams, channels")
     status.set_defaults(func=cmd_status)
 
     demo = sub.add_parser("demo", parents=[common], help="start a cluster, put and read records, stop")

@@ -84,10 +84,13 @@ class Channels(Queues):
         return channel_from_pb(await self._discovery_call("DescribeChannel", sms_pb2.ChannelRequest(name=name)))
 
     async def list_channels(self, stream: str = "") -> list[ChannelInfo]:
+        """The channels (of `stream` when given), by name, with no progress (describe has it)."""
         answer = await self._discovery_call("ListChannels", sms_pb2.ListChannelsRequest(stream=stream))
         return [channel_from_pb(c) for c in answer.channels]
 
     async def update_channel(self, name: str, *, data_freshness_s: int | None = None) -> ChannelInfo:
+        """A new data freshness (from each partition's next buffer on). Raises ChannelNotFound,
+        InvalidArgument."""
         request = sms_pb2.UpdateChannelRequest(name=name)
         if data_freshness_s is not None:
             request.data_freshness_s = _seconds(data_freshness_s)

@@ -13,16 +13,14 @@ import glob
 import io
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import uuid
 
 import pytest
 
 from sms import limits
 from tests.conftest import env_cluster, read_stream, wait_until
-from tests.zkserver import free_port
+from tests.motoserver import MotoServer
 
 pytestmark = pytest.mark.integration
 
@@ -31,43 +29,13 @@ pq = pytest.importorskip("pyarrow.parquet")
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
-MOTO_START_TIMEOUT_S = 30.0
 DELIVERED_WITHIN_S = 60.0
 ERROR_SHOWN_WITHIN_S = 30.0 + limits.CHANNEL_RETRY_S_MAX
 
 
-class Moto:
-    """moto's S3 server as its own process, on a port that stays its own across restarts."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-        def answers() -> bool:
-            assert self.proc is not None and self.proc.poll() is None, "moto.server exited"
-            with socket.socket() as sock:
-                return sock.connect_ex(("127.0.0.1", self.port)) == 0
-        wait_until(answers, MOTO_START_TIMEOUT_S, f"moto.server on port {self.port}")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-    def s3(self):
-        return boto3.session.Session().client("s3", endpoint_url=self.endpoint)
-
-
 @pytest.fixture(scope="module")
 def moto():
-    server = Moto()
-    server.start()
+    server = MotoServer().start()
     try:
         yield server
     finally:

@@ -156,7 +156,10 @@ def test_parents_before_children(client, tmp_path):
     _put(client, "chan-split", 500)
     client.split("chan-split", 0)
     _put(client, "chan-split", 500, start=500)
-    wait_until(lambda: _delivered(client, "lineage") >= 1000, 90, "1,000 records delivered")
+    try:
+        wait_until(lambda: _delivered(client, "lineage") >= 1000, 60, "1,000 records delivered")
+    except AssertionError:
+        raise AssertionError(f"{client.describe_channel('lineage').partitions}") from None
     parts = {p.ordinal: p for p in client.describe_channel("lineage").partitions}
     assert parts[0].position == SHARD_END
     table = _read_files(str(out))

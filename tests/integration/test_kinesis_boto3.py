@@ -132,9 +132,10 @@ def test_bad_input_gets_named_errors(cluster, kinesis):
         kinesis.get_records(ShardIterator="not-an-iterator")
     assert e.value.response["Error"]["Code"] == "InvalidArgumentException"
     with pytest.raises(ClientError) as e:
-        kinesis.list_channels()
+        kinesis.get_resource_policy(ResourceARN=kinesis.describe_stream_summary(StreamName=name)[
+            "StreamDescriptionSummary"]["StreamARN"])
     assert e.value.response["Error"]["Code"] == "InvalidArgumentException"
-    assert "not served" in e.value.response["Error"]["Message"]
+    assert "resource policies are not kept" in e.value.response["Error"]["Message"]
 
 
 def _read_shard(kinesis, name: str, shard_id: str) -> tuple[list[dict], list[dict]]:

@@ -7,7 +7,6 @@ loopback), plus each backend's own failures: a root that is a file, a full files
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,10 +20,10 @@ import pytest
 from sms.objectstore import FileStore, FragmentStore, S3Store, check_url, open_store
 from sms import limits
 from sms.errors import ArchiveUnavailable, FragmentMissing, InvalidArgument, InvalidStreamConfig
-from tests.conftest import wait_until
+
+from tests.motoserver import MotoServer
 from tests.zkserver import free_port
 
-MOTO_START_TIMEOUT_S = 30.0
 REPLACE_READS = 40
 
 
@@ -33,22 +32,11 @@ def moto_endpoint() -> Iterator[str]:
     """moto's S3 server as its own process, up until the module's tests are done."""
     pytest.importorskip("moto")
     pytest.importorskip("boto3")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def answers() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"moto.server exited with {proc.returncode}")
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", port)) == 0
-
+    server = MotoServer().start()
     try:
-        wait_until(answers, MOTO_START_TIMEOUT_S, f"moto.server on port {port}")
-        yield f"http://127.0.0.1:{port}"
+        yield server.endpoint
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
+        server.stop()
 
 
 def _aws_env(monkeypatch: pytest.MonkeyPatch, endpoint: str, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OURS = {"sms", "metastore", "kernel", "archive", "storage", "ingestion", "retrieval", "control", "kinesis", "sps",
-        "spark_sps", "node", "queues"}
+        "spark_sps", "node", "queues", "delivery"}
 ALLOWED = {
     "sms": {"sms"},
     "metastore": {"sms", "metastore"},
@@ -36,6 +36,8 @@ ALLOWED = {
     # the queue owners (docs/queues.md): a key's streams as control/auth.py keeps them, and the
     # queues' entries as control/queues.py writes them
     "queues": {"sms", "metastore", "kernel", "control", "queues"},
+    # the channel workers (docs/channels.md): the channels' entries as control/channels.py writes them
+    "delivery": {"sms", "metastore", "kernel", "control", "delivery"},
     "spark_sps": {"sms", "sps", "spark_sps"},
     "node": OURS,
 }
@@ -68,7 +70,7 @@ def test_imports_follow_the_layers(package):
 
 
 SERVER_ONLY = ("prometheus_client", "kernel", "metastore", "archive", "storage", "ingestion", "retrieval",
-               "control", "kinesis", "sps", "spark_sps", "node")
+               "control", "kinesis", "sps", "spark_sps", "node", "queues", "delivery", "pyiceberg")
 
 
 def test_the_client_loads_no_server_module():
