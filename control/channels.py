@@ -23,8 +23,8 @@ from string import Formatter
 from metastore import BadVersionError, Create, MetaStore, NodeExistsError, NoNodeError, Set
 from metastore.view import ClusterView, bounded
 from sms import limits, metadata, objectstore
-from sms.errors import (ChannelAlreadyExists, ChannelNotFound, InvalidArgument, LimitExceeded, StreamNotFound,
-                        Unavailable)
+from sms.errors import (ChannelAlreadyExists, ChannelNotFound, InvalidArgument, LimitExceeded, PermissionDenied,
+                        StreamNotFound, Unavailable)
 from sms.types import ChannelDestination, ChannelInfo, ChannelPartition, ChannelStatus, StreamStatus
 
 _CHANNEL = re.compile(r"[a-zA-Z0-9_.-]{1,%d}" % limits.CHANNEL_NAME_CHARS_MAX)
@@ -139,6 +139,30 @@ def validate_schema(record_format: str, schema: tuple[tuple[str, str], ...]) -> 
                                   f"{', '.join(COLUMN_TYPES)}")
         seen.add(name)
     return tuple(schema)
+
+
+def check_tenant_locations(locations: list[str], allowed: str) -> None:
+    """A tenant's channel writes where the operator lets tenants write: the nodes write a
+    channel's files with their own file system and credentials (and reach its catalog), so a
+    key of a tenant (not the cluster's admin) names only locations under one of `allowed`
+    (the setting channels.tenant_url_prefixes, comma-separated), or none: the cluster's
+    default catalog and warehouse. Raises PermissionDenied."""
+    prefixes = [p.strip() for p in allowed.split(",") if p.strip()]
+    for location in filter(None, locations):
+        if not any(location == p.rstrip("/") or location.startswith(p.rstrip("/") + "/") for p in prefixes):
+            raise PermissionDenied(
+                f"{location[:120]!r}: a tenant's channel writes only under the locations the operator allows "
+                f"(channels.tenant_url_prefixes: {', '.join(prefixes) or 'none'}); give no url, catalog or warehouse "
+                "to use the cluster's own catalog (docs/channels.md)")
+
+
+def check_tenant_namespace(tenant: str, namespace: str) -> None:
+    """In the cluster's catalog, a tenant's tables are in namespaces of its own: named
+    `<tenant>_...` (its name with '_' for '-'). Raises PermissionDenied."""
+    own = tenant.replace("-", "_") + "_"
+    if not namespace.startswith(own) or namespace == own:
+        raise PermissionDenied(f"Iceberg namespace {namespace[:80]!r}: a tenant's tables in the cluster's catalog are "
+                               f"in namespaces named {own}... (docs/channels.md)")
 
 
 def consumer_name(channel: ChannelInfo) -> str:

@@ -328,6 +328,12 @@ class ControlService(sms_pb2_grpc.ControlServicer):
                 e.ordinal: seqno.highest_below(start, e.ordinal) for e in view.map.entries} if start else {})
 
         d = request.destination
+        caller = auth.CURRENT.get()
+        if caller is not None and not caller.allows(auth.CLUSTER, None):
+            channel_defs.check_tenant_locations(
+                [d.url, d.catalog_uri, d.warehouse, request.dead_letter_url], limits.CHANNEL_TENANT_URL_PREFIXES)
+            if d.kind == "ICEBERG" and not d.catalog_uri:
+                channel_defs.check_tenant_namespace(caller.tenant, d.namespace)
         destination = ChannelDestination(kind=d.kind, url=d.url, compression=d.compression,
                                          key_template=d.key_template, catalog_uri=d.catalog_uri,
                                          warehouse=d.warehouse, namespace=d.namespace, table=d.table,

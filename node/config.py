@@ -133,6 +133,10 @@ SETTINGS: tuple[Setting, ...] = (
             "cluster's)", "CHANNEL_CATALOG_URI"),
     Setting("channels.warehouse", str, "",
             "... and its warehouse: file:///shared/dir or s3://bucket/prefix", "CHANNEL_WAREHOUSE"),
+    Setting("channels.tenant_url_prefixes", str, "",
+            "where the channels of tenants' keys may write (the nodes write with their own file system and "
+            "credentials): comma-separated url prefixes such as s3://lake/tenants/; empty: tenants deliver into "
+            "the cluster's catalog only (the cluster's admins anywhere)", "CHANNEL_TENANT_URL_PREFIXES"),
     Setting("retention.check_interval_s", float, limits.RETENTION_CHECK_INTERVAL_S,
             "nodes apply retention this often", "RETENTION_CHECK_INTERVAL_S", 0.1, 3600.0),
     Setting("replication.compression", str, limits.REPLICATION_COMPRESSION,

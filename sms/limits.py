@@ -569,4 +569,5 @@ CHANNEL_SCHEMA_COLUMNS_MAX = 256         # columns of a JSON channel's schema
 CHANNEL_COMMIT_ATTEMPTS_MAX = 20         # an Iceberg commit that meets a concurrent one (another partition's) tries again this often
 CHANNEL_CATALOG_URI = ""                 # the Iceberg catalog of channels that name none ("": under the node's data directory)
 CHANNEL_WAREHOUSE = ""                   # ... its warehouse
+CHANNEL_TENANT_URL_PREFIXES = ""         # where tenants' channels may write, comma-separated ("": only the cluster's catalog)
 CHANNEL_STORE_TIMEOUT_S = 60.0           # one write to the destination (a file, a commit) gives up after this

@@ -134,9 +134,10 @@ class Reads(Admin):
     def _position(self, iterator: str) -> Position:
         """Where an iterator points, its stream as this client names it: on a secure
         cluster a tenant's stream is stored, and named in its tokens, as tenant~name
-        (docs/security.md), and its clients know it by the name alone."""
+        (docs/security.md), and its clients know it by the name alone; a node's own client
+        (queue owners, channel workers) names every stream by its stored name."""
         pos = peek(iterator)
-        if self.tls is not None and metadata.TENANT_SEP in pos.stream:
+        if self.tls is not None and self._ports_source is None and metadata.TENANT_SEP in pos.stream:
             pos = dataclasses.replace(pos, stream=pos.stream.partition(metadata.TENANT_SEP)[2])
         return pos
 

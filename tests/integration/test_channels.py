@@ -218,3 +218,36 @@ def test_bad_input_is_named_and_changes_nothing(client, tmp_path):
         client.delete_channel("none")
     client.delete_channel("c")
     client.delete_stream("chan-bad")
+
+
+def test_a_tenant_delivers_where_the_operator_lets_it(cluster, client, tmp_path):
+    """The nodes write a channel's files themselves: a tenant's admin names no file:// path
+    or catalog of its own (PermissionDenied, nothing made), and in the cluster's catalog only
+    namespaces of its own; its channels are its own to see."""
+    import sms
+    client.create_tenant("chacme")
+    acme = sms.Client(cluster.address, ca_file=cluster.ca_file, token=client.create_key("admin", tenant="chacme")[1])
+    try:
+        acme.create_stream("clicks", partitions=1)
+        for destination in (f"file://{tmp_path}/mine", "s3://any-bucket/x",
+                            {"namespace": "chacme_x", "table": "t", "catalog_uri": f"sqlite:///{tmp_path}/c.db"},
+                            {"namespace": "chacme_x", "table": "t", "warehouse": f"file://{tmp_path}/wh"},
+                            "iceberg://default_lake.clicks", "iceberg://chacme_.clicks"):
+            with pytest.raises(errors.PermissionDenied):
+                acme.create_channel("clicks", "c", destination)
+        assert acme.list_channels() == [] and not os.path.exists(tmp_path / "mine")
+        ch = acme.create_channel("clicks", "to-lake", "iceberg://chacme_lake.clicks", data_freshness_s=1)
+        assert (ch.name, ch.stream) == ("to-lake", "clicks")
+        assert [c.name for c in acme.list_channels()] == ["to-lake"]
+        assert all(c.name != "to-lake" for c in client.list_channels())
+        acme.put_records("clicks", [{"data": b"x", "partition_key": "k"}])
+        try:
+            wait_until(lambda: _delivered(acme, "to-lake") == 1, 60, "the tenant's record in its table")
+        except AssertionError:
+            raise AssertionError(str(acme.describe_channel("to-lake"))) from None
+        with pytest.raises(errors.ChannelNotFound):
+            client.describe_channel("to-lake")
+        acme.delete_channel("to-lake")
+        acme.delete_stream("clicks")
+    finally:
+        acme.close()

@@ -109,10 +109,14 @@ def test_a_queue_is_its_tenants_own(cluster, client, stream):
     globex = _with(cluster, client.create_key("admin", tenant="qglobex")[1])
     try:
         acme.create_stream("orders", partitions=1)
-        q = acme.create_queue("orders", "work")
+        q = acme.create_queue("orders", "work", starting_position="TRIM_HORIZON")
         assert (q.name, q.stream) == ("work", "orders")                 # shown under the tenant's names
         assert [x.name for x in acme.list_queues()] == ["work"]
         assert globex.list_queues() == [] and client.list_queues() == []
+        # the owner (a node's own client) reads the tenant's stream by its stored name
+        acme.put_records("orders", [{"data": b"job", "partition_key": "k"}])
+        got = wait_until(lambda: acme.queue("work").receive(1, wait_s=1), 30, "the tenant's record received")
+        assert got[0].data == b"job" and acme.queue("work").ack(got).successful
         with pytest.raises(errors.QueueNotFound):
             globex.describe_queue("work")
         with pytest.raises(errors.QueueNotFound):
