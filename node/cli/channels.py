@@ -1,5 +1,5 @@
 """`sms channel`: channels, a stream delivered into Parquet files or an Iceberg table
-(docs/channels-cli.md): create, describe, list, update, delete. `summary` is the line of
+(docs/channels.md, "sms channel"): create, describe, list, update, delete. `summary` is the line of
 each channel in `sms status`."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`sms channel create|describe|list|update|delete` and the channel lines of `sms status`
-(node/cli/channels.py, docs/channels-cli.md), driven as a user drives them: each command a
+(node/cli/channels.py, docs/channels.md, "sms channel"), driven as a user drives them: each command a
 separate `python -m node` process against one `sms up` of one storage node (test_cli.py's
 `Up`, `sms_cmd` and `ok`).
 
