@@ -1,7 +1,9 @@
 """The web console of a control node: a read-only page of what the cluster holds -- nodes
 with their chains, roles, epochs and chain changes; streams with their partitions drawn as
 the lineage DAG; the partitions short of replicas (control/chains.py `under_replicated`);
-consumer groups and SPS stages with their leases -- updated live.
+consumer groups and SPS stages with their leases; channels with each partition's delivery
+progress (control/channels.py: what the workers record in the metadata store) -- updated
+live.
 
 A WSGI application that node/metrics.py's HTTP(S) server hands every path but /metrics
 (so the console has the metrics port's TLS: HTTPS with the node's certificate on a secure
@@ -30,16 +32,19 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from control import auth, chains
-from metastore import MetaStoreError
+from control.channels import from_bytes as channel_from_bytes, progress_from_bytes
+from metastore import MetaStoreError, NoNodeError
 from sms import metadata, seqno
 from sms import limits
 from sms.errors import SmsError
 from sms.hashing import HASH_SPACE
 from sms.leases import SHARD_END, Lease
 from sms.metadata import ConsumerRecord
-from sms.types import PartitionState, StreamInfo, partition_id
+from sms.types import ChannelInfo, PartitionState, StreamInfo, partition_id
 
 log = logging.getLogger(__name__)
+
+CHANNELS_SHOWN_MAX = 200      # channels shown (by name); the state says when there are more
 
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "console_static")
@@ -173,12 +178,45 @@ class Console:
         short = [{"stream": s["name"], "partition": p["partition"], "live_members": p["live_members"],
                   "replication_factor": s["replication_factor"]}
                  for s in streams for p in s["partitions"] if p["under_replicated"]]
+        channel_list, channels_total = await self._channels(nodes)
         return {"node": {"node_id": self.node_id, "leader": bool(self.is_leader()),
                          "leader_address": await self.view.control_address()},
                 "generated_ms": int(time.time() * 1000),
                 "nodes": node_list, "streams": streams, "changes": changes[:limits.CONSOLE_CHANGES_MAX],
                 "under_replicated": short,
-                "streams_total": len(names), "streams_shown": min(len(names), limits.CONSOLE_STREAMS_MAX)}
+                "streams_total": len(names), "streams_shown": min(len(names), limits.CONSOLE_STREAMS_MAX),
+                "channels": channel_list, "channels_total": channels_total}
+
+    async def _channels(self, registered) -> tuple[list[dict], int]:
+        """Each channel (by stored name, at most CHANNELS_SHOWN_MAX) with its partitions'
+        progress as their workers last recorded it (delivery/worker.py), and how many
+        channels there are."""
+        store = self.view.store
+        try:
+            names = sorted(await store.children(metadata.CHANNELS))
+        except NoNodeError:                             # (no channel made yet: no /channels)
+            return [], 0
+        out = []
+        for name in names[:CHANNELS_SHOWN_MAX]:
+            path = metadata.channel_path(name)
+            try:
+                entry = await store.get(path)
+                if entry is None:
+                    continue                            # deleted meanwhile
+                channel = channel_from_bytes(entry.value)
+                children = sorted(await store.children(path))
+                progress = []
+                for child in children:
+                    raw = await store.get(f"{path}/{child}")
+                    if raw is not None:
+                        progress.append(progress_from_bytes(raw.value))
+            except NoNodeError:                         # deleted meanwhile
+                continue
+            except (ValueError, KeyError, TypeError):   # (the server validates what it writes)
+                continue
+            out.append(_channel(channel, progress, registered))
+            await asyncio.sleep(0)
+        return out, len(names)
 
     async def _stream(self, info: StreamInfo, registered) -> dict:
         by_ordinal = {p.ordinal: p for p in info.partitions}
@@ -249,6 +287,23 @@ def _group(name: str, leases: list, members: list, by_ordinal: dict) -> dict:
                             "heartbeat_age_ms": max(0, now_ms - beat) if beat else None})
     return {"group": name, "members": member_rows, "leases": rows,
             "failures": sum(r["failures"] for r in rows), "dead_letters": sum(r["dead_letters"] for r in rows)}
+
+
+def _channel(channel: ChannelInfo, progress: list, registered) -> dict:
+    """One channel: where it delivers and, per partition, how far (ChannelPartition)."""
+    now_ms = int(time.time() * 1000)
+    d = channel.destination
+    where = d.url if d.kind == "FILES" else f"{d.namespace}.{d.table}"
+    rows = [{"partition": partition_id(p.ordinal), "ordinal": p.ordinal, "position": p.position,
+             "records": p.records, "files": p.files, "dead_letters": p.dead_letters,
+             "last_commit_age_ms": max(0, now_ms - p.last_commit_ms) if p.last_commit_ms else None,
+             "lag_ms": p.lag_ms, "node": p.node, "node_registered": not p.node or p.node in registered,
+             "error": p.error} for p in sorted(progress, key=lambda p: p.ordinal)]
+    return {"channel": channel.name, "stream": channel.stream, "status": channel.status.value,
+            "kind": d.kind, "destination": where, "catalog_uri": d.catalog_uri,
+            "data_freshness_s": channel.data_freshness_s, "record_format": channel.record_format,
+            "partitions": rows, "records": sum(r["records"] for r in rows),
+            "errors": sum(1 for r in rows if r["error"])}
 
 
 def _lag_ms(lease: Lease, partition) -> int | None:

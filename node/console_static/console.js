@@ -3,7 +3,9 @@
 // as markup. Elements carry data-* attributes that the tests find (tests/integration/
 // test_console.py): data-node, data-stream, data-partition + data-state, data-edge,
 // data-group, data-lease + data-owner, data-consumer, data-under-replicated (the count, on
-// #replication and on each stream's card; "1" on a partition short of replicas).
+// #replication and on each stream's card; "1" on a partition short of replicas), and in
+// #channels-table data-channel + data-partition + data-records + data-error ("1": failing)
+// on each channel partition's row (data-partition "" on a channel with no progress yet).
 "use strict";
 
 const POLL_INTERVAL_MS = 1000;
@@ -223,6 +225,62 @@ function drawStreams(state) {
   return el("div", {}, ...cards);
 }
 
+// --- channels ------------------------------------------------------------------------
+
+function durationText(ms) {
+  if (ms < 1000) return ms + " ms";
+  if (ms < 120000) return (ms / 1000).toFixed(1) + " s";
+  return Math.round(ms / 60000) + " min";
+}
+
+function positionText(position) {
+  if (!position) return el("span", {class: "muted"}, "none");
+  return position === "SHARD_END" ? "SHARD_END (done)" : position;
+}
+
+function drawChannels(state) {
+  const channels = state.channels || [];
+  if (!channels.length) return el("p", {class: "muted"}, "No channels.");
+  const rows = [];
+  for (const c of channels) {
+    const parts = c.partitions.length ? c.partitions : [null];
+    const where = el("td", c.catalog_uri ? {rowspan: parts.length, class: "lead", title: "catalog " + c.catalog_uri}
+                             : {rowspan: parts.length, class: "lead"},
+                     el("span", {class: "badge"}, c.kind), " ", c.destination);
+    const name = el("td", {rowspan: parts.length, class: "lead"}, c.channel,
+                    c.status === "ACTIVE" ? null : el("span", {class: "badge error"}, c.status), " ",
+                    el("span", {class: "muted"}, `${c.record_format} · every ${c.data_freshness_s} s`));
+    const stream = el("td", {rowspan: parts.length, class: "lead"}, c.stream);
+    parts.forEach((p, i) => {
+      const lead = i === 0 ? [name, stream, where] : [];
+      if (p === null) {
+        rows.push(el("tr", {"data-channel": c.channel, "data-partition": "", "data-error": "0"}, ...lead,
+                     el("td", {colspan: 9, class: "muted"}, "no progress recorded yet")));
+        return;
+      }
+      rows.push(el("tr", {"data-channel": c.channel, "data-partition": p.partition, "data-records": p.records,
+                          "data-error": p.error ? "1" : "0", class: p.error ? "failing" : ""}, ...lead,
+        el("td", {}, p.partition), el("td", {class: "sn"}, positionText(p.position)),
+        el("td", {class: "num"}, p.records), el("td", {class: "num"}, p.files),
+        el("td", {class: "num"}, p.dead_letters),
+        el("td", {class: "age"}, p.last_commit_age_ms === null ? el("span", {class: "muted"}, "never")
+                                                                : ago(p.last_commit_age_ms)),
+        el("td", {class: "num age"}, durationText(p.lag_ms)),
+        el("td", {}, p.node, p.node_registered ? null : el("span", {class: "warn"}, " (not registered)")),
+        el("td", p.error ? {class: "error"} : {}, p.error)));
+    });
+  }
+  const failing = channels.reduce((n, c) => n + c.errors, 0);
+  return el("div", {},
+    failing ? el("p", {class: "warn", id: "channels-failing"}, `${failing} channel partition(s) failing ` +
+                                                                 "(retried with backoff):") : null,
+    table(["channel", "stream", "destination", "partition", "position", {label: "records", num: 1},
+           {label: "files", num: 1}, {label: "dead letters", num: 1}, "last commit", {label: "lag", num: 1},
+           "node", "error"], rows, {id: "channels-table"}),
+    state.channels_total > channels.length ?
+      el("p", {class: "warn"}, `${channels.length} of ${state.channels_total} channels shown.`) : null);
+}
+
 function drawReplication(state) {
   const short = state.under_replicated || [];
   const attrs = {id: "replication-state", "data-under-replicated": short.length};
@@ -258,6 +316,7 @@ function draw(state) {
   document.getElementById("replication").replaceChildren(drawReplication(state));
   document.getElementById("nodes").replaceChildren(drawNodes(state));
   document.getElementById("streams").replaceChildren(drawStreams(state));
+  document.getElementById("channels").replaceChildren(drawChannels(state));
   document.getElementById("changes").replaceChildren(drawChanges(state));
 }
 

@@ -7,6 +7,8 @@ headless Chromium (Debian's /usr/bin/chromium and /usr/bin/chromedriver, seleniu
 - In Chromium: the page lists the nodes; a stream of 2 partitions is drawn; after a split,
   without a reload, p0000 is CLOSED and p0002, p0003 appear with edges from p0000.
 - A consumer group's member shows up with its leases (owner) and as a registered consumer.
+- A channel shows up with each partition's records delivered and no error; a channel whose
+  destination cannot be written (its directory's parent is a regular file) shows its error.
 - A standby control node serves it too, marked as standby, naming the leader.
 - With a key table, /api/state wants a cluster admin's key (header or ?token=).
 
@@ -253,6 +255,51 @@ def test_page_shows_a_group_and_its_leases(cluster, client, browser):
             {("p0000", "console-m1"), ("p0001", "console-m1")}
         assert [m["member"] for m in group["members"]] == ["console-m1"]
         assert group["failures"] == 0 and group["dead_letters"] == 0
+
+
+def channel_of(snapshot: dict, name: str) -> dict | None:
+    return next((c for c in snapshot.get("channels", []) if c["channel"] == name), None)
+
+
+def test_page_shows_channels_and_their_errors(cluster, client, browser, tmp_path):
+    client.create_stream("delivered", partitions=1, replication_factor=2)
+    client.put_records("delivered", [(f"k{i}", b"v") for i in range(50)])
+    out = tmp_path / "out"
+    client.create_channel("delivered", "to-files", f"file://{out}", data_freshness_s=1)
+    wait_until(lambda: sum(p.records for p in client.describe_channel("to-files").partitions) == 50,
+               PAGE_DEADLINE_S, "50 records delivered by channel to-files")
+    row = wait_for(browser, '#channels-table tr[data-channel="to-files"][data-partition="p0000"]'
+                            '[data-records="50"][data-error="0"]', "to-files' p0000 with 50 records, no error")[0]
+    cells = [td.text for td in row.find_elements("css selector", "td")]
+    assert cells[:5] == ["to-files BYTES · every 1 s", "delivered", f"FILES file://{out}", "p0000",
+                         client.describe_channel("to-files").partitions[0].position], cells
+    files = client.describe_channel("to-files").partitions[0].files
+    assert cells[5:8] == ["50", str(files), "0"] and cells[-1] == "", cells   # records, files, dead letters; no error
+    shown = channel_of(state(cluster), "to-files")
+    assert (shown["stream"], shown["kind"], shown["destination"], shown["errors"]) == (
+        "delivered", "FILES", f"file://{out}", 0)
+    (p,) = shown["partitions"]
+    assert (p["partition"], p["records"], p["files"], p["error"]) == ("p0000", 50, files, "")
+    assert p["node"] == client.get_stream_info("delivered").partition(0).chain[0].node_id
+    assert p["last_commit_age_ms"] is not None
+
+    # a destination that cannot be written: the directory's parent is a regular file
+    blocker = tmp_path / "blocker"
+    blocker.write_bytes(b"not a directory")
+    client.create_channel("delivered", "to-nowhere", f"file://{blocker}/out", data_freshness_s=1)
+    failing = wait_for(browser, '#channels-table tr[data-channel="to-nowhere"][data-error="1"] td.error',
+                       "to-nowhere's error")[0]
+    assert "ArchiveUnavailable" in failing.text and str(blocker) in failing.text, failing.text
+    assert wait_for(browser, "#channels-failing", "the count of failing channel partitions")[0].text.startswith(
+        "1 channel partition(s) failing")
+    (p,) = channel_of(state(cluster), "to-nowhere")["partitions"]
+    assert p["records"] == 0 and "ArchiveUnavailable" in p["error"], p
+    # the working channel's row is not marked
+    assert browser.find_elements("css selector", '#channels-table tr[data-channel="to-files"][data-error="0"]')
+    assert page_errors(browser) == []
+    for name in ("to-nowhere", "to-files"):
+        client.delete_channel(name)
+    wait_for(browser, "#channels p.muted", "no channels once both are deleted")
 
 
 # --- the optional key check (in process: a stub key table) ---------------------------

@@ -2,8 +2,9 @@
 scraped over HTTPS with the cluster CA (plain HTTP on a plaintext cluster), its address
 in the node's registration and cluster.json, and its figures equal to what was done:
 records and bytes written per partition, records read, errors by name, each replica's
-epoch and records, LMDB and disk sizes, de-dup tables, and the chains as the control
-leader sees them."""
+epoch and records, LMDB and disk sizes, de-dup tables, the chains as the control leader
+sees them, and a channel's delivery on the node that delivers it (its partition's head),
+failing while its destination cannot be written."""
 
 from __future__ import annotations
 
@@ -211,6 +212,68 @@ def test_consumer_lag_on_each_head(cluster):
         wait_until(lambda: group_lag() == [0], 30, f"the group's lag 0 once it checkpointed: {lag()}")
         client.put_records(stream, [(f"more{i}", b"v") for i in range(7)])
         wait_until(lambda: group_lag() == [7], 30, f"the group's lag 7 after 7 more records: {lag()}")
+
+
+def test_a_channel_on_the_head_that_delivers_it(cluster, tmp_path):
+    """A channel's partition is delivered by the partition's head: its records delivered,
+    commits and lag there, labelled channel, stream, partition; a channel whose
+    destination cannot be written (its directory's parent is a regular file) is failing,
+    its failures counted."""
+    from tests.conftest import wait_until
+
+    stream, records = "channelled", 120
+    with sms.Client(cluster.address, **cluster.client_options()) as client:
+        client.create_stream(stream, partitions=1, replication_factor=2)
+        client.put_records(stream, [(f"k{i}", b"v") for i in range(records)])
+        client.create_channel(stream, "metered-files", f"file://{tmp_path / 'out'}", data_freshness_s=1)
+        head = client.get_stream_info(stream).partition(0).chain[0].node_id
+        node = cluster.procs[head]
+
+        def on_head() -> dict:
+            return scrape(f"https://{node.metrics_address}/metrics", cluster.ca_file, cluster.admin_token)
+
+        def of(samples: dict, name: str, channel: str) -> list[tuple[dict, float]]:
+            return [(labels, v) for labels, v in samples.get(name, []) if labels["channel"] == channel]
+
+        samples = wait_until(lambda: (lambda s: s if total(s, "sms_channel_records_total", channel="metered-files")
+                                      == records else None)(on_head()),
+                             60, f"sms_channel_records_total {records} on the head {head}")
+        assert sum(p.records for p in client.describe_channel("metered-files").partitions) == records
+        want = {"channel": "metered-files", "stream": stream, "partition": "p0000"}
+        for name in ("sms_channel_records_total", "sms_channel_commits_total", "sms_channel_lag_seconds",
+                     "sms_channel_dead_letters_total", "sms_channel_failures_total",
+                     "sms_channel_last_commit_timestamp_seconds", "sms_channel_failing"):
+            assert [labels for labels, _v in of(samples, name, "metered-files")] == [want], (name, samples.get(name))
+        assert [v for _l, v in of(samples, "sms_channel_failing", "metered-files")] == [0]
+        assert [v for _l, v in of(samples, "sms_channel_failures_total", "metered-files")] == [0]
+        assert [v for _l, v in of(samples, "sms_channel_dead_letters_total", "metered-files")] == [0]
+        assert total(samples, "sms_channel_commits_total", channel="metered-files") >= 1
+        assert total(samples, "sms_channel_last_commit_timestamp_seconds", channel="metered-files") > 0
+        assert total(samples, "sms_channel_lag_seconds", channel="metered-files") >= 0
+        # only the head delivers it
+        others = {n: of(s, "sms_channel_records_total", "metered-files") for n, s in scrapes(cluster).items()
+                  if n != head}
+        assert all(v == [] for v in others.values()), others
+
+        blocker = tmp_path / "blocker"
+        blocker.write_bytes(b"not a directory")
+        client.create_channel(stream, "metered-broken", f"file://{blocker}/out", data_freshness_s=1)
+
+        def broken() -> dict | None:
+            s = on_head()
+            failing = [v for _l, v in of(s, "sms_channel_failing", "metered-broken")]
+            return s if failing == [1] and total(s, "sms_channel_failures_total", channel="metered-broken") > 0 \
+                else None
+        samples = wait_until(broken, 60, f"metered-broken failing on the head {head}")
+        assert [labels for labels, _v in of(samples, "sms_channel_failing", "metered-broken")] == [
+            {"channel": "metered-broken", "stream": stream, "partition": "p0000"}]
+        assert total(samples, "sms_channel_records_total", channel="metered-broken") == 0
+        assert [v for _l, v in of(samples, "sms_channel_failing", "metered-files")] == [0]
+        error = wait_until(lambda: "".join(p.error for p in client.describe_channel("metered-broken").partitions),
+                           30, "metered-broken's error recorded")
+        assert "ArchiveUnavailable" in error, error
+        for name in ("metered-broken", "metered-files"):
+            client.delete_channel(name)
 
 
 def test_a_silent_client_does_not_stop_the_others(cluster):
