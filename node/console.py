@@ -44,7 +44,6 @@ from sms.types import ChannelInfo, PartitionState, StreamInfo, partition_id
 
 log = logging.getLogger(__name__)
 
-CHANNELS_SHOWN_MAX = 200      # channels shown (by name); the state says when there are more
 
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "console_static")
@@ -188,7 +187,7 @@ class Console:
                 "channels": channel_list, "channels_total": channels_total}
 
     async def _channels(self, registered) -> tuple[list[dict], int]:
-        """Each channel (by stored name, at most CHANNELS_SHOWN_MAX) with its partitions'
+        """Each channel (by stored name, at most limits.CONSOLE_CHANNELS_MAX) with its partitions'
         progress as their workers last recorded it (delivery/worker.py), and how many
         channels there are."""
         store = self.view.store
@@ -197,7 +196,7 @@ class Console:
         except NoNodeError:                             # (no channel made yet: no /channels)
             return [], 0
         out = []
-        for name in names[:CHANNELS_SHOWN_MAX]:
+        for name in names[:limits.CONSOLE_CHANNELS_MAX]:
             path = metadata.channel_path(name)
             try:
                 entry = await store.get(path)

@@ -443,6 +443,7 @@ METASTORE_PATH_BYTES_MAX = 400                 # UTF-8 bytes of one path, embedd
 CONSOLE_STATE_TIMEOUT_S = 5.0      # gathering /api/state on the event loop, at most
 CONSOLE_STATE_REUSE_S = 1.0        # a state this young is answered again (several viewers, one gathering)
 CONSOLE_STREAMS_MAX = 200          # streams shown (by name); the state says when there are more
+CONSOLE_CHANNELS_MAX = 200         # channels shown (by name), likewise
 CONSOLE_CHANGES_MAX = 50           # recent chain changes listed for the cluster
 CONSOLE_NODE_CHANGES_MAX = 10      # ... and for each node
 # node/cli/
