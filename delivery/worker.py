@@ -80,6 +80,7 @@ class PartitionWorker:
         self.lag_ms = 0
         self.failures = 0
         self.ask_destination = False      # (a table's position, not the recorded progress: after a Conflict)
+        self.committed = False            # (a commit since the last failure)
         self.commit_s = 0.0
         self.buffered_since = 0.0        # wall clock of the oldest record read and not committed (0: none)
         self.task: asyncio.Task[None] | None = None
@@ -115,6 +116,9 @@ class PartitionWorker:
                 raise
             except Exception as e:            # (any failure of the destination or the stream: shown, retried)
                 raise_if_cancelling()
+                if self.committed:            # (it delivered since the last failure: a new failure, not a long one)
+                    self.committed = False
+                    backoff = limits.CHANNEL_RETRY_S
                 name = e.name if isinstance(e, errors.SmsError) else type(e).__name__
                 text = e.message if isinstance(e, errors.SmsError) else str(e)
                 self.error = f"{name}: {text}"[:1000]
@@ -138,6 +142,7 @@ class PartitionWorker:
         await self.client.get_stream_info(self.channel.stream)   # (the map as it is now: a new child is in it)
         self.position = await self._resume()
         iterator: str | None = await self._iterator_after(self.position)
+        read_upto = self.position         # (the last SN read: a new iterator goes on after it)
         buffer = Buffer()
         freshness = self.channel.data_freshness_s
         committing: asyncio.Task[None] | None = None   # (one commit at a time, while the next buffer fills)
@@ -147,8 +152,12 @@ class PartitionWorker:
                 if buffer.records:
                     left = buffer.started + freshness - time.time()
                     wait_ms = max(0, min(wait_ms, int(left * 1000)))
-                page = await self.client.get_next_record_batch(iterator, limits.CHANNEL_READ_RECORDS,
-                                                               wait_ms=wait_ms, skip_trimmed=True)
+                try:
+                    page = await self.client.get_next_record_batch(iterator, limits.CHANNEL_READ_RECORDS,
+                                                                   wait_ms=wait_ms, skip_trimmed=True)
+                except errors.ExpiredIterator:    # (a long commit or wait: again, after what was read)
+                    iterator = await self._iterator_after(read_upto)
+                    continue
                 self.lag_ms = page.millis_behind_latest
                 batch = page.batch
                 if len(batch):
@@ -156,6 +165,7 @@ class PartitionWorker:
                     assert first is not None and last is not None
                     table = batch.to_arrow(timestamp_unit="us")
                     buffer.add(table, first, last, table.nbytes)
+                    read_upto = last
                     self.buffered_since = buffer.started
                 iterator = page.next_iterator
                 full = (buffer.records >= limits.CHANNEL_FILE_RECORDS_MAX
@@ -271,6 +281,7 @@ class PartitionWorker:
         await self._blocking(self.destination.commit, self.ordinal, self.position, buffer.first_sn, buffer.last_sn,
                              seqno.timestamp_ms_of(buffer.first_sn), table)
         self.position = buffer.last_sn
+        self.committed = True
         self.error = ""
         dead_n = 0 if dead is None else dead.num_rows
         self.progress = dataclasses.replace(
