@@ -126,9 +126,9 @@ def validate_schema(record_format: str, schema: tuple[tuple[str, str], ...]) -> 
         if schema:
             raise InvalidArgument("a schema is for record format JSON")
         return ()
-    if not 1 <= len(schema) <= limits.CHANNEL_SCHEMA_COLUMNS_MAX:
-        raise InvalidArgument(f"record format JSON needs a schema of 1..{limits.CHANNEL_SCHEMA_COLUMNS_MAX} "
-                              "(name, type) columns")
+    if len(schema) > limits.CHANNEL_SCHEMA_COLUMNS_MAX:
+        raise InvalidArgument(f"a JSON schema has at most {limits.CHANNEL_SCHEMA_COLUMNS_MAX} (name, type) columns "
+                              "(none: inferred from the records)")
     seen = set()
     for name, type_ in schema:
         if not _COLUMN.fullmatch(name) or name in RESERVED_COLUMNS or name in seen:

@@ -190,6 +190,16 @@ class IcebergDestination:
             snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
         return {}
 
+    def data_schema(self) -> Any:
+        """The table's columns besides the stream's, as a pyarrow schema (None: no table yet):
+        what an inferring JSON channel parses into once its first commit made the table."""
+        import pyarrow as pa
+        from delivery.rows import STREAM_COLUMNS
+        table = self._load()
+        if table is None:
+            return None
+        return pa.schema([f for f in table.schema().as_arrow() if f.name not in STREAM_COLUMNS])
+
     def position(self, ordinal: int) -> int | None:
         table = self._load()
         value = self.positions(table).get(str(ordinal))

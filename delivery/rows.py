@@ -35,21 +35,49 @@ def _newline_joined(data: Any) -> bytes:
 
 
 def _read(buf: bytes, schema: Any) -> Any:
+    """`buf`'s JSON lines as a table: of `schema` (fields it does not name dropped), or of the
+    columns pyarrow infers (None)."""
     import pyarrow.json as pj
-    return pj.read_json(io.BytesIO(buf), read_options=pj.ReadOptions(use_threads=False, block_size=max(1 << 20, len(buf) + 1)),
-                        parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"))
+    options = (pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore") if schema is not None
+               else pj.ParseOptions())
+    table = pj.read_json(io.BytesIO(buf), read_options=pj.ReadOptions(use_threads=False,
+                                                                      block_size=max(1 << 20, len(buf) + 1)),
+                         parse_options=options)
+    return table if schema is not None else _storable(table)
 
 
-def parse_json(table: Any, schema: tuple[tuple[str, str], ...]) -> tuple[Any, Any]:
-    """(rows, dead): `table` (the stream's columns) with `data` replaced by the columns of
-    `schema` parsed from it, and the rows whose data does not parse as one JSON object of
-    the schema's types (as they came, with a `error` column), or None."""
+def _storable(table: Any) -> Any:
+    """Inferred columns as a table format keeps them: a name of the stream's columns gets
+    `json_` in front, a column of nulls only is a string one, timestamps are in us."""
     import pyarrow as pa
-    target = json_schema(schema)
+    fields = []
+    for field in table.schema:
+        t = field.type
+        if pa.types.is_null(t):
+            t = pa.string()
+        elif pa.types.is_timestamp(t):
+            t = pa.timestamp("us", tz=t.tz)
+        name = f"json_{field.name}" if field.name in STREAM_COLUMNS or field.name == "data" else field.name
+        fields.append(pa.field(name, t))
+    return table.rename_columns([f.name for f in fields]).cast(pa.schema(fields))
+
+
+STREAM_COLUMNS = ("partition_key", "sequence_number", "arrival_time", "partition_id", "headers")
+
+
+def parse_json(table: Any, schema: tuple[tuple[str, str], ...] | Any) -> tuple[Any, Any]:
+    """(rows, dead): `table` (the stream's columns) with `data` replaced by the columns of
+    `schema` parsed from it (a tuple of (name, type), or a pyarrow schema; () infers them from
+    the records), and the rows whose data does not parse as one JSON object of the schema's
+    types (as they came, with a `error` column), or None."""
+    import pyarrow as pa
+    target = schema if isinstance(schema, pa.Schema) else json_schema(schema) if schema else None
     data = table.column("data").combine_chunks()
     rest = table.drop_columns(["data"])
+    empty = pa.table({f.name: pa.array([], f.type) for f in target}, schema=target) if target is not None \
+        else pa.table({})
     if len(data) == 0:
-        return _assemble(rest, pa.table({f.name: pa.array([], f.type) for f in target}, schema=target)), None
+        return _assemble(rest, empty), None
     try:
         parsed = _read(_newline_joined(data), target)
         if parsed.num_rows == len(data) and not _has_empty(data):
@@ -71,8 +99,12 @@ def parse_json(table: Any, schema: tuple[tuple[str, str], ...]) -> tuple[Any, An
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as e:
             bad.append(i)
             errors_.append(str(e)[:500])
-    rows = _assemble(rest.take(good), pa.concat_tables(parts) if parts else
-                     pa.table({f.name: pa.array([], f.type) for f in target}, schema=target))
+    try:
+        parsed = pa.concat_tables(parts, promote_options="permissive") if parts else empty
+    except (pa.ArrowInvalid, pa.ArrowTypeError):           # (inferred: a field of two kinds of value)
+        parsed = pa.concat_tables([p.cast(pa.schema([pa.field(f.name, pa.string()) for f in p.schema]))
+                                   for p in parts], promote_options="permissive")
+    rows = _assemble(rest.take(good), parsed)
     dead = None
     if bad:
         dead = table.take(bad).append_column("error", pa.array(errors_, pa.string()))

@@ -269,7 +269,11 @@ class PartitionWorker:
         table = pa.concat_tables(buffer.batches)
         dead = None
         if self.channel.record_format == "JSON":
-            table, dead = await asyncio.to_thread(parse_json, table, self.channel.schema)
+            schema: Any = self.channel.schema
+            if not schema and self.destination.kind == "ICEBERG":
+                # (inferred: by the first commit's records, which made the table; later ones keep to it)
+                schema = await self._blocking(self.destination.data_schema) or ()
+            table, dead = await asyncio.to_thread(parse_json, table, schema)
         if dead is not None and self.dead_store is not None:
             # (before the commit: dead letters are at least once, the destination exactly once)
             key = dead_letter_key(self.channel, self.ordinal, buffer.first_sn, buffer.last_sn)

@@ -47,7 +47,7 @@ def _files(directory: str) -> list[str]:
 
 def _read_files(directory: str):
     files = _files(directory)
-    return pa.concat_tables([pq.read_table(f) for f in files]) if files else None
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default") if files else None
 
 
 def _delivered(client, name: str) -> int:
@@ -191,6 +191,7 @@ def test_bad_input_is_named_and_changes_nothing(client, tmp_path):
         (dict(destination=url, data_freshness_s=901), errors.InvalidArgument),
         (dict(destination=url, record_format="XML"), errors.InvalidArgument),
         (dict(destination=url, record_format="JSON", schema={"a": "long"}), errors.InvalidArgument),  # no dead letters
+        (dict(destination=url, record_format="JSON"), errors.InvalidArgument),               # (inferred: likewise)
         (dict(destination=url, record_format="JSON", schema={"a": "int128"}, dead_letter_url=url),
          errors.InvalidArgument),
         (dict(destination=url, record_format="JSON", schema={"headers": "long"}, dead_letter_url=url),
@@ -251,3 +252,33 @@ def test_a_tenant_delivers_where_the_operator_lets_it(cluster, client, tmp_path)
         acme.delete_stream("clicks")
     finally:
         acme.close()
+
+
+def test_json_schema_inferred(client, tmp_path):
+    """No schema: files take the columns each commit's records have; a table, those of the
+    records of its first commit (later fields it does not have are dropped)."""
+    client.create_stream("chan-infer", partitions=1, replication_factor=3)
+    out, dead = tmp_path / "out", tmp_path / "dead"
+    catalog_uri, warehouse = f"sqlite:///{tmp_path}/catalog.db", f"file://{tmp_path}/warehouse"
+    client.create_channel("chan-infer", "inferred-files", f"file://{out}", data_freshness_s=1, record_format="JSON",
+                          dead_letter_url=f"file://{dead}")
+    client.create_channel("chan-infer", "inferred-table", {"namespace": "lake", "table": "inferred",
+                                                          "catalog_uri": catalog_uri, "warehouse": warehouse},
+                          data_freshness_s=1, record_format="JSON", dead_letter_url=f"file://{dead}/t")
+    _put(client, "chan-infer", 50, data=lambda i: json.dumps({"user": f"u{i}", "n": i, "partition_key": "x"}).encode())
+    wait_until(lambda: _delivered(client, "inferred-files") == 50 and _delivered(client, "inferred-table") == 50,
+               60, "the first 50 records in both")
+    _put(client, "chan-infer", 50, start=50,
+         data=lambda i: json.dumps({"user": f"u{i}", "n": i, "extra": 1.5}).encode())
+    wait_until(lambda: _delivered(client, "inferred-files") == 100 and _delivered(client, "inferred-table") == 100,
+               60, "100 records in both")
+    files = _read_files(str(out))        # (pyarrow unifies the files' columns)
+    assert files.num_rows == 100 and sorted(files.column("n").to_pylist()) == list(range(100))
+    assert "json_partition_key" in files.column_names and files.schema.field("n").type == pa.int64()
+    from pyiceberg.catalog.sql import SqlCatalog
+    rows = SqlCatalog("sms", uri=catalog_uri, warehouse=warehouse).load_table("lake.inferred").scan().to_arrow()
+    assert rows.num_rows == 100 and sorted(rows.column("n").to_pylist()) == list(range(100))
+    assert "extra" not in rows.column_names and "user" in rows.column_names
+    client.delete_channel("inferred-files")
+    client.delete_channel("inferred-table")
+    client.delete_stream("chan-infer")
