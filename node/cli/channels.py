@@ -181,9 +181,11 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     c.add_argument("--partition-by-hour", action="store_true",
                    help="Iceberg: partition the table by the hour of arrival_time")
     c.add_argument("--format", choices=FORMATS,
-                   help="BYTES: each record's data as it is; JSON: data parsed into the --schema columns "
-                        "(default: JSON with --schema, else BYTES)")
-    c.add_argument("--schema", metavar="NAME:TYPE,...", help=f"JSON's columns, name:type,... (types: {COLUMN_TYPES})")
+                   help="BYTES: each record's data as it is; JSON: data parsed into the --schema columns, "
+                        "or into columns inferred from the records without one (default: JSON with --schema, "
+                        "else BYTES)")
+    c.add_argument("--schema", metavar="NAME:TYPE,...",
+                   help=f"JSON's columns, name:type,... (types: {COLUMN_TYPES}; none: inferred)")
     c.add_argument("--dead-letter-url", metavar="URL",
                    help="JSON: where records that do not parse go, file:///dir or s3://bucket/prefix (required "
                         "with JSON)")
