@@ -73,6 +73,7 @@ class PartitionOwner:
         self.pending: list[Change] = []       # not yet in the log
         self.waiting: list[asyncio.Future[None]] = []   # settles answered once `pending` is
         self.flush_wake = asyncio.Event()
+        self.flush_wake_during_write = False  # (calls came while the last write was out)
         self.changes_since_snapshot = 0
         self.snapshot_at = time.monotonic()
         self.snapshot_every_s = float(limits.QUEUE_SNAPSHOT_INTERVAL_S)
@@ -261,14 +262,17 @@ class PartitionOwner:
                 await asyncio.wait_for(self.flush_wake.wait(), limits.QUEUE_LOG_FLUSH_MS / 1000)
             except TimeoutError:
                 pass
-            if self.waiting and limits.QUEUE_LOG_LINGER_MS:
-                # (a call waits: a moment for the calls right behind it, to share its write)
+            if self.waiting and limits.QUEUE_LOG_LINGER_MS and not self.flush_wake_during_write:
+                # (a call waits: a moment for the calls right behind it, to share its write;
+                # not when they came while the last write was out: they have shared it already)
                 await asyncio.sleep(limits.QUEUE_LOG_LINGER_MS / 1000)
             self.flush_wake.clear()
-            await self.flush()
+            wrote = await self.flush()
+            self.flush_wake_during_write = wrote and self.flush_wake.is_set()
 
-    async def flush(self) -> None:
-        """What changed, into the log; then the settles waiting on it are answered."""
+    async def flush(self) -> bool:
+        """What changed, into the log; then the settles waiting on it are answered. Whether
+        it wrote."""
         state = self.state
         assert state is not None
         if state.next_deadline() is not None:
@@ -291,6 +295,7 @@ class PartitionOwner:
             await self._snapshot()
         if time.monotonic() - self.checkpoint_at > limits.QUEUE_CHECKPOINT_INTERVAL_S:
             await self._checkpoint()
+        return bool(pending)
 
     async def _checkpoint(self) -> None:
         """The queue's checkpoint in this partition, as a registered consumer of the stream:
