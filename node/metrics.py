@@ -29,7 +29,7 @@ import shutil
 import socket
 import time
 
-from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, Counter
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, Counter, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from control import auth, chains
@@ -42,6 +42,10 @@ from sms.types import partition_id
 
 log = logging.getLogger(__name__)
 
+# no `<counter>_created` series (one per counter and label set: 107 per storage node, of
+# no use to an alert or a dashboard; Prometheus's own exporters leave them out too)
+disable_created_metrics()
+
 SCRAPE_ERRORS = Counter("sms_scrape_errors", "Scrapes whose node state could not be read in time",
                         registry=REGISTRY)
 # the process's own (CPU, memory, open files, GC), as prometheus_client's default registry has them
@@ -49,12 +53,26 @@ for _standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
     REGISTRY.register(_standard)
 
 
+def _expiries(tls) -> list[tuple[str, float]]:
+    """(node or ca, its not-after time) of a TLS node's certificate and CA (none: plaintext)."""
+    if tls is None:
+        return []
+    from cryptography import x509
+    out = []
+    for name, pem in (("node", tls.cert), ("ca", tls.ca)):
+        if pem:
+            cert = x509.load_pem_x509_certificate(pem)
+            out.append((name, cert.not_valid_after_utc.timestamp()))
+    return out
+
+
 class NodeCollector:
     """What the node holds: replicas, peer links, LMDB, de-dup tables, and on the control
     leader every chain."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, node_id: str, roles: tuple[str, ...], data_dir: str,
-                 storage=None, ingestion=None, view=None, is_leader=lambda: False, groups=None, queues=None, channels=None):
+                 storage=None, ingestion=None, view=None, is_leader=lambda: False, groups=None, queues=None,
+                 channels=None, tls=None):
         self.loop = loop
         self.node_id = node_id
         self.roles = roles
@@ -67,6 +85,7 @@ class NodeCollector:
         self.queues = queues          # queues/service.py: the owners of queues' partitions here
         self.channels = channels      # delivery/manager.py: the channel workers here
         self._lag: tuple[float, list] | None = None     # (when, the consumer lag families)
+        self.certificates = _expiries(tls)                # (certificate, not after: s since the epoch)
 
     def describe(self):
         """Nothing ahead of a scrape (else registering would call collect() on the event
@@ -78,6 +97,13 @@ class NodeCollector:
                                  labels=["node", "roles"])
         info.add_metric([self.node_id, ",".join(self.roles)], 1)
         yield info
+        if self.certificates:
+            expiry = GaugeMetricFamily("sms_tls_certificate_expiry_timestamp_seconds",
+                                       "When a certificate this node presents (node) or trusts (ca) expires",
+                                       labels=["certificate"])
+            for name, not_after in self.certificates:
+                expiry.add_metric([name], not_after)
+            yield expiry
         future = asyncio.run_coroutine_threadsafe(self._snapshot(), self.loop)
         try:
             snap = future.result(timeout=limits.METRICS_SCRAPE_TIMEOUT_S)
@@ -118,9 +144,9 @@ class NodeCollector:
                                    "Records a replica holds past the chain's commit point: on the head, what is "
                                    "still on its way down the chain (replication lag in records)",
                                    labels=["stream", "partition", "role"])
-        behind_ms = GaugeMetricFamily("sms_replica_uncommitted_ms",
-                                      "Age of the oldest record past the commit point, by the SNs' times "
-                                      "(replication lag in ms)", labels=["stream", "partition", "role"])
+        behind_s = GaugeMetricFamily("sms_replica_uncommitted_seconds",
+                                     "Age of the oldest record past the commit point, by the SNs' times "
+                                     "(replication lag)", labels=["stream", "partition", "role"])
         for s in node.status():
             stream, ordinal = parse_chain_id(s["chain_id"])
             pid, role = partition_id(ordinal), s["role"] or "none"
@@ -130,25 +156,26 @@ class NodeCollector:
             lag = seqno.counter_of(last) - seqno.counter_of(committed) if last and committed else 0
             behind.add_metric([stream, pid, role], max(0, lag))
             age = seqno.timestamp_ms_of(last) - seqno.timestamp_ms_of(committed) if lag > 0 else 0
-            behind_ms.add_metric([stream, pid, role], max(0, age))
-        archive_lag = GaugeMetricFamily("sms_archive_lag_ms",
+            behind_s.add_metric([stream, pid, role], max(0, age) / 1000)
+        archive_lag = GaugeMetricFamily("sms_archive_lag_seconds",
                                         "How long the oldest committed record not archived is past the stream's "
                                         "archive_after_s (on the partition's tail; 0: archiving keeps up)",
                                         labels=["stream", "partition"])
         archive_failing = GaugeMetricFamily("sms_archive_failing",
                                             "1 while the partition's last archive step failed (retried with backoff)",
                                             labels=["stream", "partition"])
-        local_first = GaugeMetricFamily("sms_replica_local_first_timestamp_ms",
+        local_first = GaugeMetricFamily("sms_replica_local_first_timestamp_seconds",
                                         "Time (by its SN) of the oldest record a replica stores locally",
                                         labels=["stream", "partition"])
         for cid, part in list(node.archiver.parts.items()):
             stream, ordinal = parse_chain_id(cid)
-            archive_lag.add_metric([stream, partition_id(ordinal)], part.lag_ms)
+            archive_lag.add_metric([stream, partition_id(ordinal)], part.lag_ms / 1000)
             archive_failing.add_metric([stream, partition_id(ordinal)], 1 if part.error else 0)
         for cid, replica in list(node.replicas.items()):
             if replica.log.first_sn:
                 stream, ordinal = parse_chain_id(cid)
-                local_first.add_metric([stream, partition_id(ordinal)], seqno.timestamp_ms_of(replica.log.first_sn))
+                local_first.add_metric([stream, partition_id(ordinal)],
+                                       seqno.timestamp_ms_of(replica.log.first_sn) / 1000)
         connected = GaugeMetricFamily("sms_peer_link_connected", "A replication stream to (out) or from (in) a "
                                       "peer node is connected", labels=["peer", "direction"])
         chains = GaugeMetricFamily("sms_peer_link_chains", "Chain links a replication stream carries",
@@ -177,7 +204,7 @@ class NodeCollector:
         free.add_metric([], disk.free)
         total = GaugeMetricFamily("sms_disk_bytes", "Size of the data directory's file system")
         total.add_metric([], disk.total)
-        return [epoch, records, behind, behind_ms, archive_lag, archive_failing, local_first, connected, chains,
+        return [epoch, records, behind, behind_s, archive_lag, archive_failing, local_first, connected, chains,
                 frames, failed, used, size, free, total]
 
     async def _consumer_lag(self) -> list:
@@ -187,7 +214,7 @@ class NodeCollector:
         labels = ["stream", "partition", "consumer", "kind"]
         lag = GaugeMetricFamily("sms_consumer_lag_records", "Committed records a consumer group, SPS stage or "
                                 "registered consumer has not checkpointed (on the partition's head)", labels=labels)
-        lag_ms = GaugeMetricFamily("sms_consumer_lag_ms", "Age of the newest committed record past a consumer's "
+        lag_s = GaugeMetricFamily("sms_consumer_lag_seconds", "Age of the newest committed record past a consumer's "
                                    "checkpoint, by the SNs' times (on the partition's head)", labels=labels)
         heads: dict[str, dict[int, dict]] = {}
         for s in self.storage.status():
@@ -228,8 +255,8 @@ class NodeCollector:
                 if behind is not None:
                     values = [stream, partition_id(ordinal), name, kind]
                     lag.add_metric(values, behind[0])
-                    lag_ms.add_metric(values, behind[1])
-        return [lag, lag_ms]
+                    lag_s.add_metric(values, behind[1] / 1000)
+        return [lag, lag_s]
 
     def _ingestion(self) -> list:
         labels = ["stream", "partition"]

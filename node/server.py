@@ -307,7 +307,7 @@ class _Node:
         self.collector = NodeCollector(self.loop, self.node_id, self.roles, self.data_dir, storage=self.storage,
                                        ingestion=self.ingestion, view=self.view,
                                        is_leader=lambda: control.admin is not None, groups=control.groups,
-                                       queues=self.queues, channels=self.deliveries)
+                                       queues=self.queues, channels=self.deliveries, tls=self.tls)
         keys = self.keys if self.tls is not None else None
         console = (Console(self.loop, self.node_id, self.view, control.groups,
                            is_leader=lambda: control.admin is not None, keys=keys)

@@ -176,6 +176,24 @@ def test_counters_move_under_load(cluster, worked):
         writer.join(timeout=60)
 
 
+def test_times_are_seconds_and_no_created_series(cluster, worked):
+    """Prometheus's conventions: gauges of time in seconds, no `_created` series; and a TLS
+    node says when its certificate and its CA expire."""
+    import time as _time
+    from cryptography import x509
+    for node_id, samples in scrapes(cluster).items():
+        assert not [n for n in samples if n.endswith("_created")], node_id
+        assert not [n for n in samples if n.startswith("sms_") and n.endswith("_ms")], node_id
+        expiry = {labels["certificate"]: v for labels, v in samples.get("sms_tls_certificate_expiry_timestamp_seconds", [])}
+        with open(cluster.ca_file, "rb") as f:
+            ca_expiry = x509.load_pem_x509_certificate(f.read()).not_valid_after_utc.timestamp()
+        assert expiry["ca"] == ca_expiry and expiry["node"] > _time.time(), (node_id, expiry)
+    storage = [s for n, s in scrapes(cluster).items() if n.startswith("n")]
+    firsts = [v for s in storage for labels, v in s.get("sms_replica_local_first_timestamp_seconds", [])
+              if labels["stream"] == STREAM]
+    assert firsts and all(_time.time() - 3600 < v <= _time.time() for v in firsts), firsts
+
+
 def test_consumer_lag_on_each_head(cluster):
     """A registered consumer's lag per partition, on the partition's head: every record,
     then what is left after a checkpoint mid-partition, then none."""
