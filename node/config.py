@@ -179,7 +179,8 @@ SETTINGS: tuple[Setting, ...] = (
             "needs the same file (else $SMS_MASTER_KEY; `sms up` makes DIR/tls/master.key)"),
     Setting("node.listen", str, "", "the client port, HOST:PORT (--listen wins)"),
     Setting("node.cluster_listen", str, "", "the cluster port of a TLS node, HOST:PORT (--cluster-listen wins)"),
-    Setting("node.metrics_listen", str, "", "/metrics, HOST:PORT (--metrics-listen wins)"),
+    Setting("node.metrics_listen", str, "", "/metrics, HOST:PORT (--metrics-listen wins; default: the client "
+                                            "port + METRICS_PORT_OFFSET, or any free port when it is 0)"),
     Setting("node.kinesis_listen", str, "", "the Kinesis Data Streams endpoint, HOST:PORT, or off (--kinesis-listen "
                                             "wins; default: the --listen host, any free port)"),
     Setting("log.level", str, "INFO", "DEBUG, INFO, WARNING or ERROR", choices=logs.LEVELS),

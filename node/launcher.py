@@ -221,8 +221,9 @@ class LocalCluster:
         cmd = [sys.executable, "-m", "node", "serve", "--node-id", node_id, "--roles", node.roles,
                "--metastore", self.metastore, "--data-dir", os.path.join(self.data_dir, node_id),
                "--listen", listen, "--ready-file", ready] + self._tls_args(node)
-        if node.roles == "control" and node.metrics_address:
-            cmd += ["--metrics-listen", node.metrics_address]     # (the console's address survives a restart)
+        if node.metrics_address:
+            cmd += ["--metrics-listen", node.metrics_address]     # (Prometheus's targets and the console's address
+            #                                                       survive a restart)
         if node.kinesis_address:      # (an SDK's endpoint URL survives a restart)
             cmd += ["--kinesis-listen", node.kinesis_address.split("://", 1)[1]]
         # a node added to a running `sms up` (`sms node add`) lives as long as that launcher

@@ -420,7 +420,9 @@ def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", ke
             server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     except (OSError, ValueError, ssl.SSLError) as e:
         REGISTRY.unregister(collector)
-        raise SystemExit(f"sms serve: cannot serve metrics on {listen}: {e}") from None
+        raise SystemExit(f"sms serve: cannot serve metrics on {listen}: {e} (set another with --metrics-listen "
+                         f"or node.metrics_listen; by default a node on port P serves them on P + "
+                         f"{limits.METRICS_PORT_OFFSET})") from None
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server, f"{host}:{server.server_port}"
 

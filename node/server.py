@@ -81,6 +81,16 @@ def _write_session_file(path: str, store) -> None:
     os.replace(tmp, path)
 
 
+def metrics_listen_for(listen: str) -> str:
+    """Where /metrics is served unless configured: a node listening on a port of its
+    choosing (HOST:P) serves it at HOST:P + METRICS_PORT_OFFSET, the same across restarts
+    and easy to list for Prometheus; on any free port (P 0), any free port too."""
+    host, _, port = listen.rpartition(":")
+    if port.isdigit() and int(port) and int(port) + limits.METRICS_PORT_OFFSET <= 65535:
+        return f"{host}:{int(port) + limits.METRICS_PORT_OFFSET}"
+    return f"{host}:0"
+
+
 async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_dir: str, listen: str,
                 ready_file: str | None = None, exit_with_parent: bool = False, session_file: str = "",
                 exit_with_pid: int = 0, tls: security.TlsConfig | None = None, cluster_listen: str = "",
@@ -103,7 +113,7 @@ async def serve(node_id: str, roles: tuple[str, ...], metastore_url: str, data_d
     await node.open_ports(listen, cluster_listen, bootstrap_token)
     await node.add_services()
     await node.start_servers()
-    node.serve_metrics(metrics_listen, tls_files)
+    node.serve_metrics(metrics_listen or metrics_listen_for(listen), tls_files)
     await node.start_kinesis(kinesis_listen, tls_files)
     await node.register()
     node.start_control()

@@ -115,6 +115,7 @@ AUDIT_FILE_BACKUPS = 5                          # ... keeping so many old files 
 AUDIT_LINE_BYTES_MAX = 2048                     # one audit line (its detail, then its target, cut to fit)
 AUDIT_READ_EVENTS_MAX = 10_000                  # audit lines one ReadAudit answers (`sms audit --limit`)
 relation("AUDIT_READ_EVENTS_MAX * AUDIT_LINE_BYTES_MAX < GRPC_MESSAGE_BYTES_MAX")
+METRICS_PORT_OFFSET = 1000                     # a node on port P serves /metrics on P + this unless told (7401: 8401)
 METRICS_SCRAPE_TIMEOUT_S = 5.0                  # a metrics scrape reads the node's state within this (node/metrics.py)
 METRICS_REQUEST_TIMEOUT_S = 10.0                # one HTTP(S) request to a node's metrics port (its TLS handshake too)
 METRICS_LAG_REFRESH_S = 10.0                    # consumer lag (metadata reads) is computed at most this often per node

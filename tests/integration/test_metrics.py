@@ -303,3 +303,16 @@ def test_a_silent_client_does_not_stop_the_others(cluster):
     host, port = node.metrics_address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=SCRAPE_TIMEOUT_S):
         assert scrape(f"https://{node.metrics_address}/metrics", cluster.ca_file, cluster.admin_token)["sms_node_info"]
+
+
+def test_a_restarted_node_keeps_its_metrics_address(cluster):
+    """Prometheus's targets stay right: `sms up` restarts a node on its metrics address, and a
+    node on a port of its choosing serves /metrics on that port + METRICS_PORT_OFFSET."""
+    from node.server import metrics_listen_for
+    assert metrics_listen_for("10.0.0.1:7401") == "10.0.0.1:8401"
+    assert metrics_listen_for("10.0.0.1:0") == "10.0.0.1:0"
+    assert metrics_listen_for("[::1]:65000") == "[::1]:0"                 # (past the last port: any)
+    before = cluster.procs["n3"].metrics_address
+    cluster.restart("n3")
+    assert cluster.procs["n3"].metrics_address == before
+    assert "sms_node_info" in scrape(f"https://{before}/metrics", cluster.ca_file, cluster.admin_token)
