@@ -302,6 +302,9 @@ def _move(config: ChainConfig, live: dict[str, int], replication_factor: int, lo
 
 
 HANDOFF_ACTION = "head handoff"
+# the chain changes that are the cluster working as meant (logged at INFO; the others, a member
+# removed or a learner dropped, are failures and logged at WARNING)
+ROUTINE_ACTIONS = frozenset({"created", "learner", "promoted", "restored", HANDOFF_ACTION, "head moved"})
 
 
 def _start_handoff(config: ChainConfig, heads: Counter, draining: frozenset[str], now_ms: int) -> ChainConfig | None:

@@ -426,8 +426,11 @@ class ChainManager:
             handoff_started = handoff_started or bool(new.handoff)
             for change in new.history[len(new.history) - _new_changes(config, new):]:
                 metrics.CHAIN_CHANGES.labels(change.action).inc()
-                log.warning("chain %s epoch %d: %s %s (%s)", config.chain_id, change.epoch, change.action,
-                            change.node, change.reason)
+                # (routine steps, a replica copied in or a head handed over, at INFO; a member lost,
+                # at WARNING: an operator's attention)
+                log.log(logging.INFO if change.action in chains.ROUTINE_ACTIONS else logging.WARNING,
+                        "chain %s epoch %d: %s %s (%s)", config.chain_id, change.epoch, change.action,
+                        change.node, change.reason)
             chains.count_change(load, learning, config, new)
             if not config.sealed:      # heads as reads.load_of counts them, so one round moves no more
                 heads[config.handoff or config.head] -= 1

@@ -296,9 +296,9 @@ class Repartitioner:
                      type(e).__name__)
             return
         self.steps += 1
-        log.warning("stream %s: %s committed, map version %d; ending SNs %s, children %s from %d",
-                    config.name, what, pmap.version + 1, dict(action.endings),
-                    [c.ordinal for c in action.children], action.boundary_ms)
+        log.info("stream %s: %s committed, map version %d; ending SNs %s, children %s from %d",
+                 config.name, what, pmap.version + 1, dict(action.endings),
+                 [c.ordinal for c in action.children], action.boundary_ms)
 
     # --- retention: closed partitions that hold nothing more ------------------------------
     async def _consumers(self, stream: str) -> list[ConsumerRecord]:
@@ -335,8 +335,8 @@ class Repartitioner:
         except (BadVersionError, NoNodeError):
             return []
         self.dropped += len(gone)
-        log.warning("stream %s: dropped closed partitions %s (retention left no record in them)", config.name,
-                    ", ".join(f"p{o:04d}" for o in gone))
+        log.info("stream %s: dropped closed partitions %s (retention left no record in them)", config.name,
+                 ", ".join(f"p{o:04d}" for o in gone))
         if config.archive:
             background(cleanup.drop_partitions(self.store, config, gone))
         return gone
@@ -388,8 +388,8 @@ class Repartitioner:
                                      replace(config, repartition=request.record()).to_bytes(), version)
             except (BadVersionError, NoNodeError):
                 return
-            log.warning("stream %s: p%04d wrote %.0f records/s for %.0f s (threshold %d): splitting it",
-                        config.name, e.ordinal, rate, now - since, config.auto_split_records_per_s)
+            log.info("stream %s: p%04d wrote %.0f records/s for %.0f s (threshold %d): splitting it",
+                     config.name, e.ordinal, rate, now - since, config.auto_split_records_per_s)
             self._hot_since.pop(key, None)
             return                   # one request at a time per stream
 

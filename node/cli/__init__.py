@@ -27,7 +27,7 @@ import sys
 import argcomplete
 
 from node.cli import access, channels, cluster, graphs, groups, nodes, queues, records, streams
-from node.cli.common import DEFAULT_DATA_DIR, DISTRIBUTION
+from node.cli.common import DEFAULT_DATA_DIR, DISTRIBUTION, ENV_DATA_DIR
 from sms import errors
 
 
@@ -62,7 +62,8 @@ class _VersionAction(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--address", help="any node's HOST:PORT (default: $SMS_ADDRESS or DIR/cluster.json)")
-    common.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="local cluster directory (default ./sms-data)")
+    common.add_argument("--data-dir", default=os.environ.get(ENV_DATA_DIR) or DEFAULT_DATA_DIR,
+                        help=f"local cluster directory (default: ${ENV_DATA_DIR}, else ./{DEFAULT_DATA_DIR})")
     common.add_argument("--json", action="store_true", help="machine-readable output")
     common.add_argument("--token", help="a key's token (default: $SMS_TOKEN, or the admin token of "
                                         "DIR/cluster.json); see `sms key create`")

@@ -15,6 +15,7 @@ from sms import limits, security
 
 
 DEFAULT_DATA_DIR = "sms-data"
+ENV_DATA_DIR = "SMS_DATA_DIR"     # the local cluster directory of every command that takes --data-dir
 
 
 DEFAULT_PORT = 7480

@@ -237,6 +237,11 @@ def test_up_streams_put_read_status_and_sigterm(up_factory):
     created = json.loads(ok(sms_cmd(d, "stream", "create", "s1", "--partitions", "2", "--rf", "3", "--json")))
     assert created["name"] == "s1" and len(created["partitions"]) == 2
     assert json.loads(ok(sms_cmd(d, "stream", "list", "--json"))) == ["s1"]
+    # $SMS_DATA_DIR stands for --data-dir on every command (here from another directory)
+    listed = subprocess.run([sys.executable, "-m", "node", "stream", "list", "--json"], capture_output=True,
+                            text=True, timeout=COMMAND_TIMEOUT_S, env={**_env(), "SMS_DATA_DIR": d},
+                            cwd=os.path.dirname(d))
+    assert json.loads(ok(listed)) == ["s1"]
     described = json.loads(ok(sms_cmd(d, "stream", "describe", "s1", "--json")))
     assert [p["partition_id"] for p in described["partitions"]] == ["p0000", "p0001"]
     for p in described["partitions"]:
