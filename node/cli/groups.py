@@ -28,10 +28,24 @@ def cmd_consumer(args) -> int:
         elif args.consumer_cmd == "reset":
             sns = dict(item.split("=", 1) for item in args.sequence_number or [])
             to = "AT_TIMESTAMP" if args.timestamp_ms is not None else "" if sns else args.to or "TRIM_HORIZON"
+            d = client.describe_group(args.stream, args.group)      # (GroupNotFound before any plan)
+            target = (f"the first record at or after {args.timestamp_ms} ms" if to == "AT_TIMESTAMP" else
+                      "the end of the partition when executed" if to == "LATEST" else
+                      "the oldest record kept" if to == "TRIM_HORIZON" else "")
+            plan = [{"partition_id": p["partition_id"], "state": p["state"], "checkpoint": p["checkpoint"],
+                     "to": sns.get(p["partition_id"], sns.get(str(p.get("ordinal", "")), "TRIM_HORIZON"))
+                     if sns else to} for p in d["partitions"]]
+            lines = [f"  {p['partition_id']}  {p['state']:<6}  from {p['checkpoint'] or '-':<40}  to {p['to']}"
+                     for p in plan]
+            if not args.execute:
+                _emit(args, {"plan": plan, "executed": False},
+                      "\n".join([f"the plan for group {args.group} of {args.stream} (nothing changed: add --execute "
+                                 f"to apply it){': ' + target if target else ''}"] + lines))
+                return 0
             client.reset_group(args.stream, args.group, to=to, timestamp_ms=args.timestamp_ms or 0,
                                sequence_numbers=sns)
-            _emit(args, {"reset": args.group, "to": to or sns},
-                  f"group {args.group} reset to {to or sns}: running members resume from there")
+            _emit(args, {"reset": args.group, "to": to or sns, "plan": plan, "executed": True},
+                  "\n".join([f"group {args.group} reset to {to or sns}: running members resume from there"] + lines))
         else:
             client.delete_group(args.stream, args.group)
             _emit(args, {"deleted": args.group}, f"group {args.group} of {args.stream} deleted")
@@ -49,7 +63,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
         g = gsub.add_parser(name, parents=[common], help=text)
         g.add_argument("stream", help="the stream's name")
         g.add_argument("group", help="the consumer group's name")
-    gr = gsub.add_parser("reset", parents=[common], help="move a group's checkpoints (running members follow)")
+    gr = gsub.add_parser("reset", parents=[common], help="move a group's checkpoints (running members follow): "
+                                                         "shows the plan; --execute applies it")
     gr.add_argument("stream", help="the stream's name")
     gr.add_argument("group", help="the consumer group's name")
     where = gr.add_mutually_exclusive_group()
@@ -58,4 +73,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     where.add_argument("--timestamp-ms", type=int, help="the first record at or after this time (ms since the epoch)")
     where.add_argument("--sequence-number", action="append", metavar="PARTITION=SN",
                        help="resume after this SN in this partition (repeat; partitions not named: TRIM_HORIZON)")
+    gr.add_argument("--execute", action="store_true",
+                    help="apply the plan (without it: show each partition's checkpoint now and where it would go, "
+                         "and change nothing)")
     consumer.set_defaults(func=cmd_consumer)

@@ -217,7 +217,11 @@ def test_up_is_secure_by_default_and_keys_have_roles(up_factory):
     assert groups["groups"] == ["g"]
     described = json.loads(ok(sms_cmd(d, "consumer", "describe", "s", "g", "--json")))
     assert described["partitions"][0]["records"] == 4 and described["members"] == []
-    ok(sms_cmd(d, "consumer", "reset", "s", "g", "--to", "TRIM_HORIZON"))
+    plan = ok(sms_cmd(d, "consumer", "reset", "s", "g", "--to", "TRIM_HORIZON"))      # (a plan: nothing changes)
+    assert "--execute" in plan and "p0000" in plan and "to TRIM_HORIZON" in plan, plan
+    assert json.loads(ok(sms_cmd(d, "consumer", "reset", "s", "g", "--json")))["executed"] is False
+    assert ok(sms_cmd(d, "read", "s", "--group", "g")) == ""
+    ok(sms_cmd(d, "consumer", "reset", "s", "g", "--to", "TRIM_HORIZON", "--execute"))
     assert ok(sms_cmd(d, "read", "s", "--group", "g")).count("\n") == 4
     ok(sms_cmd(d, "consumer", "delete", "s", "g"))
     missing = sms_cmd(d, "consumer", "describe", "s", "g")
