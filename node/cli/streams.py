@@ -66,8 +66,13 @@ def _retention_text(d: dict) -> str:
     return f"{seconds // 3600 if seconds else d['retention_hours']} h"
 
 
-def _describe_text(d: dict) -> str:
-    lines = [f"stream {d['name']}: {d['status']}, {len(d['partitions'])} partitions, replication "
+def _describe_text(d: dict, history: bool = False) -> str:
+    """The stream as lines; each chain's changes only with `history` (sms stream describe
+    --history): on a long-lived stream they are most of it."""
+    opened = sum(1 for p in d["partitions"] if p["state"] == "OPEN")
+    closed = len(d["partitions"]) - opened
+    counted = f"{opened} open partitions" + (f" ({closed} closed)" if closed else "")
+    lines = [f"stream {d['name']}: {d['status']}, {counted}, replication "
              f"{d['replication_factor']} (min in-sync {d.get('min_in_sync', 1)}), {d['persistence']}, "
              f"{d['ingestion_policy']}, "
              f"retention {_retention_text(d)}, map version {d['map_version']}"
@@ -98,7 +103,7 @@ def _describe_text(d: dict) -> str:
         if p["state"] == "OPEN" and p["chain"] and len(p["chain"]) < d.get("min_in_sync", 1):
             lines.append(f"      refusing new records (NotEnoughReplicas): {len(p['chain'])} member(s), "
                          f"min in-sync {d['min_in_sync']}")
-        for h in p["history"]:
+        for h in p["history"] if history else ():
             if h["action"] == "created":
                 continue
             when = time.strftime("%H:%M:%S", time.localtime(h["at_ms"] / 1000))
@@ -121,7 +126,7 @@ def cmd_stream(args) -> int:
             _emit(args, d, _describe_text(d))
         elif args.stream_cmd == "describe":
             d = _describe(client.get_stream_info(args.name))
-            _emit(args, d, _describe_text(d))
+            _emit(args, d, _describe_text(d, history=args.history))
         elif args.stream_cmd == "list":
             names = client.list_streams()
             _emit(args, names, "\n".join(names) if names else "(no streams)")
@@ -233,6 +238,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                        ("delete", "delete a stream and its records")):
         s = ssub.add_parser(name, parents=[common], help=text)
         s.add_argument("name", help="the stream's name")
+        if name == "describe":
+            s.add_argument("--history", action="store_true", help="each chain's changes too (members added, "
+                                                                 "removed, heads handed over)")
     ssub.add_parser("list", parents=[common], help="the names of the streams")
     r = ssub.add_parser("repartition", parents=[common], help="split, merge or scale a stream while it runs")
     r.add_argument("name", help="the stream's name")

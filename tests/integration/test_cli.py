@@ -299,7 +299,11 @@ def test_up_streams_put_read_status_and_sigterm(up_factory):
     by_pid = {p["partition_id"]: p for p in split["partitions"]}
     assert by_pid["p0000"]["state"] == "CLOSED" and by_pid["p0000"]["children"] == [2, 3]
     assert by_pid["p0000"]["ending_sn"] is not None and by_pid["p0002"]["parents"] == [0]
-    assert "into p0002, p0003" in ok(sms_cmd(d, "stream", "describe", "s1"))
+    described = ok(sms_cmd(d, "stream", "describe", "s1"))
+    assert "into p0002, p0003" in described and "3 open partitions (1 closed)" in described, described
+    history = re.compile(r"^\s+\d\d:\d\d:\d\d epoch \d+: ", re.M)      # (each chain's changes: --history only)
+    assert not history.search(described)
+    assert ok(sms_cmd(d, "stream", "describe", "s1", "--history")).startswith(described.split("\n", 1)[0])
     ok(sms_cmd(d, "put", "s1", "d", "--key", "k", "--json"))
     keyed = [r for r in (json.loads(line) for line in ok(sms_cmd(d, "read", "s1", "--json")).splitlines())
              if r["partition_key"] == "k"]
