@@ -252,7 +252,7 @@ def cmd_status(args) -> int:
                          f"sessions {t.get('sessions', 0)} entries {t.get('entries', 0)} "
                          f"dedup keys {t.get('dedup_keys', 0)} queued {p['queued_records']}")
     for d in streams:
-        lines.append(_describe_text(d))
+        lines.append(_describe_text(d, history=True))     # (status: why each chain is as it is)
     lines += [line for _, line in channels]
     _emit(args, {"control": cluster.control_address, "nodes": nodes, "streams": streams, "under_replicated": short,
                  "channels": [shown for shown, _ in channels]},
