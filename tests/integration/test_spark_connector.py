@@ -423,8 +423,13 @@ def test_a_channel_s_files_and_table_read_with_spark(cluster, client, spark, tmp
 
     def delivered(name: str) -> int:
         return sum(p.records for p in client.describe_channel(name).partitions)
-    wait_until(lambda: delivered("spark-files") == 1500 and delivered("spark-table") == 1500, 60,
-               "1,500 records in both destinations")
+    try:
+        wait_until(lambda: delivered("spark-files") == 1500 and delivered("spark-table") == 1500, 60,
+                   "1,500 records in both destinations")
+    except AssertionError:           # (what each partition's worker recorded: docs/testing.md, flake log)
+        raise AssertionError(f"{client.describe_channel('spark-files').partitions} "
+                             f"{client.describe_channel('spark-table').partitions} "
+                             f"{client.get_stream_info(stream).partitions}") from None
     files = spark.read.option("recursiveFileLookup", "true").parquet(f"file://{out}")
     assert files.count() == 1500
     assert files.select("sequence_number").distinct().count() == 1500
