@@ -99,23 +99,21 @@ STREAM_FIELDS = {
     "/sms.v1.Control/DeleteGroup": "stream", "/sms.v1.Control/InitProducer": "stream",
     "/sms.v1.Control/CreateQueue": "stream", "/sms.v1.Control/CreateChannel": "stream",
 }
-# the calls that name a queue in a field, rewritten to its stored name (control/queues.py),
-# and those whose answer describes queues, shown without the prefix
-QUEUE_FIELDS = {
-    "/sms.v1.Control/CreateQueue": "name", "/sms.v1.Control/DescribeQueue": "name",
-    "/sms.v1.Control/UpdateQueue": "name", "/sms.v1.Control/DeleteQueue": "name",
-    "/sms.v1.Queues/Receive": "queue", "/sms.v1.Queues/Settle": "queue",
+# the calls that name a queue (control/queues.py) or a channel (control/channels.py) in a
+# field, rewritten to its stored name: (the field, what it names, its longest name)
+NAMED_FIELDS = {
+    **{f"/sms.v1.Control/{op}Queue": ("name", "queue", limits.QUEUE_NAME_CHARS_MAX)
+       for op in ("Create", "Describe", "Update", "Delete")},
+    "/sms.v1.Queues/Receive": ("queue", "queue", limits.QUEUE_NAME_CHARS_MAX),
+    "/sms.v1.Queues/Settle": ("queue", "queue", limits.QUEUE_NAME_CHARS_MAX),
+    **{f"/sms.v1.Control/{op}Channel": ("name", "channel", limits.CHANNEL_NAME_CHARS_MAX)
+       for op in ("Create", "Describe", "Update", "Delete")},
 }
-QUEUE_ANSWERS = ("/sms.v1.Control/CreateQueue", "/sms.v1.Control/DescribeQueue", "/sms.v1.Control/UpdateQueue")
-LIST_QUEUES = "/sms.v1.Control/ListQueues"
-# the same for channels (control/channels.py)
-CHANNEL_FIELDS = {
-    "/sms.v1.Control/CreateChannel": "name", "/sms.v1.Control/DescribeChannel": "name",
-    "/sms.v1.Control/UpdateChannel": "name", "/sms.v1.Control/DeleteChannel": "name",
-}
-CHANNEL_ANSWERS = ("/sms.v1.Control/CreateChannel", "/sms.v1.Control/DescribeChannel",
-                   "/sms.v1.Control/UpdateChannel")
-LIST_CHANNELS = "/sms.v1.Control/ListChannels"
+# the calls whose answer describes a queue or a channel, shown without the prefix, and the
+# lists of them (their answer's repeated field)
+NAMED_ANSWERS = tuple(f"/sms.v1.Control/{op}{kind}" for kind in ("Queue", "Channel")
+                      for op in ("Create", "Describe", "Update"))
+NAMED_LISTS = {"/sms.v1.Control/ListQueues": "queues", "/sms.v1.Control/ListChannels": "channels"}
 ITERATOR_CALLS = ("/sms.v1.Retrieval/GetNextRecords", "/sms.v1.Retrieval/Subscribe")
 DESCRIPTION_CALLS = ("/sms.v1.Control/CreateStream", "/sms.v1.Control/DescribeStream",
                      "/sms.v1.Control/UpdateStream", "/sms.v1.Control/RepartitionStream")
@@ -132,21 +130,14 @@ def scope_request(principal: "Principal", method: str, request):
     if principal.tenant != DEFAULT_TENANT:
         rpc.CALLER_PREFIX.set(qualify(principal.tenant, ""))
     field = STREAM_FIELDS.get(method)
-    queue_field = QUEUE_FIELDS.get(method)
-    if queue_field is not None:
-        name = getattr(request, queue_field)
+    named = NAMED_FIELDS.get(method)
+    if named is not None:
+        named_field, what, chars = named
+        name = getattr(request, named_field)
         if not isinstance(name, str) or metadata.TENANT_SEP in name:
-            raise InvalidArgument(f"queue name {str(name)[:80]!r}; expected [a-zA-Z0-9_.-]{{1,"
-                                  f"{limits.QUEUE_NAME_CHARS_MAX}}}")
-        setattr(request, queue_field, qualify(principal.tenant, name))
-    channel_field = CHANNEL_FIELDS.get(method)
-    if channel_field is not None:
-        name = getattr(request, channel_field)
-        if not isinstance(name, str) or metadata.TENANT_SEP in name:
-            raise InvalidArgument(f"channel name {str(name)[:80]!r}; expected [a-zA-Z0-9_.-]{{1,"
-                                  f"{limits.CHANNEL_NAME_CHARS_MAX}}}")
-        setattr(request, channel_field, qualify(principal.tenant, name))
-    if method in (LIST_QUEUES, LIST_CHANNELS) and request.stream:
+            raise InvalidArgument(f"{what} name {str(name)[:80]!r}; expected [a-zA-Z0-9_.-]{{1,{chars}}}")
+        setattr(request, named_field, qualify(principal.tenant, name))
+    if method in NAMED_LISTS and request.stream:
         metadata.validate_stream_name(request.stream, stored=False)
         request.stream = qualify(principal.tenant, request.stream)
     if field is not None:
@@ -171,22 +162,14 @@ def scope_request(principal: "Principal", method: str, request):
                 error.message = rpc.for_caller(error.message)
             return answer
         return shown_errors
-    if method in QUEUE_ANSWERS:
-        return _queue_shown
-    if method in CHANNEL_ANSWERS:
-        return _queue_shown
-    if method == LIST_CHANNELS:
-        def channels_listed(answer):
-            kept = [c for c in answer.channels if principal.sees(unqualify(c.stream))]
-            del answer.channels[:]
-            answer.channels.extend(_queue_shown(c) for c in kept)
-            return answer
-        return channels_listed
-    if method == LIST_QUEUES:
+    if method in NAMED_ANSWERS:
+        return _named_shown
+    if method in NAMED_LISTS:
         def listed(answer):
-            kept = [q for q in answer.queues if principal.sees(unqualify(q.stream))]
-            del answer.queues[:]
-            answer.queues.extend(_queue_shown(q) for q in kept)
+            items = getattr(answer, NAMED_LISTS[method])
+            kept = [x for x in items if principal.sees(unqualify(x.stream))]
+            del items[:]
+            items.extend(_named_shown(x) for x in kept)
             return answer
         return listed
     if method == LIST_STREAMS:
@@ -196,7 +179,8 @@ def scope_request(principal: "Principal", method: str, request):
     return None
 
 
-def _queue_shown(answer):
+def _named_shown(answer):
+    """A queue's or channel's description as its tenant names it."""
     answer.name = unqualify(answer.name)
     answer.stream = unqualify(answer.stream)
     return answer

@@ -32,7 +32,7 @@ from sms.errors import (FailedPrecondition, InvalidArgument, InvalidStreamConfig
                         StreamInUse, StreamNotFound,
                         Unavailable)
 from sms.metadata import ConsumerRecord
-from sms.types import ChannelDestination, PartitionState
+from sms.types import PartitionState
 from sms.proto import sms_pb2, sms_pb2_grpc
 from kernel.rpc import rpc_errors
 from sms.rpc import to_sms_error
@@ -121,22 +121,6 @@ def _queue_pb(q) -> sms_pb2.QueueDescription:
     return sms_pb2.QueueDescription(name=q.name, stream=q.stream, status=q.status.value, created_ms=q.created_ms,
                                     start=q.start, timestamp_ms=q.timestamp_ms, visibility_s=q.visibility_s,
                                     max_receive_count=q.max_receive_count, uid=f"{q.uid:x}")
-
-
-def _channel_pb(c) -> sms_pb2.ChannelDescription:
-    d = c.destination
-    return sms_pb2.ChannelDescription(
-        name=c.name, stream=c.stream, status=c.status.value, created_ms=c.created_ms,
-        destination=sms_pb2.ChannelDestination(kind=d.kind, url=d.url, compression=d.compression,
-                                               key_template=d.key_template, catalog_uri=d.catalog_uri,
-                                               warehouse=d.warehouse, namespace=d.namespace, table=d.table,
-                                               partition_by_hour=d.partition_by_hour),
-        data_freshness_s=c.data_freshness_s, start=c.start, record_format=c.record_format,
-        schema=[sms_pb2.ChannelColumn(name=n, type=t) for n, t in c.schema], dead_letter_url=c.dead_letter_url,
-        uid=f"{c.uid:x}", partitions=[sms_pb2.ChannelPartitionStatus(
-            ordinal=p.ordinal, position=p.position, last_commit_ms=p.last_commit_ms, records=p.records,
-            files=p.files, dead_letters=p.dead_letters, node=p.node, error=p.error, lag_ms=p.lag_ms)
-            for p in c.partitions])
 
 
 class ControlService(sms_pb2_grpc.ControlServicer):
@@ -334,16 +318,12 @@ class ControlService(sms_pb2_grpc.ControlServicer):
                 [d.url, d.catalog_uri, d.warehouse, request.dead_letter_url], limits.CHANNEL_TENANT_URL_PREFIXES)
             if d.kind == "ICEBERG" and not d.catalog_uri:
                 channel_defs.check_tenant_namespace(caller.tenant, d.namespace)
-        destination = ChannelDestination(kind=d.kind, url=d.url, compression=d.compression,
-                                         key_template=d.key_template, catalog_uri=d.catalog_uri,
-                                         warehouse=d.warehouse, namespace=d.namespace, table=d.table,
-                                         partition_by_hour=d.partition_by_hour)
         channel = await self.channels.create(
-            request.name, request.stream, destination, start=request.start,
+            request.name, request.stream, convert.destination_from_pb(d), start=request.start,
             data_freshness_s=request.data_freshness_s if request.HasField("data_freshness_s") else None,
             record_format=request.record_format, schema=[(c.name, c.type) for c in request.schema],
             dead_letter_url=request.dead_letter_url, register=register)
-        return _channel_pb(channel)
+        return convert.channel_to_pb(channel)
 
     async def _deregister_channel(self, channel) -> None:
         try:
@@ -357,7 +337,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         caller = auth.CURRENT.get()
         if caller is not None and not caller.sees(auth.unqualify(channel.stream)):
             raise ChannelNotFound(f"channel {request.name!r} does not exist")
-        return _channel_pb(channel)
+        return convert.channel_to_pb(channel)
 
     @rpc_errors
     async def ListChannels(self, request, context):
@@ -365,7 +345,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         tenant = caller.tenant if caller is not None else metadata.DEFAULT_TENANT
         if request.stream:
             metadata.validate_stream_name(request.stream)
-        return sms_pb2.ListChannelsResponse(channels=[_channel_pb(c) for c in
+        return sms_pb2.ListChannelsResponse(channels=[convert.channel_to_pb(c) for c in
                                                       await self.channels.list(tenant, request.stream)])
 
     @rpc_errors
@@ -373,7 +353,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     async def UpdateChannel(self, request, context):
         await self.channels.update(request.name, request.data_freshness_s
                                    if request.HasField("data_freshness_s") else None)
-        return _channel_pb(await self.channels.describe(request.name))
+        return convert.channel_to_pb(await self.channels.describe(request.name))
 
     @rpc_errors
     @audited(audit.CHANNEL_DELETE, _named("name"))

@@ -55,11 +55,6 @@ def parquet_bytes(table: Any, compression: str, meta: dict[str, str]) -> bytes:
     return sink.getvalue()
 
 
-def stream_segment(stream: str) -> str:
-    """A stream's stored name as a key segment (a tenant's `~` kept: objectstore allows it)."""
-    return stream
-
-
 class FilesDestination:
     kind = "FILES"
 
@@ -70,7 +65,7 @@ class FilesDestination:
 
     def key(self, ordinal: int, first_sn: int, first_arrival_ms: int) -> str:
         t = datetime.datetime.fromtimestamp(first_arrival_ms / 1000, tz=datetime.timezone.utc)
-        return self.d.key_template.format(stream=stream_segment(self.channel.stream), partition=f"p{ordinal:04d}",
+        return self.d.key_template.format(stream=self.channel.stream, partition=f"p{ordinal:04d}",
                                           start=str(first_sn), year=f"{t.year:04d}", month=f"{t.month:02d}",
                                           day=f"{t.day:02d}", hour=f"{t.hour:02d}")
 
@@ -91,9 +86,6 @@ class FilesDestination:
                                             "a file of this channel (no sms.first_sn/sms.last_sn of its start): "
                                             "another writer's file under the channel's key template?",
                                             url=self.d.url) from None
-
-    def position(self, ordinal: int) -> int | None:
-        raise NotImplementedError                  # (files are probed: FilesDestination.probe)
 
     def commit(self, ordinal: int, after: int | None, first_sn: int, last_sn: int, first_arrival_ms: int,
                table: Any) -> str:
@@ -205,9 +197,6 @@ class IcebergDestination:
         value = self.positions(table).get(str(ordinal))
         return None if value is None else int(value)
 
-    def probe(self, ordinal: int, first_sn: int, first_arrival_ms: int) -> int | None:
-        raise NotImplementedError                  # (a table says its positions: position)
-
     def commit(self, ordinal: int, after: int | None, first_sn: int, last_sn: int, first_arrival_ms: int,
                table: Any) -> str:
         """Append the records first_sn..last_sn, if the table's position of `ordinal` is
@@ -239,4 +228,4 @@ def open_destination(channel: ChannelInfo) -> FilesDestination | IcebergDestinat
 
 
 def dead_letter_key(channel: ChannelInfo, ordinal: int, first_sn: int, last_sn: int) -> str:
-    return f"{stream_segment(channel.stream)}/p{ordinal:04d}/{first_sn}-{last_sn}.parquet"
+    return f"{channel.stream}/p{ordinal:04d}/{first_sn}-{last_sn}.parquet"

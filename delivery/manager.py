@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from control.channels import from_bytes as channel_from_bytes
@@ -43,10 +44,13 @@ class ChannelManager:
         self._wake = asyncio.Event()
         self._unwatch: Any = None
         self._imported = False
+        self._known: list[ChannelInfo] = []       # the channels as last read ...
+        self._read_at = float("-inf")             # ... then (monotonic)
+        self._stale = True                        # (one was made or deleted since)
 
     def start(self) -> None:
         # (a channel made or deleted is looked at at once, not at the next check)
-        self._unwatch = self.view.store.watch(metadata.CHANNELS, self._wake.set)
+        self._unwatch = self.view.store.watch(metadata.CHANNELS, self._channels_changed)
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="channel-workers")
 
     async def close(self) -> None:
@@ -58,16 +62,31 @@ class ChannelManager:
         self.workers.clear()
         await self.client.close()
 
+    def _channels_changed(self) -> None:
+        self._stale = True
+        self._wake.set()
+
     async def _channels(self) -> list[ChannelInfo]:
+        """The channels, read again when one was made or deleted (the watch), else at most
+        every CHANNEL_CONFIG_REFRESH_S (a new data freshness): not a read of each per check."""
+        if not self._stale and time.monotonic() - self._read_at < limits.CHANNEL_CONFIG_REFRESH_S:
+            return self._known
+        self._stale = False                       # (a change during the read makes it stale again)
+        read_at = time.monotonic()
         try:
-            names = await self.view.store.children(metadata.CHANNELS)
-        except NoNodeError:
-            return []
-        out = []
-        for name in names:
-            entry = await self.view.store.get(metadata.channel_path(name))
-            if entry is not None:
-                out.append(channel_from_bytes(entry.value))
+            try:
+                names = await self.view.store.children(metadata.CHANNELS)
+            except NoNodeError:
+                names = []
+            out: list[ChannelInfo] = []
+            for name in names:
+                entry = await self.view.store.get(metadata.channel_path(name))
+                if entry is not None:
+                    out.append(channel_from_bytes(entry.value))
+        except BaseException:
+            self._stale = True                    # (read again at the next check)
+            raise
+        self._known, self._read_at = out, read_at
         return out
 
     async def _loop(self) -> None:

@@ -71,7 +71,6 @@ class PartitionWorker:
         self.destination = open_destination(channel)
         self.dead_store = objectstore.open_store(channel.dead_letter_url) if channel.dead_letter_url else None
         self.progress = ChannelPartition(ordinal=ordinal, node=node_id)
-        self.progress_version: int | None = None
         self.recorded: ChannelPartition | None = None
         self.progress_at = 0.0
         self.position: int | None = None      # the last SN delivered (None: none)
@@ -82,6 +81,7 @@ class PartitionWorker:
         self.ask_destination = False      # (a table's position, not the recorded progress: after a Conflict)
         self.committed = False            # (a commit since the last failure)
         self.commit_s = 0.0
+        self.table_schema: Any = None     # an inferring JSON channel's table's columns, once it has a table
         self.buffered_since = 0.0        # wall clock of the oldest record read and not committed (0: none)
         self.task: asyncio.Task[None] | None = None
 
@@ -272,7 +272,9 @@ class PartitionWorker:
             schema: Any = self.channel.schema
             if not schema and self.destination.kind == "ICEBERG":
                 # (inferred: by the first commit's records, which made the table; later ones keep to it)
-                schema = await self._blocking(self.destination.data_schema) or ()
+                if self.table_schema is None:
+                    self.table_schema = await self._blocking(self.destination.data_schema)
+                schema = self.table_schema or ()
             table, dead = await asyncio.to_thread(parse_json, table, schema)
         if dead is not None and self.dead_store is not None:
             # (before the commit: dead letters are at least once, the destination exactly once)
@@ -310,9 +312,6 @@ class PartitionWorker:
         raw = await self.store.get(metadata.channel_partition_path(self.channel.name, self.ordinal))
         if raw is not None:
             self.progress = dataclasses.replace(progress_from_bytes(raw.value), node=self.node_id)
-            self.progress_version = raw.version
-        else:
-            self.progress_version = None
 
     async def _record(self, force: bool = False) -> None:
         """The partition's progress in the metadata store (at most every

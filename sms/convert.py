@@ -5,13 +5,15 @@ Only this module, the gRPC services and the client's transport touch `_pb2` obje
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 
 from sms import wire, seqno
 from sms.proto import sms_pb2
-from sms.types import (ChainMember, ClusterInfo, IngestionPolicy, NodeInfo, NodeLoad, PartitionInfo, PartitionState,
-                       Persistence, Record, StreamInfo, StreamStatus)
+from sms.types import (ChainMember, ChannelDestination, ChannelInfo, ChannelPartition, ChannelStatus, ClusterInfo,
+                       IngestionPolicy, NodeInfo, NodeLoad, PartitionInfo, PartitionState, Persistence, Record,
+                       StreamInfo, StreamStatus)
 
 
 def member_to_pb(m: ChainMember | None) -> sms_pb2.ChainMember | None:
@@ -102,3 +104,31 @@ def cluster_from_pb(d: sms_pb2.ClusterDescription) -> ClusterInfo:
 def records_from_slice(batch: bytes, start: int, end: int, ordinal: int) -> list[Record]:
     """Decode records [start, end) of a stored batch (client side), by `wire.decode_records`."""
     return wire.decode_records(batch, start, end, ordinal)
+
+
+# --- channels (control/channels.py, sms/aio/channels.py): the messages' fields are the types' own
+def destination_to_pb(d: ChannelDestination) -> sms_pb2.ChannelDestination:
+    return sms_pb2.ChannelDestination(**dataclasses.asdict(d))
+
+
+def destination_from_pb(pb: sms_pb2.ChannelDestination) -> ChannelDestination:
+    return ChannelDestination(**{f.name: getattr(pb, f.name) for f in dataclasses.fields(ChannelDestination)})
+
+
+def channel_to_pb(c: ChannelInfo) -> sms_pb2.ChannelDescription:
+    return sms_pb2.ChannelDescription(
+        name=c.name, stream=c.stream, status=c.status.value, created_ms=c.created_ms,
+        destination=destination_to_pb(c.destination), data_freshness_s=c.data_freshness_s, start=c.start,
+        record_format=c.record_format, schema=[sms_pb2.ChannelColumn(name=n, type=t) for n, t in c.schema],
+        dead_letter_url=c.dead_letter_url, uid=f"{c.uid:x}",
+        partitions=[sms_pb2.ChannelPartitionStatus(**dataclasses.asdict(p)) for p in c.partitions])
+
+
+def channel_from_pb(pb: sms_pb2.ChannelDescription) -> ChannelInfo:
+    return ChannelInfo(
+        name=pb.name, stream=pb.stream, status=ChannelStatus(pb.status), created_ms=pb.created_ms,
+        destination=destination_from_pb(pb.destination), data_freshness_s=pb.data_freshness_s, start=pb.start,
+        record_format=pb.record_format, schema=tuple((c.name, c.type) for c in pb.schema),
+        dead_letter_url=pb.dead_letter_url, uid=int(pb.uid, 16),
+        partitions=tuple(ChannelPartition(**{f.name: getattr(p, f.name) for f in dataclasses.fields(ChannelPartition)})
+                         for p in pb.partitions))

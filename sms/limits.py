@@ -562,6 +562,7 @@ CHANNEL_FILE_BYTES_MAX = 64 * 1024 * 1024   # ... and about this much data (held
 CHANNEL_READ_RECORDS = 10_000            # a worker reads its partition this many records a page
 CHANNEL_READ_WAIT_MS = 500               # ... long-polling this long when caught up
 CHANNEL_CHECK_S = 1.0                    # a node looks this often for channel partitions whose head it is (or was)
+CHANNEL_CONFIG_REFRESH_S = 10.0          # ... and reads the channels' settings again at most this often (made or deleted: at once)
 CHANNEL_RETRY_S = 1.0                    # a worker whose destination or stream failed tries again after this ...
 CHANNEL_RETRY_S_MAX = 30.0               # ... doubling up to this
 CHANNEL_STATUS_INTERVAL_S = 1.0          # a worker records its partition's progress at most this often

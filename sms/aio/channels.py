@@ -6,26 +6,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sms import errors
+from sms.convert import channel_from_pb, destination_to_pb
 from sms.aio.queues import Queues
 from sms.proto import sms_pb2
-from sms.types import ChannelDestination, ChannelInfo, ChannelPartition, ChannelStatus
+from sms.types import ChannelDestination, ChannelInfo
 
 
-def channel_from_pb(pb: sms_pb2.ChannelDescription) -> ChannelInfo:
-    d = pb.destination
-    return ChannelInfo(
-        name=pb.name, stream=pb.stream, status=ChannelStatus(pb.status), created_ms=pb.created_ms,
-        destination=ChannelDestination(kind=d.kind, url=d.url, compression=d.compression, key_template=d.key_template,
-                                       catalog_uri=d.catalog_uri, warehouse=d.warehouse, namespace=d.namespace,
-                                       table=d.table, partition_by_hour=d.partition_by_hour),
-        data_freshness_s=pb.data_freshness_s, start=pb.start, record_format=pb.record_format,
-        schema=tuple((c.name, c.type) for c in pb.schema), dead_letter_url=pb.dead_letter_url, uid=int(pb.uid, 16),
-        partitions=tuple(ChannelPartition(ordinal=p.ordinal, position=p.position, last_commit_ms=p.last_commit_ms,
-                                          records=p.records, files=p.files, dead_letters=p.dead_letters, node=p.node,
-                                          error=p.error, lag_ms=p.lag_ms) for p in pb.partitions))
-
-
-def destination(spec: str | Mapping[str, Any] | ChannelDestination) -> ChannelDestination:
+def parse_destination(spec: str | Mapping[str, Any] | ChannelDestination) -> ChannelDestination:
     """A destination from a url (`file:///dir`, `s3://bucket/prefix`: Parquet files;
     `iceberg://namespace.table`: a table of the cluster's catalog), a dict of
     ChannelDestination's fields, or one."""
@@ -41,7 +28,7 @@ def destination(spec: str | Mapping[str, Any] | ChannelDestination) -> ChannelDe
         if "kind" not in fields:
             fields["kind"] = "ICEBERG" if "table" in fields else "FILES"
         try:
-            return ChannelDestination(**{k: v for k, v in fields.items()})
+            return ChannelDestination(**fields)
         except TypeError as e:
             raise errors.InvalidArgument(f"destination: {e}") from None
     raise errors.InvalidArgument(f"destination {spec!r}: expected a url, a dict or a ChannelDestination")
@@ -65,16 +52,13 @@ class Channels(Queues):
 
         Raises:
             ChannelAlreadyExists, StreamNotFound, InvalidArgument, LimitExceeded."""
-        d = destination if isinstance(destination, ChannelDestination) else globals()["destination"](destination)
+        d = parse_destination(destination)
         if isinstance(schema, Mapping):
             schema = list(schema.items())
         request = sms_pb2.CreateChannelRequest(
             name=name, stream=stream, start=starting_position, record_format=record_format,
             dead_letter_url=dead_letter_url, schema=[sms_pb2.ChannelColumn(name=str(n), type=str(t)) for n, t in schema],
-            destination=sms_pb2.ChannelDestination(
-                kind=d.kind, url=d.url, compression=d.compression, key_template=d.key_template,
-                catalog_uri=d.catalog_uri, warehouse=d.warehouse, namespace=d.namespace, table=d.table,
-                partition_by_hour=d.partition_by_hour))
+            destination=destination_to_pb(d))
         if data_freshness_s is not None:
             request.data_freshness_s = _seconds(data_freshness_s)
         return channel_from_pb(await self._admin_call("CreateChannel", request))
