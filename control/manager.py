@@ -51,7 +51,7 @@ from sms import limits, metadata
 from kernel import metrics, rpc
 from kernel.aiotools import background, cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation
-from sms.metadata import ChainConfig, StreamConfig
+from sms.metadata import ChainConfig, StreamConfig, chain_name
 from sms.types import NodeInfo, StreamStatus
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ class ChainManager:
                     nodes[out].started_ms, why, now + limits.LINK_REMOVAL_INTERVAL_S, out in config.members)
                 self._link_removals[(config.chain_id, frozenset((predecessor, successor)))] = \
                     now + limits.LINK_REMOVAL_INTERVAL_S
-                log.warning("chain %s epoch %d: %s leaves: %s", config.chain_id, config.epoch, out, why)
+                log.warning("chain %s epoch %d: %s leaves: %s", chain_name(config.chain_id), config.epoch, out, why)
 
     async def _link_recovered(self, reporter: NodeInfo, peer: str, started: float) -> bool:
         """Both ends of a reported link answer the manager: the network between them fails,
@@ -429,7 +429,7 @@ class ChainManager:
                 # (routine steps, a replica copied in or a head handed over, at INFO; a member lost,
                 # at WARNING: an operator's attention)
                 log.log(logging.INFO if change.action in chains.ROUTINE_ACTIONS else logging.WARNING,
-                        "chain %s epoch %d: %s %s (%s)", config.chain_id, change.epoch, change.action,
+                        "chain %s epoch %d: %s %s (%s)", chain_name(config.chain_id), change.epoch, change.action,
                         change.node, change.reason)
             chains.count_change(load, learning, config, new)
             if not config.sealed:      # heads as reads.load_of counts them, so one round moves no more

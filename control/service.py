@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
 import logging
+import os
 import time
 
 import grpc
@@ -128,6 +130,7 @@ class ControlService(sms_pb2_grpc.ControlServicer):
         self.view = view
         self.admin = admin                  # set while this process leads the control plane
         self.control_role = control_role
+        self.node_settings: tuple[str, list[dict]] = ("", [])     # (node id, node/config.py show()'s rows)
         self.storage_service = None         # storage.service.StorageService of this process, if it stores
         self.groups = Groups(view.store, view)
         self.queues = Queues(view.store, view)
@@ -395,7 +398,12 @@ class ControlService(sms_pb2_grpc.ControlServicer):
     @rpc_errors
     async def NodeStatus(self, request, context):
         """This node's storage status (`sms status`): what Storage.NodeStatus answers other
-        nodes on the cluster port."""
+        nodes on the cluster port; or, asked for `settings`, the settings it runs with
+        (node/config.py, `sms config show --node`), whatever its roles."""
+        if request.settings:
+            node_id, rows = self.node_settings
+            return sms_pb2.NodeStatusResponse(node_id=node_id, pid=os.getpid(),
+                                              settings_json=json.dumps(rows, default=str))
         if self.storage_service is None:
             raise FailedPrecondition("this node has no storage role")
         return await self.storage_service.NodeStatus(request, context)

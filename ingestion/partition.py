@@ -25,7 +25,7 @@ from sms import limits, seqno, wire
 from kernel import rpc
 from kernel.aiotools import cancel_and_wait, raise_if_cancelling
 from sms.errors import InvalidSssn, SmsError, Throttled, Unavailable
-from sms.metadata import ChainConfig, StreamConfig
+from sms.metadata import ChainConfig, StreamConfig, chain_name
 from kernel.ratelimit import PartitionLimits
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import IngestionPolicy
@@ -168,12 +168,12 @@ class PartitionIngest:
                 records = await self._read_window()
                 self.rebuilt_records = self.table.rebuild(records, int(time.time() * 1000))
                 self.ready.set()
-                log.info("%s: dedup table rebuilt from %d stored records", self.chain.chain_id,
+                log.info("%s: dedup table rebuilt from %d stored records", chain_name(self.chain.chain_id),
                          self.rebuilt_records)
                 return
             except (grpc.aio.AioRpcError, SmsError, ConnectionError) as e:
                 raise_if_cancelling()
-                log.info("%s: rebuild of the dedup table failed, retrying: %s", self.chain.chain_id, e)
+                log.info("%s: rebuild of the dedup table failed, retrying: %s", chain_name(self.chain.chain_id), e)
                 await asyncio.sleep(limits.LINK_RETRY_INTERVAL_S)
 
     async def _read_window(self) -> list[dedup.StoredRecord]:

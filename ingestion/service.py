@@ -25,7 +25,7 @@ from kernel import metrics, rpc
 from kernel.aiotools import cancel_and_wait, wait_event
 from sms.errors import InvalidArgument, PartitionClosed, SmsError, StreamNotFound, Unavailable, WrongOwner
 from kernel.ratelimit import PartitionLimits
-from sms.metadata import ChainConfig, tenant_of
+from sms.metadata import ChainConfig, chain_name, tenant_of
 from kernel.ports import HeadPort
 from sms.proto import sms_pb2, sms_pb2_grpc
 from kernel.rpc import rpc_errors
@@ -105,7 +105,7 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
         part = self.partitions.pop(chain_id, None)
         if part is None:
             return
-        log.info("%s: ingestion ownership left %s; closing (a retry goes to the new owner)", chain_id,
+        log.info("%s: ingestion ownership left %s; closing (a retry goes to the new owner)", chain_name(chain_id),
                  self.node_id)
         task = asyncio.get_running_loop().create_task(part.close())
         self._closing.add(task)

@@ -37,6 +37,7 @@ from sms import wire, errors, limits, seqno
 from kernel import rpc
 from kernel.aiotools import cancel_and_wait, raise_if_cancelling
 from kernel.ports import HeadPort
+from sms.metadata import chain_name
 from sms.proto import sms_pb2, sms_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ class PartitionWriter:
             except (grpc.aio.AioRpcError, ConnectionError, errors.SmsError) as e:
                 raise_if_cancelling()
                 log.info("append stream %s -> %s broken (%d batches in flight, resent next): %s",
-                         self.chain_id, self.head_address, len(self.inflight), e)
+                         chain_name(self.chain_id), self.head_address, len(self.inflight), e)
             # a chain reconfigured under us (a new epoch, a head handing over) is resent to at
             # once, as soon as the new config is known here; anything else waits a little longer
             await asyncio.sleep(limits.APPEND_RESEND_DELAY_S if self.reconfigured else limits.LINK_RETRY_INTERVAL_S)

@@ -26,12 +26,14 @@ Needs pyarrow (the `spark` or `backup` extra); without it both say so by name.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
 from typing import Any
 
 from sms import errors, limits
+from sms.tokens import peek
 
 EXPORT_FORMAT = 1
 STREAM_FILE = "stream.json"
@@ -71,37 +73,46 @@ async def export_stream(client, stream: str, directory: str, progress=None) -> d
     info = await client.get_stream_info(stream)
     schema = arrow_schema("ms")
     counts: dict[int, int] = {}
-    total = 0
-    for p in lineage_order(info.partitions):
+    done = [0]                               # records written, over every partition
+    slots = asyncio.Semaphore(limits.EXPORT_PARTITIONS_CONCURRENT)
+
+    async def one(p) -> None:
+        """One partition into its file: a closed one to its end, an open one up to what
+        was committed when its export began (the LATEST position then)."""
         path = os.path.join(directory, f"{p.partition_id}.parquet")
         n = 0
-        with pq.ParquetWriter(path, schema, compression="zstd") as writer:
-            iterator = await client.get_iterator(stream, p.ordinal, "TRIM_HORIZON")
+        async with slots:
             closed = p.state.value == "CLOSED"
-            deadline = time.monotonic() + limits.EXPORT_CLOSED_WAIT_S
-            empty = 0
-            while iterator is not None:
-                # (an empty page waits a little: a lagging replica may have answered it)
-                page = await client.get_next_record_batch(iterator, max_records=limits.EXPORT_PAGE_RECORDS,
-                                                          wait_ms=limits.EXPORT_EMPTY_WAIT_MS if empty else 0)
-                batches = page.batch.to_arrow_batches(timestamp_unit="ms") if len(page.batch) else []
-                if batches:
-                    writer.write_table(pa.Table.from_batches(batches, schema=schema))
-                    n += len(page.batch)
-                    total += len(page.batch)
-                    if progress is not None:
-                        progress(total)
-                    empty = 0
-                else:
-                    empty += 1
-                iterator = page.next_iterator
-                if iterator is not None and empty:
-                    if not closed and empty >= 2:
-                        break                 # (an open partition, caught up twice in a row)
-                    if closed and time.monotonic() > deadline:
-                        raise errors.Unavailable(f"{stream} {p.partition_id} is closed but its end was not "
-                                                 f"reached within {limits.EXPORT_CLOSED_WAIT_S:g} s; export again")
+            end_sn = 0 if closed else peek(await client.get_iterator(stream, p.ordinal, "LATEST")).position_sn - 1
+            with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+                iterator = await client.get_iterator(stream, p.ordinal, "TRIM_HORIZON")
+                deadline = time.monotonic() + limits.EXPORT_CLOSED_WAIT_S
+                empty = 0
+                while iterator is not None and (closed or end_sn > 0):
+                    # (an empty page waits a little: a lagging replica may have answered it)
+                    page = await client.get_next_record_batch(iterator, max_records=limits.EXPORT_PAGE_RECORDS,
+                                                              wait_ms=limits.EXPORT_EMPTY_WAIT_MS if empty else 0)
+                    batches = page.batch.to_arrow_batches(timestamp_unit="ms") if len(page.batch) else []
+                    if batches:
+                        writer.write_table(pa.Table.from_batches(batches, schema=schema))
+                        n += len(page.batch)
+                        done[0] += len(page.batch)
+                        if progress is not None:
+                            progress(done[0])
+                        empty = 0
+                    else:
+                        empty += 1
+                    iterator = page.next_iterator
+                    if not closed and iterator is not None and peek(iterator).position_sn > end_sn:
+                        break                 # (an open partition, read to where it stood)
+                    if iterator is not None and empty and time.monotonic() > deadline:
+                        raise errors.Unavailable(f"{stream} {p.partition_id} was not read to "
+                                                 f"{'its end' if closed else 'SN ' + str(end_sn)} within "
+                                                 f"{limits.EXPORT_CLOSED_WAIT_S:g} s; export again")
         counts[p.ordinal] = n
+
+    await asyncio.gather(*(one(p) for p in lineage_order(info.partitions)))
+    total = done[0]
     doc = {"format": EXPORT_FORMAT, "exported_at_ms": int(time.time() * 1000), "stream": info.name,
            "settings": {"replication_factor": info.replication_factor, "persistence": info.persistence.value,
                         "ingestion_policy": info.ingestion_policy.value, "retention_hours": info.retention_hours,

@@ -6,7 +6,8 @@ nodes `sms up` starts) reads, each over the one before:
 1. the defaults;
 2. the TOML file named by `--config FILE`, else $SMS_CONFIG (none by default);
 3. the environment: `SMS_<SECTION>_<KEY>`, e.g. SMS_STORAGE_SIZE_CAP_BYTES=10737418240;
-4. for the addresses, the command line (`--listen` and the like), when given.
+4. for the addresses, and what identifies the node (`--node-id`, `--metastore`,
+   `--data-dir`, `--roles`, the TLS files), the command line, when given.
 
 Every value is checked when the process starts: an unknown key, a value of the wrong
 type, or one out of range stops it with one line naming the key, the value and where it
@@ -25,6 +26,8 @@ The TOML file:
     append_s = 10.0
 
     [node]
+    id = "n1"                       # `sms serve` may take these from the file alone
+    data_dir = "/var/lib/sms/n1"
     listen = "10.0.0.1:7401"
     metrics_listen = "10.0.0.1:9401"
 
@@ -177,6 +180,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("encryption.master_key_file", str, "",
             "the cluster's master keys (JSON, mode 0600): they wrap encrypted streams' data keys; every node "
             "needs the same file (else $SMS_MASTER_KEY; `sms up` makes DIR/tls/master.key)"),
+    Setting("node.id", str, "", "this node's id in the cluster, unique and stable (--node-id wins)"),
+    Setting("node.roles", str, "storage,ingestion,retrieval", "comma-separated: control, storage, ingestion, "
+                                                              "retrieval (--roles wins)"),
+    Setting("node.data_dir", str, "", "this node's data directory (--data-dir wins)"),
+    Setting("node.bootstrap_token_file", str, "", "the token of the cluster's first admin key, made an admin key once "
+                                                  "in the cluster's life (`sms admin bootstrap`; "
+                                                  "--bootstrap-token-file wins)"),
+    Setting("metastore.url", str, "", "zk://host:port[,host:port...]/prefix, or embedded:///path/meta.lmdb "
+                                      "(--metastore wins)"),
+    Setting("tls.ca_file", str, "", "the cluster CA's certificate, PEM (--ca-file wins)"),
+    Setting("tls.cert_file", str, "", "this node's certificate, PEM, from `sms certs issue --node ID` "
+                                      "(--cert-file wins)"),
+    Setting("tls.key_file", str, "", "this node's private key, PEM (--key-file wins)"),
     Setting("node.listen", str, "", "the client port, HOST:PORT (--listen wins)"),
     Setting("node.cluster_listen", str, "", "the cluster port of a TLS node, HOST:PORT (--cluster-listen wins)"),
     Setting("node.metrics_listen", str, "", "/metrics, HOST:PORT (--metrics-listen wins; default: the client "
@@ -282,9 +298,39 @@ def load(path: str | None = None, env=None, flags: dict[str, str] | None = None)
     return out
 
 
+# `sms serve`: the settings its command line may leave to the configuration (the flag, the
+# attribute of its arguments), and those it cannot run without
+SERVE_FLAGS = {"node.id": ("--node-id", "node_id"), "node.roles": ("--roles", "roles"),
+               "node.data_dir": ("--data-dir", "data_dir"), "metastore.url": ("--metastore", "metastore"),
+               "node.bootstrap_token_file": ("--bootstrap-token-file", "bootstrap_token_file"),
+               "tls.ca_file": ("--ca-file", "ca_file"), "tls.cert_file": ("--cert-file", "cert_file"),
+               "tls.key_file": ("--key-file", "key_file")}
+SERVE_REQUIRED = ("node.id", "metastore.url", "node.data_dir")
+
+
+def serve_args(args, env=None) -> None:
+    """Fill in what `sms serve`'s command line (`args`) leaves out from its configuration
+    (--config FILE, else $SMS_CONFIG, and the environment): a node may run from its file
+    alone (`sms serve --config /etc/sms/storage.toml`). The flags win. ConfigError when
+    the node id, the metastore or the data directory is nowhere."""
+    flags = {key: (flag, getattr(args, attr, None)) for key, (flag, attr) in SERVE_FLAGS.items()}
+    values = load(getattr(args, "config", None), env=env, flags=flags)
+    for key, (_flag, attr) in SERVE_FLAGS.items():
+        setattr(args, attr, values[key].value or None)
+    missing = [f"{SERVE_FLAGS[k][0]} (or {k} in the configuration)" for k in SERVE_REQUIRED if not values[k].value]
+    if missing:
+        raise ConfigError(f"no {', no '.join(missing)}")
+
+
+# the settings this process applied (`apply`): a node answers them to `sms config show --node`
+APPLIED: dict[str, Value] = {}
+
+
 def apply(values: dict[str, Value]) -> None:
     """Set the sms/limits.py constants in force (at a process's start, before the node's
     modules use them), and the log settings' environment (node/logs.py reads it)."""
+    APPLIED.clear()
+    APPLIED.update(values)
     for v in values.values():
         if v.setting.limit:
             setattr(limits, v.setting.limit, v.value)

@@ -251,7 +251,7 @@ class NodeCollector:
                 s = parts.get(ordinal)
                 if s is None:
                     continue
-                behind = _behind(done, ordinal, s["committed_sn"], s["first_sn"])
+                behind = seqno.behind(done, ordinal, s["committed_sn"], s["first_sn"])
                 if behind is not None:
                     values = [stream, partition_id(ordinal), name, kind]
                     lag.add_metric(values, behind[0])
@@ -463,20 +463,3 @@ def stop_metrics(server, collector: NodeCollector) -> None:
     REGISTRY.unregister(collector)
 
 
-def _behind(checkpoint: str, ordinal: int, committed: int, first: int) -> tuple[int, int] | None:
-    """(records, ms) between a checkpoint and the partition's commit point; None when the
-    checkpoint does not say (LATEST before a first read, a time)."""
-    top = seqno.counter_of(committed)
-    if checkpoint == SHARD_END:
-        return 0, 0
-    if checkpoint.isdigit():
-        done = int(checkpoint)
-        if done and seqno.ordinal_of(done) == ordinal:
-            n = max(0, top - seqno.counter_of(done))
-            return n, (max(0, seqno.timestamp_ms_of(committed) - seqno.timestamp_ms_of(done)) if n else 0)
-        checkpoint = "TRIM_HORIZON"           # (0, or a parent's SN: nothing of this partition read yet)
-    if checkpoint == "TRIM_HORIZON":
-        start = seqno.counter_of(first) if first else 1
-        n = max(0, top - start + 1)
-        return n, (max(0, seqno.timestamp_ms_of(committed) - seqno.timestamp_ms_of(first)) if n and first else 0)
-    return None

@@ -215,6 +215,8 @@ class _Node:
         from sms.proto import sms_pb2_grpc
         roles = self.roles
         self.control = ControlService(self.view, None, control_role="control" in roles)
+        from node import config
+        self.control.node_settings = (self.node_id, config.show(config.APPLIED) if config.APPLIED else [])
         here = os.path.abspath(self.data_dir)
         self.control.channels.defaults = {       # (docs/channels.md: one catalog for every node)
             "catalog_uri": limits.CHANNEL_CATALOG_URI or f"sqlite:///{here}/channels/catalog.db",
@@ -320,7 +322,8 @@ class _Node:
                                        queues=self.queues, channels=self.deliveries, tls=self.tls)
         keys = self.keys if self.tls is not None else None
         console = (Console(self.loop, self.node_id, self.view, control.groups,
-                           is_leader=lambda: control.admin is not None, keys=keys)
+                           is_leader=lambda: control.admin is not None, keys=keys,
+                           address=self.address, ca=self.tls.ca if self.tls is not None else None)
                    if "control" in self.roles else None)
         self.metrics_server, self.metrics_address = serve_metrics(
             metrics_listen or f"{self.host}:0", self.collector, *(tls_files if self.tls is not None else ("", "")),

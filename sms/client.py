@@ -19,8 +19,9 @@ from sms.queue import Handles, Queue, QueueRecord, SettleResult
 from sms.limits import AUDIT_READ_EVENTS_MAX
 from sms.consumer import SyncGroupConsumer
 from sms.payloads import PayloadReader, PayloadRef
-from sms.types import (ChannelInfo, ClusterInfo, GetRecordBatchResult, GetRecordsResult, Headers, IteratorType, NodeLoad, QueueInfo,
-                       PartitionInfo, PutRecordResult, PutRecordsResult, Record, RecordInput, StreamInfo)
+from sms.types import (ChannelInfo, ClusterInfo, GetRecordBatchResult, GetRecordsResult, GroupDescription, Headers,
+                       IteratorType, NodeLoad, QueueInfo, PartitionInfo, PutRecordResult, PutRecordsResult, Record,
+                       RecordInput, StreamInfo)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -262,6 +263,10 @@ class Client:
         """The stream's partitions, from a fresh map. Raises StreamNotFound."""
         return self._run(self._aio.partitions(stream))
 
+    def node_settings(self, address: str) -> tuple[str, list[dict[str, Any]]]:
+        """(node id, settings) of the node at `address` (`sms.aio.Client.node_settings`)."""
+        return self._run(self._aio.node_settings(address))
+
     def node_status(self, address: str) -> dict[str, Any]:
         """Replicas held by the storage node at `address`. Raises Unavailable when that
         node does not answer."""
@@ -272,14 +277,35 @@ class Client:
         Unavailable when that node does not answer."""
         return self._run(self._aio.ingestion_status(address))
 
-    def producer(self, stream: str, producer_id: str | bytes | None = None, **options: Any) -> SyncProducer:
+    def producer(self, stream: str, producer_id: str | bytes | None = None, *,
+                 linger_ms: float = limits.PRODUCER_LINGER_MS,
+                 max_pending_per_partition: int = limits.PRODUCER_PENDING_PER_PARTITION_MAX,
+                 max_pending_bytes: int = limits.PRODUCER_PENDING_BYTES_MAX,
+                 retry_backoff_ms: float = limits.PRODUCER_RETRY_BACKOFF_MS,
+                 retry_backoff_max_ms: float = limits.PRODUCER_RETRY_BACKOFF_MS_CAP,
+                 delivery_timeout_s: float = limits.PRODUCER_DELIVERY_TIMEOUT_S,
+                 epochs: bool = True) -> SyncProducer:
         """A de-duplicating producer for `stream`; send() returns concurrent futures.
-        `options` as `sms.producer.Producer`.
+
+        Args:
+            stream: the stream it writes to.
+            producer_id: its identity across restarts (None: a random one).
+            linger_ms: how long a record of send() may wait for others to fill a request
+                (PRODUCER_LINGER_MS).
+            max_pending_per_partition: un-settled records per partition before send() waits.
+            max_pending_bytes: un-settled bytes in all before send() waits.
+            retry_backoff_ms, retry_backoff_max_ms: the first and the longest wait before a
+                resend.
+            delivery_timeout_s: a record not stored by then fails with Timeout.
+            epochs: with a `producer_id`, open a new epoch of it, fencing off an earlier
+                instance (True); False keeps the id's one session (`sms.producer.Producer`).
 
         Raises:
             InvalidProducerId, InvalidArgument (an option out of range)."""
         from sms.producer import SyncProducer
-        return SyncProducer(self, stream, producer_id, **options)
+        return SyncProducer(self, stream, producer_id, linger_ms=linger_ms, max_pending_per_partition=max_pending_per_partition,
+                        max_pending_bytes=max_pending_bytes, retry_backoff_ms=retry_backoff_ms,
+                        retry_backoff_max_ms=retry_backoff_max_ms, delivery_timeout_s=delivery_timeout_s, epochs=epochs)
 
     # --- repartitioning, retention, consumers (see sms.aio.Client) ---------------------------
     def repartition_stream(self, name: str, op: str, **kwargs: Any) -> StreamInfo:
@@ -353,20 +379,38 @@ class Client:
             NodeNotFound, NodeLive, NodeNotDrained."""
         return self._run(self._aio.remove_node(node_id))
 
-    def consumer(self, stream: str, group: str, **options: Any) -> SyncGroupConsumer:
+    def consumer(self, stream: str, group: str, *, member_id: str | None = None, start: str = "TRIM_HORIZON",
+                 timestamp_ms: int | None = None, auto_checkpoint: bool = True,
+                 failover_s: float = limits.CONSUMER_FAILOVER_S_DEFAULT, max_records: int = 1000,
+                 wait_ms: int = 1000, skip_trimmed: bool = False) -> SyncGroupConsumer:
         """A member of the consumer group `group` of `stream` (sms/consumer.py): `with` it
-        and iterate for ConsumerBatch-es; options as sms.aio.Client.consumer.
+        and iterate for ConsumerBatch-es.
+
+        Args:
+            member_id: this member's id in the group (None: host-pid-random).
+            start: where the group starts in a partition it has not read yet: TRIM_HORIZON,
+                LATEST, or AT_TIMESTAMP with `timestamp_ms`.
+            auto_checkpoint: checkpoint each batch once the next one is asked for (True);
+                False: call `checkpoint()` yourself.
+            failover_s: a member silent this long loses its leases to the others.
+            max_records, wait_ms: the most records per batch, and how long a read waits for
+                new ones.
+            skip_trimmed: go on from the oldest record kept when retention deleted records
+                before they were read (False: RecordsTrimmed).
 
         Raises:
             InvalidArgument (a bad option); StreamNotFound when it is opened."""
-        return SyncGroupConsumer(self, self._aio.consumer(stream, group, **options))
+        return SyncGroupConsumer(self, self._aio.consumer(stream, group, member_id=member_id, start=start, timestamp_ms=timestamp_ms,
+                             auto_checkpoint=auto_checkpoint, failover_s=failover_s, max_records=max_records,
+                             wait_ms=wait_ms, skip_trimmed=skip_trimmed))
 
     def list_groups(self, stream: str) -> list[str]:
         """The names of the stream's consumer groups. Raises StreamNotFound."""
         return self._run(self._aio.list_groups(stream))
 
-    def describe_group(self, stream: str, group: str) -> dict[str, Any]:
-        """The group's members and per-partition owners, checkpoints and lag.
+    def describe_group(self, stream: str, group: str) -> GroupDescription:
+        """The group's members and per-partition owners, checkpoints and lag in records and
+        ms (`sms.aio.Client.describe_group`).
 
         Raises:
             GroupNotFound, StreamNotFound."""

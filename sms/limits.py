@@ -467,7 +467,9 @@ PARTITION_MAP_INDEXES_CACHED_MAX = 256   # partition maps whose lookup index a p
 # node/backup.py
 EXPORT_PAGE_RECORDS = 10_000          # records per read while exporting
 EXPORT_EMPTY_WAIT_MS = 500            # an empty page is read again, waiting so long for records
-EXPORT_CLOSED_WAIT_S = 60.0           # a closed partition must be read to its end within this
+EXPORT_CLOSED_WAIT_S = 60.0           # a partition must be read to its end (open: its commit point) within this
+EXPORT_PARTITIONS_CONCURRENT = 16     # partitions an export reads at once
+SPARK_WORKER_PYTHON_CHECK_S = 30.0    # spark_sps.register: the chosen worker interpreter imports the package within
 # node/certs.py
 CA_VALID_DAYS = 3650                   # the CA's validity
 CERT_VALID_DAYS = 825                  # a node's or client's certificate (the CA/Browser Forum's old cap)

@@ -209,6 +209,13 @@ def chain_id(stream: str, ordinal: int) -> str:
     return f"{stream}:{ordinal}"
 
 
+def chain_name(cid: str) -> str:
+    """A chain as people read it, in logs and `sms status`: `clicks/p0000`, the partition's
+    id as everywhere else (the chain id `clicks:0` stays the metadata store's key)."""
+    stream, _, ordinal = cid.rpartition(":")
+    return f"{stream}/p{int(ordinal):04d}" if ordinal.isdigit() else cid
+
+
 def chain_path(cid: str) -> str:
     return f"{CHAINS}/{cid}"
 

@@ -21,16 +21,24 @@ class PreparedRecord:
     extra: bytes                    # wire meta TLVs it carries: explicit hash key, headers
 
 
-def prepare_record(partition_key: str, data: bytes, explicit_hash_key: int | str | None = None,
+def prepare_record(partition_key: str, data: bytes | str, explicit_hash_key: int | str | None = None,
                    headers: Mapping[str, bytes | str] | None = None) -> PreparedRecord:
+    """`data` is bytes, or a str stored as its UTF-8 (as boto3 does with Kinesis's Data);
+    a reader gets bytes back either way."""
     hashing.validate_partition_key(partition_key)
     try:
         key = partition_key.encode("utf-8")
     except UnicodeEncodeError:
         raise errors.InvalidPartitionKey("partition key is not valid Unicode (lone surrogates)") from None
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise errors.InvalidArgument(f"record data of type {type(data).__name__}; expected bytes")
-    data = bytes(data)
+    if isinstance(data, str):
+        try:
+            data = data.encode("utf-8")
+        except UnicodeEncodeError:
+            raise errors.InvalidArgument("record data is a str that is not valid Unicode (lone surrogates)") from None
+    elif isinstance(data, (bytes, bytearray, memoryview)):
+        data = bytes(data)
+    else:
+        raise errors.InvalidArgument(f"record data of type {type(data).__name__}; expected bytes or str")
     if len(data) > limits.RECORD_DATA_BYTES_MAX:
         raise errors.RecordTooLarge(f"record of {len(data)} bytes; at most {limits.RECORD_DATA_BYTES_MAX}")
     extra = wire.encode_headers(headers)

@@ -77,3 +77,28 @@ def parse(text: str | int) -> int:
     if not 0 <= value <= SN_MAX:
         raise InvalidSequenceNumber(f"sequence number {value}; expected 0 <= sn < 2^128")
     return value
+
+
+def behind(checkpoint: str, ordinal: int, committed: int, first: int) -> tuple[int, int] | None:
+    """(records, ms) from a consumer's checkpoint of partition `ordinal` to the partition's
+    last committed SN `committed` (0: nothing committed), `first` being its oldest record
+    kept (0: none). Counters are consecutive within a partition, so records are counted
+    exactly. A checkpoint is an SN, "SHARD_END" or "TRIM_HORIZON" (also: 0, or a parent's
+    SN: nothing of this partition read yet); None when it does not say where it stands
+    (LATEST before a first read, a time).  (sms.leases: checkpoints are StartPosition's text.)"""
+    if checkpoint == "SHARD_END":
+        return 0, 0
+    if not committed:
+        return (0, 0) if checkpoint == "TRIM_HORIZON" or checkpoint.isdigit() else None
+    top = counter_of(committed)
+    if checkpoint.isdigit():
+        done = int(checkpoint)
+        if done and ordinal_of(done) == ordinal:
+            n = max(0, top - counter_of(done))
+            return n, (max(0, timestamp_ms_of(committed) - timestamp_ms_of(done)) if n else 0)
+        checkpoint = "TRIM_HORIZON"
+    if checkpoint == "TRIM_HORIZON":
+        start = counter_of(first) if first else 1
+        n = max(0, top - start + 1)
+        return n, (max(0, timestamp_ms_of(committed) - timestamp_ms_of(first)) if n and first else 0)
+    return None

@@ -415,6 +415,63 @@ class ClusterInfo:
     nodes: tuple[NodeInfo, ...] = field(default_factory=tuple)
 
 
+class _Fields:
+    """Read a description's fields by name too (`d["partitions"]`), as the dicts that
+    describe_group returned before its results were typed."""
+    __slots__ = ()
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return getattr(self, name)
+        except AttributeError:
+            raise KeyError(name) from None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMember(_Fields):
+    """A member of a consumer group (`describe_group`): its id, where it runs, and how long
+    ago it last heartbeat."""
+    member: str
+    host: str
+    pid: int
+    heartbeat_age_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPartition(_Fields):
+    """One partition of a consumer group's lease table (`describe_group`).
+
+    checkpoint: the SN of the last record processed, "SHARD_END" (a closed partition read to
+    its end) or "" (nothing checkpointed yet: the group starts at its `start`).
+    records: records processed under the current lease.
+    lag_records: committed records past the checkpoint (0 at the end; from the oldest record
+    kept when nothing is checkpointed); None where the partition is gone (DROPPED).
+    lag_ms: the age of the newest committed record past the checkpoint, by the SNs' times."""
+    partition_id: str
+    ordinal: int
+    state: str                     # OPEN, CLOSED, or DROPPED (no longer in the stream's map)
+    owner: str                     # the member holding the lease, "" when none
+    checkpoint: str
+    records: int
+    lag_records: int | None
+    lag_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription(_Fields):
+    """A consumer group (`describe_group`, `sms consumer describe`): members and, per
+    partition, owner, checkpoint and lag in records and in time."""
+    stream: str
+    group: str
+    members: tuple[GroupMember, ...]
+    partitions: tuple[GroupPartition, ...]
+
+    @property
+    def lag_records(self) -> int:
+        """The group's lag over all its partitions, in records."""
+        return sum(p.lag_records or 0 for p in self.partitions)
+
+
 class QueueStatus(str, enum.Enum):
     ACTIVE = "ACTIVE"
     DELETING = "DELETING"

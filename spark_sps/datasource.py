@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import time
 
@@ -90,8 +91,8 @@ from sms.errors import SmsError
 from sms.types import PartitionInfo, PartitionState, StartPosition, StreamInfo
 from spark_sps import offsets
 from spark_sps.offsets import END, NONE_READ
-from spark_sps.options import (AT_TIMESTAMP, LATEST, TRIM_HORIZON, WRITE_ID_HEX_CHARS, Connection, SourceOptions,
-                               sink_options, source_options)
+from spark_sps.options import (AT_TIMESTAMP, LATEST, TRIM_HORIZON, WRITE_ID_HEX_CHARS, Connection, OptionError,
+                               SourceOptions, sink_options, source_options)
 
 SCHEMA = ("partition_key string, data binary, sequence_number string, arrival_time timestamp, partition_id string, "
           "headers map<string, binary>")
@@ -100,8 +101,45 @@ BATCH_SSSN_SHIFT = 24                 # rows of one Spark partition in one micro
 log = logging.getLogger(__name__)
 
 
+class SparkSetupError(RuntimeError):
+    """Spark's Python workers cannot run this data source (say what to set, in one line)."""
+
+
 def register(spark) -> None:
+    """Make `format("sms")` known to `spark`, its Python workers running an interpreter
+    that has this package (`worker_python`)."""
+    worker_python(spark.sparkContext)
     spark.dataSource.register(SmsDataSource)
+
+
+def worker_python(sc) -> str:
+    """The interpreter Spark's Python workers run for this data source, made one that can
+    import spark_sps. Spark starts them with $PYSPARK_PYTHON, else `python3` from the PATH,
+    which outside the virtual environment lacks this package (and pyspark): the read then
+    fails deep in a Py4J trace with ModuleNotFoundError. So, on a local master (workers on
+    this machine) with $PYSPARK_PYTHON unset, the workers get the driver's interpreter
+    (sys.executable; the context's `pythonExec`, which registering a data source captures);
+    an interpreter someone chose that cannot import spark_sps is refused with one line
+    saying what to set. On a cluster the executors' Python is theirs to provision
+    (docs/sps.md, "Spark connector")."""
+    import subprocess
+    import sys
+    exe = sc.pythonExec
+    local = str(sc.master).startswith("local")
+    if not local or exe == sys.executable:
+        return exe
+    if "PYSPARK_PYTHON" not in os.environ:
+        sc.pythonExec = sys.executable
+        return sys.executable
+    try:
+        ok = subprocess.run([exe, "-c", "import spark_sps, pyspark"], capture_output=True,
+                            timeout=limits.SPARK_WORKER_PYTHON_CHECK_S).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        raise SparkSetupError(f"Spark's Python workers run {exe} ($PYSPARK_PYTHON), which cannot import spark_sps and "
+                              f"pyspark: set PYSPARK_PYTHON={sys.executable} before the SparkSession starts")
+    return exe
 
 
 class DataLossError(RuntimeError):
@@ -504,7 +542,7 @@ class SmsBatchReader(DataSourceReader):
         ending = dict(opts.ending.sns)
         unknown = sorted(set(ending) - set(by))
         if unknown:
-            raise ValueError(f"endingPosition names partition {_pid(unknown[0])}, which stream {stream!r} does not have")
+            raise OptionError(f"endingPosition names partition {_pid(unknown[0])}, which stream {stream!r} does not have")
         out = []
         for key, begin in sorted(starts.items(), key=lambda kv: int(kv[0])):
             p = by[int(key)]
@@ -605,7 +643,7 @@ class SmsBatchWriter(DataSourceWriter):
     def __init__(self, options, schema=None, overwrite: bool = False):
         opts = sink_options(options, streaming=False)
         if overwrite:
-            raise ValueError("the sms sink appends to a stream; mode('overwrite') is not supported: use "
+            raise OptionError("the sms sink appends to a stream; mode('overwrite') is not supported: use "
                              "mode('append')")
         _check_columns(schema, "df.write.format('sms')")
         self.connection = opts.connection

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from sms import seqno
 from sms.types import PartitionState, StreamInfo
+from spark_sps.options import OptionError
 
 END = "END"
 NONE_READ = "0"
@@ -198,15 +199,15 @@ def check_cut(info: StreamInfo, named: set[int]) -> None:
     present = {p.ordinal for p in info.partitions}
     for o in sorted(named):
         if o not in present:
-            raise ValueError(f"startingPosition names partition p{o:04d}, which the stream does not have "
+            raise OptionError(f"startingPosition names partition p{o:04d}, which the stream does not have "
                              f"(now: {', '.join(f'p{q:04d}' for q in sorted(present))})")
         both = ancestors(info, o) & named
         if both:
-            raise ValueError(f"startingPosition names p{o:04d} and its ancestor p{min(both):04d}; name one "
+            raise OptionError(f"startingPosition names p{o:04d} and its ancestor p{min(both):04d}; name one "
                              f"position per lineage (a partition after a named one is read from its start)")
     after_named = descendants(info, named)
     before_named = set().union(*(ancestors(info, o) for o in named)) if named else set()
     missing = sorted(present - named - after_named - before_named)
     if missing:
-        raise ValueError(f"startingPosition names no position for partition p{missing[0]:04d}, nor for a partition "
+        raise OptionError(f"startingPosition names no position for partition p{missing[0]:04d}, nor for a partition "
                          f"before or after it in its lineage: name it too (an SN, \"TRIM_HORIZON\" or \"LATEST\")")

@@ -1,8 +1,8 @@
 """The options of the `sms` Spark data source, checked once, at the edge.
 
 `source_options` and `sink_options` turn Spark's option map (case-insensitive: Spark
-hands it over with lower-cased keys) into frozen dataclasses, or raise `ValueError` that
-names the option and what it takes. An option the mode does not know is refused by
+hands it over with lower-cased keys) into frozen dataclasses, or raise `OptionError` (a
+ValueError that Spark shows as its one line) that names the option and what it takes. An option the mode does not know is refused by
 name, with the list of valid ones; Kafka's names for the same ideas (`startingOffsets`,
 `maxOffsetsPerTrigger`...) are refused with a pointer to this source's own. No I/O: the
 data source (spark_sps/datasource.py) calls these on the driver before it contacts the
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from collections.abc import Mapping
 
@@ -25,6 +26,35 @@ LATEST = "LATEST"
 AT_TIMESTAMP = "AT_TIMESTAMP"
 STARTING_KINDS = (TRIM_HORIZON, LATEST, AT_TIMESTAMP)
 ENDING_KINDS = (LATEST, AT_TIMESTAMP)
+
+HIDE_TRACEBACK_ENV = "SPARK_HIDE_TRACEBACK"     # what pyspark's workers read (pyspark.util.handle_worker_exception)
+
+
+class OptionError(ValueError):
+    """A bad option of the sms data source: shown as its one line, not a Python traceback.
+
+    Spark runs the data source in a Python worker, and the worker sends the driver the
+    whole traceback of an exception unless $SPARK_HIDE_TRACEBACK is set when it handles
+    it (Spark sets that for every worker with the session conf
+    spark.sql.execution.pyspark.udf.hideTraceback.enabled: too much to change for one
+    data source). So raising one sets the variable in this process, and formatting it
+    (the worker's handler reads the variable, then formats the exception: `__str__`)
+    puts the variable back as it was: the next error of this worker shows its traceback
+    as before. Where nothing formats it (caught and dropped), the variable stays set
+    until the next OptionError is formatted."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self._hidden = HIDE_TRACEBACK_ENV not in os.environ
+        if self._hidden:
+            os.environ[HIDE_TRACEBACK_ENV] = "1"
+
+    def __str__(self) -> str:
+        if self._hidden:
+            self._hidden = False
+            os.environ.pop(HIDE_TRACEBACK_ENV, None)
+        return super().__str__()
+
 
 # Options common to every mode, then those of each mode; canonical spelling (Spark lower-cases keys).
 CONNECTION = ("address", "stream", "caFile", "token")
@@ -112,12 +142,12 @@ def _check_names(options: Mapping[str, str], valid: tuple[str, ...], what: str,
             continue
         if low in kafka:
             name = kafka[low]
-            raise ValueError(f"option {name!r} is Kafka's; the sms data source takes {KAFKA_NAMES[name]} "
+            raise OptionError(f"option {name!r} is Kafka's; the sms data source takes {KAFKA_NAMES[name]} "
                              f"(valid options for {what}: {listing})")
         if low in elsewhere:
-            raise ValueError(f"option {elsewhere[low]!r} applies to {other_what} only, not to {what} "
+            raise OptionError(f"option {elsewhere[low]!r} applies to {other_what} only, not to {what} "
                              f"(valid options: {listing})")
-        raise ValueError(f"unknown option {key!r} for {what}; valid options: {listing}")
+        raise OptionError(f"unknown option {key!r} for {what}; valid options: {listing}")
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -128,7 +158,7 @@ def _get(options: Mapping[str, str], name: str) -> str | None:
 def _required(options: Mapping[str, str], name: str) -> str:
     value = _get(options, name)
     if not value:
-        raise ValueError(f'the sms data source needs .option("{name}", ...)')
+        raise OptionError(f'the sms data source needs .option("{name}", ...)')
     return value
 
 
@@ -145,9 +175,9 @@ def _int(options: Mapping[str, str], name: str, *, low: int) -> int | None:
     try:
         value = int(text.strip())
     except ValueError:
-        raise ValueError(f"option {name} {text[:64]!r}; expected an integer >= {low}") from None
+        raise OptionError(f"option {name} {text[:64]!r}; expected an integer >= {low}") from None
     if value < low:
-        raise ValueError(f"option {name} {value}; expected an integer >= {low}")
+        raise OptionError(f"option {name} {value}; expected an integer >= {low}")
     return value
 
 
@@ -157,7 +187,7 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
         return default
     if text.strip().lower() in ("true", "false"):
         return text.strip().lower() == "true"
-    raise ValueError(f"option {name} {text[:64]!r}; expected true or false")
+    raise OptionError(f"option {name} {text[:64]!r}; expected true or false")
 
 
 def _partition_sns(name: str, text: str, words: tuple[str, ...]) -> tuple[tuple[int, int | str], ...]:
@@ -167,24 +197,24 @@ def _partition_sns(name: str, text: str, words: tuple[str, ...]) -> tuple[tuple[
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict) or not parsed:
-        raise ValueError(f"option {name} {text[:80]!r}; expected {' | '.join(words)} or JSON like "
+        raise OptionError(f"option {name} {text[:80]!r}; expected {' | '.join(words)} or JSON like "
                          '{"p0000": "<SN>", "p0001": "LATEST"}')
     out: dict[int, int | str] = {}
     for pid, value in parsed.items():
         try:
             ordinal = parse_partition_id(str(pid))
         except SmsError as e:
-            raise ValueError(f"option {name}: {e.message}") from None
+            raise OptionError(f"option {name}: {e.message}") from None
         if isinstance(value, str) and value.strip().upper() in words:
             out[ordinal] = value.strip().upper()
             continue
         try:
             sn = seqno.parse(value if isinstance(value, int) else str(value).strip())
         except SmsError:
-            raise ValueError(f"option {name}: partition {pid!r} has {str(value)[:64]!r}; expected an SN "
+            raise OptionError(f"option {name}: partition {pid!r} has {str(value)[:64]!r}; expected an SN "
                              f"(a decimal string) or one of {', '.join(words)}") from None
         if seqno.ordinal_of(sn) != ordinal:
-            raise ValueError(f"option {name}: SN {sn} belongs to partition p{seqno.ordinal_of(sn):04d}, "
+            raise OptionError(f"option {name}: SN {sn} belongs to partition p{seqno.ordinal_of(sn):04d}, "
                              f"not {pid!r}")
         out[ordinal] = sn
     return tuple(sorted(out.items()))
@@ -200,17 +230,17 @@ def _position(options: Mapping[str, str], name: str, timestamp_name: str, kinds:
     elif kind.startswith("{"):
         sn_words = (TRIM_HORIZON, LATEST) if name == "startingPosition" else (LATEST,)
         if ts is not None:
-            raise ValueError(f"option {timestamp_name} goes with {name} AT_TIMESTAMP, not with JSON positions")
+            raise OptionError(f"option {timestamp_name} goes with {name} AT_TIMESTAMP, not with JSON positions")
         return Position("SN", sns=_partition_sns(name, kind, sn_words))
     else:
-        raise ValueError(f"option {name} {kind[:64]!r}; expected one of {', '.join(kinds)} or JSON of SNs per "
+        raise OptionError(f"option {name} {kind[:64]!r}; expected one of {', '.join(kinds)} or JSON of SNs per "
                          'partition like {"p0000": "<SN>"}')
     if ts is not None and text is None:
         kind = AT_TIMESTAMP                  # (as Kafka: the timestamp alone says where to start)
     if kind == AT_TIMESTAMP and ts is None:
-        raise ValueError(f"option {name} AT_TIMESTAMP needs .option(\"{timestamp_name}\", <ms since the epoch>)")
+        raise OptionError(f"option {name} AT_TIMESTAMP needs .option(\"{timestamp_name}\", <ms since the epoch>)")
     if kind != AT_TIMESTAMP and ts is not None:
-        raise ValueError(f"option {timestamp_name} goes with {name} AT_TIMESTAMP, not with {kind}")
+        raise OptionError(f"option {timestamp_name} goes with {name} AT_TIMESTAMP, not with {kind}")
     return Position(kind, timestamp_ms=ts)
 
 
@@ -225,7 +255,7 @@ def source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOpti
     if streaming:
         name = _get(options, "consumerName")
         if name is not None and not CONSUMER_NAME.fullmatch(name):
-            raise ValueError(f"option consumerName {name[:80]!r}; expected [A-Za-z0-9_.-]{{1,"
+            raise OptionError(f"option consumerName {name[:80]!r}; expected [A-Za-z0-9_.-]{{1,"
                              f"{limits.STREAM_NAME_CHARS_MAX}}}")
         return SourceOptions(_connection(options), starting, fail,
                              max_records_per_trigger=_int(options, "maxRecordsPerTrigger", low=1),
@@ -247,6 +277,6 @@ def sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOptions:
         producer_id = _get(options, "producerId") or BATCH_PRODUCER_ID_DEFAULT
         room = limits.PRODUCER_ID_BYTES_MAX - PARTITION_SUFFIX_BYTES_MAX - 1 - WRITE_ID_HEX_CHARS
     if len(producer_id.encode()) > room:
-        raise ValueError(f"option producerId of {len(producer_id.encode())} bytes; at most {room} "
+        raise OptionError(f"option producerId of {len(producer_id.encode())} bytes; at most {room} "
                          f"(the sink appends the Spark partition to it)")
     return SinkOptions(_connection(options), producer_id)

@@ -43,7 +43,7 @@ from sms import errors, limits, payloads, seqno, wire
 from kernel import metrics, retention
 from kernel.aiotools import raise_if_cancelling
 from sms.errors import InvariantViolation
-from sms.metadata import StreamConfig
+from sms.metadata import StreamConfig, chain_name
 
 from storage.replica import Replica, ReplicaState
 
@@ -145,7 +145,7 @@ class Archiver:
                     raise_if_cancelling()
                     part.index = None     # (listed again: another writer may have changed it)
                     if not isinstance(e, (errors.SmsError, BadVersionError, NodeExistsError, NoNodeError, OSError)):
-                        log.exception("%s: archiving: %s failed unexpectedly", cid, step)
+                        log.exception("%s: archiving: %s failed unexpectedly", chain_name(cid), step)
                     name = e.name if isinstance(e, errors.SmsError) else type(e).__name__
                     metrics.ARCHIVE_ERRORS.labels(config.name, step, name).inc()
                     failed = failed or f"{step}: {name}: {getattr(e, 'message', '') or e}"
@@ -154,11 +154,11 @@ class Archiver:
                 part.retry_at = time.monotonic() + min(limits.ARCHIVE_RETRY_S_MAX,
                                                        limits.ARCHIVE_CHECK_INTERVAL_S * 2 ** min(part.failures, 16))
                 if failed != part.error:
-                    log.warning("%s: archiving: %s (retried)", cid, failed)
+                    log.warning("%s: archiving: %s (retried)", chain_name(cid), failed)
                 part.error = failed
             else:
                 if part.error:
-                    log.info("%s: archiving goes on", cid)
+                    log.info("%s: archiving goes on", chain_name(cid))
                 part.failures, part.error = 0, ""
         for cid in [c for c in self.parts if c not in held]:
             del self.parts[cid]
@@ -237,11 +237,11 @@ class Archiver:
                 return
             first_sn = wire.read_header(run[0]).first_sn
             if first_sn <= archived:
-                log.error("%s: the batch after archived SN %d starts at %d: not archived here", replica.chain_id,
+                log.error("%s: the batch after archived SN %d starts at %d: not archived here", chain_name(replica.chain_id),
                           archived, first_sn)
                 return
             if archived and seqno.counter_of(first_sn) != seqno.counter_of(archived) + 1:
-                log.warning("%s: %d records after SN %d were deleted before they were archived", replica.chain_id,
+                log.warning("%s: %d records after SN %d were deleted before they were archived", chain_name(replica.chain_id),
                             seqno.counter_of(first_sn) - seqno.counter_of(archived) - 1, archived)
             encoded = await self._call(fragment.encode, run, config.compression)
             await self._call(store.put, prefix + encoded.ref.name, encoded.data)
@@ -253,7 +253,7 @@ class Archiver:
             except (BadVersionError, NodeExistsError):
                 # another writer indexed these records first (a tail change): this file, unless
                 # it has the same name as theirs, is an orphan that retention deletes
-                log.info("%s: another node archived from SN %d first", replica.chain_id, first_sn)
+                log.info("%s: another node archived from SN %d first", chain_name(replica.chain_id), first_sn)
                 continue
             part.archived_sn = encoded.ref.last_sn
             if part.index is not None and known is not None and part.index_version == known[1]:
@@ -340,7 +340,7 @@ class Archiver:
                                          f"was archived", fragment=ref.name)
         await self._call(open_store(config.archive).put, prefix + ref.name, encoded.data)
         metrics.ARCHIVE_REPAIRS.labels(config.name).inc()
-        log.warning("%s: %s; written again from this node's copy", replica.chain_id, problem.message)
+        log.warning("%s: %s; written again from this node's copy", chain_name(replica.chain_id), problem.message)
 
     # --- 3. expire -----------------------------------------------------------------------
 
@@ -372,7 +372,7 @@ class Archiver:
             for ref in gone:
                 await self._call(store.delete, prefix + ref.name)
             metrics.ARCHIVE_EXPIRED.labels(stream).inc(len(gone))
-            log.info("%s: the archive's retention deleted %d fragments below %d", replica.chain_id, len(gone), point)
+            log.info("%s: the archive's retention deleted %d fragments below %d", chain_name(replica.chain_id), len(gone), point)
         now = time.monotonic()
         if now >= part.next_orphan_scan:
             part.next_orphan_scan = now + limits.ARCHIVE_ORPHAN_SCAN_S
@@ -389,7 +389,7 @@ class Archiver:
             for name in orphans[:limits.ARCHIVE_EXPIRE_PER_PASS]:
                 await self._call(store.delete, name)
             if orphans:
-                log.info("%s: deleted %d orphan fragment files", replica.chain_id, len(orphans))
+                log.info("%s: deleted %d orphan fragment files", chain_name(replica.chain_id), len(orphans))
 
     def status(self, chain_id: str) -> PartitionArchive | None:
         return self.parts.get(chain_id)

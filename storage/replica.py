@@ -28,7 +28,7 @@ from kernel import encryption
 from sms import wire, limits, seqno
 from sms.errors import (HeadMoving, LogDiverged, NotEnoughReplicas, PartitionClosed, PartitionSealed, SmsError,
                         StaleEpoch, WrongOwner, invariant)
-from sms.metadata import ChainConfig
+from sms.metadata import ChainConfig, chain_name
 from storage import link
 from storage.log import LogStore, PartitionLog
 
@@ -291,7 +291,7 @@ class Replica:
     async def reset(self) -> None:
         """Wipe this replica's log (it diverged from its predecessor's); it is copied anew."""
         log.warning("%s: log on %s diverges from its predecessor's; wiping it to copy anew",
-                    self.chain_id, self.node_id)
+                    chain_name(self.chain_id), self.node_id)
         async with self.sequence_lock, self.log.append_lock:
             await self.store.drop_log(self.chain_id)
             self.log = self.store.open_log(self.chain_id, self.config.persistence)

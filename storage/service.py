@@ -27,7 +27,7 @@ from kernel import rpc
 from kernel import retention
 from kernel.aiotools import cancel_and_wait, raise_if_cancelling, wait_event
 from sms.errors import InvariantViolation, SmsError, WrongOwner
-from sms.metadata import ChainConfig, ConsumerRecord, StreamConfig
+from sms.metadata import ChainConfig, ConsumerRecord, StreamConfig, chain_name
 from kernel import audit
 from kernel.encryption import StreamKeys
 from sms.partition_map import PartitionMap
@@ -219,7 +219,7 @@ class StorageNode:
         plan = plan_sync(self.node_id, self.incarnation, {cid: r.config for cid, r in self.replicas.items()},
                          configs)
         for cid in plan.close:
-            log.info("closing replica %s (no longer a member here)", cid)
+            log.info("closing replica %s (no longer a member here)", chain_name(cid))
             replica = self.replicas.pop(cid)
             await replica.close()
             self.dormant[cid] = now
@@ -319,7 +319,7 @@ class StorageNode:
             if replica.log.first_sn and replica.log.first_sn < delete:
                 n = await self.logs.trim(replica.log, delete)
                 if n:
-                    log.info("%s: retention deleted %d records below %d", replica.chain_id, n, point)
+                    log.info("%s: retention deleted %d records below %d", chain_name(replica.chain_id), n, point)
                 deleted += n
         self.trimmed_records += deleted
         if len(self._decoded) > 4 * len(facts) + 64:           # streams gone or no longer held here

@@ -18,6 +18,7 @@ from node.cli.channels import summary as channel_summary
 from node.cli.common import DEFAULT_PORT, _client, _emit
 from node.cli.streams import _describe, _describe_text
 from sms import errors, limits
+from sms.metadata import chain_name
 
 
 def _port_busy(host: str, port: int) -> bool:
@@ -179,7 +180,11 @@ def cmd_up(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from node import server
+    from node import config, server
+    try:       # (what the command line leaves out, from the configuration: node.id, metastore.url, ...)
+        config.serve_args(args)
+    except config.ConfigError as e:
+        raise SystemExit(f"sms serve: {e}") from None
     return server.run(args)
 
 
@@ -210,7 +215,13 @@ def cmd_status(args) -> int:
             except errors.StreamNotFound:
                 continue      # deleted meanwhile
         channels = []
-        for c in client.list_channels():
+        try:
+            listed = client.list_channels()
+        except errors.InternalError as e:      # a control of a release before channels (mid-upgrade: it
+            if not e.message.startswith("UNIMPLEMENTED"):     # has none; docs/operations.md, "Upgrades")
+                raise
+            listed = []
+        for c in listed:
             try:
                 channels.append(channel_summary(client.describe_channel(c.name)))
             except errors.ChannelNotFound:
@@ -235,7 +246,7 @@ def cmd_status(args) -> int:
             lines.append(f"    storage: {n['storage_write_failures']} failed write transactions; "
                          f"the last at {at}: {n['storage_last_error']}")
         for r in n.get("replicas", []):
-            lines.append(f"    {r['chain_id']:<28} {r['role']:<9} epoch {r['epoch']:<3} records {r['records']:<9} "
+            lines.append(f"    {chain_name(r['chain_id']):<28} {r['role']:<9} epoch {r['epoch']:<3} records {r['records']:<9} "
                          f"committed {r['committed_sn']}")
             if r.get("archive"):
                 a = r["archive"]
@@ -248,7 +259,7 @@ def cmd_status(args) -> int:
                          f"messages {link['messages']:<10} {'connected' if link['connected'] else 'DISCONNECTED'}")
         for p in n.get("ingestion", []):
             t = p["table"]
-            lines.append(f"    ingest {p['chain_id']:<21} {p['policy']:<27} {'ready' if p['ready'] else 'REBUILDING'} "
+            lines.append(f"    ingest {chain_name(p['chain_id']):<21} {p['policy']:<27} {'ready' if p['ready'] else 'REBUILDING'} "
                          f"sessions {t.get('sessions', 0)} entries {t.get('entries', 0)} "
                          f"dedup keys {t.get('dedup_keys', 0)} queued {p['queued_records']}")
     for d in streams:
@@ -316,13 +327,21 @@ def _demo(args, data_dir: str) -> int:
 
 
 def cmd_config(args) -> int:
-    """`sms config show`: every setting a node started here would have, and its source."""
+    """`sms config show`: every setting a node started here would have, and its source;
+    with --node, the settings a running node has (it answers them: NodeStatus)."""
     from node import config
-    try:
-        values = config.load(args.config)
-    except config.ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
-    rows = config.show(values)
+    if args.node:
+        with _client(args) as client:
+            nodes = {n.node_id: n for n in client.describe_cluster().nodes}
+            if args.node not in nodes:
+                raise errors.NodeNotFound(f"no live node {args.node!r}; live: {', '.join(sorted(nodes)) or 'none'}")
+            _node_id, rows = client.node_settings(nodes[args.node].address)
+    else:
+        try:
+            values = config.load(args.config)
+        except config.ConfigError as e:
+            raise SystemExit(f"error: {e}") from None
+        rows = config.show(values)
     width = max(len(r["key"]) for r in rows)
     lines = [f"{r['key']:<{width}}  {r['value']!r:<24} {r['source']}" for r in rows]
     _emit(args, rows, "\n".join(lines))
@@ -359,13 +378,14 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     up.set_defaults(func=cmd_up)
 
     serve = sub.add_parser("serve", help="run one node process")
-    serve.add_argument("--node-id", required=True, help="this node's id in the cluster (e.g. n1)")
-    serve.add_argument("--roles", default="storage,ingestion,retrieval",
-                       help="comma-separated: control, storage, ingestion, retrieval "
-                            "(default storage,ingestion,retrieval)")
-    serve.add_argument("--metastore", required=True,
-                       help="zk://host:port[,host:port...]/prefix, or embedded:///path/meta.lmdb (one host only)")
-    serve.add_argument("--data-dir", required=True, help="this node's LMDB data directory")
+    serve.add_argument("--node-id", help="this node's id in the cluster (e.g. n1; default: the configuration's "
+                                          "node.id; each of these flags may come from the --config file instead)")
+    serve.add_argument("--roles", help="comma-separated: control, storage, ingestion, retrieval "
+                                       "(default: node.roles, else storage,ingestion,retrieval)")
+    serve.add_argument("--metastore",
+                       help="zk://host:port[,host:port...]/prefix, or embedded:///path/meta.lmdb (one host only; "
+                            "default: metastore.url)")
+    serve.add_argument("--data-dir", help="this node's LMDB data directory (default: node.data_dir)")
     serve.add_argument("--listen", help="the client port, HOST:PORT (0: any free port; default: the configuration's "
                                         "node.listen, else 127.0.0.1:0)")
     serve.add_argument("--config", help="a TOML file of settings (default: $SMS_CONFIG; docs/operations.md, "
@@ -402,9 +422,11 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
 
     conf = sub.add_parser("config", help="the settings a node reads (TOML file, environment) and their sources")
     csub2 = conf.add_subparsers(dest="config_cmd", required=True)
-    cshow = csub2.add_parser("show", help="every setting in force here, and where its value came from")
+    cshow = csub2.add_parser("show", parents=[common],
+                             help="every setting in force here (or on a running node: --node), and where its value "
+                                  "came from; --json: key, value, source, env, limit, help")
     cshow.add_argument("--config", help="a TOML file of settings (default: $SMS_CONFIG)")
-    cshow.add_argument("--json", action="store_true", help="JSON output: key, value, source, env, limit, help")
+    cshow.add_argument("--node", help="a running node's id: the settings it runs with (asks the node)")
     conf.set_defaults(func=cmd_config)
 
     completion = sub.add_parser(

@@ -3,6 +3,7 @@ progress on stderr (`_progress`)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -109,3 +110,54 @@ def _local_data_dir(args) -> str | None:
     if args.address or os.environ.get("SMS_ADDRESS"):
         return None
     return args.data_dir if os.path.exists(os.path.join(args.data_dir, "cluster.json")) else None
+
+
+# --- completion of names (argcomplete): streams, groups, nodes, queues, channels, tenants ----
+
+def _names_of(kind: str, parsed_args) -> list[str]:
+    """The names a running cluster has of `kind`; [] when it cannot say (no cluster, no
+    rights, a slow answer): completion never fails a shell."""
+    from sms.client import Client
+    args = argparse.Namespace(**{"address": None, "data_dir": os.environ.get(ENV_DATA_DIR) or DEFAULT_DATA_DIR,
+                                 "token": None, "ca_file": None, **vars(parsed_args)})
+    try:
+        with Client(_address(args)) as client:
+            if kind == "stream":
+                return client.list_streams()
+            if kind == "group":
+                return client.list_groups(args.stream) if getattr(args, "stream", None) else []
+            if kind == "node":
+                return sorted({n.node_id for n in client.list_nodes()})
+            if kind == "queue":
+                return [q.name for q in client.list_queues()]
+            if kind == "channel":
+                return [c.name for c in client.list_channels()]
+            if kind == "tenant":
+                return client.list_tenants()
+    except BaseException:     # noqa: BLE001 (SystemExit of _address included: nothing to offer)
+        return []
+    return []
+
+
+def _completer(kind: str) -> Callable[..., list[str]]:
+    def complete(prefix: str, parsed_args, **_kwargs) -> list[str]:
+        return [n for n in _names_of(kind, parsed_args) if n.startswith(prefix)]
+    return complete
+
+
+# which positional arguments name what exists, by their help text (the `name` of "create" and
+# "import" is something new: nothing to complete there)
+_KINDS = {"the stream's name": "stream", "the stream it delivers": "stream", "the consumer group's name": "group",
+          "the storage node, as `sms node list` shows it": "node", "the queue's name": "queue",
+          "the channel's name": "channel", "the tenant's name": "tenant"}
+
+
+def attach_completers(parser: argparse.ArgumentParser, new: bool = False) -> None:
+    """Give every positional argument that names a stream, group, node, queue, channel or
+    tenant a completer of the running cluster's names (`sms completion`)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                attach_completers(sub, new=name in ("create", "import"))
+        elif not action.option_strings and action.help in _KINDS and not (new and action.dest == "name"):
+            action.completer = _completer(_KINDS[action.help])  # type: ignore[attr-defined]

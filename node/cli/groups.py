@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from node.cli.common import _client, _emit
+
+
+def _lag(records: int | None, ms: int) -> str:
+    """A partition's lag as `sms consumer describe` shows it: records, and seconds when behind."""
+    if records is None:
+        return "- (no position yet)"
+    return f"{records:,} records" + (f" ({ms / 1000:.1f} s)" if records else "")
 
 
 def cmd_consumer(args) -> int:
@@ -18,23 +26,17 @@ def cmd_consumer(args) -> int:
                   or f"stream {args.stream} has no consumers")
         elif args.consumer_cmd == "describe":
             d = client.describe_group(args.stream, args.group)
-            lines = [f"group {d['group']} of {d['stream']}: {len(d['members'])} members"]
-            lines += [f"  member {m['member']}  ({m['host']} pid {m['pid']}, heartbeat {m['heartbeat_age_ms']} ms ago)"
-                      for m in d["members"]]
-            lines += [f"  {p['partition_id']}  {p['state']:<6}  owner {p['owner'] or '-':<24}  checkpoint "
-                      f"{p['checkpoint']:<40}  records {p['records']:>10,}  lag {p['lag_ms']:,} ms"
-                      for p in d["partitions"]]
-            _emit(args, d, "\n".join(lines))
+            lines = [f"group {d.group} of {d.stream}: {len(d.members)} members, lag {d.lag_records:,} records"]
+            lines += [f"  member {m.member}  ({m.host} pid {m.pid}, heartbeat {m.heartbeat_age_ms} ms ago)"
+                      for m in d.members]
+            lines += [f"  {p.partition_id}  {p.state:<6}  owner {p.owner or '-':<24}  checkpoint "
+                      f"{p.checkpoint:<40}  done {p.records:>10,}  lag {_lag(p.lag_records, p.lag_ms)}"
+                      for p in d.partitions]
+            _emit(args, dataclasses.asdict(d) | {"lag_records": d.lag_records}, "\n".join(lines))
         elif args.consumer_cmd == "reset":
             sns = dict(item.split("=", 1) for item in args.sequence_number or [])
-            to = "AT_TIMESTAMP" if args.timestamp_ms is not None else "" if sns else args.to or "TRIM_HORIZON"
             d = client.describe_group(args.stream, args.group)      # (GroupNotFound before any plan)
-            target = (f"the first record at or after {args.timestamp_ms} ms" if to == "AT_TIMESTAMP" else
-                      "the end of the partition when executed" if to == "LATEST" else
-                      "the oldest record kept" if to == "TRIM_HORIZON" else "")
-            plan = [{"partition_id": p["partition_id"], "state": p["state"], "checkpoint": p["checkpoint"],
-                     "to": sns.get(p["partition_id"], sns.get(str(p.get("ordinal", "")), "TRIM_HORIZON"))
-                     if sns else to} for p in d["partitions"]]
+            to, target, plan = reset_plan(d, args.to, args.timestamp_ms, sns)
             lines = [f"  {p['partition_id']}  {p['state']:<6}  from {p['checkpoint'] or '-':<40}  to {p['to']}"
                      for p in plan]
             if not args.execute:
@@ -50,6 +52,21 @@ def cmd_consumer(args) -> int:
             client.delete_group(args.stream, args.group)
             _emit(args, {"deleted": args.group}, f"group {args.group} of {args.stream} deleted")
     return 0
+
+
+def reset_plan(described, to: str | None, timestamp_ms: int | None,
+               sns: dict[str, str]) -> tuple[str, str, list[dict]]:
+    """What `sms consumer reset` (and the web console, node/console.py) does to a group
+    (`describe_group`'s answer): the `to` for `reset_group` ("" with per-partition SNs),
+    that target in words, and per partition its checkpoint now and where it goes."""
+    to = "AT_TIMESTAMP" if timestamp_ms is not None else "" if sns else to or "TRIM_HORIZON"
+    target = (f"the first record at or after {timestamp_ms} ms" if to == "AT_TIMESTAMP" else
+              "the end of the partition when executed" if to == "LATEST" else
+              "the oldest record kept" if to == "TRIM_HORIZON" else "")
+    plan = [{"partition_id": p.partition_id, "state": p.state, "checkpoint": p.checkpoint,
+             "to": sns.get(p.partition_id, sns.get(str(p.ordinal), "TRIM_HORIZON")) if sns else to}
+            for p in described.partitions]
+    return to, target, plan
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
-from sms import errors, seqno
+from sms import errors, limits, seqno
 from sms.consumer import GroupConsumer, GroupLeases
 from sms.proto import sms_pb2
 from sms.tokens import peek
-from sms.types import PartitionState, parse_partition_id, partition_id
+from sms.types import GroupDescription, GroupMember, GroupPartition, PartitionState, parse_partition_id, partition_id
 
 if TYPE_CHECKING:
     from sms.aio import Client
@@ -24,25 +24,41 @@ class Groups(Writes):
     ones before it: transport, admin, reads, writes, groups."""
 
     # --- consumer groups (sms/consumer.py) ------------------------------------------------
-    def consumer(self, stream: str, group: str, **options: Any) -> GroupConsumer:
+    def consumer(self, stream: str, group: str, *, member_id: str | None = None, start: str = "TRIM_HORIZON",
+                 timestamp_ms: int | None = None, auto_checkpoint: bool = True,
+                 failover_s: float = limits.CONSUMER_FAILOVER_S_DEFAULT, max_records: int = 1000,
+                 wait_ms: int = 1000, skip_trimmed: bool = False) -> GroupConsumer:
         """A member of the consumer group `group` of `stream`: `async with` it and iterate
-        for ConsumerBatch-es. Options: member_id, start (TRIM_HORIZON, LATEST or
-        AT_TIMESTAMP with timestamp_ms) for partitions the group has not read yet,
-        auto_checkpoint (True), failover_s, max_records, wait_ms, skip_trimmed (False).
+        for ConsumerBatch-es.
+
+        Args:
+            member_id: this member's id in the group (None: host-pid-random).
+            start: where the group starts in a partition it has not read yet: TRIM_HORIZON,
+                LATEST, or AT_TIMESTAMP with `timestamp_ms`.
+            auto_checkpoint: checkpoint each batch once the next one is asked for (True);
+                False: call `checkpoint()` yourself.
+            failover_s: a member silent this long loses its leases to the others.
+            max_records, wait_ms: the most records per batch, and how long a read waits for
+                new ones.
+            skip_trimmed: go on from the oldest record kept when retention deleted records
+                before they were read (False: RecordsTrimmed).
 
         Raises:
             InvalidArgument: a bad option (the stream is checked when it is opened:
                 StreamNotFound)."""
-        return GroupConsumer(cast("Client", self), stream, group, **options)
+        return GroupConsumer(cast("Client", self), stream, group, member_id=member_id, start=start, timestamp_ms=timestamp_ms,
+                             auto_checkpoint=auto_checkpoint, failover_s=failover_s, max_records=max_records,
+                             wait_ms=wait_ms, skip_trimmed=skip_trimmed)
 
     async def list_groups(self, stream: str) -> list[str]:
         """The names of the stream's consumer groups. Raises StreamNotFound."""
         return list((await self._discovery_call("ListGroups", sms_pb2.ListGroupsRequest(stream=stream))).groups)
 
-    async def describe_group(self, stream: str, group: str) -> dict[str, Any]:
+    async def describe_group(self, stream: str, group: str) -> GroupDescription:
         """The group's members and, per partition of its lease table, the owner, the
         checkpoint, records processed under the lease, and how far the checkpoint is
-        behind the partition's last committed record (ms; 0 at its end).
+        behind the partition's last committed record, in records and in ms (0 at its
+        end). Fields also read by name (`d["partitions"]`).
 
         Raises:
             GroupNotFound, StreamNotFound."""
@@ -53,8 +69,8 @@ class Groups(Writes):
         members = []
         for m in state.members:
             d = json.loads(m.value)
-            members.append({"member": m.key, "host": d.get("host", ""), "pid": d.get("pid", 0),
-                            "heartbeat_age_ms": max(0, now_ms - int(d.get("heartbeat_ms", 0)))})
+            members.append(GroupMember(m.key, d.get("host", ""), int(d.get("pid", 0)),
+                                       max(0, now_ms - int(d.get("heartbeat_ms", 0)))))
         info = await self.get_stream_info(stream)
         by = {p.ordinal: p for p in info.partitions}
         partitions = []
@@ -62,17 +78,30 @@ class Groups(Writes):
             d = json.loads(e.value)
             ordinal = int(e.key)
             checkpoint = str(d.get("checkpoint", ""))
-            lag_ms = 0
-            if checkpoint != "SHARD_END" and ordinal in by:
-                latest = peek(await self.get_iterator(stream, ordinal, "LATEST")).position_sn - 1
-                done = int(checkpoint) if checkpoint.isdigit() else 0
-                if latest > done:
-                    lag_ms = max(0, seqno.timestamp_ms_of(latest) - (seqno.timestamp_ms_of(done) if done else
-                                                                      by[ordinal].valid_from_ms))
-            partitions.append({"partition_id": partition_id(ordinal), "owner": d.get("owner", ""),
-                               "checkpoint": checkpoint, "records": int(d.get("records", 0)),
-                               "lag_ms": lag_ms, "state": by[ordinal].state.value if ordinal in by else "DROPPED"})
-        return {"stream": stream, "group": group, "members": members, "partitions": partitions}
+            lag: tuple[int, int] | None = None
+            if ordinal in by:
+                lag = await self._behind(stream, ordinal, checkpoint)
+            partitions.append(GroupPartition(
+                partition_id(ordinal), ordinal, by[ordinal].state.value if ordinal in by else "DROPPED",
+                d.get("owner", ""), checkpoint, int(d.get("records", 0)),
+                None if lag is None else lag[0], 0 if lag is None else lag[1]))
+        return GroupDescription(stream, group, tuple(members), tuple(partitions))
+
+    async def _behind(self, stream: str, ordinal: int, checkpoint: str) -> tuple[int, int] | None:
+        """(records, ms) a checkpoint is behind partition `ordinal`'s last committed record
+        (seqno.behind): the commit point from a LATEST iterator; the oldest record kept,
+        when the checkpoint is TRIM_HORIZON, by reading one."""
+        if checkpoint == "SHARD_END":
+            return 0, 0
+        committed = peek(await self.get_iterator(stream, ordinal, "LATEST")).position_sn - 1
+        first = 0
+        if checkpoint == "TRIM_HORIZON" or (checkpoint.isdigit() and seqno.ordinal_of(int(checkpoint)) != ordinal):
+            page = await self.get_next_records(await self.get_iterator(stream, ordinal, "TRIM_HORIZON"),
+                                               max_records=1, skip_trimmed=True)
+            first = page.records[0].sn if page.records else 0
+            if not first:
+                return 0, 0
+        return seqno.behind(checkpoint, ordinal, committed, first)
 
     async def reset_group(self, stream: str, group: str, *, to: str = "TRIM_HORIZON", timestamp_ms: int = 0,
                           sequence_numbers: dict[str, str] | None = None) -> None:

@@ -5,6 +5,7 @@ the cluster and the control leader, and the calls every other part makes (`_call
 from __future__ import annotations
 
 import asyncio
+import json
 import contextvars
 from collections.abc import Awaitable, Callable
 from typing import Any, Self
@@ -182,6 +183,13 @@ class Transport:
                     raise
                 await asyncio.sleep(limits.CONTROL_ELECTION_RETRY_S)
 
+    async def node_settings(self, address: str) -> tuple[str, list[dict[str, Any]]]:
+        """(node id, settings) of the node at `address`: each setting it runs with, its
+        value and where it came from (node/config.py; `sms config show --node`). Raises
+        Unavailable when that node does not answer."""
+        pb = await self._call(address, sms_pb2_grpc.ControlStub, "NodeStatus", sms_pb2.NodeStatusRequest(settings=True))
+        return pb.node_id, json.loads(pb.settings_json or "[]")
+
     async def node_status(self, address: str) -> dict[str, Any]:
         """Replicas held by the storage node at `address` (operators; `sms status`): its
         id, pid, roles, replicas, storage failures and replication links. Raises
@@ -201,7 +209,7 @@ class Transport:
                 # its replication streams, one per peer and direction (storage/peerlink.py)
                 "links": [{"peer": p.peer, "direction": "out" if p.outgoing else "in", "chains": p.chains,
                            "frames": p.frames, "messages": p.items, "streams_opened": p.streams,
-                           "connected": p.connected} for p in pb.peer_links]}
+                           "connected": p.connected, "heard_ago_s": p.heard_ago_s} for p in pb.peer_links]}
 
     async def ingestion_status(self, address: str) -> dict[str, Any]:
         """Per partition owned by the ingestion node at `address`: dedup table sizes, queue.

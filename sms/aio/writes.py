@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from sms import wire, errors, limits, payloads
 from sms.payloads import PayloadRef
@@ -193,15 +193,32 @@ class Writes(Reads):
                 out.append((i, PutRecordResult(sns[j], ordinals[j])))
         return out
 
-    def producer(self, stream: str, producer_id: str | bytes | None = None, **options: Any) -> Producer:
+    def producer(self, stream: str, producer_id: str | bytes | None = None, *,
+                 linger_ms: float = limits.PRODUCER_LINGER_MS,
+                 max_pending_per_partition: int = limits.PRODUCER_PENDING_PER_PARTITION_MAX,
+                 max_pending_bytes: int = limits.PRODUCER_PENDING_BYTES_MAX,
+                 retry_backoff_ms: float = limits.PRODUCER_RETRY_BACKOFF_MS,
+                 retry_backoff_max_ms: float = limits.PRODUCER_RETRY_BACKOFF_MS_CAP,
+                 delivery_timeout_s: float = limits.PRODUCER_DELIVERY_TIMEOUT_S,
+                 epochs: bool = True) -> Producer:
         """A de-duplicating producer for `stream` (sms/producer.py; docs/dedup.md).
 
         Args:
             stream: the stream it writes to.
             producer_id: its identity across restarts (None: a random one).
-            **options: `sms.producer.Producer` options (linger_ms, max_pending_*, ...).
+            linger_ms: how long a record of send() may wait for others to fill a request
+                (PRODUCER_LINGER_MS).
+            max_pending_per_partition: un-settled records per partition before send() waits.
+            max_pending_bytes: un-settled bytes in all before send() waits.
+            retry_backoff_ms, retry_backoff_max_ms: the first and the longest wait before a
+                resend.
+            delivery_timeout_s: a record not stored by then fails with Timeout.
+            epochs: with a `producer_id`, open a new epoch of it, fencing off an earlier
+                instance (True); False keeps the id's one session (`sms.producer.Producer`).
 
         Raises:
             InvalidProducerId, InvalidArgument (an option out of range)."""
         from sms.producer import Producer
-        return Producer(self, stream, producer_id, **options)
+        return Producer(self, stream, producer_id, linger_ms=linger_ms, max_pending_per_partition=max_pending_per_partition,
+                        max_pending_bytes=max_pending_bytes, retry_backoff_ms=retry_backoff_ms,
+                        retry_backoff_max_ms=retry_backoff_max_ms, delivery_timeout_s=delivery_timeout_s, epochs=epochs)

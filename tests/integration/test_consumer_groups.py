@@ -69,10 +69,14 @@ def test_one_member_reads_everything_once_and_resumes_after_its_checkpoint(clien
         sns = [r.sn for r in b.records]
         assert sns == sorted(sns) and {r.partition_ordinal for r in b.records} == {int(b.partition_id[1:])}
     described = client.describe_group(unique_stream, "billing")
-    assert {p["owner"] for p in described["partitions"]} == {""} and described["members"] == []
-    assert sum(p["records"] for p in described["partitions"]) == 2000
-    assert all(p["lag_ms"] == 0 for p in described["partitions"])
+    assert {p.owner for p in described.partitions} == {""} and described.members == ()
+    assert sum(p.records for p in described.partitions) == 2000
+    assert all(p.lag_ms == 0 and p.lag_records == 0 for p in described.partitions)
+    assert described["partitions"] == described.partitions            # (fields read by name, as the dicts were)
     more = _put(client, unique_stream, 300, start=2000)
+    behind = client.describe_group(unique_stream, "billing")          # lag in records: exactly what is unread
+    assert behind.lag_records == 300 and sum(p.lag_records for p in behind.partitions) == 300
+    assert all(p.lag_ms >= 0 for p in behind.partitions)
     with client.consumer(unique_stream, "billing", failover_s=FAILOVER_S, wait_ms=200) as c:
         again = _drain(c, 300)
     assert Counter(_datas(again)) == Counter(d for _k, d in more)

@@ -192,6 +192,84 @@ def test_a_closed_stdout_ends_a_command_quietly(cluster, client, unique_stream):
     assert client.get_stream_info(unique_stream).retention_s == 20        # (the update itself was done)
 
 
+# --- 5. the operator's rough edges (issue 35 item 5) --------------------------------------------
+
+def test_str_data_is_stored_as_its_utf8(client, unique_stream):
+    """As boto3 takes a str for Kinesis's Data: put_record, put_records (both codec paths
+    hand it to records.prepare_record) and the producer store its UTF-8; a str that is
+    not valid Unicode is refused by name and stores nothing."""
+    client.create_stream(unique_stream, partitions=1)
+    client.put_record(unique_stream, "héllo", "k")
+    assert not client.put_records(unique_stream, [("k", "wörld"), {"partition_key": "k", "data": "€"}]).failed_record_count
+    with client.producer(unique_stream) as producer:
+        producer.send("ünïcode", "k").result(timeout=DEADLINE_S)
+    for bad in ("lone \ud800", 12345):
+        with pytest.raises(errors.InvalidArgument):
+            client.put_record(unique_stream, bad, "k")
+        with pytest.raises(errors.InvalidArgument):          # (checked before anything is sent)
+            client.put_records(unique_stream, [("k", b"fine"), ("k", bad)])
+    got = [r.data for r in client.read_stream(unique_stream)]
+    assert got == [s.encode() for s in ("héllo", "wörld", "€", "ünïcode")]
+
+
+def test_config_show_of_a_running_node(cluster):
+    """`sms config show --node N` asks the node for the settings it runs with (each with its
+    source); an unknown node is a named error."""
+    rows = json.loads(ok(sms_cli(cluster, "config", "show", "--node", "n1", "--json")))
+    by_key = {r["key"]: r for r in rows}
+    assert "metastore.session_ttl_s" in by_key and {"value", "source"} <= set(by_key["node.listen"])
+    assert by_key["node.listen"]["source"] != "default"          # (the launcher gave it: --listen)
+    text = ok(sms_cli(cluster, "config", "show", "--node", "n1"))
+    assert "metastore.session_ttl_s" in text
+    done = sms_cli(cluster, "config", "show", "--node", "n9")
+    assert done.returncode == 1 and "NodeNotFound" in done.stderr and "n1" in done.stderr
+
+
+def test_lag_in_records_and_one_partition_name(cluster, client, unique_stream):
+    """`sms consumer describe` says how many records a group has not read, per partition and
+    in all; `sms status` names replicas `stream/p0000` as everything else does."""
+    client.create_stream(unique_stream, partitions=2, replication_factor=2)
+    client.put_records(unique_stream, [(f"k{i}", b"x") for i in range(20)])
+    with client.consumer(unique_stream, "lagging", failover_s=FAILOVER_S, wait_ms=200) as c:
+        got = 0
+        deadline = time.monotonic() + DEADLINE_S
+        while got < 20 and time.monotonic() < deadline:
+            batch = c.poll(1.0)
+            got += len(batch.records) if batch else 0
+        assert got == 20
+    client.put_records(unique_stream, [(f"k{i}", b"y") for i in range(7)])
+    described = json.loads(ok(sms_cli(cluster, "consumer", "describe", unique_stream, "lagging", "--json")))
+    assert described["lag_records"] == 7
+    assert sum(p["lag_records"] for p in described["partitions"]) == 7
+    text = ok(sms_cli(cluster, "consumer", "describe", unique_stream, "lagging"))
+    assert "lag 7 records" in text.splitlines()[0]
+    status = ok(sms_cli(cluster, "status"))
+    assert f"{unique_stream}/p0000" in status and f"{unique_stream}:0" not in status
+
+
+def _complete(cluster, line: str, tmp_path) -> list[str]:
+    """What bash's completion hook gets from `sms` for `line` (cursor at its end)."""
+    out = tmp_path / "completions"
+    env = {**os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)),
+           "_ARGCOMPLETE_IFS": "\v", "_ARGCOMPLETE_STDOUT_FILENAME": str(out)}
+    done = subprocess.run([sys.executable, "-m", "node"], env=env, capture_output=True, text=True,
+                          timeout=COMMAND_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done
+    return sorted(c.strip() for c in out.read_text().split("\v") if c.strip())
+
+
+def test_completion_names_streams_groups_and_nodes(cluster, client, unique_stream, tmp_path):
+    client.create_stream(unique_stream, partitions=1)
+    with client.consumer(unique_stream, "completed", failover_s=FAILOVER_S, wait_ms=100) as c:
+        c.poll(1.0)
+        wait_until(lambda: c.assigned, DEADLINE_S, "the member's lease")
+    a = f"--address {cluster.address}"
+    assert _complete(cluster, f"sms stream describe {a} {unique_stream[:-1]}", tmp_path) == [unique_stream]
+    assert _complete(cluster, f"sms consumer describe {a} {unique_stream} comp", tmp_path) == ["completed"]
+    assert _complete(cluster, f"sms node drain {a} n", tmp_path) == ["n1", "n2", "n3"]
+    assert _complete(cluster, f"sms stream create {a} {unique_stream[:-1]}", tmp_path) == []     # a new name
+
+
 # --- 4. undrain and remove (an `sms up` of its own: nodes stop) ---------------------------------
 
 def _loads(c: sms.Client) -> dict:

@@ -147,3 +147,15 @@ def test_lower_bound_clamps_times_outside_the_timestamp_range():
     assert seqno.lower_bound_for_time(-1_000) == 0
     assert seqno.lower_bound_for_time(seqno.TS_MAX + 1_000) == seqno.lower_bound_for_time(seqno.TS_MAX)
     assert seqno.lower_bound_for_time(seqno.TS_MAX + 1_000) <= seqno.SN_MAX
+
+
+def test_behind_counts_the_records_and_the_time_past_a_checkpoint():
+    first, committed = seqno.make(1_000, 5, 2), seqno.make(4_000, 104, 2)      # records 5..104 kept in p0002
+    assert seqno.behind(str(seqno.make(3_000, 100, 2)), 2, committed, first) == (4, 1_000)
+    assert seqno.behind(str(committed), 2, committed, first) == (0, 0)            # at the end
+    assert seqno.behind("TRIM_HORIZON", 2, committed, first) == (100, 3_000)      # all that is kept
+    assert seqno.behind(str(seqno.make(900, 7, 1)), 2, committed, first) == (100, 3_000)   # a parent's SN
+    assert seqno.behind("SHARD_END", 2, committed, first) == (0, 0)
+    assert seqno.behind("TRIM_HORIZON", 2, 0, 0) == (0, 0)                         # nothing committed
+    assert seqno.behind("LATEST", 2, committed, first) is None                     # does not say where
+    assert seqno.behind("AT_TIMESTAMP:5", 2, committed, first) is None

@@ -779,7 +779,8 @@ RECORD_SHAPES = st.one_of(
     st.tuples(st.text(min_size=1, max_size=8).map(lambda s: s + "\ud800"), DATA),     # a lone surrogate
     st.tuples(st.sampled_from(["", "a" * 257, "😀" * 257]), DATA),                      # 0 or 257 chars
     st.tuples(KEY_TEXT, st.binary(max_size=10).map(bytearray)),                       # not exactly bytes
-    st.tuples(KEY_TEXT, st.text(max_size=5)),                                         # data a str
+    st.tuples(KEY_TEXT, st.text(max_size=5)),                                         # data a str: UTF-8
+    st.tuples(KEY_TEXT, st.text(max_size=5).map(lambda s: s + "\udc80")),             # ... not encodable
     st.tuples(KEY_TEXT, DATA, HASH_KEYS | HASH_KEYS.map(str) | st.just(-1)),          # explicit hash key
     st.tuples(KEY_TEXT, DATA, st.none(), HEADER_MAPS),                                # headers
     st.builds(lambda k, d, h: {"partition_key": k, "data": d, "headers": h}, KEY_TEXT, DATA, HEADER_MAPS),
