@@ -103,7 +103,8 @@ async def graph_status(address: str, graph: Graph) -> list[dict]:
                 rows.append({"partition": f"{lease.stream}/p{lease.ordinal:04d}", "owner": lease.owner or None,
                              "checkpoint": lease.checkpoint, "records": lease.records,
                              "records_per_s": round(lease.rate, 1),
-                             "lag_ms": await _lag_ms(client, lease), "failures": lease.failures,
+                             "lag_ms": await _lag_ms(client, lease),
+                             "lag_records": await _lag_records(client, lease), "failures": lease.failures,
                              "dead_letters": lease.dead_letters, "last_error": lease.last_error or None,
                              **({"state_snapshot": lease.state or None} if graph.stages[name].state else {})})
             out.append({"stage": name, "workers": workers, "partitions": rows,
@@ -116,6 +117,15 @@ async def graph_status(address: str, graph: Graph) -> list[dict]:
 
 async def _storage_nodes(client) -> list:
     return [n for n in (await client.describe_cluster()).nodes if "storage" in n.roles]
+
+
+async def _lag_records(client, lease) -> int | None:
+    """Committed records past the stage's checkpoint of the partition (0: none waiting)."""
+    try:
+        lag = await client.checkpoint_lag(lease.stream, lease.ordinal, lease.checkpoint)
+    except errors.SmsError:
+        return None
+    return None if lag is None else lag[0]
 
 
 async def _lag_ms(client, lease) -> int | None:

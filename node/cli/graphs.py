@@ -36,7 +36,8 @@ def cmd_graph(args) -> int:
                          f"(to {st['dead_letter_stream']})"
                          + (f"; state changelog {st['changelog']}" if "changelog" in st else ""))
             for p in st["partitions"]:
-                lag = "?" if p["lag_ms"] is None else f"{p['lag_ms']} ms"
+                lag = ("-" if p["lag_records"] is None else f"{p['lag_records']:,} records") + \
+                    ("" if not p["lag_ms"] else f" ({p['lag_ms'] / 1000:.1f} s)")
                 lines.append(f"  {p['partition']:<24} owner {p['owner'] or '-':<20} checkpoint {p['checkpoint']:<40} "
                              f"records {p['records']:<8} {p['records_per_s']:>8}/s lag {lag}"
                              + (f"  snapshot at {p['state_snapshot'] or '-'}" if "state_snapshot" in p else "")

@@ -80,17 +80,19 @@ class Groups(Writes):
             checkpoint = str(d.get("checkpoint", ""))
             lag: tuple[int, int] | None = None
             if ordinal in by:
-                lag = await self._behind(stream, ordinal, checkpoint)
+                lag = await self.checkpoint_lag(stream, ordinal, checkpoint)
             partitions.append(GroupPartition(
                 partition_id(ordinal), ordinal, by[ordinal].state.value if ordinal in by else "DROPPED",
                 d.get("owner", ""), checkpoint, int(d.get("records", 0)),
                 None if lag is None else lag[0], 0 if lag is None else lag[1]))
         return GroupDescription(stream, group, tuple(members), tuple(partitions))
 
-    async def _behind(self, stream: str, ordinal: int, checkpoint: str) -> tuple[int, int] | None:
-        """(records, ms) a checkpoint is behind partition `ordinal`'s last committed record
-        (seqno.behind): the commit point from a LATEST iterator; the oldest record kept,
-        when the checkpoint is TRIM_HORIZON, by reading one."""
+    async def checkpoint_lag(self, stream: str, ordinal: int, checkpoint: str) -> tuple[int, int] | None:
+        """(records, ms) a consumer's checkpoint (an SN, SHARD_END, TRIM_HORIZON) is behind
+        partition `ordinal`'s last committed record (seqno.behind); None when the checkpoint
+        does not say where it stands (LATEST before a first read, a time). The commit point
+        comes from a LATEST iterator; the oldest record kept, when the checkpoint is
+        TRIM_HORIZON, by reading one."""
         if checkpoint == "SHARD_END":
             return 0, 0
         committed = peek(await self.get_iterator(stream, ordinal, "LATEST")).position_sn - 1

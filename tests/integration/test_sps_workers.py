@@ -592,7 +592,7 @@ def test_status_reports_records_done(cluster, client, sps_stage):
     assert_exactly_once(client, setup, inputs)                # the work is done: only its count is wrong
     status = json.loads(sms_cli(cluster, "graph", "status", str(setup.graph), "--json"))
     (row,) = [s for s in status if s["stage"] == setup.stage][0]["partitions"]
-    assert row["lag_ms"] == 0 and row["checkpoint"] == str(inputs[-1].sn), row
+    assert row["lag_ms"] == 0 and row["lag_records"] == 0 and row["checkpoint"] == str(inputs[-1].sn), row
     assert row["records"] == len(inputs), f"`sms graph status` says {row['records']} records done of {len(inputs)}"
 
 
