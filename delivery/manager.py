@@ -16,7 +16,7 @@ from typing import Any
 from control.channels import from_bytes as channel_from_bytes
 from delivery.worker import PartitionWorker
 from kernel.aiotools import cancel_and_wait
-from metastore import NoNodeError
+from metastore import MetaStoreError, NoNodeError
 from metastore.view import ClusterView
 from sms import errors, limits, metadata
 from sms.types import ChannelInfo
@@ -95,6 +95,10 @@ class ChannelManager:
                 await self.check()
             except errors.SmsError as e:          # (the metadata store is away: look again later)
                 log.info("channel workers: %s: %s", e.name, e.message)
+            except (MetaStoreError, TimeoutError) as e:
+                log.info("channel workers: the metadata store: %s: %s", type(e).__name__, e)
+            except Exception:                     # (never the end of this node's channel work: logged, again)
+                log.exception("channel workers: the check failed; again in %g s", limits.CHANNEL_CHECK_S)
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), limits.CHANNEL_CHECK_S)

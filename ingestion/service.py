@@ -16,6 +16,7 @@ import logging
 import time
 
 from kernel.tenants import TenantShares
+from metastore import MetaStoreError
 from metastore.view import ClusterView, bounded
 from ingestion.fencing import ProducerEpochs, session_producer_id
 from ingestion.partition import Barrier, Outcome, PartitionIngest, Results, RunResults, Submission
@@ -84,8 +85,10 @@ class IngestionService(sms_pb2_grpc.IngestionServicer):
                 part.prune(now_ms)
             try:
                 await self._retire_moved()
-            except SmsError as e:
-                log.info("ownership check failed: %s", e)
+            except (SmsError, MetaStoreError, TimeoutError) as e:     # (the metadata store away: next round)
+                log.info("ownership check failed: %s: %s", type(e).__name__, e)
+            except Exception:                   # (never the end of pruning and retiring: logged, next round)
+                log.exception("ownership check failed")
 
     async def _retire_moved(self) -> None:
         """Close the partitions whose head (and so ingestion ownership) left this node, and

@@ -12,6 +12,7 @@ waits up to `wait_ms` (long polling) for a partition to have records.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -19,12 +20,15 @@ from control import auth
 from control.queues import from_bytes as queue_from_bytes, validate_queue_name
 from kernel.aiotools import cancel_and_wait
 from kernel.rpc import rpc_errors
+from metastore import MetaStoreError
 from metastore.view import ClusterView, bounded
 from queues.owner import PartitionOwner
 from queues.state import HandleError, parse_handle
 from sms import errors, limits, metadata, seqno
 from sms.proto import sms_pb2, sms_pb2_grpc
 from sms.types import QueueInfo
+
+log = logging.getLogger(__name__)
 
 SETTLE_OPS = {"ack": False, "visibility": False, "ack_dead": True, "visibility_dead": True, "restore": True}
 
@@ -96,8 +100,11 @@ class QueueService(sms_pb2_grpc.QueuesServicer):
                     keep = queue.uid == owner.queue.uid and chain is not None and chain.head == self.node_id
                 except (errors.QueueNotFound, errors.StreamNotFound):
                     keep = False
-                except errors.SmsError:
+                except (errors.SmsError, MetaStoreError, TimeoutError):
                     continue                         # (the metadata store is away: look again later)
+                except Exception:                    # (never the end of this check: logged, again later)
+                    log.exception("queue owners: checking %s failed", owner.queue.name)
+                    continue
                 if not keep or owner.closed:
                     self.owners.pop(key, None)
                     await owner.close()
