@@ -9,7 +9,7 @@ import dataclasses
 import json
 from collections.abc import Iterable
 
-from sms import wire, seqno
+from sms import wire
 from sms.proto import sms_pb2
 from sms.types import (ChainMember, ChannelDestination, ChannelInfo, ChannelPartition, ChannelStatus, ClusterInfo,
                        IngestionPolicy, NodeInfo, NodeLoad, PartitionInfo, PartitionState, Persistence, Record,
@@ -121,7 +121,8 @@ def channel_to_pb(c: ChannelInfo) -> sms_pb2.ChannelDescription:
         destination=destination_to_pb(c.destination), data_freshness_s=c.data_freshness_s, start=c.start,
         record_format=c.record_format, schema=[sms_pb2.ChannelColumn(name=n, type=t) for n, t in c.schema],
         dead_letter_url=c.dead_letter_url, uid=f"{c.uid:x}",
-        partitions=[sms_pb2.ChannelPartitionStatus(**dataclasses.asdict(p)) for p in c.partitions])
+        partitions=[sms_pb2.ChannelPartitionStatus(**{k: v for k, v in dataclasses.asdict(p).items() if k != "lag_records"})
+                    for p in c.partitions])
 
 
 def channel_from_pb(pb: sms_pb2.ChannelDescription) -> ChannelInfo:
@@ -130,5 +131,6 @@ def channel_from_pb(pb: sms_pb2.ChannelDescription) -> ChannelInfo:
         destination=destination_from_pb(pb.destination), data_freshness_s=pb.data_freshness_s, start=pb.start,
         record_format=pb.record_format, schema=tuple((c.name, c.type) for c in pb.schema),
         dead_letter_url=pb.dead_letter_url, uid=int(pb.uid, 16),
-        partitions=tuple(ChannelPartition(**{f.name: getattr(p, f.name) for f in dataclasses.fields(ChannelPartition)})
+        partitions=tuple(ChannelPartition(**{f.name: getattr(p, f.name) for f in dataclasses.fields(ChannelPartition)
+                                             if f.name != "lag_records"})       # (the client counts those)
                          for p in pb.partitions))

@@ -523,7 +523,8 @@ class ChannelPartition:
     """A partition's delivery by a channel: `position` the SN of the last record delivered
     ("" none yet, SHARD_END: a closed partition delivered to its end), when it last
     committed, how many records it has delivered, the node working on it and its last
-    error ("" when the last attempt succeeded)."""
+    error ("" when the last attempt succeeded). `lag_records`: committed records past
+    `position` (`describe_channel` counts them; None where the position does not say)."""
     ordinal: int
     position: str = ""
     last_commit_ms: int = 0
@@ -533,6 +534,7 @@ class ChannelPartition:
     node: str = ""
     error: str = ""
     lag_ms: int = 0
+    lag_records: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,7 +65,8 @@ def _age(ms: int, now_ms: int) -> str:
 def _partition_line(p, now_ms: int) -> str:
     error = p.error.replace("\n", " ")
     return (f"    {_partition_id(p.ordinal)}  at {p.position or '-'}  records {p.records}  files {p.files}  "
-            f"dead letters {p.dead_letters}  committed {_age(p.last_commit_ms, now_ms)}  lag {p.lag_ms / 1000:.1f} s"
+            f"dead letters {p.dead_letters}  committed {_age(p.last_commit_ms, now_ms)}  lag "
+            f"{'-' if p.lag_records is None else format(p.lag_records, ',')} records {p.lag_ms / 1000:.1f} s"
             f"  node {p.node or '-'}" + (f"  FAILING: {error}" if error else ""))
 
 

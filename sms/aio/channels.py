@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -64,8 +65,19 @@ class Channels(Queues):
         return channel_from_pb(await self._admin_call("CreateChannel", request))
 
     async def describe_channel(self, name: str) -> ChannelInfo:
-        """The channel with each partition's progress. Raises ChannelNotFound."""
-        return channel_from_pb(await self._discovery_call("DescribeChannel", sms_pb2.ChannelRequest(name=name)))
+        """The channel with each partition's progress, and its lag in records (counted here
+        from the partition's commit point). Raises ChannelNotFound."""
+        info = channel_from_pb(await self._discovery_call("DescribeChannel", sms_pb2.ChannelRequest(name=name)))
+        partitions = []
+        for p in info.partitions:
+            lag = None
+            if p.position:
+                try:
+                    lag = await self.checkpoint_lag(info.stream, p.ordinal, p.position)
+                except errors.SmsError:                # (the partition gone, its replicas away: not said)
+                    lag = None
+            partitions.append(dataclasses.replace(p, lag_records=None if lag is None else lag[0]))
+        return dataclasses.replace(info, partitions=tuple(partitions))
 
     async def list_channels(self, stream: str = "") -> list[ChannelInfo]:
         """The channels (of `stream` when given), by name, with no progress (describe has it)."""

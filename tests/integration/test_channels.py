@@ -91,6 +91,7 @@ def test_files_exactly_once_and_duckdb(client, tmp_path):
     described = client.describe_channel("to-files")
     assert {p.ordinal for p in described.partitions} == {0, 1}
     assert all(p.error == "" and p.last_commit_ms > 0 and p.files >= 1 for p in described.partitions)
+    assert all(p.lag_records == 0 for p in described.partitions)            # (everything delivered)
     with pytest.raises(errors.StreamInUse):
         client.delete_stream("chan-files")
     client.delete_channel("to-files")
