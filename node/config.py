@@ -244,7 +244,8 @@ def _check(setting: Setting, raw: Any, source: str) -> Any:
             if match is None:
                 raise ConfigError(f"{where}: expected one of {', '.join(setting.choices)}")
             raw = match
-        elif setting.key.endswith("listen") and raw and not _address_ok(raw):
+        elif setting.key.endswith("listen") and raw and not _address_ok(raw) \
+                and not (setting.key == "node.kinesis_listen" and raw == "off"):
             raise ConfigError(f"{where}: expected HOST:PORT")
         return raw
     if (setting.lo is not None and raw < setting.lo) or (setting.hi is not None and raw > setting.hi):

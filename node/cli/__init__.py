@@ -12,8 +12,8 @@ shows its progress on stderr when that is a terminal (`_progress`), never on std
 One module per command group, each adding its own parsers (`add_parsers`): `cluster` (up,
 serve, status, demo, config, completion), `streams`, `records` (put, read), `groups`
 (consumer), `queues` (queue), `channels` (channel), `nodes`, `access` (key, tenant, certs,
-audit) and `graphs`; `common` is what they share (finding the cluster, a client, output,
-progress).
+audit), `admin` (bootstrap: the first admin key) and `graphs`; `common` is what they share
+(finding the cluster, a client, output, progress).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import sys
 
 import argcomplete
 
-from node.cli import access, channels, cluster, graphs, groups, nodes, queues, records, streams
-from node.cli.common import DEFAULT_DATA_DIR, DISTRIBUTION, ENV_DATA_DIR
+from node.cli import access, admin, channels, cluster, graphs, groups, nodes, queues, records, streams
+from node.cli.common import DEFAULT_DATA_DIR, DISTRIBUTION, ENV_DATA_DIR, attach_completers
 from sms import errors
 
 
@@ -73,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sms", description="SMS: chained-replication stream storage")
     p.add_argument("--version", action=_VersionAction, help="print the version of the sms-sps package and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for group in (cluster, streams, records, groups, queues, channels, nodes, access, graphs):
+    for group in (cluster, streams, records, groups, queues, channels, nodes, access, admin, graphs):
         group.add_parsers(sub, common)
+    attach_completers(p)
     return p
 
 

@@ -142,3 +142,14 @@ def test_a_configuration_that_breaks_how_limits_relate_is_refused(tmp_path, rest
 
 def test_every_relation_of_the_limits_holds_as_shipped():
     assert len(limits.RELATIONS) >= 30 and limits.broken() == []
+
+
+def test_the_kinesis_endpoint_may_be_off_in_a_file(tmp_path):
+    """As its help says (a file, like --kinesis-listen, may turn the endpoint off); any other
+    value that is not HOST:PORT stays refused by name."""
+    values = config.load(write(tmp_path, '[node]\nkinesis_listen = "off"\n'), env={})
+    assert values["node.kinesis_listen"].value == "off"
+    with pytest.raises(config.ConfigError, match="node.kinesis_listen.*expected HOST:PORT"):
+        config.load(write(tmp_path, '[node]\nkinesis_listen = "nowhere"\n'), env={})
+    with pytest.raises(config.ConfigError, match="node.metrics_listen.*expected HOST:PORT"):
+        config.load(write(tmp_path, '[node]\nmetrics_listen = "off"\n'), env={})
