@@ -1,12 +1,17 @@
 """The web console of the control node (node/console.py, node/console_static/) on a real
 secure cluster: its JSON over HTTPS with the cluster CA, and the page itself driven in
-headless Chromium (Debian's /usr/bin/chromium and /usr/bin/chromedriver, selenium).
+headless Chromium (Debian's /usr/bin/chromium and /usr/bin/chromedriver, selenium). The
+actions and the message browser are in test_console_actions.py.
 
-- /api/state answers JSON with the nodes and a stream the test creates; `/` leads to the
-  page; anything but GET/HEAD is refused (the console is read-only); /metrics still works.
-- In Chromium: the page lists the nodes; a stream of 2 partitions is drawn; after a split,
-  without a reload, p0000 is CLOSED and p0002, p0003 appear with edges from p0000.
-- A consumer group's member shows up with its leases (owner) and as a registered consumer.
+- /api/state answers JSON with the nodes (up, their disks, replicas, heads and links) and
+  a stream the test creates; `/` leads to the page; GET and HEAD only, but for the actions
+  (POST); /metrics still works; every metric name the page cites is one /metrics has.
+- In Chromium: the overview lists one line per node, its replicas on a click; a stream of
+  2 partitions is drawn; after a split, without a reload, p0000 is CLOSED and p0002,
+  p0003 appear with edges from p0000.
+- A consumer group's member shows up with its leases (owner), its lag in records for open
+  partitions (a number, never "?"), and as a registered consumer; while a producer and the
+  group run, records/s in and out are above 0, and the history has points.
 - A channel shows up with each partition's records delivered and no error; a channel whose
   destination cannot be written (its directory's parent is a regular file) shows its error.
 - A standby control node serves it too, marked as standby, naming the leader.
@@ -15,7 +20,9 @@ headless Chromium (Debian's /usr/bin/chromium and /usr/bin/chromedriver, seleniu
 Chromium trusts exactly the control node's certificate (checked against the cluster CA
 here first): `--ignore-certificate-errors-spki-list` with its public key's hash, not a
 blanket `--ignore-certificate-errors`. The browser tests skip, saying why, where Chromium,
-chromedriver or selenium is missing.
+chromedriver or selenium is missing. With $SMS_CONSOLE_SCREENSHOTS set to a directory, the
+page tests save screenshots there (docs/images/console-*.png come from
+scripts/console_screenshots.py, which runs a busier cluster for longer).
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 HTTP_TIMEOUT_S = 10
 PAGE_DEADLINE_S = 30            # for the page to show a change made through the API
 PAGE_LOAD_TIMEOUT_S = 30
+WINDOW_SIZE = (1440, 1000)      # px: the screenshots' size
+SCREENSHOTS = os.environ.get("SMS_CONSOLE_SCREENSHOTS", "")
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +72,15 @@ def console_url(cluster, path: str = "/") -> str:
     return f"https://{cluster.procs['control'].metrics_address}{path}"
 
 
-def fetch(cluster, path: str, method: str = "GET"):
-    """(status, headers, body) of one request, over HTTPS with the cluster CA."""
+def fetch(cluster, path: str, method: str = "GET", body: bytes | None = None, headers: dict | None = None,
+          token: str | None = None):
+    """(status, headers, body) of one request, over HTTPS with the cluster CA (as the admin
+    unless `token` says otherwise; "" sends none)."""
     context = ssl.create_default_context(cafile=cluster.ca_file)
-    request = urllib.request.Request(console_url(cluster, path), method=method,
-                                     headers={"Authorization": f"Bearer {cluster.admin_token}"})
+    token = cluster.admin_token if token is None else token
+    request = urllib.request.Request(console_url(cluster, path), method=method, data=body,
+                                     headers={**({"Authorization": f"Bearer {token}"} if token else {}),
+                                              **(headers or {})})
     try:
         with urllib.request.urlopen(request, context=context, timeout=HTTP_TIMEOUT_S) as answer:
             return answer.status, answer.headers, answer.read()
@@ -85,6 +98,11 @@ def stream_of(snapshot: dict, name: str) -> dict | None:
     return next((s for s in snapshot["streams"] if s["name"] == name), None)
 
 
+def group_of(snapshot: dict, stream: str, group: str) -> dict | None:
+    s = stream_of(snapshot, stream)
+    return next((g for g in s["groups"] if g["group"] == group), None) if s else None
+
+
 # --- the JSON, without a browser ----------------------------------------------------
 
 def test_state_has_nodes_and_streams(cluster, client):
@@ -95,7 +113,7 @@ def test_state_has_nodes_and_streams(cluster, client):
     nodes = {n["node_id"]: n for n in snapshot["nodes"]}
     assert set(nodes) == set(cluster.procs)
     for node_id, proc in cluster.procs.items():
-        assert nodes[node_id]["address"] == proc.address and nodes[node_id]["registered"]
+        assert nodes[node_id]["address"] == proc.address and nodes[node_id]["registered"] and nodes[node_id]["up"]
     assert nodes["control"]["roles"] == ["control"]
     listed = stream_of(snapshot, "listed")
     parts = listed["partitions"]
@@ -103,15 +121,34 @@ def test_state_has_nodes_and_streams(cluster, client):
     assert all(p["state"] == "OPEN" and p["parents"] == [] and len(p["chain"]) == 2 for p in parts)
     assert parts[0]["lo"] == 0 and parts[-1]["hi"] == 1 and parts[0]["hi"] == parts[1]["lo"]
     assert int(parts[-1]["hash_hi"]) == 1 << 128                    # (as text: too big for JavaScript)
+    assert listed["encryption"] == "none" and listed["retention_s"] > 0
     # each replica is listed under its node with its role and epoch, and the chain's creation
     held = [(n, c["partition"], c["role"]) for n in ("n1", "n2") for c in nodes[n]["chains"] if c["stream"] == "listed"]
     assert sorted(r for _n, _p, r in held) == ["head"] * 3 + ["tail"] * 3, held
     assert any(c["stream"] == "listed" and c["action"] for c in snapshot["changes"])
 
+    # what only the nodes hold, read with the caller's key: their status and /metrics
+    def whole():
+        s = state(cluster)
+        ns = {n["node_id"]: n for n in s["nodes"]}
+        return s if all(ns[n]["live"] and ns[n]["disk"] for n in ("n1", "n2")) else None
+    snapshot = wait_until(whole, PAGE_DEADLINE_S, "the storage nodes' status and disks")
+    nodes = {n["node_id"]: n for n in snapshot["nodes"]}
+    for n in ("n1", "n2"):
+        node = nodes[n]
+        assert node["disk"]["lmdb_used_bytes"] > 0 and node["disk"]["disk_free_bytes"] > 0, node["disk"]
+        assert node["replicas"] == node["live"]["replicas"] and node["heads"] == node["live"]["heads"], node
+        peer = {"n1": "n2", "n2": "n1"}[n]
+        assert {(link["peer"], link["direction"]) for link in node["live"]["links"]} == {(peer, "in"), (peer, "out")}
+        assert all(link["connected"] and link["heard_ago_s"] is not None for link in node["live"]["links"])
+        assert node["status_error"] == "" and node["metrics_error"] == ""
+    assert all(p["records"] == 0 for p in stream_of(snapshot, "listed")["partitions"])
 
-def test_pages_and_read_only(cluster):
+
+def test_pages_and_methods(cluster):
     status, headers, _ = fetch(cluster, "/")               # (urllib follows the redirect)
     assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
     for name, kind in (("console.js", "text/javascript"), ("console.css", "text/css")):
         status, headers, body = fetch(cluster, f"/console/{name}")
         assert status == 200 and headers["Content-Type"].startswith(kind) and body
@@ -119,8 +156,31 @@ def test_pages_and_read_only(cluster):
     assert fetch(cluster, "/nothing")[0] == 404
     for method in ("POST", "PUT", "DELETE"):
         assert fetch(cluster, "/api/state", method)[0] == 405
+    assert fetch(cluster, "/api/actions/create-stream")[0] == 405          # (actions are POST)
     status, _, body = fetch(cluster, "/metrics")
     assert status == 200 and b"sms_node_info" in body
+
+
+def test_the_metric_names_the_page_cites_exist(cluster, client):
+    """Every `sms_*` name in the page is one a node's /metrics serves (counters with their
+    _total), once the node has counted something."""
+    import re
+    client.create_stream("cited", partitions=1, replication_factor=2)
+    client.put_records("cited", [("k", b"v")])
+    client.get_next_records(client.get_iterator("cited", "p0000", "TRIM_HORIZON"))
+    page = fetch(cluster, "/console/index.html")[2].decode()
+    cited = set(re.findall(r"\bsms_[a-z_]+\b", page))
+    assert "sms_put_records_total" in cited and "sms_records_in_total" not in cited
+    context = ssl.create_default_context(cafile=cluster.ca_file)
+    served = set()
+    for proc in cluster.procs.values():
+        request = urllib.request.Request(f"https://{proc.metrics_address}/metrics",
+                                         headers={"Authorization": f"Bearer {cluster.admin_token}"})
+        with urllib.request.urlopen(request, context=context, timeout=HTTP_TIMEOUT_S) as answer:
+            text = answer.read().decode()
+        # (a family with no sample yet, as a channel's before any channel, has its # HELP line)
+        served |= set(re.findall(r"^(sms_[a-z_]+)", text, re.M)) | set(re.findall(r"^# HELP (sms_[a-z_]+)", text, re.M))
+    assert cited <= served, cited - served
 
 
 def test_a_standby_serves_it_marked_as_standby(tmp_path):
@@ -165,8 +225,8 @@ def spki_sha256(cluster) -> str:
     return base64.b64encode(hashlib.sha256(spki).digest()).decode()
 
 
-@pytest.fixture(scope="module")
-def browser(cluster):
+def open_browser(cluster):
+    """A headless Chromium on the console's page (with the admin's key), or a skip."""
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.options import Options
@@ -179,16 +239,40 @@ def browser(cluster):
     options = Options()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                f"--window-size={WINDOW_SIZE[0]},{WINDOW_SIZE[1]}",
                 f"--ignore-certificate-errors-spki-list={spki_sha256(cluster)}"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})     # (for page_errors)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(PAGE_LOAD_TIMEOUT_S)
+    driver.get(console_url(cluster, f"/console/?token={cluster.admin_token}"))
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser(cluster):
+    driver = open_browser(cluster)
     try:
-        driver.set_page_load_timeout(PAGE_LOAD_TIMEOUT_S)
-        driver.get(console_url(cluster, f"/console/?token={cluster.admin_token}"))
         yield driver
     finally:
         driver.quit()
+
+
+def show(driver, tab: str) -> None:
+    """Switch the page to a tab (overview, streams, consumers, browser)."""
+    driver.execute_script(f"window.location.hash = '#{tab}'")
+    wait_until(lambda: driver.execute_script(f"return !document.getElementById('{tab}').hidden"), PAGE_DEADLINE_S,
+               f"the {tab} tab shown")
+
+
+def screenshot(driver, name: str) -> None:
+    """docs/images/console-NAME.png, when $SMS_CONSOLE_SCREENSHOTS names a directory."""
+    if SCREENSHOTS:
+        driver.execute_script("window.scrollTo(0, 0)")
+        height = driver.execute_script("return document.body.scrollHeight")
+        driver.set_window_size(WINDOW_SIZE[0], min(max(WINDOW_SIZE[1], height + 40), 2400))
+        driver.save_screenshot(os.path.join(SCREENSHOTS, f"console-{name}.png"))
+        driver.set_window_size(*WINDOW_SIZE)
 
 
 def wait_for(driver, css: str, what: str, count: int = 1):
@@ -198,6 +282,29 @@ def wait_for(driver, css: str, what: str, count: int = 1):
     return WebDriverWait(driver, PAGE_DEADLINE_S, poll_frequency=0.2).until(
         lambda d: (lambda found: found if len(found) >= count else False)(d.find_elements(By.CSS_SELECTOR, css)),
         f"the page never showed {what} ({css}); the page says: {status_text(driver)}")
+
+
+def click(driver, css: str, what: str) -> None:
+    """Click the first element matching `css`, found again if the page redrew it (it
+    redraws what changed every second) between finding and clicking."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def clicked():
+        try:
+            found = wait_for(driver, css, what)[0]
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", found)
+            found.click()
+            return True
+        except StaleElementReferenceException:
+            return False
+    wait_until(clicked, PAGE_DEADLINE_S, f"a click on {what}")
+
+
+def attributes(driver, css: str, name: str) -> list[str]:
+    """The attribute `name` of every element matching `css`, read at once in the page (no
+    element the page replaces meanwhile goes stale)."""
+    return driver.execute_script("return [...document.querySelectorAll(arguments[0])]"
+                                 ".map(e => e.getAttribute(arguments[1]))", css, name)
 
 
 def status_text(driver) -> str:
@@ -218,12 +325,24 @@ def test_page_lists_the_nodes(cluster, browser):
     wait_until(lambda: browser.current_url.endswith("/console/"), PAGE_LOAD_TIMEOUT_S,
                f"the address bar without the token: {browser.current_url}")
     for node_id in cluster.procs:
-        wait_for(browser, f'#nodes-table tr[data-node="{node_id}"]', f"node {node_id}")
+        wait_for(browser, f'#nodes-table tr[data-node="{node_id}"][data-up="1"]', f"node {node_id} up")
     assert wait_for(browser, "#role", "the leader badge")[0].text == "leader"
     assert browser.execute_script("return document.getElementById('status').dataset.status") == "ok"
+    assert wait_for(browser, "#tile-up .value", "the count of nodes up")[0].text == str(len(cluster.procs))
+    # one line per node; its replicas on a click, and gone on another
+    assert not browser.find_elements("css selector", "tr[data-node-details]")
+    click(browser, '#nodes-table tr[data-node="n1"]', "n1")
+    wait_for(browser, 'tr[data-node-details="n1"]', "n1's details")
+    wait_for(browser, 'tr[data-node-details="n1"] [data-chain="listed/p0000"]', "n1's replica of listed/p0000")
+    screenshot(browser, "overview")
+    click(browser, '#nodes-table tr[data-node="n1"]', "n1")
+    wait_until(lambda: not browser.find_elements("css selector", "tr[data-node-details]"), PAGE_DEADLINE_S,
+               "n1's details closed")
+    assert page_errors(browser) == []
 
 
 def test_page_draws_a_split_live(cluster, client, browser):
+    show(browser, "streams")
     client.create_stream("dag", partitions=2, replication_factor=2)
     box = '[data-stream="dag"] [data-partition="{}"][data-state="{}"]'
     for pid in ("p0000", "p0001"):
@@ -237,24 +356,79 @@ def test_page_draws_a_split_live(cluster, client, browser):
     assert wait_for(browser, box.format("p0001", "OPEN"), "p0001 still OPEN")
     edges = browser.find_elements("css selector", '[data-stream="dag"] path[data-edge]')
     assert sorted(e.get_attribute("data-edge") for e in edges) == ["p0000->p0002", "p0000->p0003"]
+    # the partition table too: one row a partition, open and closed
+    rows = wait_for(browser, '[data-stream="dag"] tr[data-partition-row]', "dag's partition rows", 4)
+    assert sorted((r.get_attribute("data-partition-row"), r.get_attribute("data-row-state")) for r in rows) == [
+        ("p0000", "CLOSED"), ("p0001", "OPEN"), ("p0002", "OPEN"), ("p0003", "OPEN")]
     assert browser.execute_script("return window.notReloaded === true")
     assert page_errors(browser) == []
 
 
-def test_page_shows_a_group_and_its_leases(cluster, client, browser):
+def test_page_shows_a_group_its_lag_and_rates(cluster, client, browser):
+    """Lag of open partitions in records (not "?"); records/s in and out above 0 while a
+    producer and the group run; the history keeps points of both."""
+    show(browser, "consumers")
     client.create_stream("grouped", partitions=2, replication_factor=2)
     client.put_records("grouped", [(f"k{i}", b"v") for i in range(20)])
+    lag = '[data-stream="grouped"] [data-group="billing"] tr[data-lease="{}"][data-lag-records="{}"]'
+    stop = threading.Event()
+
+    def produce():
+        while not stop.is_set():
+            client.put_records("grouped", [(f"k{i}", b"w") for i in range(10)])
+            stop.wait(0.1)
     with client.consumer("grouped", "billing", member_id="console-m1", wait_ms=200) as member:
         assert sorted(member.assigned) == ["p0000", "p0001"]
         for pid in ("p0000", "p0001"):
             wait_for(browser, f'[data-stream="grouped"] [data-group="billing"] tr[data-lease="{pid}"]'
                               f'[data-owner="console-m1"]', f"billing's lease of {pid} held by console-m1")
         wait_for(browser, '[data-stream="grouped"] tr[data-consumer="billing"]', "billing as a registered consumer")
-        group = next(g for g in stream_of(state(cluster), "grouped")["groups"] if g["group"] == "billing")
-        assert {(lease["partition"], lease["owner"]) for lease in group["leases"]} == \
-            {("p0000", "console-m1"), ("p0001", "console-m1")}
-        assert [m["member"] for m in group["members"]] == ["console-m1"]
-        assert group["failures"] == 0 and group["dead_letters"] == 0
+        # before reading: each open partition lags by what it holds, in records
+        def lags():
+            values = attributes(browser, '[data-stream="grouped"] [data-group="billing"] tr[data-lease]',
+                                "data-lag-records")
+            return values if len(values) == 2 and all(values) else None
+        assert sum(int(v) for v in wait_until(lags, PAGE_DEADLINE_S, "billing's lag in records")) == 20
+        done = threading.Event()
+
+        def reading():
+            while not done.is_set():
+                batch = member.poll(timeout_s=0.5)
+                if batch is not None:
+                    member.checkpoint(batch)
+        producer = threading.Thread(target=produce, daemon=True)
+        reader = threading.Thread(target=reading, daemon=True)
+        producer.start()
+        reader.start()
+        try:
+            def flowing():
+                s = state(cluster)
+                g = group_of(s, "grouped", "billing")
+                grouped = stream_of(s, "grouped")
+                return s if grouped["in_records_per_s"] > 0 and grouped["out_records_per_s"] > 0 and g["rate"] > 0 \
+                    else None
+            snapshot = wait_until(flowing, PAGE_DEADLINE_S, "records/s in and out of grouped, and billing's rate")
+            assert snapshot["totals"]["in_records_per_s"] > 0 and snapshot["totals"]["out_records_per_s"] > 0
+            g = group_of(snapshot, "grouped", "billing")
+            assert all(isinstance(row["lag_records"], int) for row in g["leases"]), g
+            stop.set()
+            producer.join()
+            # caught up: the lag goes to 0 records in both partitions, on the page too
+            for pid in ("p0000", "p0001"):
+                wait_for(browser, lag.format(pid, 0), f"billing caught up on {pid}")
+        finally:
+            stop.set()
+            done.set()
+            producer.join()
+            reader.join()
+        screenshot(browser, "consumers")
+    group = group_of(state(cluster), "grouped", "billing")
+    assert group["failures"] == 0 and group["dead_letters"] == 0
+    status, _, body = fetch(cluster, "/api/history")
+    series = json.loads(body)["series"]
+    assert series["in"] and series["lag:grouped/billing"], sorted(series)
+    show(browser, "overview")
+    wait_for(browser, '#chart-throughput path[data-series="records/s in"]', "the throughput chart's line")
 
 
 def channel_of(snapshot: dict, name: str) -> dict | None:
@@ -262,6 +436,7 @@ def channel_of(snapshot: dict, name: str) -> dict | None:
 
 
 def test_page_shows_channels_and_their_errors(cluster, client, browser, tmp_path):
+    show(browser, "consumers")
     client.create_stream("delivered", partitions=1, replication_factor=2)
     client.put_records("delivered", [(f"k{i}", b"v") for i in range(50)])
     out = tmp_path / "out"
@@ -323,13 +498,14 @@ def test_state_wants_an_admin_key_when_keys_are_given():
     try:
         console = Console(loop, "control", view=None, groups=None, is_leader=lambda: True, keys=Keys())
 
-        async def snapshot() -> dict:
+        async def snapshot(live=None) -> dict:
             return {"shown": True}
         console.snapshot = snapshot
+        console._read_live = lambda token: None          # (no cluster: nothing from the nodes)
 
-        def call(query: str = "", header: str = "") -> tuple[str, dict]:
+        def call(query: str = "", header: str = "", path: str = "/api/state") -> tuple[str, dict]:
             answer = {}
-            environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/api/state", "QUERY_STRING": query,
+            environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": query,
                        "wsgi.input": io.BytesIO()}
             if header:
                 environ["HTTP_AUTHORIZATION"] = header
@@ -342,6 +518,8 @@ def test_state_wants_an_admin_key_when_keys_are_given():
         assert status.startswith("401") and "admin" in body["error"]
         assert call("token=admin-token") == ("200 OK", {"shown": True})
         assert call(header="Bearer admin-token") == ("200 OK", {"shown": True})
+        assert call("token=reader-token", path="/api/history")[0].startswith("401")
+        assert call(header="Bearer admin-token", path="/api/history")[0] == "200 OK"
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
@@ -365,3 +543,20 @@ def test_a_secure_cluster_wants_an_admin_key_for_the_state(cluster):
     with urllib.request.urlopen(f"{url}?token={cluster.admin_token}", context=context,
                                 timeout=HTTP_TIMEOUT_S) as answer:
         assert answer.status == 200 and json.loads(answer.read())["nodes"]
+
+
+# --- the history (in process: node/console_history.py, no cluster) ------------------------
+
+def test_the_history_keeps_a_point_every_sample_and_forgets_gone_series():
+    from node.console_history import History
+    history = History(sample_s=10, points_max=3, series_max=2)
+    assert history.offer(0, {"in": 1, "lag:s/g": 5})
+    assert not history.offer(9_999, {"in": 2})                     # (not due: dropped)
+    assert history.offer(10_000, {"in": 3, "out": 4})              # ("out": a third series, over the bound)
+    assert history.dropped_series == 1
+    for t in (20_000, 30_000, 40_000):
+        history.offer(t, {"in": t / 1000})
+    series = history.snapshot()["series"]
+    assert series["in"] == [[20_000, 20.0], [30_000, 30.0], [40_000, 40.0]]       # (the last points_max)
+    assert "lag:s/g" not in series                                 # (not offered for points_max samples)
+    assert history.snapshot(prefix="lag:")["series"] == {}
