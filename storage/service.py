@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 import grpc
+from grpc._cython import cygrpc     # (its BaseError: what a write on a call gRPC already ended raises)
 
 from metastore import MetaStore, NodeExistsError, NoNodeError
 from metastore.reads import ChainConfigs, DecodedReads
@@ -521,8 +522,15 @@ class StorageService(sms_pb2_grpc.StorageServicer):
 
     async def ReplicateLinks(self, request_iterator, context):
         """A predecessor node -> this node: every chain link between the two
-        (storage/peerlink.py IncomingLinks)."""
-        await IncomingLinks(self.node, self.node.incoming_links).serve(context)
+        (storage/peerlink.py IncomingLinks). Acks written after the predecessor went away, or
+        while this server stops, fail in gRPC's core (its BaseError: ExecuteBatchError,
+        _ServerStoppedError): the link's end, as the call's, not an error of this node (it
+        was logged as an unretrieved task exception, a traceback on every restart)."""
+        try:
+            await IncomingLinks(self.node, self.node.incoming_links).serve(context)
+        except cygrpc.BaseError as e:
+            log.info("incoming links from %s: the stream ended while acks were written (%s)",
+                     security.peer_node_id(context) or "?", type(e).__name__)
 
     def _archive_status(self, chain_id: str) -> dict:
         part = self.node.archiver.status(chain_id)

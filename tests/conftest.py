@@ -83,6 +83,7 @@ SLOW_MODULES_FIRST = (
     "tests/fault/test_repartition_faults.py", "tests/integration/test_archive_faults.py",
     "tests/integration/test_cli.py", "tests/integration/test_rebalance.py", "tests/integration/test_retention.py",
     "tests/integration/test_spark_engine.py", "tests/integration/test_clickstream_example.py",
+    "tests/upgrade/test_rolling_upgrade.py", "tests/netfault/test_deployment.py",
 )
 
 

@@ -188,7 +188,10 @@ class Transport:
         value and where it came from (node/config.py; `sms config show --node`). Raises
         Unavailable when that node does not answer."""
         pb = await self._call(address, sms_pb2_grpc.ControlStub, "NodeStatus", sms_pb2.NodeStatusRequest(settings=True))
-        return pb.node_id, json.loads(pb.settings_json or "[]")
+        if not pb.settings_json:      # (a release before 0.2 ignores `settings` and answers its replicas)
+            raise errors.FailedPrecondition(f"node {pb.node_id or address} does not tell its settings: its release "
+                                            "predates `sms config show --node` (0.2)")
+        return pb.node_id, json.loads(pb.settings_json)
 
     async def node_status(self, address: str) -> dict[str, Any]:
         """Replicas held by the storage node at `address` (operators; `sms status`): its
