@@ -11,16 +11,19 @@ cluster). `/` redirects to `/console/`; `/console/` serves the plain files of
 node/console_static/ (no build step, nothing from the network, a strict CSP);
 
 - `GET /api/state`: JSON of everything the page shows, which the page polls;
-- `GET /api/history`: the series the charts draw (node/console_history.py);
+- `GET /api/history`: the series the charts draw: every live node's own `/history`
+  (node/metrics.py), read with the caller's token and merged into records/s and lag
+  (node/console_history.py), so the charts cover the last hour whether or not a page
+  was open, and survive a restart or failover of the control node;
 - `GET /api/records?stream=&partition=&from=...`: a page of records for the browser;
 - `POST /api/actions/<action>`: the actions (`ACTIONS`), with a JSON body.
 
 What the metadata store holds (chains, leases, checkpoints, channels, draining marks) is
 read on the node's event loop as before, by the node itself, for a caller whose key is a
 cluster admin's. What only the nodes hold (their replicas' last SNs and sizes, their peer
-links, their disks, the read and write counters of their /metrics) and every action goes
-to the cluster through a client of the cluster with no credentials of its own (this node's
-CA to trust, no certificate, no token): each call carries the caller's token
+links, their disks, the read and write counters of their /metrics, their /history) and
+every action goes to the cluster through a client of the cluster with no credentials of
+its own (this node's CA to trust, no certificate, no token): each call carries the caller's token
 (sms.aio.transport.CALL_TOKEN), so the cluster's own auth checks and audits it exactly as
 it would the same Control RPC from `sms` (a key that may not is refused with its named
 error, shown in the page). The console keeps no token past a request.
@@ -58,7 +61,7 @@ from collections.abc import Callable
 from control import auth, chains
 from control.channels import from_bytes as channel_from_bytes, progress_from_bytes
 from metastore import MetaStoreError, NoNodeError, reads
-from node.console_history import History
+from node.console_history import HISTORY_SAMPLE_S, merge, sample_s_from
 from sms import metadata, seqno
 from sms import limits
 from sms.errors import InvalidArgument, SmsError
@@ -83,6 +86,8 @@ NODE_CALL_TIMEOUT_S = 3.0          # one node's NodeStatus, or one scrape of its
 NODES_READ_MAX = 64                # nodes whose status and metrics a refresh reads
 SCRAPE_BYTES_MAX = 16 * 1024 * 1024   # one node's /metrics answer, at most
 SCRAPE_THREADS = 4                 # scrapes at once
+HISTORY_BYTES_MAX = 16 * 1024 * 1024  # one node's /history answer, at most
+HISTORY_REUSE_S = 5.0              # a merged history this young is answered again (the page asks every 10 s)
 NAME_CHARS_MAX = 256               # a name in an action (the cluster checks the rest)
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "console_static")
@@ -129,7 +134,12 @@ class Console:
         self._live: dict | None = None                    # the nodes' last status and metrics (_read_live)
         self._counters: dict | None = None                # (monotonic time, counters) of the refresh before
         self._checkpoints: dict = {}          # (stream, group, ordinal) -> (monotonic, counter, records/s then)
-        self.history = History()
+        self._history_lock = threading.Lock()
+        self._history_last: tuple[float, dict] | None = None   # (monotonic time, the merged history answered)
+        try:
+            self.sample_s = sample_s_from(os.environ)        # (the nodes' own, node/metrics.py)
+        except ValueError:                                  # (serve_metrics says why and stops the node)
+            self.sample_s = HISTORY_SAMPLE_S
         self._scrapes = concurrent.futures.ThreadPoolExecutor(SCRAPE_THREADS, thread_name_prefix="console-scrape")
 
     # --- HTTP -------------------------------------------------------------------------
@@ -148,7 +158,7 @@ class Console:
         if path == "/api/state":
             return self._state(environ, start_response, method)
         if path == "/api/history":
-            return self._guarded(environ, start_response, method, lambda: self.history.snapshot())
+            return self._history(environ, start_response, method)
         if path == "/api/records":
             return self._records(environ, start_response, method)
         if path.startswith("/api/actions/"):
@@ -163,14 +173,6 @@ class Console:
                 return _answer(start_response, "200 OK", body, STATIC_FILES[name], [("Cache-Control", "no-cache")],
                                method)
         return _answer(start_response, "404 Not Found", b"not found\n", "text/plain; charset=utf-8", [], method)
-
-    def _guarded(self, environ, start_response, method: str, answer: Callable[[], dict]):
-        if self.keys is not None:
-            refused = self._refusal(environ)
-            if refused:
-                return _json(start_response, "401 Unauthorized", {"error": refused}, method,
-                             [("WWW-Authenticate", 'Bearer realm="sms console"')])
-        return _json(start_response, "200 OK", answer(), method)
 
     def _state(self, environ, start_response, method: str):
         if self.keys is not None:
@@ -354,6 +356,66 @@ class Console:
                     queues[(labels["queue"], labels["stream"], labels["partition"])]["oldest_age_s"] = sample.value
         return {"disk": dict(disk), "counters": counters, "queues": dict(queues)}
 
+    # --- the charts' history: the nodes' own (with the caller's token) ----------------------
+
+    def _history(self, environ, start_response, method: str):
+        token = _token(environ, query=True)
+        if self.keys is not None:
+            refused = self._refusal(environ)
+            if refused:
+                return _json(start_response, "401 Unauthorized", {"error": refused}, method,
+                             [("WWW-Authenticate", 'Bearer realm="sms console"')])
+        try:
+            answer = self.read_history(token)
+        except Exception as e:                   # noqa: BLE001 (the console never fails the node)
+            log.warning("console: the nodes' history could not be read: %s: %s", type(e).__name__, e)
+            return _json(start_response, "503 Service Unavailable",
+                         {"error": f"the nodes' history could not be read: {type(e).__name__}"}, method)
+        return _json(start_response, "200 OK", answer, method)
+
+    def read_history(self, token: str) -> dict:
+        """The charts' series: every live node's /history (at most NODES_READ_MAX, read with
+        `token`, within NODE_CALL_TIMEOUT_S, SCRAPE_THREADS at once), merged
+        (console_history.merge: records/s in and out, cluster-wide and per stream that
+        exists; lag per stream and consumer), with the nodes that answered and the errors
+        of those that did not. A whole answer is reused for HISTORY_REUSE_S."""
+        with self._history_lock:
+            if self._history_last is not None and time.monotonic() - self._history_last[0] < HISTORY_REUSE_S:
+                return self._history_last[1]
+            nodes, streams = self._on_loop(self._nodes_and_streams())
+            targets = sorted(nodes.values(), key=lambda n: n.node_id)[:NODES_READ_MAX]
+            reads_of = {n.node_id: self._scrapes.submit(self._fetch_history, n.metrics_address, token)
+                        for n in targets if n.metrics_address}
+            answers, errors = {}, {}
+            deadline = time.monotonic() + NODE_CALL_TIMEOUT_S + 1       # (for them all: they ran meanwhile)
+            for node_id, future in reads_of.items():
+                try:
+                    answers[node_id] = future.result(timeout=max(0.0, deadline - time.monotonic()))
+                except Exception as e:            # noqa: BLE001 (said in the answer, per node)
+                    errors[node_id] = f"{type(e).__name__}: {e}"
+            merged = merge(answers.values(), self.sample_s, streams=set(streams))
+            merged.update(nodes=sorted(answers), errors=errors)
+            self._history_last = (time.monotonic(), merged) if not errors else None
+            return merged
+
+    async def _nodes_and_streams(self) -> tuple[dict, list]:
+        return await self.view.nodes(), await self.view.list_streams()
+
+    def _fetch_history(self, metrics_address: str, token: str) -> dict:
+        """One node's /history (node/metrics.py HistorySampler), at most HISTORY_BYTES_MAX."""
+        scheme = "https" if self.ca is not None else "http"
+        request = urllib.request.Request(f"{scheme}://{metrics_address}/history",
+                                         headers={"Authorization": f"Bearer {token}"} if token else {})
+        context = ssl.create_default_context(cadata=self.ca.decode()) if self.ca is not None else None
+        with urllib.request.urlopen(request, context=context, timeout=NODE_CALL_TIMEOUT_S) as answer:
+            raw = answer.read(HISTORY_BYTES_MAX + 1)
+        if len(raw) > HISTORY_BYTES_MAX:
+            raise ValueError(f"a /history answer of more than {HISTORY_BYTES_MAX} bytes")
+        body = json.loads(raw)
+        if not isinstance(body, dict) or not isinstance(body.get("series"), dict):
+            raise ValueError("a /history answer without series")
+        return body
+
     # --- the state (on the event loop) ---------------------------------------------------
 
     async def snapshot(self, live: dict | None = None) -> dict:
@@ -411,8 +473,6 @@ class Console:
                 "queues": _queues(live["metrics"]),
                 "streams_total": len(names), "streams_shown": min(len(names), limits.CONSOLE_STREAMS_MAX),
                 "channels": channel_list, "channels_total": channels_total}
-        if live.get("at") is not None:            # (only what the nodes answered makes a point)
-            self.history.offer(state["generated_ms"], _series(state))
         return state
 
     async def _channels(self, registered) -> tuple[list[dict], int]:
@@ -652,19 +712,6 @@ def _queues(metrics: dict) -> list[dict]:
                              "available": int(v.get("available", 0)), "in_flight": int(v.get("in_flight", 0)),
                              "dead": int(v.get("dead", 0)), "oldest_age_s": round(v.get("oldest_age_s", 0.0), 1)})
     return sorted(rows, key=lambda r: (r["queue"], r["partition"]))
-
-
-def _series(state: dict) -> dict[str, float]:
-    """What the history keeps of a state: records/s in and out, cluster-wide and per
-    stream, and each group's lag in records and seconds."""
-    out = {"in": state["totals"]["in_records_per_s"], "out": state["totals"]["out_records_per_s"]}
-    for s in state["streams"]:
-        out[f"in:{s['name']}"] = s["in_records_per_s"]
-        out[f"out:{s['name']}"] = s["out_records_per_s"]
-        for g in s["groups"]:
-            out[f"lag:{s['name']}/{g['group']}"] = g["lag_records"]
-            out[f"lag_s:{s['name']}/{g['group']}"] = g["lag_ms"] / 1000
-    return out
 
 
 def _channel(channel: ChannelInfo, progress: list, registered) -> dict:

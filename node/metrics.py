@@ -11,9 +11,16 @@ On a secure cluster a scrape needs a key (control/auth.py): `Authorization: Bear
 every tenant's streams and consumers), which is what Prometheus's `authorization` scrape
 setting sends. No token, or one of no valid key: 401 with `WWW-Authenticate: Bearer`;
 a key without that right: 403; a key that cannot be checked now (the metadata store does
-not answer): 503. Only /metrics is guarded here: every other path goes to the web console
-(node/console.py), which checks its own (/api/state wants a cluster admin's key; its
-static files are public), or is 404. A plaintext node (`--insecure`) checks nothing.
+not answer): 503. Only /metrics and /history are guarded here: every other path goes to
+the web console (node/console.py), which checks its own (/api/state wants a cluster
+admin's key; its static files are public), or is 404. A plaintext node (`--insecure`)
+checks nothing.
+
+`GET /history` (same key) answers the node's own short history as JSON (`HistorySampler`,
+node/console_history.py): every HISTORY_SAMPLE_S ($SMS_HISTORY_SAMPLE_S) a thread of the
+metrics server reads this node's records written and read per stream (its counters, in
+process) and the consumer lag it exports, into ring buffers of an hour; the web console
+draws its charts from every node's.
 
 What a scrape reads is gathered on the node's event loop (the structures are the loop's),
 within METRICS_SCRAPE_TIMEOUT_S; a node too busy to answer in time gives an empty scrape
@@ -23,10 +30,12 @@ for those, and `sms_scrape_errors_total` says so.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
 import socket
+import threading
 import time
 
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, Counter, disable_created_metrics
@@ -34,7 +43,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from control import auth, chains
 from sms import limits, seqno
-from kernel.metrics import REGISTRY
+from kernel.metrics import PUT_RECORDS, READ_RECORDS, REGISTRY
+from node.console_history import COUNTERS, History, node_series, sample_s_from
 from sms.leases import SHARD_END, Lease
 from sms.errors import SmsError, Unauthenticated
 from sms.metadata import ConsumerRecord, consumer_path, parse_chain_id
@@ -85,6 +95,8 @@ class NodeCollector:
         self.queues = queues          # queues/service.py: the owners of queues' partitions here
         self.channels = channels      # delivery/manager.py: the channel workers here
         self._lag: tuple[float, list] | None = None     # (when, the consumer lag families)
+        self._lag_lock = asyncio.Lock()                  # (one metadata reading at a time: scrapes, history)
+        self.sampler: HistorySampler | None = None       # (serve_metrics starts it)
         self.certificates = _expiries(tls)                # (certificate, not after: s since the epoch)
 
     def describe(self):
@@ -118,12 +130,7 @@ class NodeCollector:
         out = []
         if self.storage is not None:
             out += self._storage()
-            if self.groups is not None and self.view is not None:
-                # (metadata reads: at most every METRICS_LAG_REFRESH_S, scrapes between reuse them)
-                now = time.monotonic()
-                if self._lag is None or now - self._lag[0] >= limits.METRICS_LAG_REFRESH_S:
-                    self._lag = (now, await self._consumer_lag())
-                out += self._lag[1]
+            out += await self.consumer_lag()
         if self.ingestion is not None:
             out += self._ingestion()
         if self.queues is not None:
@@ -206,6 +213,23 @@ class NodeCollector:
         total.add_metric([], disk.total)
         return [epoch, records, behind, behind_s, archive_lag, archive_failing, local_first, connected, chains,
                 frames, failed, used, size, free, total]
+
+    @property
+    def has_lag(self) -> bool:
+        """Whether this node exports consumer lag (a storage node reading the metadata store)."""
+        return self.storage is not None and self.groups is not None and self.view is not None
+
+    async def consumer_lag(self) -> list:
+        """The consumer lag families (none where not `has_lag`), computed at most every
+        METRICS_LAG_REFRESH_S (metadata reads): scrapes and history samples between reuse
+        them."""
+        if not self.has_lag:
+            return []
+        async with self._lag_lock:
+            now = time.monotonic()
+            if self._lag is None or now - self._lag[0] >= limits.METRICS_LAG_REFRESH_S:
+                self._lag = (now, await self._consumer_lag())
+            return self._lag[1]
 
     async def _consumer_lag(self) -> list:
         """How far each consumer group (SPS stages are groups too) and registered consumer
@@ -357,25 +381,89 @@ class NodeCollector:
         return [members, wanted, learners, epoch, short]
 
 
+class HistorySampler:
+    """This node's own history, without credentials (node/console_history.py): every
+    `sample_s`, on a daemon thread of its own, its records written and read per stream
+    (the kernel/metrics.py counters, read in process) and the consumer lag it exports
+    (the collector's, on the event loop: one metadata reading per METRICS_LAG_REFRESH_S at
+    most, shared with scrapes). Samples are taken at multiples of `sample_s` since the
+    epoch, so every node's fall in the same bucket. Served as GET /history."""
+
+    def __init__(self, collector: NodeCollector, sample_s: float):
+        self.collector = collector
+        self.history = History(sample_s, counters=tuple(COUNTERS))
+        self.failures = 0                          # samples not taken (logged)
+        self._lock = threading.Lock()              # (the history: this thread writes, HTTP threads read)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="metrics-history", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=limits.METRICS_SCRAPE_TIMEOUT_S + 1)
+
+    def snapshot(self) -> dict:
+        """What /history answers: the node, and its series as [time ms, value] lists
+        (counters cumulative: "in:<stream>", "out:<stream>"; gauges: "lag:<stream>/<consumer>"
+        records, "lag_s:<stream>/<consumer>" seconds)."""
+        with self._lock:
+            return {"node_id": self.collector.node_id, "counters": sorted(COUNTERS), **self.history.snapshot()}
+
+    def _run(self) -> None:
+        step_ms = max(1, int(self.history.sample_s * 1000))
+        last_ms = 0
+        while True:
+            now_ms = int(time.time() * 1000)
+            at_ms = max((now_ms // step_ms + 1) * step_ms, last_ms + step_ms)   # (the next multiple not taken)
+            last_ms = at_ms
+            if self._stop.wait((at_ms - now_ms) / 1000):
+                return
+            try:
+                values = node_series(self._read())
+            except Exception:                      # noqa: BLE001 (a sample never fails the node)
+                self.failures += 1
+                log.warning("metrics: the history's sample was not taken", exc_info=True)
+                continue
+            with self._lock:
+                self.history.offer(at_ms, values)
+
+    def _read(self) -> list[tuple[str, dict, float]]:
+        """(name, labels, value) of this node's samples the history keeps."""
+        families = [f for counter in (PUT_RECORDS, READ_RECORDS) for f in counter.collect()]
+        if self.collector.has_lag:
+            future = asyncio.run_coroutine_threadsafe(self.collector.consumer_lag(), self.collector.loop)
+            try:
+                families += future.result(timeout=limits.METRICS_SCRAPE_TIMEOUT_S)
+            except Exception:                      # noqa: BLE001 (the loop too busy: this sample without lag)
+                future.cancel()
+                log.debug("metrics: no consumer lag for the history's sample", exc_info=True)
+        return [(s.name, s.labels, s.value) for f in families for s in f.samples]
+
+
 def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", key_file: str = "", app=None,
                   keys: auth.KeyTable | None = None):
     """Start the node's HTTP(S) server on `listen` (HOST:PORT, 0: any free port): /metrics,
     and every other path to `app` (a WSGI app: the web console on a control node; None:
     404). With `keys` (a secure node's KeyTable, read on the collector's event loop),
-    /metrics wants a monitor or admin key of the default tenant. Returns (the server, its
-    address)."""
+    /metrics and /history want a monitor or admin key of the default tenant. Starts the
+    node's HistorySampler (collector.sampler). Returns (the server, its address)."""
     import ssl
-    import threading
     from wsgiref.simple_server import make_server
 
     from prometheus_client import make_wsgi_app
     from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 
     metrics_app = make_wsgi_app(REGISTRY)
+    try:
+        sampler = HistorySampler(collector, sample_s_from(os.environ))
+    except ValueError as e:
+        raise SystemExit(f"sms serve: {e}") from None
 
     def dispatch(environ, start_response):
         path = environ.get("PATH_INFO", "")
-        if path == "/metrics":
+        if path in ("/metrics", "/history"):
             if keys is not None:
                 refused = _refusal(environ, keys, collector.loop)
                 if refused is not None:
@@ -384,6 +472,11 @@ def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", ke
                     start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
                                             ("Content-Length", str(len(body)))] + headers)
                     return [body]
+            if path == "/history":
+                body = json.dumps(sampler.snapshot()).encode()
+                start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                                          ("Cache-Control", "no-store")])
+                return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
             return metrics_app(environ, start_response)
         if app is not None:
             return app(environ, start_response)
@@ -424,6 +517,8 @@ def serve_metrics(listen: str, collector: NodeCollector, cert_file: str = "", ke
                          f"or node.metrics_listen; by default a node on port P serves them on P + "
                          f"{limits.METRICS_PORT_OFFSET})") from None
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    collector.sampler = sampler
+    sampler.start()
     return server, f"{host}:{server.server_port}"
 
 
@@ -438,8 +533,8 @@ def _refusal(environ, keys: auth.KeyTable, loop: asyncio.AbstractEventLoop) -> t
     token = token.strip() if scheme.lower() == "bearer" else ""
     if not token:
         return ("401 Unauthorized", [("WWW-Authenticate", REALM)],
-                "/metrics wants a monitor key's token (sms key create --role monitor; sms up writes one as "
-                "monitor_token in cluster.json): Authorization: Bearer <token>")
+                f"{environ.get('PATH_INFO', '/metrics')} wants a monitor key's token (sms key create --role "
+                "monitor; sms up writes one as monitor_token in cluster.json): Authorization: Bearer <token>")
     future = asyncio.run_coroutine_threadsafe(keys.authenticate(token), loop)
     try:
         principal = future.result(timeout=limits.METRICS_SCRAPE_TIMEOUT_S)
@@ -458,6 +553,8 @@ def _refusal(environ, keys: auth.KeyTable, loop: asyncio.AbstractEventLoop) -> t
 
 
 def stop_metrics(server, collector: NodeCollector) -> None:
+    if collector.sampler is not None:
+        collector.sampler.stop()
     server.shutdown()
     server.server_close()
     REGISTRY.unregister(collector)

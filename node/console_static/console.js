@@ -486,10 +486,10 @@ function drawChannels(s) {
 
 // --- charts (inline SVG) ------------------------------------------------------------------------
 
-function drawChart(series, unit, container) {
+function drawChart(series, unit, container, sampleS) {
   const names = Object.keys(series).slice(0, CHART_SERIES_MAX);
   const points = names.flatMap(n => series[n]);
-  if (points.length < 2) return el("p", {class: "muted"}, "No points yet: the console samples every 10 s while a page is open.");
+  if (points.length < 2) return el("p", {class: "muted"}, `No points yet: each node keeps a point every ${sampleS} s.`);
   // the time the points cover, up to the last hour
   const t1 = Math.max(...points.map(p => p[0])), t0 = Math.max(t1 - 3600000, Math.min(...points.map(p => p[0])));
   const top = Math.max(1, ...points.map(p => p[1]));
@@ -505,10 +505,10 @@ function drawChart(series, unit, container) {
   root.append(svg("text", {x: left + w, y: CHART_HEIGHT - 4, class: "tick", "text-anchor": "end"},
                   new Date(t1).toLocaleTimeString()));
   names.forEach((name, i) => {
-    // a gap of more than two samples (nobody watched) breaks the line
+    // a gap of more than two samples (no node answered for it) breaks the line
     let d = "", last = null;
     for (const [t, v] of series[name].filter(p => p[0] >= t0)) {
-      d += `${last === null || t - last > 25000 ? "M" : "L"} ${x(t).toFixed(1)} ${y(v).toFixed(1)} `;
+      d += `${last === null || t - last > 2500 * sampleS ? "M" : "L"} ${x(t).toFixed(1)} ${y(v).toFixed(1)} `;
       last = t;
     }
     root.append(svg("path", {d, class: `line c${i}`, "data-series": name}));
@@ -525,10 +525,13 @@ function drawHistory() {
                                                       (rename && n.startsWith(prefix))).map(([n, v]) => [rename ? n.slice(prefix.length) : n, v]));
   const throughput = {"records/s in": s.in || [], "records/s out": s.out || []};
   const throughputChart = document.getElementById("chart-throughput"), lagChart = document.getElementById("chart-lag");
+  const sampleS = chartHistory.sample_s;
   throughputChart.replaceChildren(drawChart(Object.fromEntries(Object.entries(throughput).filter(([, v]) => v.length)),
-                                            "records/s, whole cluster", throughputChart));
-  lagChart.replaceChildren(drawChart(pick("lag:", true), "records behind, per stream/group", lagChart));
-  document.getElementById("history-note").textContent = `(a point every ${chartHistory.sample_s} s while a console is open)`;
+                                            "records/s, whole cluster", throughputChart, sampleS));
+  lagChart.replaceChildren(drawChart(pick("lag:", true), "records behind, per stream/consumer", lagChart, sampleS));
+  const missing = Object.keys(chartHistory.errors || {});
+  document.getElementById("history-note").textContent = `(a point every ${sampleS} s, kept by each node` +
+    (missing.length ? `; no history from ${missing.join(", ")})` : ")");
 }
 
 // --- dialogs and actions -----------------------------------------------------------------------

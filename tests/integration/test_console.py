@@ -9,9 +9,13 @@ actions and the message browser are in test_console_actions.py.
 - In Chromium: the overview lists one line per node, its replicas on a click; a stream of
   2 partitions is drawn; after a split, without a reload, p0000 is CLOSED and p0002,
   p0003 appear with edges from p0000.
+- Each node keeps its own history (node/metrics.py HistorySampler, a point every 0.5 s
+  here: $SMS_HISTORY_SAMPLE_S) with no page open: its /history fills while a producer
+  writes, and wants a monitor or admin key like /metrics; /api/history merges the nodes'
+  into records/s in above 0 for the stream.
 - A consumer group's member shows up with its leases (owner), its lag in records for open
   partitions (a number, never "?"), and as a registered consumer; while a producer and the
-  group run, records/s in and out are above 0, and the history has points.
+  group run, records/s in and out are above 0, and the history has points of both.
 - A channel shows up with each partition's records delivered and no error; a channel whose
   destination cannot be written (its directory's parent is a regular file) shows its error.
 - A standby control node serves it too, marked as standby, naming the leader.
@@ -42,6 +46,7 @@ import urllib.request
 import pytest
 
 import sms
+from node.console_history import ENV_SAMPLE_S
 from node.launcher import LocalCluster
 from tests.conftest import wait_until
 
@@ -54,12 +59,15 @@ PAGE_DEADLINE_S = 30            # for the page to show a change made through the
 PAGE_LOAD_TIMEOUT_S = 30
 WINDOW_SIZE = (1440, 1000)      # px: the screenshots' size
 SCREENSHOTS = os.environ.get("SMS_CONSOLE_SCREENSHOTS", "")
+HISTORY_SAMPLE_S = 0.5          # the nodes' history sample interval here ($SMS_HISTORY_SAMPLE_S; 10 s by default)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(str(tmp_path_factory.mktemp("console")), nodes=2) as c:
-        yield c
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(ENV_SAMPLE_S, str(HISTORY_SAMPLE_S))          # (the nodes' processes inherit it)
+        with LocalCluster(str(tmp_path_factory.mktemp("console")), nodes=2) as c:
+            yield c
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +151,74 @@ def test_state_has_nodes_and_streams(cluster, client):
         assert all(link["connected"] and link["heard_ago_s"] is not None for link in node["live"]["links"])
         assert node["status_error"] == "" and node["metrics_error"] == ""
     assert all(p["records"] == 0 for p in stream_of(snapshot, "listed")["partitions"])
+
+
+def node_history(cluster, node_id: str, token: str | None = None) -> tuple[int, dict | bytes]:
+    """(status, the JSON or the body) of one node's own /history (as the admin unless
+    `token` says otherwise; "" sends none)."""
+    context = ssl.create_default_context(cafile=cluster.ca_file)
+    token = cluster.admin_token if token is None else token
+    request = urllib.request.Request(f"https://{cluster.procs[node_id].metrics_address}/history",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=HTTP_TIMEOUT_S) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_each_node_keeps_its_history_with_no_page_open(cluster, client):
+    """No page polls here (the browser tests come later, and /api/state feeds no history):
+    each node samples its own counters; /history wants a monitor or admin key; the
+    console's /api/history merges the nodes' into records/s."""
+    client.create_stream("sampled", partitions=2, replication_factor=2)
+    stop = threading.Event()
+
+    def produce():
+        while not stop.is_set():
+            client.put_records("sampled", [(f"k{i}", b"v") for i in range(10)])
+            stop.wait(0.1)
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    try:
+        def growing():
+            grown = {}
+            for node_id in ("n1", "n2"):
+                status, history = node_history(cluster, node_id)
+                assert status == 200, (status, history)
+                points = history["series"].get("in:sampled", [])     # (a 0 first, at the sample before)
+                if len(points) >= 3 and points[-1][1] > points[-2][1] > 0:
+                    grown[node_id] = history
+            return grown
+        grown = wait_until(growing, PAGE_DEADLINE_S, "a node's /history with records written to sampled growing")
+        for node_id, history in grown.items():
+            assert history["node_id"] == node_id and history["sample_s"] == HISTORY_SAMPLE_S, history
+            times = [t for t, _v in history["series"]["in:sampled"]]
+            assert times == sorted(times) and all(t % (HISTORY_SAMPLE_S * 1000) == 0 for t in times), times
+
+        def flowing():
+            status, _, body = fetch(cluster, "/api/history")
+            assert status == 200, (status, body[:200])
+            answer = json.loads(body)
+            rates = [v for _t, v in answer["series"].get("in:sampled", [])]
+            return answer if rates and rates[-1] > 0 else None
+        answer = wait_until(flowing, PAGE_DEADLINE_S, "records/s in of sampled in /api/history")
+        assert answer["sample_s"] == HISTORY_SAMPLE_S and answer["errors"] == {}, answer["errors"]
+        assert set(answer["nodes"]) == set(cluster.procs)
+        assert answer["series"]["in"] and max(v for _t, v in answer["series"]["in"]) > 0
+    finally:
+        stop.set()
+        producer.join()
+
+    # the same key as /metrics: none, or a key that may not read the metrics, is refused
+    _info, monitor = client.create_key("monitor", name="history-monitor")
+    _info, reader = client.create_key("consumer", name="history-reader")
+    status, body = node_history(cluster, "n1", token="")
+    assert status == 401 and b"/history wants a monitor key's token" in body, body
+    assert node_history(cluster, "n1", token="not-a-key")[0] == 401
+    assert node_history(cluster, "n1", token=reader)[0] == 403
+    status, history = node_history(cluster, "n1", token=monitor)
+    assert status == 200 and history["node_id"] == "n1"
 
 
 def test_pages_and_methods(cluster):
@@ -424,9 +500,12 @@ def test_page_shows_a_group_its_lag_and_rates(cluster, client, browser):
         screenshot(browser, "consumers")
     group = group_of(state(cluster), "grouped", "billing")
     assert group["failures"] == 0 and group["dead_letters"] == 0
-    status, _, body = fetch(cluster, "/api/history")
-    series = json.loads(body)["series"]
-    assert series["in"] and series["lag:grouped/billing"], sorted(series)
+    def both():         # (the nodes read the lag at most every METRICS_LAG_REFRESH_S)
+        status, _, body = fetch(cluster, "/api/history")
+        series = json.loads(body)["series"] if status == 200 else {}
+        return series if series.get("in:grouped") and series.get("lag:grouped/billing") else None
+    series = wait_until(both, PAGE_DEADLINE_S, "records/s in and billing's lag in /api/history")
+    assert max(v for _t, v in series["in:grouped"]) > 0, series["in:grouped"]
     show(browser, "overview")
     wait_for(browser, '#chart-throughput path[data-series="records/s in"]', "the throughput chart's line")
 
@@ -502,6 +581,7 @@ def test_state_wants_an_admin_key_when_keys_are_given():
             return {"shown": True}
         console.snapshot = snapshot
         console._read_live = lambda token: None          # (no cluster: nothing from the nodes)
+        console.read_history = lambda token: {"series": {}}
 
         def call(query: str = "", header: str = "", path: str = "/api/state") -> tuple[str, dict]:
             answer = {}
@@ -544,19 +624,3 @@ def test_a_secure_cluster_wants_an_admin_key_for_the_state(cluster):
                                 timeout=HTTP_TIMEOUT_S) as answer:
         assert answer.status == 200 and json.loads(answer.read())["nodes"]
 
-
-# --- the history (in process: node/console_history.py, no cluster) ------------------------
-
-def test_the_history_keeps_a_point_every_sample_and_forgets_gone_series():
-    from node.console_history import History
-    history = History(sample_s=10, points_max=3, series_max=2)
-    assert history.offer(0, {"in": 1, "lag:s/g": 5})
-    assert not history.offer(9_999, {"in": 2})                     # (not due: dropped)
-    assert history.offer(10_000, {"in": 3, "out": 4})              # ("out": a third series, over the bound)
-    assert history.dropped_series == 1
-    for t in (20_000, 30_000, 40_000):
-        history.offer(t, {"in": t / 1000})
-    series = history.snapshot()["series"]
-    assert series["in"] == [[20_000, 20.0], [30_000, 30.0], [40_000, 40.0]]       # (the last points_max)
-    assert "lag:s/g" not in series                                 # (not offered for points_max samples)
-    assert history.snapshot(prefix="lag:")["series"] == {}
