@@ -141,6 +141,7 @@ class PartitionWorker:
         await self._wait_for_parents()
         await self.client.get_stream_info(self.channel.stream)   # (the map as it is now: a new child is in it)
         self.position = await self._resume()
+        await self._take_over(self.position)
         iterator: str | None = await self._iterator_after(self.position)
         read_upto = self.position         # (the last SN read: a new iterator goes on after it)
         buffer = Buffer()
@@ -218,6 +219,33 @@ class PartitionWorker:
                 return position
             position = last
         raise errors.Unavailable(f"more than {limits.CHANNEL_RESUME_PROBES_MAX} commits beyond the recorded progress")
+
+    async def _take_over(self, position: int | None) -> None:
+        """Record a position the destination holds beyond the recorded progress: another
+        worker (this partition's earlier head) committed it and stopped before recording
+        it. Its records are counted by their SNs (counters are consecutive in a partition,
+        dead letters included), its commits as one; the stream's checkpoint follows. Else
+        the progress would show them undelivered until this worker's next commit, which
+        never comes when nothing more is written."""
+        recorded = self.progress.position
+        if position is None or recorded == str(position):
+            return
+        done = int(recorded) if recorded and recorded != SHARD_END else None
+        if done is not None and seqno.ordinal_of(done) == self.ordinal:
+            if done >= position:
+                return
+            taken = seqno.counter_of(position) - seqno.counter_of(done)
+        else:
+            first = await self._first_after(self._start_position())
+            taken = seqno.counter_of(position) - seqno.counter_of(first) + 1 if first and first <= position else 0
+        log.info("channel %s p%04d: the destination holds up to SN %d, beyond the recorded progress (%s): %d "
+                 "records another worker committed, taken over", self.channel.name, self.ordinal, position,
+                 recorded or "none", taken)
+        self.progress = dataclasses.replace(self.progress, position=str(position),
+                                            records=self.progress.records + max(0, taken),
+                                            files=self.progress.files + 1)
+        await self._record(force=True)
+        await self._checkpoint(position)
 
     def _start_position(self) -> int | None:
         if self.channel.start == "LATEST":

@@ -397,12 +397,22 @@ class SmsStreamReader(DataSourceStreamReader):
     """Runs on the driver (offsets) and in Python workers (`read`, on a pickled copy)."""
 
     def __init__(self, options):
-        self.opts = source_options(options, streaming=True)
+        # (checked at the first use, not here: pyspark's streaming source runner stops the
+        # reader in a `finally` that names it, so an error raised while it is made comes out
+        # as "UnboundLocalError: ... 'reader'", the option's own error lost)
+        self._options = options
+        self._opts: SourceOptions | None = None
         self._consumer: str | None = None          # the generated default name, once chosen
         self._checkpointed: dict[int, str] | None = None     # what the consumer's checkpoint says (None: not
                                                              # registered by this reader yet)
         self._endings: dict[int, int] = {}         # ending SNs of closed partitions seen
         self._latest: dict | None = None           # the uncapped latest offset (reportLatestOffset)
+
+    @property
+    def opts(self) -> SourceOptions:
+        if self._opts is None:
+            self._opts = source_options(self._options, streaming=True)
+        return self._opts
 
     @property
     def stream(self) -> str:

@@ -272,7 +272,7 @@ def test_the_cli_creates_updates_and_shows_an_archive(cluster, store_dir):
     with sms.Client(cluster.address) as client:
         put_rounds(client, stream, 2, 10)
     wait_until(lambda: "archived to" in sms_cli(cluster, "status") and
-               f"{stream}:0" in sms_cli(cluster, "status"), 30, "sms status shows what the tail archived")
+               f"{stream}/p0000" in sms_cli(cluster, "status"), 30, "sms status shows what the tail archived")
     status = json.loads(sms_cli(cluster, "status", "--json"))
     tails = [r for n in status["nodes"] for r in n.get("replicas", []) if r["chain_id"] == f"{stream}:0"
              and r.get("archive")]

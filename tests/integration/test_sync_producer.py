@@ -100,7 +100,9 @@ def test_bad_input_raises_in_the_callers_thread_and_queues_nothing(client):
         with pytest.raises(errors.InvalidPartitionKey):
             producer.send(b"x", "")
         with pytest.raises(errors.InvalidArgument):
-            producer.send("text, not bytes", "k")            # type: ignore[arg-type]
+            producer.send(12345, "k")                         # type: ignore[arg-type]
+        with pytest.raises(errors.InvalidArgument):
+            producer.send("lone \ud800", "k")                # (a str is stored as UTF-8: this one has none)
         with pytest.raises(errors.InvalidDedupKey):
             producer.send(b"x", "k", dedup_key=b"")
         with pytest.raises(errors.InvalidRecordHeader):
