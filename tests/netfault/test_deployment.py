@@ -335,7 +335,7 @@ def _power_off(host: hostlib.Host) -> None:
 
 
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
-@pytest.mark.parametrize("stop", ["as-written", "power-off"])
+@pytest.mark.parametrize("stop", ["as-written", pytest.param("power-off", marks=pytest.mark.sweep)])
 def test_deployment_as_written(tmp_path, stop):
     """The guide's blocks in order; with `power-off`, h3's `systemctl stop` block is
     replaced by SIGKILL to every process of h3 (a crash, not a clean stop)."""
@@ -461,6 +461,7 @@ def _sms(*args: str, env: dict[str, str] | None = None, input_text: str | None =
 
 
 @pytest.mark.slow
+@pytest.mark.sweep                 # (make test-full: podman and a base image are rarely there; CI skips it)
 def test_the_container_image_serves(tmp_path):
     """deploy/container/Containerfile built (on a base image this machine has, with its CA
     bundle for pip), then run as the guide's "Containers" section does: the host's

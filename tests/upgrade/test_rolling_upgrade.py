@@ -86,7 +86,7 @@ def previous(tmp_path_factory: pytest.TempPathFactory) -> Release:
     return release
 
 
-@pytest.mark.parametrize("order", ["storage-first", "controls-first"])
+@pytest.mark.parametrize("order", ["storage-first", pytest.param("controls-first", marks=pytest.mark.sweep)])
 def test_a_rolling_upgrade_under_load_loses_nothing(previous: Release, tmp_path, order: str):
     cluster = MixedCluster(str(tmp_path / "cluster"), previous, nodes=STORAGE_NODES, controls=CONTROLS)
     storage_ids = [n for n in cluster.procs if n not in cluster.control_ids]
