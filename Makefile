@@ -15,7 +15,7 @@ up:              ## run a local cluster in the foreground (Ctrl-C stops it)
 # SMS_SUITE_BUDGET_S fails a run that takes longer, printing its slowest tests
 # (docs/testing.md).
 TEST_WORKERS ?= 2
-SUITE_BUDGET_S ?= 1080
+SUITE_BUDGET_S ?= 1140
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile
 # what the pure-Python wire codec runs again: the modules that build, read or check batches
 CODEC_TESTS = tests/unit/test_wire.py tests/unit/test_wire_differential.py tests/unit/test_wire_fuzz.py \
