@@ -558,5 +558,3 @@ def stop_metrics(server, collector: NodeCollector) -> None:
     server.shutdown()
     server.server_close()
     REGISTRY.unregister(collector)
-
-

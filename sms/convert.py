@@ -115,13 +115,18 @@ def destination_from_pb(pb: sms_pb2.ChannelDestination) -> ChannelDestination:
     return ChannelDestination(**{f.name: getattr(pb, f.name) for f in dataclasses.fields(ChannelDestination)})
 
 
+# a channel partition's fields on the wire (ChannelPartitionStatus): all but lag_records, which the
+# client counts itself (sms/aio/channels.py describe_channel)
+_PARTITION_STATUS_FIELDS = tuple(f.name for f in dataclasses.fields(ChannelPartition) if f.name != "lag_records")
+
+
 def channel_to_pb(c: ChannelInfo) -> sms_pb2.ChannelDescription:
     return sms_pb2.ChannelDescription(
         name=c.name, stream=c.stream, status=c.status.value, created_ms=c.created_ms,
         destination=destination_to_pb(c.destination), data_freshness_s=c.data_freshness_s, start=c.start,
         record_format=c.record_format, schema=[sms_pb2.ChannelColumn(name=n, type=t) for n, t in c.schema],
         dead_letter_url=c.dead_letter_url, uid=f"{c.uid:x}",
-        partitions=[sms_pb2.ChannelPartitionStatus(**{k: v for k, v in dataclasses.asdict(p).items() if k != "lag_records"})
+        partitions=[sms_pb2.ChannelPartitionStatus(**{f: getattr(p, f) for f in _PARTITION_STATUS_FIELDS})
                     for p in c.partitions])
 
 
@@ -131,6 +136,5 @@ def channel_from_pb(pb: sms_pb2.ChannelDescription) -> ChannelInfo:
         destination=destination_from_pb(pb.destination), data_freshness_s=pb.data_freshness_s, start=pb.start,
         record_format=pb.record_format, schema=tuple((c.name, c.type) for c in pb.schema),
         dead_letter_url=pb.dead_letter_url, uid=int(pb.uid, 16),
-        partitions=tuple(ChannelPartition(**{f.name: getattr(p, f.name) for f in dataclasses.fields(ChannelPartition)
-                                             if f.name != "lag_records"})       # (the client counts those)
+        partitions=tuple(ChannelPartition(**{f: getattr(p, f) for f in _PARTITION_STATUS_FIELDS})
                          for p in pb.partitions))
